@@ -1,0 +1,403 @@
+//! The app metadata file (SPEC section 3): parsing, validation with errors that name the
+//! file, the field, and (for syntax errors) the line and column. The parsed JSON is kept
+//! whole, unknown fields included, because `GET /` returns it as it was written.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// Element types a request's `inputs` may be converted to before the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Float32,
+    Float64,
+    Float16,
+    BFloat16,
+    Int64,
+    Int32,
+    Int16,
+    Int8,
+    UInt8,
+    Bool,
+}
+
+impl Dtype {
+    /// Every accepted spelling, for error messages and docs.
+    pub const NAMES: &'static [&'static str] = &[
+        "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+        "bool",
+    ];
+
+    pub fn parse(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "float32" | "float" => Dtype::Float32,
+            "float64" | "double" => Dtype::Float64,
+            "float16" | "half" => Dtype::Float16,
+            "bfloat16" => Dtype::BFloat16,
+            "int64" | "long" => Dtype::Int64,
+            "int32" | "int" => Dtype::Int32,
+            "int16" => Dtype::Int16,
+            "int8" => Dtype::Int8,
+            "uint8" => Dtype::UInt8,
+            "bool" => Dtype::Bool,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Float32 => "float32",
+            Dtype::Float64 => "float64",
+            Dtype::Float16 => "float16",
+            Dtype::BFloat16 => "bfloat16",
+            Dtype::Int64 => "int64",
+            Dtype::Int32 => "int32",
+            Dtype::Int16 => "int16",
+            Dtype::Int8 => "int8",
+            Dtype::UInt8 => "uint8",
+            Dtype::Bool => "bool",
+        }
+    }
+
+    pub fn is_integer(self) -> bool {
+        matches!(
+            self,
+            Dtype::Int64 | Dtype::Int32 | Dtype::Int16 | Dtype::Int8 | Dtype::UInt8
+        )
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The optional `input` field: what a request's `inputs` must look like.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputSpec {
+    /// Expected shape; `-1` accepts any size in that dimension. `None`: any shape.
+    pub shape: Option<Vec<i64>>,
+    pub dtype: Dtype,
+}
+
+impl InputSpec {
+    /// Checks a request's shape; the error says what was expected.
+    pub fn check_shape(&self, got: &[i64]) -> Result<(), String> {
+        let Some(want) = &self.shape else {
+            return Ok(());
+        };
+        let fits = want.len() == got.len() && want.iter().zip(got).all(|(w, g)| *w == -1 || w == g);
+        if fits {
+            Ok(())
+        } else {
+            Err(format!(
+                "inputs have shape {got:?}, the model expects {} (-1 = any size)",
+                fmt_shape(want)
+            ))
+        }
+    }
+}
+
+fn fmt_shape(s: &[i64]) -> String {
+    format!("{s:?}")
+}
+
+/// Parsed and validated app metadata.
+#[derive(Debug, Clone)]
+pub struct AppMetadata {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The whole document as written (unknown fields kept), served by `GET /`.
+    pub raw: Map<String, Value>,
+    pub name: String,
+    /// The TorchScript file, resolved against the metadata file's folder.
+    pub model: Option<PathBuf>,
+    /// MB the model needs at least on a GPU; 0 = no GPU use.
+    pub est_gpu_mem_min: u64,
+    /// MB one worker typically uses on a GPU; sizes the pool.
+    pub est_gpu_mem_typ: u64,
+    pub input: Option<InputSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error("cannot read app metadata {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("app metadata {path} is not valid JSON: {msg} at line {line}, column {column}")]
+    Syntax {
+        path: PathBuf,
+        msg: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("app metadata {path}: {msg}")]
+    Field { path: PathBuf, msg: String },
+}
+
+impl AppMetadata {
+    /// Reads and validates a metadata file.
+    pub fn load(path: &Path) -> Result<AppMetadata, MetadataError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MetadataError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates metadata text; `path` names it in errors and anchors the model path.
+    pub fn parse(path: &Path, text: &str) -> Result<AppMetadata, MetadataError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| MetadataError::Syntax {
+            path: path.to_path_buf(),
+            msg: strip_position(&e.to_string()),
+            line: e.line(),
+            column: e.column(),
+        })?;
+        let field = |msg: String| MetadataError::Field {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let Value::Object(raw) = value else {
+            return Err(field(format!(
+                "the top level must be a JSON object, found {}",
+                kind(&value)
+            )));
+        };
+
+        let name = match raw.get("name") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+            Some(Value::String(_)) => return Err(field("field `name` must not be empty".into())),
+            Some(v) => {
+                return Err(field(format!(
+                    "field `name` must be a string, found {}",
+                    kind(v)
+                )))
+            }
+            None => return Err(field("required field `name` is missing".into())),
+        };
+        for key in ["description", "version"] {
+            if let Some(v) = raw.get(key) {
+                if !v.is_string() {
+                    return Err(field(format!(
+                        "field `{key}` must be a string, found {}",
+                        kind(v)
+                    )));
+                }
+            }
+        }
+        let model = match raw.get("model") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() => {
+                let base = path.parent().unwrap_or(Path::new("."));
+                Some(base.join(s))
+            }
+            Some(v) => {
+                return Err(field(format!(
+                    "field `model` must be a non-empty string (a path relative to the metadata file), found {}",
+                    kind(v)
+                )))
+            }
+        };
+        let mb = |key: &str| -> Result<u64, MetadataError> {
+            match raw.get(key) {
+                None | Some(Value::Null) => Ok(0),
+                Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
+                    field(format!(
+                        "field `{key}` must be a whole number of MB ≥ 0, found {n}"
+                    ))
+                }),
+                Some(v) => Err(field(format!(
+                    "field `{key}` must be a whole number of MB ≥ 0, found {}",
+                    kind(v)
+                ))),
+            }
+        };
+        let est_gpu_mem_min = mb("est_gpu_mem_min")?;
+        let est_gpu_mem_typ = mb("est_gpu_mem_typ")?;
+        if est_gpu_mem_typ < est_gpu_mem_min {
+            return Err(field(format!(
+                "field `est_gpu_mem_typ` ({est_gpu_mem_typ} MB) must be at least `est_gpu_mem_min` ({est_gpu_mem_min} MB)"
+            )));
+        }
+        let input = match raw.get("input") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_input(v).map_err(field)?),
+        };
+        Ok(AppMetadata {
+            path: path.to_path_buf(),
+            raw,
+            name,
+            model,
+            est_gpu_mem_min,
+            est_gpu_mem_typ,
+            input,
+        })
+    }
+
+    /// The document as JSON text, as handed to workers.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.raw).expect("a JSON map always serializes")
+    }
+}
+
+fn parse_input(v: &Value) -> Result<InputSpec, String> {
+    let Value::Object(o) = v else {
+        return Err(format!(
+            "field `input` must be an object with `shape` and `dtype`, found {}",
+            kind(v)
+        ));
+    };
+    let shape = match o.get("shape") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(dims)) => {
+            let mut shape = Vec::with_capacity(dims.len());
+            for (i, d) in dims.iter().enumerate() {
+                match d.as_i64() {
+                    Some(n) if n == -1 || n >= 0 => shape.push(n),
+                    _ => {
+                        return Err(format!(
+                            "field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
+                        ))
+                    }
+                }
+            }
+            Some(shape)
+        }
+        Some(other) => {
+            return Err(format!(
+                "field `input.shape` must be an array of sizes (-1 = any), found {}",
+                kind(other)
+            ))
+        }
+    };
+    let dtype = match o.get("dtype") {
+        None | Some(Value::Null) => Dtype::Float32,
+        Some(Value::String(s)) => Dtype::parse(s).ok_or_else(|| {
+            format!(
+                "field `input.dtype` is \"{s}\"; accepted: {}",
+                Dtype::NAMES.join(", ")
+            )
+        })?,
+        Some(other) => {
+            return Err(format!(
+                "field `input.dtype` must be a string, found {}",
+                kind(other)
+            ))
+        }
+    };
+    Ok(InputSpec { shape, dtype })
+}
+
+/// A JSON value's kind, for messages.
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// serde_json appends " at line L column C"; the error carries them separately.
+fn strip_position(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<AppMetadata, MetadataError> {
+        AppMetadata::parse(Path::new("/apps/demo/app-metadata.json"), text)
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_metadata_gets_defaults() {
+        let m = parse(r#"{"name": "demo"}"#).unwrap();
+        assert_eq!(m.name, "demo");
+        assert_eq!(m.est_gpu_mem_min, 0);
+        assert_eq!(m.est_gpu_mem_typ, 0);
+        assert!(m.model.is_none());
+        assert!(m.input.is_none());
+    }
+
+    #[test]
+    fn full_metadata_keeps_unknown_fields_and_resolves_model() {
+        let m = parse(
+            r#"{"name": "demo", "version": "1.2", "model": "m.pt", "est_gpu_mem_min": 100,
+                "est_gpu_mem_typ": 250, "input": {"shape": [-1, 4], "dtype": "float64"},
+                "app_license": "MIT", "parameters": [{"name": "x"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.model.as_deref(), Some(Path::new("/apps/demo/m.pt")));
+        assert_eq!((m.est_gpu_mem_min, m.est_gpu_mem_typ), (100, 250));
+        let input = m.input.unwrap();
+        assert_eq!(input.shape, Some(vec![-1, 4]));
+        assert_eq!(input.dtype, Dtype::Float64);
+        assert_eq!(m.raw["app_license"], "MIT");
+        assert!(m.to_json().contains("\"parameters\":[{\"name\":\"x\"}]"));
+    }
+
+    #[test]
+    fn syntax_error_names_file_line_and_column() {
+        let e = err("{\"name\": \"demo\",\n  \"version\": }");
+        assert!(e.contains("/apps/demo/app-metadata.json"), "{e}");
+        assert!(e.contains("line 2, column 14"), "{e}");
+    }
+
+    #[test]
+    fn field_errors_name_the_field() {
+        let cases = [
+            (r#"{}"#, "required field `name` is missing"),
+            (r#"[1]"#, "top level must be a JSON object"),
+            (r#"{"name": 3}"#, "field `name` must be a string, found a number"),
+            (r#"{"name": " "}"#, "field `name` must not be empty"),
+            (r#"{"name": "a", "version": 2}"#, "field `version` must be a string"),
+            (r#"{"name": "a", "model": 5}"#, "field `model` must be a non-empty string"),
+            (r#"{"name": "a", "est_gpu_mem_min": -1}"#, "`est_gpu_mem_min` must be a whole number of MB ≥ 0, found -1"),
+            (r#"{"name": "a", "est_gpu_mem_typ": 1.5}"#, "`est_gpu_mem_typ` must be a whole number"),
+            (r#"{"name": "a", "est_gpu_mem_typ": "2GB"}"#, "found a string"),
+            (r#"{"name": "a", "est_gpu_mem_min": 10, "est_gpu_mem_typ": 5}"#, "`est_gpu_mem_typ` (5 MB) must be at least `est_gpu_mem_min` (10 MB)"),
+            (r#"{"name": "a", "input": [1]}"#, "field `input` must be an object"),
+            (r#"{"name": "a", "input": {"shape": [2, -2]}}"#, "`input.shape[1]` must be a size"),
+            (r#"{"name": "a", "input": {"shape": "2x2"}}"#, "`input.shape` must be an array"),
+            (r#"{"name": "a", "input": {"dtype": "complex"}}"#, "`input.dtype` is \"complex\"; accepted: float32"),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "for {text}: got {e:?}, want {want:?}");
+            assert!(e.contains("app-metadata.json"), "{e}");
+        }
+    }
+
+    #[test]
+    fn shape_check_accepts_wildcards_and_explains_mismatch() {
+        let spec = InputSpec {
+            shape: Some(vec![-1, 4]),
+            dtype: Dtype::Float32,
+        };
+        assert!(spec.check_shape(&[7, 4]).is_ok());
+        assert!(spec.check_shape(&[0, 4]).is_ok());
+        let e = spec.check_shape(&[4]).unwrap_err();
+        assert!(e.contains("[4]") && e.contains("[-1, 4]"), "{e}");
+        assert!(spec.check_shape(&[2, 5]).is_err());
+        let any = InputSpec {
+            shape: None,
+            dtype: Dtype::Int64,
+        };
+        assert!(any.check_shape(&[1, 2, 3]).is_ok());
+    }
+}

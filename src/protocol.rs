@@ -1,0 +1,182 @@
+//! The master↔worker contract in one place: how a worker is told what to do (environment),
+//! which file descriptors it inherits, the control messages it sends back (newline-delimited
+//! JSON over a Unix socket pair), and what its exit status means.
+//!
+//! The master talks to a worker with signals only: TERM = retire gracefully (stop accepting,
+//! finish in-flight requests, exit 0), QUIT/INT = exit now, KILL = last resort.
+
+use serde::{Deserialize, Serialize};
+
+/// The listening socket a worker inherits (systemd's `LISTEN_FDS` convention: fd 3).
+pub const LISTEN_FD: i32 = 3;
+/// The worker's end of its control channel, when it has one.
+pub const CONTROL_FD: i32 = 4;
+
+/// Environment: number of inherited listening sockets (always 1), systemd style.
+pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
+/// Environment: the worker's configuration as JSON ([`WorkerConfig`]).
+pub const ENV_WORKER_CONFIG: &str = "VRAMFORK_WORKER_CONFIG";
+
+/// Which device the model runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// CUDA when libtorch sees a GPU, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+/// The GPU a worker was placed on (it sees only this one through `CUDA_VISIBLE_DEVICES`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuAssignment {
+    /// NVML index (NVML ignores `CUDA_VISIBLE_DEVICES`, so hwFetch needs it).
+    pub index: u32,
+    pub uuid: String,
+    /// Share of the GPU's memory this worker's caching allocator may take (0..1].
+    pub memory_fraction: Option<f64>,
+}
+
+/// Everything a worker needs to serve, handed over as JSON in [`ENV_WORKER_CONFIG`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerConfig {
+    /// Slot number (stable across recycling), used in the process name `vf-worker-<slot>`.
+    pub slot: u32,
+    /// How many workers this slot has had before this one.
+    pub generation: u64,
+    /// The app metadata document, as JSON text (validated by the master).
+    pub metadata_json: String,
+    /// Where the metadata came from (for messages).
+    pub metadata_path: String,
+    /// Absolute path of the TorchScript file.
+    pub model_path: String,
+    pub device: Device,
+    pub gpu: Option<GpuAssignment>,
+    /// Model requests after which the worker retires (jitter already added); 0 = never.
+    pub max_requests: u64,
+    /// Retire after a request during which the worker's GPU memory grew past this (MB).
+    pub max_worker_gpu_mb: Option<u64>,
+    pub max_body_bytes: u64,
+    pub request_timeout_ms: u64,
+    /// Seconds between heartbeats on the control channel.
+    pub heartbeat_ms: u64,
+    /// On a graceful retire, how long in-flight requests may still take.
+    pub graceful_timeout_ms: u64,
+    /// Torch intra-op threads.
+    pub torch_threads: usize,
+    pub nvml_library: Option<String>,
+    /// Whether a control channel is inherited on [`CONTROL_FD`].
+    pub has_control: bool,
+    /// Log as JSON lines.
+    pub log_json: bool,
+}
+
+/// Why a worker retires by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetireReason {
+    /// Reached `--max-requests` (+ jitter).
+    MaxRequests,
+    /// Its GPU memory grew past `--max-worker-gpu-mb`.
+    GpuMemory,
+    /// A CUDA out-of-memory error: the allocator's state is no longer trusted.
+    OutOfMemory,
+    /// A request ran past `--request-timeout`; the forward pass cannot be interrupted.
+    RequestTimeout,
+    /// The master asked (TERM).
+    Asked,
+}
+
+/// Worker → master, one JSON object per line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ControlMsg {
+    /// The model is loaded and the worker accepts connections.
+    Ready {
+        pid: u32,
+        /// Milliseconds from the worker's `main` to ready, split where it was measured.
+        boot_ms: BootTimes,
+    },
+    /// Sent every `heartbeat_ms` by the worker's event loop.
+    Heartbeat { served: u64, in_flight: u32 },
+    /// The worker stopped accepting and will exit once its in-flight requests are done.
+    Retiring { reason: RetireReason, served: u64 },
+}
+
+/// Where a worker's boot time went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct BootTimes {
+    /// Process start (exec) to `main`, as far as the worker can tell.
+    pub process_ms: f64,
+    /// `CModule::load` and moving the model to its device.
+    pub model_ms: f64,
+    /// A first forward pass to warm the executor, when one was run.
+    pub warmup_ms: f64,
+}
+
+impl ControlMsg {
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("control messages always serialize");
+        s.push('\n');
+        s
+    }
+
+    pub fn from_line(line: &str) -> Result<ControlMsg, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+}
+
+/// Worker exit statuses the master tells apart.
+pub mod worker_exit {
+    /// Retired or stopped normally.
+    pub const OK: i32 = 0;
+    /// Bad worker configuration (a bug in the master, or a hand-started worker).
+    pub const CONFIG: i32 = 2;
+    /// The model could not be loaded.
+    pub const MODEL_LOAD: i32 = 3;
+    /// A CUDA error other than out-of-memory: the context is unusable.
+    pub const CUDA_FATAL: i32 = 5;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_messages_round_trip_as_single_lines() {
+        let msgs = [
+            ControlMsg::Ready {
+                pid: 42,
+                boot_ms: BootTimes {
+                    process_ms: 1.5,
+                    model_ms: 20.0,
+                    warmup_ms: 3.0,
+                },
+            },
+            ControlMsg::Heartbeat {
+                served: 7,
+                in_flight: 1,
+            },
+            ControlMsg::Retiring {
+                reason: RetireReason::OutOfMemory,
+                served: 9,
+            },
+        ];
+        for m in msgs {
+            let line = m.to_line();
+            assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+            assert_eq!(ControlMsg::from_line(line.trim_end()).unwrap(), m);
+        }
+        assert!(ControlMsg::from_line(r#"{"msg":"bogus"}"#).is_err());
+    }
+}
