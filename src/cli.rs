@@ -1,1 +1,179 @@
-//! TODO
+//! The command line: every option is a long flag and an environment variable
+//! `VRAMFORK_<NAME>` (a flag beats the variable). Values arrive here as text and are
+//! validated in `config.rs`, so that every bad value gets one message naming the option,
+//! the value and what is allowed.
+
+use std::ffi::OsString;
+
+use clap::{Parser, Subcommand};
+
+/// Serve a TorchScript model over HTTP with GPU-memory-aware pre-forked workers.
+///
+/// `app` serves in one process (development); `app --production` starts a master that plans,
+/// starts and supervises workers; `app plan` prints the plan and exits.
+#[derive(Debug, Parser)]
+#[command(name = "app", version, about, long_about = None, allow_negative_numbers = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Run the master: plan, pre-fork and supervise workers.
+    #[arg(long, global = true, env = "VRAMFORK_PRODUCTION",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub production: bool,
+
+    /// App metadata file (name, model, est_gpu_mem_min, est_gpu_mem_typ, input).
+    #[arg(long, global = true, env = "VRAMFORK_METADATA", value_name = "FILE")]
+    pub metadata: Option<OsString>,
+
+    /// TorchScript file; overrides the metadata's `model`.
+    #[arg(long, global = true, env = "VRAMFORK_MODEL", value_name = "FILE")]
+    pub model: Option<OsString>,
+
+    /// Address to listen on (use 0.0.0.0 in containers). [default: 127.0.0.1]
+    #[arg(long, global = true, env = "VRAMFORK_HOST")]
+    pub host: Option<String>,
+
+    /// Port to listen on; 0 picks a free one. [default: 5000]
+    #[arg(long, global = true, env = "VRAMFORK_PORT")]
+    pub port: Option<String>,
+
+    /// Fixed worker count, overriding the plan (also VRAMFORK_WORKERS, then
+    /// CLAMS_GUNICORN_WORKERS).
+    #[arg(long, global = true, env = "VRAMFORK_WORKERS", value_name = "N")]
+    pub workers: Option<String>,
+
+    /// Recycle a worker after N model requests (POST); 0 = never, 1 = after every request.
+    /// [default: 0]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_REQUESTS", value_name = "N")]
+    pub max_requests: Option<String>,
+
+    /// Add 0..N requests at random to each worker's limit so workers do not recycle together.
+    /// [default: 0]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_REQUESTS_JITTER", value_name = "N")]
+    pub max_requests_jitter: Option<String>,
+
+    /// Kill and replace a worker silent (no heartbeat) for S seconds. [default: 30]
+    #[arg(long, global = true, env = "VRAMFORK_TIMEOUT", value_name = "S")]
+    pub timeout: Option<String>,
+
+    /// Kill a worker that has not loaded its model in S seconds; exit when none has been
+    /// ready for S seconds. [default: 300]
+    #[arg(long, global = true, env = "VRAMFORK_BOOT_TIMEOUT", value_name = "S")]
+    pub boot_timeout: Option<String>,
+
+    /// On stop, recycle and reload, in-flight requests get S seconds. [default: 30]
+    #[arg(long, global = true, env = "VRAMFORK_GRACEFUL_TIMEOUT", value_name = "S")]
+    pub graceful_timeout: Option<String>,
+
+    /// A request still running after S seconds gets 504 and its worker is replaced.
+    /// [default: 120]
+    #[arg(long, global = true, env = "VRAMFORK_REQUEST_TIMEOUT", value_name = "S")]
+    pub request_timeout: Option<String>,
+
+    /// Where the model runs: auto, cpu or cuda. [default: auto]
+    #[arg(long, global = true, env = "VRAMFORK_DEVICE")]
+    pub device: Option<String>,
+
+    /// Request bodies larger than N MB get 413. [default: 64]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_BODY_MB", value_name = "N")]
+    pub max_body_mb: Option<String>,
+
+    /// Share (0..1] of each GPU's memory the server may plan for. [default: by GPU size]
+    #[arg(long, global = true, env = "VRAMFORK_GPU_MEMORY_UTILIZATION", value_name = "F")]
+    pub gpu_memory_utilization: Option<String>,
+
+    /// Per GPU, memory (MB) kept free for CUDA contexts and transients. [default: 500]
+    #[arg(long, global = true, env = "VRAMFORK_GPU_RESERVE_MB", value_name = "N")]
+    pub gpu_reserve_mb: Option<String>,
+
+    /// Recycle a worker (after its current request) whose GPU memory grew past N MB.
+    /// [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_WORKER_GPU_MB", value_name = "N")]
+    pub max_worker_gpu_mb: Option<String>,
+
+    /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
+    #[arg(long, global = true, env = "VRAMFORK_NVML_LIBRARY", value_name = "PATH")]
+    pub nvml_library: Option<OsString>,
+
+    /// Torch intra-op threads per worker. [default: max(1, cores / workers)]
+    #[arg(long, global = true, env = "VRAMFORK_TORCH_THREADS", value_name = "N")]
+    pub torch_threads: Option<String>,
+
+    /// The worker binary. [default: app-worker beside this executable]
+    #[arg(long, global = true, env = "VRAMFORK_WORKER_BINARY", value_name = "FILE")]
+    pub worker_binary: Option<OsString>,
+
+    /// Log format: text or json. The filter is VRAMFORK_LOG (e.g. `info`, `debug`).
+    /// [default: text]
+    #[arg(long, global = true, env = "VRAMFORK_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the plan (what was measured, each bound, the worker count, where each worker
+    /// goes) and exit.
+    Plan {
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The environment variable of each option, for the check of set-but-empty values.
+pub const OPTION_ENV: &[(&str, &str)] = &[
+    ("--production", "VRAMFORK_PRODUCTION"),
+    ("--metadata", "VRAMFORK_METADATA"),
+    ("--model", "VRAMFORK_MODEL"),
+    ("--host", "VRAMFORK_HOST"),
+    ("--port", "VRAMFORK_PORT"),
+    ("--workers", "VRAMFORK_WORKERS"),
+    ("--max-requests", "VRAMFORK_MAX_REQUESTS"),
+    ("--max-requests-jitter", "VRAMFORK_MAX_REQUESTS_JITTER"),
+    ("--timeout", "VRAMFORK_TIMEOUT"),
+    ("--boot-timeout", "VRAMFORK_BOOT_TIMEOUT"),
+    ("--graceful-timeout", "VRAMFORK_GRACEFUL_TIMEOUT"),
+    ("--request-timeout", "VRAMFORK_REQUEST_TIMEOUT"),
+    ("--device", "VRAMFORK_DEVICE"),
+    ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
+    ("--gpu-memory-utilization", "VRAMFORK_GPU_MEMORY_UTILIZATION"),
+    ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
+    ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
+    ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
+    ("--torch-threads", "VRAMFORK_TORCH_THREADS"),
+    ("--worker-binary", "VRAMFORK_WORKER_BINARY"),
+    ("--log-format", "VRAMFORK_LOG_FORMAT"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_option_has_its_env_var_listed() {
+        let cmd = Cli::command();
+        let mut flags: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .filter(|l| l != "--help" && l != "--version")
+            .collect();
+        flags.sort();
+        let mut listed: Vec<String> = OPTION_ENV.iter().map(|(f, _)| f.to_string()).collect();
+        listed.sort();
+        assert_eq!(flags, listed);
+        for (flag, env) in OPTION_ENV {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(&flag[2..]))
+                .unwrap();
+            assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(*env), "{flag}");
+        }
+    }
+}

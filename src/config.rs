@@ -1,1 +1,501 @@
-//! TODO
+//! `Config::from_cli`: turns the command line and the environment into one validated
+//! configuration. This is the only module that reads the environment. Every invalid value is
+//! an error naming the option (and the variable it came from), the value and what is allowed;
+//! nothing is silently replaced by a default.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::{Cli, Command, OPTION_ENV};
+use crate::metadata::AppMetadata;
+use crate::plan::{Policy, WorkerOverride};
+use crate::protocol::Device;
+
+/// What `app` was asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One process serves (no forking, no recycling).
+    Develop,
+    /// Master + pre-forked workers.
+    Production,
+    /// Print the plan and exit.
+    Plan { json: bool },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub metadata: AppMetadata,
+    /// Absolute path of the TorchScript file (`--model`, else the metadata's `model`).
+    pub model_path: Option<PathBuf>,
+    /// `--model`, when given: a reload keeps it instead of the metadata's `model`.
+    pub model_override: Option<PathBuf>,
+    pub host: String,
+    pub port: u16,
+    pub workers_override: Option<WorkerOverride>,
+    pub max_requests: u64,
+    pub max_requests_jitter: u64,
+    pub timeout: Duration,
+    pub boot_timeout: Duration,
+    pub graceful_timeout: Duration,
+    pub request_timeout: Duration,
+    pub device: Device,
+    pub max_body_bytes: u64,
+    pub gpu_memory_utilization: Option<f64>,
+    pub gpu_reserve_mb: u64,
+    pub max_worker_gpu_mb: Option<u64>,
+    pub nvml_library: Option<PathBuf>,
+    pub torch_threads: Option<usize>,
+    pub worker_binary: PathBuf,
+    pub log_json: bool,
+}
+
+/// A configuration error: printed as one line, exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Where a value came from, for messages: `--port` or `VRAMFORK_PORT`.
+fn origin(flag: &str, env: &dyn Fn(&str) -> Option<String>, from_cli_args: bool) -> String {
+    let var = OPTION_ENV
+        .iter()
+        .find(|(f, _)| *f == flag)
+        .map(|(_, v)| *v)
+        .unwrap_or("");
+    if !from_cli_args && env(var).is_some() {
+        format!("{var} (for {flag})")
+    } else {
+        flag.to_string()
+    }
+}
+
+struct Checker<'a> {
+    env: &'a dyn Fn(&str) -> Option<String>,
+    args: &'a [String],
+}
+
+impl Checker<'_> {
+    fn name(&self, flag: &str) -> String {
+        let on_cli = self
+            .args
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+        origin(flag, self.env, on_cli)
+    }
+
+    fn bad(&self, flag: &str, value: &str, allowed: &str) -> ConfigError {
+        ConfigError(format!(
+            "invalid value '{value}' for {}: {allowed}",
+            self.name(flag)
+        ))
+    }
+
+    fn uint(&self, flag: &str, v: Option<&str>, default: u64, min: u64) -> Result<u64, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        match v.trim().parse::<u64>() {
+            Ok(n) if n >= min => Ok(n),
+            _ => Err(self.bad(flag, v, &format!("expected a whole number ≥ {min}"))),
+        }
+    }
+
+    fn seconds(&self, flag: &str, v: Option<&str>, default: f64) -> Result<Duration, ConfigError> {
+        let Some(v) = v else {
+            return Ok(Duration::from_secs_f64(default));
+        };
+        match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(self.bad(flag, v, "expected a number of seconds > 0 (e.g. 30 or 0.5)")),
+        }
+    }
+}
+
+impl Config {
+    /// Validates the parsed command line. `env` reads environment variables (the process
+    /// environment in `app`, a map in tests); `args` are the raw arguments, used only to say
+    /// whether a bad value came from a flag or a variable.
+    pub fn from_cli(
+        cli: Cli,
+        env: &dyn Fn(&str) -> Option<String>,
+        args: &[String],
+        exe_dir: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
+        for (flag, var) in OPTION_ENV {
+            if let Some(v) = env(var) {
+                if v.trim().is_empty() {
+                    return Err(ConfigError(format!(
+                        "{var} (for {flag}) is set but empty: unset it or give a value"
+                    )));
+                }
+            }
+        }
+        let c = Checker { env, args };
+        let mode = match cli.command {
+            Some(Command::Plan { json }) => Mode::Plan { json },
+            None if cli.production => Mode::Production,
+            None => Mode::Develop,
+        };
+
+        let metadata_path = cli
+            .metadata
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("app-metadata.json"));
+        let metadata_path = absolute(&metadata_path);
+        let metadata = AppMetadata::load(&metadata_path).map_err(|e| ConfigError(e.to_string()))?;
+        let model_override = cli.model.map(|m| absolute(Path::new(&m)));
+        let model_path = model_override.clone().or_else(|| metadata.model.clone());
+        if model_path.is_none() && !matches!(mode, Mode::Plan { .. }) {
+            return Err(ConfigError(format!(
+                "no model to serve: set `model` in {} or pass --model FILE",
+                metadata_path.display()
+            )));
+        }
+
+        let host = cli.host.unwrap_or_else(|| "127.0.0.1".to_string());
+        if host.trim().is_empty() || host.contains(char::is_whitespace) {
+            return Err(c.bad("--host", &host, "expected an address such as 127.0.0.1 or 0.0.0.0"));
+        }
+        let port = match cli.port.as_deref() {
+            None => 5000,
+            Some(p) => p
+                .trim()
+                .parse::<u16>()
+                .map_err(|_| c.bad("--port", p, "expected a port number 0..65535 (0 = any free port)"))?,
+        };
+
+        let workers_override = worker_override(&cli.workers, env, &c)?;
+        let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
+        let max_requests_jitter =
+            c.uint("--max-requests-jitter", cli.max_requests_jitter.as_deref(), 0, 0)?;
+        let timeout = c.seconds("--timeout", cli.timeout.as_deref(), 30.0)?;
+        let boot_timeout = c.seconds("--boot-timeout", cli.boot_timeout.as_deref(), 300.0)?;
+        let graceful_timeout = c.seconds("--graceful-timeout", cli.graceful_timeout.as_deref(), 30.0)?;
+        let request_timeout = c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
+        let device = match cli.device.as_deref() {
+            None | Some("auto") => Device::Auto,
+            Some("cpu") => Device::Cpu,
+            Some("cuda") => Device::Cuda,
+            Some(d) => return Err(c.bad("--device", d, "expected auto, cpu or cuda")),
+        };
+        let max_body_mb = c.uint("--max-body-mb", cli.max_body_mb.as_deref(), 64, 1)?;
+        if max_body_mb > 1 << 20 {
+            return Err(c.bad("--max-body-mb", &max_body_mb.to_string(), "at most 1048576 MB"));
+        }
+        let gpu_memory_utilization = match cli.gpu_memory_utilization.as_deref() {
+            None => None,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(f) if f > 0.0 && f <= 1.0 => Some(f),
+                _ => {
+                    return Err(c.bad(
+                        "--gpu-memory-utilization",
+                        v,
+                        "expected a fraction greater than 0 and at most 1 (e.g. 0.9)",
+                    ))
+                }
+            },
+        };
+        let gpu_reserve_mb = c.uint("--gpu-reserve-mb", cli.gpu_reserve_mb.as_deref(), 500, 0)?;
+        let max_worker_gpu_mb = match cli.max_worker_gpu_mb.as_deref() {
+            None => None,
+            Some(v) => Some(c.uint("--max-worker-gpu-mb", Some(v), 0, 1)?),
+        };
+        let torch_threads = match cli.torch_threads.as_deref() {
+            None => None,
+            Some(v) => Some(c.uint("--torch-threads", Some(v), 0, 1)? as usize),
+        };
+        let nvml_library = cli.nvml_library.map(|p| absolute(Path::new(&p)));
+        if let Some(p) = &nvml_library {
+            if !p.is_file() {
+                return Err(c.bad(
+                    "--nvml-library",
+                    &p.display().to_string(),
+                    "no such file (expected the path of libnvidia-ml.so.1 or a compatible library)",
+                ));
+            }
+        }
+        let log_json = match cli.log_format.as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(v) => return Err(c.bad("--log-format", v, "expected text or json")),
+        };
+        let worker_binary = match cli.worker_binary {
+            Some(p) => absolute(Path::new(&p)),
+            None => exe_dir
+                .map(|d| d.join("app-worker"))
+                .unwrap_or_else(|| PathBuf::from("app-worker")),
+        };
+        if !matches!(mode, Mode::Plan { .. }) && !worker_binary.is_file() {
+            return Err(ConfigError(format!(
+                "worker binary {} not found: build it (cargo build --workspace) or pass --worker-binary FILE",
+                worker_binary.display()
+            )));
+        }
+
+        Ok(Config {
+            mode,
+            metadata,
+            model_path,
+            model_override,
+            host,
+            port,
+            workers_override,
+            max_requests,
+            max_requests_jitter,
+            timeout,
+            boot_timeout,
+            graceful_timeout,
+            request_timeout,
+            device,
+            max_body_bytes: max_body_mb << 20,
+            gpu_memory_utilization,
+            gpu_reserve_mb,
+            max_worker_gpu_mb,
+            nvml_library,
+            torch_threads,
+            worker_binary,
+            log_json,
+        })
+    }
+
+    /// This configuration with the metadata read again (SIGHUP). Errors leave `self` as is.
+    pub fn reloaded(&self) -> Result<Config, ConfigError> {
+        let metadata =
+            AppMetadata::load(&self.metadata.path).map_err(|e| ConfigError(e.to_string()))?;
+        let model_path = self.model_override.clone().or_else(|| metadata.model.clone());
+        if model_path.is_none() {
+            return Err(ConfigError(format!(
+                "no model to serve: {} has no `model`",
+                self.metadata.path.display()
+            )));
+        }
+        Ok(Config {
+            metadata,
+            model_path,
+            ..self.clone()
+        })
+    }
+
+    /// The planning policy this configuration asks for.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            workers_override: self.workers_override.clone(),
+            device: self.device,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            gpu_reserve_mb: self.gpu_reserve_mb,
+            torch_threads: self.torch_threads,
+        }
+    }
+}
+
+/// `--workers` > `VRAMFORK_WORKERS` > `CLAMS_GUNICORN_WORKERS` > the plan. Zero, negative,
+/// empty or non-numeric values are errors, whichever form they came in.
+fn worker_override(
+    cli_value: &Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    c: &Checker<'_>,
+) -> Result<Option<WorkerOverride>, ConfigError> {
+    let allowed = "expected a whole number of workers ≥ 1";
+    let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|n| *n >= 1);
+    if let Some(v) = cli_value {
+        let on_cli = c.args.iter().any(|a| a == "--workers" || a.starts_with("--workers="));
+        let source = if on_cli { "--workers" } else { "VRAMFORK_WORKERS" };
+        return match parse(v) {
+            Some(count) => Ok(Some(WorkerOverride { count, source })),
+            None => Err(c.bad("--workers", v, allowed)),
+        };
+    }
+    match env("CLAMS_GUNICORN_WORKERS") {
+        None => Ok(None),
+        Some(v) => match parse(&v) {
+            Some(count) => Ok(Some(WorkerOverride {
+                count,
+                source: "CLAMS_GUNICORN_WORKERS",
+            })),
+            None => Err(ConfigError(format!(
+                "invalid value '{v}' for CLAMS_GUNICORN_WORKERS (worker count): {allowed}"
+            ))),
+        },
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::collections::HashMap;
+
+    struct Env {
+        dir: tempfile::TempDir,
+        vars: HashMap<String, String>,
+    }
+
+    impl Env {
+        fn new() -> Env {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(
+                dir.path().join("meta.json"),
+                r#"{"name": "t", "model": "m.pt", "est_gpu_mem_typ": 10}"#,
+            )
+            .unwrap();
+            std::fs::write(dir.path().join("app-worker"), "").unwrap();
+            Env {
+                dir,
+                vars: HashMap::new(),
+            }
+        }
+
+        fn var(mut self, k: &str, v: &str) -> Env {
+            self.vars.insert(k.into(), v.into());
+            self
+        }
+
+        fn run(&self, args: &[&str]) -> Result<Config, String> {
+            let meta = self.dir.path().join("meta.json");
+            let mut argv: Vec<String> = vec!["app".into(), "--metadata".into(), meta.display().to_string()];
+            argv.extend(args.iter().map(|s| s.to_string()));
+            // clap reads the real environment for `env = …`; tests pass variables by hand.
+            let mut cli = Cli::try_parse_from(&argv).map_err(|e| e.to_string())?;
+            let get = |k: &str| self.vars.get(k).cloned();
+            for (flag, var) in OPTION_ENV {
+                if let Some(v) = get(var) {
+                    apply_env(&mut cli, flag, v, &argv);
+                }
+            }
+            Config::from_cli(cli, &get, &argv, Some(self.dir.path())).map_err(|e| e.0)
+        }
+    }
+
+    /// What clap's `env = …` does, for the few options these tests set through variables.
+    fn apply_env(cli: &mut Cli, flag: &str, v: String, argv: &[String]) {
+        if argv.iter().any(|a| a == flag) {
+            return;
+        }
+        match flag {
+            "--workers" => cli.workers = Some(v),
+            "--port" => cli.port = Some(v),
+            "--device" => cli.device = Some(v),
+            "--timeout" => cli.timeout = Some(v),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let c = Env::new().run(&[]).unwrap();
+        assert_eq!(c.mode, Mode::Develop);
+        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 5000));
+        assert_eq!(c.max_requests, 0);
+        assert_eq!(c.timeout, Duration::from_secs(30));
+        assert_eq!(c.boot_timeout, Duration::from_secs(300));
+        assert_eq!(c.graceful_timeout, Duration::from_secs(30));
+        assert_eq!(c.request_timeout, Duration::from_secs(120));
+        assert_eq!(c.device, Device::Auto);
+        assert_eq!(c.max_body_bytes, 64 << 20);
+        assert_eq!(c.gpu_reserve_mb, 500);
+        assert!(c.workers_override.is_none() && c.max_worker_gpu_mb.is_none());
+        assert!(c.model_path.unwrap().ends_with("m.pt"));
+    }
+
+    #[test]
+    fn modes() {
+        let e = Env::new();
+        assert_eq!(e.run(&["--production"]).unwrap().mode, Mode::Production);
+        assert_eq!(e.run(&["plan", "--json"]).unwrap().mode, Mode::Plan { json: true });
+        assert_eq!(e.run(&["plan"]).unwrap().mode, Mode::Plan { json: false });
+    }
+
+    #[test]
+    fn worker_override_precedence() {
+        let e = Env::new()
+            .var("VRAMFORK_WORKERS", "3")
+            .var("CLAMS_GUNICORN_WORKERS", "5");
+        let o = e.run(&["--workers", "2"]).unwrap().workers_override.unwrap();
+        assert_eq!((o.count, o.source), (2, "--workers"));
+        let o = e.run(&[]).unwrap().workers_override.unwrap();
+        assert_eq!((o.count, o.source), (3, "VRAMFORK_WORKERS"));
+        let e = Env::new().var("CLAMS_GUNICORN_WORKERS", "5");
+        let o = e.run(&[]).unwrap().workers_override.unwrap();
+        assert_eq!((o.count, o.source), (5, "CLAMS_GUNICORN_WORKERS"));
+    }
+
+    #[test]
+    fn invalid_worker_overrides_are_errors_naming_their_source() {
+        for bad in ["0", "-1", "two", "1.5"] {
+            let e = Env::new().run(&["--workers", bad]).unwrap_err();
+            assert!(e.contains("--workers") && e.contains(bad), "{e}");
+            let e = Env::new().var("VRAMFORK_WORKERS", bad).run(&[]).unwrap_err();
+            assert!(e.contains("VRAMFORK_WORKERS") && e.contains(bad), "{e}");
+            let e = Env::new().var("CLAMS_GUNICORN_WORKERS", bad).run(&[]).unwrap_err();
+            assert!(e.contains("CLAMS_GUNICORN_WORKERS") && e.contains(bad), "{e}");
+        }
+        let e = Env::new().var("VRAMFORK_WORKERS", "").run(&[]).unwrap_err();
+        assert!(e.contains("VRAMFORK_WORKERS") && e.contains("empty"), "{e}");
+        let e = Env::new().var("CLAMS_GUNICORN_WORKERS", " ").run(&[]).unwrap_err();
+        assert!(e.contains("CLAMS_GUNICORN_WORKERS"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_name_option_value_and_allowed() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--port", "70000"], "'70000' for --port: expected a port number"),
+            (&["--port", "http"], "'http' for --port"),
+            (&["--timeout", "0"], "'0' for --timeout: expected a number of seconds > 0"),
+            (&["--boot-timeout", "-5"], "'-5' for --boot-timeout"),
+            (&["--request-timeout", "soon"], "'soon' for --request-timeout"),
+            (&["--graceful-timeout", "inf"], "'inf' for --graceful-timeout"),
+            (&["--max-requests", "-1"], "'-1' for --max-requests: expected a whole number ≥ 0"),
+            (&["--max-requests-jitter", "x"], "'x' for --max-requests-jitter"),
+            (&["--device", "tpu"], "'tpu' for --device: expected auto, cpu or cuda"),
+            (&["--max-body-mb", "0"], "'0' for --max-body-mb: expected a whole number ≥ 1"),
+            (&["--gpu-memory-utilization", "1.5"], "'1.5' for --gpu-memory-utilization"),
+            (&["--gpu-memory-utilization", "0"], "'0' for --gpu-memory-utilization"),
+            (&["--gpu-reserve-mb", "lots"], "'lots' for --gpu-reserve-mb"),
+            (&["--max-worker-gpu-mb", "0"], "'0' for --max-worker-gpu-mb"),
+            (&["--torch-threads", "0"], "'0' for --torch-threads"),
+            (&["--log-format", "xml"], "'xml' for --log-format: expected text or json"),
+            (&["--nvml-library", "/nonexistent/libnvml.so"], "for --nvml-library: no such file"),
+            (&["--host", ""], "for --host"),
+        ];
+        for (args, want) in cases {
+            let e = Env::new().run(args).unwrap_err();
+            assert!(e.contains(want), "{args:?}: got {e:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn env_values_are_named_by_variable() {
+        let e = Env::new().var("VRAMFORK_PORT", "x").run(&[]).unwrap_err();
+        assert!(e.contains("VRAMFORK_PORT (for --port)"), "{e}");
+        let e = Env::new().var("VRAMFORK_DEVICE", "gpu").run(&[]).unwrap_err();
+        assert!(e.contains("VRAMFORK_DEVICE (for --device)"), "{e}");
+        // a flag beats the variable
+        let c = Env::new().var("VRAMFORK_PORT", "x").run(&["--port", "8080"]).unwrap();
+        assert_eq!(c.port, 8080);
+    }
+
+    #[test]
+    fn missing_model_and_worker_binary_are_errors() {
+        let e = Env::new();
+        std::fs::write(e.dir.path().join("meta.json"), r#"{"name": "t"}"#).unwrap();
+        let err = e.run(&[]).unwrap_err();
+        assert!(err.contains("no model to serve") && err.contains("--model"), "{err}");
+        assert!(e.run(&["plan"]).is_ok(), "plan needs no model");
+        let e = Env::new();
+        let err = e.run(&["--worker-binary", "/nonexistent/app-worker"]).unwrap_err();
+        assert!(err.contains("worker binary /nonexistent/app-worker not found"), "{err}");
+    }
+
+    #[test]
+    fn metadata_errors_are_config_errors() {
+        let e = Env::new();
+        std::fs::write(e.dir.path().join("meta.json"), r#"{"name": 1}"#).unwrap();
+        let err = e.run(&[]).unwrap_err();
+        assert!(err.contains("field `name` must be a string"), "{err}");
+        std::fs::remove_file(e.dir.path().join("meta.json")).unwrap();
+        let err = e.run(&[]).unwrap_err();
+        assert!(err.contains("cannot read app metadata") && err.contains("meta.json"), "{err}");
+    }
+}

@@ -7,8 +7,10 @@
 
 pub mod cli;
 pub mod config;
+pub mod develop;
 pub mod exit;
 pub mod hwline;
+pub mod listen;
 pub mod logging;
 pub mod master;
 pub mod metadata;

@@ -1,1 +1,82 @@
-fn main() {}
+//! `app`: the binary edge. Parses the command line, validates the configuration, probes the
+//! machine, plans, and then prints the plan (`app plan`), becomes the single serving worker
+//! (development) or runs the master (`--production`). Exit statuses: see `exit.rs`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use vramfork::cli::Cli;
+use vramfork::config::{Config, ConfigError, Mode};
+use vramfork::exit;
+use vramfork::master::signals::Signals;
+use vramfork::master::supervisor::Supervisor;
+use vramfork::{develop, listen, logging, plan, resources};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()));
+    let env = |k: &str| std::env::var(k).ok();
+    let code = match Config::from_cli(cli, &env, &args, exe_dir.as_deref()) {
+        Ok(cfg) => run(cfg),
+        Err(e) => fail(e),
+    };
+    ExitCode::from(code as u8)
+}
+
+fn fail(e: ConfigError) -> i32 {
+    eprintln!("app: {e}");
+    exit::CONFIG
+}
+
+fn run(cfg: Config) -> i32 {
+    logging::init(cfg.log_json);
+    let (res, gpus) = match resources::probe(cfg.nvml_library.as_deref()) {
+        Ok(r) => r,
+        Err(e) => return fail(ConfigError(format!("--nvml-library: {e}"))),
+    };
+    let plan = match plan::plan(&res, &cfg.metadata, &cfg.policy()) {
+        Ok(p) => p,
+        Err(e) => return fail(ConfigError(e.to_string())),
+    };
+    if let Mode::Plan { json } = cfg.mode {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&plan).expect("a plan serializes"));
+        } else {
+            print!("{}", plan.to_text());
+        }
+        return exit::OK;
+    }
+    for w in &plan.warnings {
+        tracing::warn!("{w}");
+    }
+    let listener = match listen::bind(&cfg.host, cfg.port) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    if cfg.mode == Mode::Develop {
+        tracing::info!("listening on http://{addr} (development mode: one process)");
+        let e = develop::exec_worker(&cfg, &plan, listener);
+        return fail(ConfigError(format!(
+            "cannot run the worker {}: {e}",
+            cfg.worker_binary.display()
+        )));
+    }
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(ConfigError(format!("cannot install signal handlers: {e}"))),
+    };
+    tracing::info!(
+        "listening on http://{addr} with {} workers ({})",
+        plan.workers,
+        plan.source
+    );
+    Supervisor::new(cfg, plan, listener, signals, gpus).run()
+}

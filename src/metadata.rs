@@ -344,7 +344,7 @@ mod tests {
         .unwrap();
         assert_eq!(m.model.as_deref(), Some(Path::new("/apps/demo/m.pt")));
         assert_eq!((m.est_gpu_mem_min, m.est_gpu_mem_typ), (100, 250));
-        let input = m.input.unwrap();
+        let input = m.input.clone().unwrap();
         assert_eq!(input.shape, Some(vec![-1, 4]));
         assert_eq!(input.dtype, Dtype::Float64);
         assert_eq!(m.raw["app_license"], "MIT");

@@ -1,1 +1,9 @@
-//! TODO
+//! The master of `app --production`: it plans, starts workers on the socket it bound, and
+//! supervises them (one loop, per-slot state, pure decisions). It never serves traffic, never
+//! initialises CUDA and never loads libtorch.
+
+pub mod decide;
+pub mod signals;
+pub mod slot;
+pub mod spawn;
+pub mod supervisor;

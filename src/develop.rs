@@ -1,0 +1,38 @@
+//! Development mode (`app` without `--production`): bind the socket, then become the worker
+//! by exec — one process serves, no forking and no recycling, the same worker code as in
+//! production.
+
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use crate::config::Config;
+use crate::master::spawn::worker_config;
+use crate::plan::Plan;
+use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD};
+
+/// Execs the worker binary in place of this process; returns only on failure.
+pub fn exec_worker(cfg: &Config, plan: &Plan, listener: TcpListener) -> std::io::Error {
+    let mut wc = worker_config(cfg, plan, 0, 0, 0);
+    wc.has_control = false;
+    let json = serde_json::to_string(&wc).expect("worker config serializes");
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(&cfg.worker_binary);
+    cmd.env(ENV_WORKER_CONFIG, json)
+        .env(ENV_LISTEN_FDS, "1")
+        .env_remove("LISTEN_PID");
+    crate::master::spawn::child_env(&mut cmd, plan.placement.first().and_then(|p| p.gpu.as_ref()));
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec; here there
+    // is no fork at all, exec() runs the hook in this process.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd != LISTEN_FD && libc::dup2(fd, LISTEN_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);
+            Ok(())
+        });
+    }
+    cmd.exec()
+}

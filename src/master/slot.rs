@@ -1,0 +1,134 @@
+//! Per-worker and per-slot state. A slot is a numbered place for one serving worker
+//! (`vf-worker-<slot>`); the worker in it goes Booting → Ready → Retiring → exited, and a
+//! slot whose worker keeps failing backs off before the next try.
+
+use std::time::{Duration, Instant};
+
+use crate::protocol::RetireReason;
+
+/// Where a worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Started, loading its model.
+    Booting,
+    /// Accepting and serving.
+    Ready,
+    /// Stopped accepting; finishing in-flight requests, then exits.
+    Retiring,
+}
+
+/// What the supervisor knows of one live worker process.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    pub pid: u32,
+    pub slot: u32,
+    pub generation: u64,
+    /// The configuration generation it was started with (bumped by each reload).
+    pub cfg_gen: u64,
+    pub phase: Phase,
+    pub started: Instant,
+    pub phase_since: Instant,
+    pub last_heartbeat: Instant,
+    pub served: u64,
+    /// NVML index of its GPU, if it has one.
+    pub gpu: Option<u32>,
+    pub retire_reason: Option<RetireReason>,
+    /// When the master sent it TERM (or QUIT), if it did.
+    pub asked_to_stop: Option<Instant>,
+    /// Why the master killed it, if it did.
+    pub killed: Option<&'static str>,
+}
+
+impl WorkerState {
+    pub fn new(pid: u32, slot: u32, generation: u64, cfg_gen: u64, gpu: Option<u32>, now: Instant) -> Self {
+        WorkerState {
+            pid,
+            slot,
+            generation,
+            cfg_gen,
+            phase: Phase::Booting,
+            started: now,
+            phase_since: now,
+            last_heartbeat: now,
+            served: 0,
+            gpu,
+            retire_reason: None,
+            asked_to_stop: None,
+            killed: None,
+        }
+    }
+
+    /// Occupies its slot: not retiring, not asked to stop, not killed.
+    pub fn occupies_slot(&self) -> bool {
+        self.phase != Phase::Retiring && self.asked_to_stop.is_none() && self.killed.is_none()
+    }
+
+    pub fn set_phase(&mut self, phase: Phase, now: Instant) {
+        if self.phase != phase {
+            self.phase = phase;
+            self.phase_since = now;
+        }
+    }
+}
+
+/// One numbered place for a worker.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub id: u32,
+    /// NVML index of the GPU its workers go to.
+    pub gpu: Option<u32>,
+    pub next_generation: u64,
+    /// Consecutive workers of this slot that died before they were ready.
+    pub failures: u32,
+    pub backoff_until: Option<Instant>,
+}
+
+/// First retry delay after a failed boot; doubled per consecutive failure.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(100);
+/// The longest wait between two tries.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+impl Slot {
+    pub fn new(id: u32, gpu: Option<u32>) -> Slot {
+        Slot {
+            id,
+            gpu,
+            next_generation: 0,
+            failures: 0,
+            backoff_until: None,
+        }
+    }
+
+    /// Records a worker that died before it was ready; returns the delay before the next.
+    pub fn failed(&mut self, now: Instant) -> Duration {
+        self.failures += 1;
+        let delay = BACKOFF_BASE
+            .saturating_mul(1 << (self.failures - 1).min(16))
+            .min(BACKOFF_CAP);
+        self.backoff_until = Some(now + delay);
+        delay
+    }
+
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+        self.backoff_until = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let now = Instant::now();
+        let mut s = Slot::new(0, None);
+        let delays: Vec<_> = (0..12).map(|_| s.failed(now)).collect();
+        assert_eq!(delays[0], Duration::from_millis(100));
+        assert_eq!(delays[1], Duration::from_millis(200));
+        assert_eq!(delays[4], Duration::from_millis(1600));
+        assert_eq!(*delays.last().unwrap(), BACKOFF_CAP);
+        s.succeeded();
+        assert_eq!(s.failed(now), Duration::from_millis(100));
+    }
+}

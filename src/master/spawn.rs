@@ -1,0 +1,149 @@
+//! Starting a worker: its configuration, an explicit environment (`CUDA_VISIBLE_DEVICES`
+//! for its GPU, `PYTORCH_CUDA_ALLOC_CONF`), the inherited listening socket on fd 3 and its
+//! control channel on fd 4, `PR_SET_PDEATHSIG` so it never outlives the master, and its own
+//! process group so a terminal's Ctrl-C reaches only the master.
+
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use crate::config::Config;
+use crate::plan::Plan;
+use crate::protocol::{
+    Device, GpuAssignment, WorkerConfig, CONTROL_FD, ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD,
+};
+
+/// Milliseconds between worker heartbeats.
+pub const HEARTBEAT_MS: u64 = 1000;
+
+/// What one worker is started with.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub config: WorkerConfig,
+}
+
+/// A started worker: its pid and the master's end of its control channel.
+#[derive(Debug)]
+pub struct Launched {
+    pub pid: u32,
+    pub control: UnixStream,
+}
+
+/// The configuration handed to the worker of `slot`.
+pub fn worker_config(
+    cfg: &Config,
+    plan: &Plan,
+    slot: u32,
+    generation: u64,
+    max_requests: u64,
+) -> WorkerConfig {
+    let gpu = plan
+        .placement
+        .iter()
+        .find(|p| p.slot == slot)
+        .or(plan.placement.first())
+        .and_then(|p| p.gpu.clone());
+    let device = match (cfg.device, &gpu) {
+        (Device::Cpu, _) => Device::Cpu,
+        (d, Some(_)) => d,
+        // No GPU placed for this worker (no GPU seen, or the app needs none): CPU.
+        (_, None) if cfg.metadata.est_gpu_mem_typ == 0 && cfg.device == Device::Auto => Device::Cpu,
+        (d, None) => d,
+    };
+    WorkerConfig {
+        slot,
+        generation,
+        metadata_json: cfg.metadata.to_json(),
+        metadata_path: cfg.metadata.path.display().to_string(),
+        model_path: cfg
+            .model_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        device,
+        gpu,
+        max_requests,
+        max_worker_gpu_mb: cfg.max_worker_gpu_mb,
+        max_body_bytes: cfg.max_body_bytes,
+        request_timeout_ms: cfg.request_timeout.as_millis() as u64,
+        heartbeat_ms: HEARTBEAT_MS,
+        graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
+        torch_threads: plan.torch_threads,
+        nvml_library: cfg.nvml_library.as_ref().map(|p| p.display().to_string()),
+        has_control: true,
+        log_json: cfg.log_json,
+    }
+}
+
+/// The environment every worker gets on top of the master's: its GPU only, and
+/// `expandable_segments` unless the user chose an allocator configuration.
+pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("VRAMFORK_") && k != "VRAMFORK_LOG" || k.starts_with("LISTEN_") {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    match gpu {
+        Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", &g.uuid),
+        None => cmd.env("CUDA_VISIBLE_DEVICES", ""),
+    };
+    if std::env::var_os("PYTORCH_CUDA_ALLOC_CONF").is_none() {
+        cmd.env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True");
+    }
+}
+
+/// Starts `binary` as a worker by fork+exec.
+pub fn launch(
+    binary: &std::path::Path,
+    spec: &WorkerSpec,
+    listener: &TcpListener,
+) -> std::io::Result<Launched> {
+    let (master_end, worker_end) = UnixStream::pair()?;
+    let json = serde_json::to_string(&spec.config).expect("worker config serializes");
+    let mut cmd = Command::new(binary);
+    cmd.env(ENV_WORKER_CONFIG, json)
+        .env(ENV_LISTEN_FDS, "1")
+        .stdin(Stdio::null());
+    child_env(&mut cmd, spec.config.gpu.as_ref());
+    let listen_fd = listener.as_raw_fd();
+    let control_fd = worker_end.as_raw_fd();
+    let master_pid = std::process::id() as libc::pid_t;
+    // SAFETY: the hook runs in the forked child before exec and makes only
+    // async-signal-safe system calls (fcntl, dup2, prctl, getppid, setpgid). The master is
+    // single-threaded, so no lock can be held across the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Move both descriptors out of the way first, so dup2 cannot clobber one
+            // with the other.
+            let l = libc::fcntl(listen_fd, libc::F_DUPFD, 10);
+            let c = libc::fcntl(control_fd, libc::F_DUPFD, 10);
+            if l < 0 || c < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::dup2(l, LISTEN_FD) < 0 || libc::dup2(c, CONTROL_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(l);
+            libc::close(c);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != master_pid {
+                // The master died between fork and prctl.
+                libc::_exit(1);
+            }
+            libc::setpgid(0, 0);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(OwnedFd::from(worker_end));
+    master_end.set_nonblocking(true)?;
+    Ok(Launched {
+        pid: child.id(),
+        control: master_end,
+    })
+}

@@ -1,0 +1,509 @@
+//! The master's one loop: wait for a signal, a control message or a deadline; drain the
+//! recorded intents; reap exited workers; read control messages; ask `decide` what to do and
+//! do it. Everything that changes a worker's state happens here, on one thread.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::decide::{decide, Action, Limits, Stopping, View};
+use super::signals::{Intent, Signals};
+use super::slot::{Phase, Slot, WorkerState};
+use super::spawn::{launch, worker_config, WorkerSpec};
+use crate::config::Config;
+use crate::plan::{Placement, Plan};
+use crate::protocol::{worker_exit, ControlMsg};
+use crate::resources::NvmlProbe;
+
+/// Longest sleep of the loop when nothing happens (deadline resolution).
+const TICK: Duration = Duration::from_millis(100);
+/// How often the same "slot waits" message may be logged.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+struct Live {
+    state: WorkerState,
+    control: UnixStream,
+    buf: Vec<u8>,
+}
+
+pub struct Supervisor {
+    cfg: Config,
+    plan: Plan,
+    cfg_gen: u64,
+    /// The configuration to go back to if a reload's first worker fails.
+    reload_from: Option<Config>,
+    listener: Option<TcpListener>,
+    signals: Signals,
+    workers: Vec<Live>,
+    slots: Vec<Slot>,
+    target: u32,
+    stopping: Option<Stopping>,
+    ever_ready: bool,
+    first_boot_failures: u32,
+    last_ready_at: Instant,
+    gpus: Option<NvmlProbe>,
+    rng: u64,
+    wait_logged: HashMap<u32, Instant>,
+}
+
+impl Supervisor {
+    pub fn new(
+        cfg: Config,
+        plan: Plan,
+        listener: TcpListener,
+        signals: Signals,
+        gpus: Option<NvmlProbe>,
+    ) -> Supervisor {
+        let slots = plan
+            .placement
+            .iter()
+            .map(|p| Slot::new(p.slot, p.gpu.as_ref().map(|g| g.index)))
+            .collect();
+        let target = plan.workers;
+        let seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1);
+        Supervisor {
+            cfg,
+            plan,
+            cfg_gen: 0,
+            reload_from: None,
+            listener: Some(listener),
+            signals,
+            workers: Vec::new(),
+            slots,
+            target,
+            stopping: None,
+            ever_ready: false,
+            first_boot_failures: 0,
+            last_ready_at: Instant::now(),
+            gpus,
+            rng: seed | 1,
+            wait_logged: HashMap::new(),
+        }
+    }
+
+    /// Runs until the master should exit; returns its exit status.
+    pub fn run(mut self) -> i32 {
+        loop {
+            self.wait();
+            for intent in self.signals.take() {
+                self.on_intent(intent);
+            }
+            self.reap();
+            self.read_control();
+            if let Some(code) = self.act() {
+                return code;
+            }
+        }
+    }
+
+    fn wait(&mut self) {
+        let mut fds = Vec::with_capacity(self.workers.len() + 1);
+        fds.push(PollFd::new(self.signals.fd(), PollFlags::POLLIN));
+        for w in &self.workers {
+            fds.push(PollFd::new(w.control.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = poll(&mut fds, PollTimeout::from(TICK.as_millis() as u16));
+    }
+
+    fn on_intent(&mut self, intent: Intent) {
+        let now = Instant::now();
+        match intent {
+            Intent::GracefulStop => {
+                if self.stopping.is_none() {
+                    tracing::info!(
+                        "TERM: stopping gracefully (in-flight requests get {:?})",
+                        self.cfg.graceful_timeout
+                    );
+                    self.stopping = Some(Stopping::Graceful(now));
+                    self.listener = None;
+                }
+            }
+            Intent::QuickStop => {
+                if !matches!(self.stopping, Some(Stopping::Quick(_))) {
+                    tracing::info!("INT/QUIT: stopping now");
+                    self.stopping = Some(Stopping::Quick(now));
+                    self.listener = None;
+                    for w in &mut self.workers {
+                        w.state.asked_to_stop = None;
+                    }
+                }
+            }
+            Intent::Reload if self.stopping.is_none() => self.reload(),
+            Intent::MoreWorkers if self.stopping.is_none() => self.more_workers(),
+            Intent::FewerWorkers if self.stopping.is_none() => {
+                if self.target > 1 {
+                    self.target -= 1;
+                    tracing::info!("TTOU: {} workers", self.target);
+                } else {
+                    tracing::warn!("TTOU refused: one worker is the least");
+                }
+            }
+            Intent::Reap | Intent::Reload | Intent::MoreWorkers | Intent::FewerWorkers => {}
+        }
+    }
+
+    fn reload(&mut self) {
+        match self.cfg.reloaded() {
+            Ok(new) => {
+                tracing::info!(
+                    "HUP: reloading {} (model {}), replacing workers one at a time",
+                    new.metadata.path.display(),
+                    new.model_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+                );
+                let old = std::mem::replace(&mut self.cfg, new);
+                self.reload_from = Some(old);
+                self.cfg_gen += 1;
+            }
+            Err(e) => tracing::error!("HUP: reload refused, the old workers keep serving: {e}"),
+        }
+    }
+
+    fn more_workers(&mut self) {
+        let slot = self.target;
+        if (slot as usize) >= self.slots.len() {
+            let gpu = if self.plan.gpus.is_empty() {
+                None
+            } else {
+                let best = self
+                    .plan
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let used = self.slots.iter().filter(|s| s.gpu == Some(g.index)).count() as u32;
+                        (g, g.fits.saturating_sub(used))
+                    })
+                    .filter(|(_, free)| *free > 0)
+                    .max_by_key(|(_, free)| *free);
+                match best {
+                    Some((g, _)) => Some(g.index),
+                    None => {
+                        tracing::warn!(
+                            "TTIN refused: {} workers already fill the GPUs' usable memory",
+                            self.target
+                        );
+                        return;
+                    }
+                }
+            };
+            let assignment = gpu.and_then(|i| {
+                self.plan
+                    .placement
+                    .iter()
+                    .filter_map(|p| p.gpu.clone())
+                    .find(|g| g.index == i)
+            });
+            self.plan.placement.push(Placement {
+                slot,
+                gpu: assignment,
+            });
+            self.slots.push(Slot::new(slot, gpu));
+        }
+        self.target += 1;
+        tracing::info!("TTIN: {} workers", self.target);
+    }
+
+    fn reap(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.on_exit(pid.as_raw() as u32, Some(code), None),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.on_exit(pid.as_raw() as u32, None, Some(sig))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn on_exit(&mut self, pid: u32, code: Option<i32>, sig: Option<Signal>) {
+        let Some(i) = self.workers.iter().position(|w| w.state.pid == pid) else {
+            return;
+        };
+        let mut w = self.workers.swap_remove(i);
+        // Messages it sent just before exiting.
+        read_lines(&mut w);
+        let st = &w.state;
+        let now = Instant::now();
+        let status = match (code, sig) {
+            (Some(c), _) => format!("exit status {c}"),
+            (_, Some(s)) => format!("signal {s}"),
+            _ => "unknown status".into(),
+        };
+        let name = format!("worker {} (pid {pid}, generation {})", st.slot, st.generation);
+        if self.stopping.is_some() {
+            tracing::debug!("{name} stopped: {status}");
+            return;
+        }
+        if let Some(why) = st.killed {
+            tracing::warn!("{name} killed: it {why}; replacing it");
+            if st.phase == Phase::Booting {
+                self.boot_failed(&w.state, now);
+            }
+            return;
+        }
+        match st.phase {
+            Phase::Booting => {
+                let what = match code {
+                    Some(worker_exit::MODEL_LOAD) => "could not load the model",
+                    Some(worker_exit::CONFIG) => "rejected its configuration",
+                    _ => "died while booting",
+                };
+                self.boot_failed(&w.state, now);
+                let slot = self.slots.iter().find(|s| s.id == w.state.slot);
+                let retry = slot
+                    .and_then(|s| s.backoff_until)
+                    .map(|t| t.saturating_duration_since(now))
+                    .unwrap_or_default();
+                tracing::error!("{name} {what} ({status}); next try in {retry:.1?}");
+            }
+            _ if code == Some(0) => tracing::info!(
+                "{name} exited after {} requests{}",
+                st.served,
+                st.retire_reason.map(|r| format!(" ({r:?})")).unwrap_or_default()
+            ),
+            _ => tracing::warn!("{name} died ({status}) after {} requests; replacing it", st.served),
+        }
+    }
+
+    fn boot_failed(&mut self, w: &WorkerState, now: Instant) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
+            s.failed(now);
+        }
+        if !self.ever_ready {
+            self.first_boot_failures += 1;
+        }
+        if w.cfg_gen == self.cfg_gen {
+            if let Some(old) = self.reload_from.take() {
+                tracing::error!(
+                    "reload failed: a worker with the new configuration did not boot; keeping the old configuration and workers"
+                );
+                self.cfg = old;
+                self.cfg_gen += 1;
+                for l in &mut self.workers {
+                    l.state.cfg_gen = self.cfg_gen;
+                }
+                if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
+                    s.succeeded();
+                }
+            }
+        }
+    }
+
+    fn read_control(&mut self) {
+        let now = Instant::now();
+        for w in &mut self.workers {
+            for msg in read_lines(w) {
+                match msg {
+                    ControlMsg::Ready { pid, boot_ms } => {
+                        w.state.set_phase(Phase::Ready, now);
+                        w.state.last_heartbeat = now;
+                        self.ever_ready = true;
+                        if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.state.slot) {
+                            s.succeeded();
+                        }
+                        tracing::info!(
+                            "worker {} (pid {pid}, generation {}) ready in {:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+                            w.state.slot,
+                            w.state.generation,
+                            now.duration_since(w.state.started).as_secs_f64() * 1e3,
+                            boot_ms.model_ms,
+                            boot_ms.warmup_ms
+                        );
+                    }
+                    ControlMsg::Heartbeat { served, .. } => {
+                        w.state.last_heartbeat = now;
+                        w.state.served = served;
+                    }
+                    ControlMsg::Retiring { reason, served } => {
+                        w.state.set_phase(Phase::Retiring, now);
+                        w.state.retire_reason = Some(reason);
+                        w.state.served = served;
+                        tracing::debug!(
+                            "worker {} (pid {}) retiring after {served} requests: {reason:?}",
+                            w.state.slot,
+                            w.state.pid
+                        );
+                    }
+                }
+            }
+        }
+        if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
+            self.last_ready_at = now;
+        }
+        if self.reload_from.is_some()
+            && !self
+                .workers
+                .iter()
+                .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
+        {
+            tracing::info!("reload complete: every worker runs the new configuration");
+            self.reload_from = None;
+        }
+    }
+
+    /// Applies `decide`'s actions; returns the exit status when the master should exit.
+    fn act(&mut self) -> Option<i32> {
+        let now = Instant::now();
+        let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
+        let plan = &self.plan;
+        let capacity = |gpu: u32| plan.gpus.iter().find(|g| g.index == gpu).map_or(0, |g| g.fits);
+        let need_mb = self.cfg.metadata.est_gpu_mem_min + self.cfg.gpu_reserve_mb;
+        let probe = self.gpus.as_ref();
+        let admits = |gpu: u32| match probe.map(|p| p.free_bytes(gpu)) {
+            Some(Ok(free)) => free >= need_mb << 20,
+            // NVML unreadable now: do not block the service on it.
+            _ => true,
+        };
+        let actions = decide(&View {
+            now,
+            workers: &states,
+            slots: &self.slots,
+            target: self.target,
+            cfg_gen: self.cfg_gen,
+            stopping: self.stopping,
+            ever_ready: self.ever_ready,
+            first_boot_failures: self.first_boot_failures,
+            last_ready_at: self.last_ready_at,
+            gpu_capacity: &capacity,
+            gpu_admits: &admits,
+            limits: Limits {
+                timeout: self.cfg.timeout,
+                boot_timeout: self.cfg.boot_timeout,
+                graceful_timeout: self.cfg.graceful_timeout,
+            },
+        });
+        for action in actions {
+            match action {
+                Action::Spawn { slot } => self.spawn(slot, now),
+                Action::Wait { slot, why } => {
+                    let last = self.wait_logged.get(&slot);
+                    if last.is_none_or(|t| now.duration_since(*t) > WAIT_LOG_EVERY) {
+                        tracing::warn!("worker {slot} waits: {why}");
+                        self.wait_logged.insert(slot, now);
+                    }
+                }
+                Action::Retire { pid, why } => {
+                    tracing::debug!("asking pid {pid} to retire: {why}");
+                    self.signal(pid, Signal::SIGTERM);
+                    self.with(pid, |w| w.asked_to_stop = Some(now));
+                }
+                Action::Quit { pid } => {
+                    self.signal(pid, Signal::SIGQUIT);
+                    self.with(pid, |w| w.asked_to_stop = Some(now));
+                }
+                Action::Kill { pid, why } => {
+                    tracing::warn!("killing pid {pid}: it {why}");
+                    self.signal(pid, Signal::SIGKILL);
+                    self.with(pid, |w| w.killed = Some(why));
+                }
+                Action::Exit { code, why } => {
+                    if code != 0 {
+                        tracing::error!("giving up: {why}");
+                        eprintln!("app: {why}");
+                    }
+                    self.kill_all();
+                    return Some(code);
+                }
+            }
+        }
+        None
+    }
+
+    fn spawn(&mut self, slot: u32, now: Instant) {
+        let Some(s) = self.slots.iter_mut().find(|s| s.id == slot) else {
+            return;
+        };
+        let generation = s.next_generation;
+        s.next_generation += 1;
+        let gpu = s.gpu;
+        let jitter = if self.cfg.max_requests_jitter > 0 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            self.rng % (self.cfg.max_requests_jitter + 1)
+        } else {
+            0
+        };
+        let max_requests = if self.cfg.max_requests == 0 {
+            0
+        } else {
+            self.cfg.max_requests + jitter
+        };
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let spec = WorkerSpec {
+            config: worker_config(&self.cfg, &self.plan, slot, generation, max_requests),
+        };
+        match launch(&self.cfg.worker_binary, &spec, listener) {
+            Ok(l) => {
+                tracing::debug!("worker {slot} (pid {}, generation {generation}) started", l.pid);
+                self.workers.push(Live {
+                    state: WorkerState::new(l.pid, slot, generation, self.cfg_gen, gpu, now),
+                    control: l.control,
+                    buf: Vec::new(),
+                });
+            }
+            Err(e) => {
+                let st = WorkerState::new(0, slot, generation, self.cfg_gen, gpu, now);
+                self.boot_failed(&st, now);
+                tracing::error!(
+                    "cannot start worker {slot} from {}: {e}",
+                    self.cfg.worker_binary.display()
+                );
+            }
+        }
+    }
+
+    fn signal(&self, pid: u32, sig: Signal) {
+        let _ = kill(Pid::from_raw(pid as i32), sig);
+    }
+
+    fn with(&mut self, pid: u32, f: impl FnOnce(&mut WorkerState)) {
+        if let Some(w) = self.workers.iter_mut().find(|w| w.state.pid == pid) {
+            f(&mut w.state);
+        }
+    }
+
+    fn kill_all(&mut self) {
+        for w in &self.workers {
+            self.signal(w.state.pid, Signal::SIGKILL);
+        }
+        for w in std::mem::take(&mut self.workers) {
+            let _ = waitpid(Pid::from_raw(w.state.pid as i32), None);
+        }
+    }
+}
+
+/// Reads what a worker's control channel holds and parses the complete lines.
+fn read_lines(w: &mut Live) -> Vec<ControlMsg> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match (&w.control).read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => w.buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(nl) = w.buf.iter().position(|b| *b == b'\n') {
+        let line: Vec<u8> = w.buf.drain(..=nl).collect();
+        let text = String::from_utf8_lossy(&line[..line.len() - 1]);
+        match ControlMsg::from_line(&text) {
+            Ok(m) => out.push(m),
+            Err(e) => tracing::warn!("worker pid {}: bad control message {text:?}: {e}", w.state.pid),
+        }
+    }
+    out
+}

@@ -1,0 +1,319 @@
+//! Process-test helpers: start the real `app` binary in a temporary directory on a free
+//! port, capture its log, talk HTTP/1.1 to it over plain TCP, and kill its whole process
+//! group on drop (printing the log when the test failed).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn app_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_app"))
+}
+
+/// A metadata file in a fresh temporary directory, its model pointing at a fixture.
+pub struct App {
+    pub dir: tempfile::TempDir,
+}
+
+impl App {
+    pub fn new(model: &str, extra: &str) -> App {
+        let dir = tempfile::tempdir().unwrap();
+        let app = App { dir };
+        app.write_metadata(model, extra);
+        app
+    }
+
+    pub fn metadata(&self) -> PathBuf {
+        self.dir.path().join("app-metadata.json")
+    }
+
+    /// Rewrites the metadata (`extra` is inserted as more JSON fields, e.g. `"version": "2"`).
+    pub fn write_metadata(&self, model: &str, extra: &str) {
+        let model = fixtures().join(model);
+        let sep = if extra.is_empty() { "" } else { ", " };
+        std::fs::write(
+            self.metadata(),
+            format!(
+                r#"{{"name": "test app", "model": "{}", "input": {{"shape": [-1, 4]}}{sep}{extra}}}"#,
+                model.display()
+            ),
+        )
+        .unwrap();
+    }
+}
+
+pub struct Server {
+    pub child: Option<Child>,
+    pub port: u16,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `app` with `args` (plus `--metadata`, `--port 0`) and waits until it listens.
+    pub fn start(app: &App, args: &[&str]) -> Server {
+        Self::start_env(app, args, &[])
+    }
+
+    pub fn start_env(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let s = Self::spawn(app, args, env);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut s = s;
+        loop {
+            if let Some(port) = s.log_port() {
+                s.port = port;
+                return s;
+            }
+            if let Some(st) = s.try_exit() {
+                panic!("app exited ({st}) before listening:\n{}", s.log_text());
+            }
+            assert!(Instant::now() < deadline, "app never listened:\n{}", s.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts `app` without waiting for anything.
+    pub fn spawn(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(app_bin());
+        cmd.arg("--metadata")
+            .arg(app.metadata())
+            .args(["--port", "0"])
+            .args(args)
+            .current_dir(app.dir.path())
+            .env("VRAMFORK_LOG", "info")
+            .env_remove("CLAMS_GUNICORN_WORKERS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("VRAMFORK_") && k != "VRAMFORK_LOG" {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start app");
+        let log = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stdout.take().unwrap()),
+        ] {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+        }
+        Server {
+            child: Some(child),
+            port: 0,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn log_port(&self) -> Option<u16> {
+        let log = self.log_text();
+        let i = log.find("listening on http://")?;
+        let rest = &log[i + "listening on http://".len()..];
+        let end = rest.find(|c: char| c.is_whitespace())?;
+        rest[..end].rsplit(':').next()?.parse().ok()
+    }
+
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+
+    /// Waits for `app` to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.try_exit() {
+                // let the log readers drain
+                std::thread::sleep(Duration::from_millis(50));
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "app did not exit within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(self.pid() as i32, sig) };
+    }
+
+    /// Waits until `n` workers answer health checks as ready; returns their pids.
+    pub fn wait_workers(&self, n: usize) -> Vec<u32> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let pids = worker_pids(self.pid());
+            let ready = self.log_text().matches(" ready in ").count();
+            if pids.len() == n && ready >= n {
+                return pids;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} ready workers, have {pids:?} ({ready} ready lines):\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        http(self.port, "GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Response {
+        http(self.port, "POST", path, Some(body))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id() as i32;
+            let workers = worker_pids(pid as u32);
+            // SAFETY: kill(2) on our child's process group and its workers.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+                for w in workers {
+                    libc::kill(w as i32, libc::SIGKILL);
+                }
+            }
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- app log ----\n{}---- end of app log ----", self.log_text());
+        }
+    }
+}
+
+/// Live (not zombie) children of `pid`, from /proc.
+pub fn worker_pids(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...
+        let Some(close) = stat.rfind(')') else { continue };
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        if fields.len() > 1 && fields[0] != "Z" && fields[1] == pid.to_string() {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rfind(')')
+            .map(|i| !stat[i + 2..].starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.header("x-worker-pid")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no X-Worker-Pid in {self:?}"))
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`).
+pub fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Response {
+    try_http(port, method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    parse_response(&raw)
+}
+
+pub fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| bad("no header end (connection reset?)"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().ok_or_else(|| bad("empty response"))?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Ok(Response {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+pub const MLP_INPUT: &str = r#"{"inputs": [[1.0, 2.0, 3.0, 4.0]]}"#;
