@@ -44,7 +44,7 @@ impl App {
         std::fs::write(
             self.metadata(),
             format!(
-                r#"{{"name": "test app", "model": "{}", "input": {{"shape": [-1, 4]}}{sep}{extra}}}"#,
+                r#"{{"name": "test app", "model": "{}"{sep}{extra}}}"#,
                 model.display()
             ),
         )

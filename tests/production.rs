@@ -1,0 +1,389 @@
+//! Process tests of `app --production` (and development mode): the real binary, real
+//! TorchScript fixtures, HTTP over loopback. What a user sees: answers, status codes, worker
+//! pids, recycling, signals, recovery after `kill -9`, exit statuses.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `threads` clients each sending `each` MLP requests; returns (status, worker pid) or the
+/// transport error of every request.
+fn load(port: u16, threads: usize, each: usize) -> Vec<Result<(u16, u32), String>> {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            thread::spawn(move || {
+                (0..each)
+                    .map(|_| {
+                        try_http(port, "POST", "/", Some(MLP_INPUT))
+                            .map(|r| (r.status, r.pid()))
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+}
+
+fn assert_all_ok(results: &[Result<(u16, u32), String>]) -> BTreeSet<u32> {
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|r| !matches!(r, Ok((200, _))))
+        .collect();
+    assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), results.len());
+    results.iter().map(|r| r.as_ref().unwrap().1).collect()
+}
+
+/// Clients that keep sending requests until stopped; each result is kept.
+struct Background {
+    stop: Arc<AtomicBool>,
+    handles: Vec<thread::JoinHandle<Vec<Result<(u16, u32), String>>>>,
+}
+
+impl Background {
+    fn start(port: u16, threads: usize) -> Background {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..threads)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                thread::spawn(move || {
+                    let mut out = Vec::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        out.push(
+                            try_http(port, "POST", "/", Some(MLP_INPUT))
+                                .map(|r| (r.status, r.pid()))
+                                .map_err(|e| e.to_string()),
+                        );
+                    }
+                    out
+                })
+            })
+            .collect();
+        Background { stop, handles }
+    }
+
+    fn finish(self) -> Vec<Result<(u16, u32), String>> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    }
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn mlp() -> App {
+    App::new("mlp.pt", r#""input": {"shape": [-1, 4]}"#)
+}
+
+#[test]
+fn production_serves_from_named_workers_never_the_master() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "2"]);
+    let workers = s.wait_workers(2);
+    let mut names: Vec<String> = workers.iter().map(|p| comm(*p)).collect();
+    names.sort();
+    assert_eq!(names, ["vf-worker-0", "vf-worker-1"]);
+    let pids = assert_all_ok(&load(s.port, 2, 10));
+    assert!(!pids.contains(&s.pid()), "the master answered a request");
+    assert!(pids.iter().all(|p| workers.contains(p)), "{pids:?} vs {workers:?}");
+    let meta = s.get("/").json();
+    assert_eq!(meta["name"], "test app");
+}
+
+#[test]
+fn worker_count_overrides_in_order_of_precedence() {
+    let app = mlp();
+    let cases: &[(&[&str], &[(&str, &str)], usize)] = &[
+        (&["--workers", "3"], &[("VRAMFORK_WORKERS", "1"), ("CLAMS_GUNICORN_WORKERS", "2")], 3),
+        (&[], &[("VRAMFORK_WORKERS", "2"), ("CLAMS_GUNICORN_WORKERS", "1")], 2),
+        (&[], &[("CLAMS_GUNICORN_WORKERS", "1")], 1),
+    ];
+    for (args, env, n) in cases {
+        let mut a = vec!["--production"];
+        a.extend_from_slice(args);
+        let s = Server::start_env(&app, &a, env);
+        s.wait_workers(*n);
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(worker_pids(s.pid()).len(), *n, "{args:?} {env:?}:\n{}", s.log_text());
+    }
+}
+
+#[test]
+fn invalid_worker_overrides_exit_2_naming_the_source() {
+    let app = mlp();
+    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        (&["--workers", "0"], &[], "--workers"),
+        (&["--workers", "-2"], &[], "--workers"),
+        (&["--workers", "many"], &[], "--workers"),
+        (&[], &[("VRAMFORK_WORKERS", "0")], "VRAMFORK_WORKERS"),
+        (&[], &[("VRAMFORK_WORKERS", "")], "VRAMFORK_WORKERS"),
+        (&[], &[("CLAMS_GUNICORN_WORKERS", "x")], "CLAMS_GUNICORN_WORKERS"),
+        (&[], &[("CLAMS_GUNICORN_WORKERS", "-1")], "CLAMS_GUNICORN_WORKERS"),
+    ];
+    for (args, env, name) in cases {
+        let mut a = vec!["--production"];
+        a.extend_from_slice(args);
+        let mut s = Server::spawn(&app, &a, env);
+        let st = s.wait_exit(Duration::from_secs(10));
+        assert_eq!(st.code(), Some(2), "{args:?} {env:?}: {}", s.log_text());
+        let log = s.log_text();
+        assert!(log.contains(name) && log.contains("app: "), "{args:?} {env:?}: {log}");
+        assert!(!log.contains("listening"), "bound before validating: {log}");
+    }
+}
+
+#[test]
+fn port_in_use_exits_2() {
+    let app = mlp();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut s = Server::spawn(&app, &["--production", "--port", &port], &[]);
+    let st = s.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(2));
+    assert!(s.log_text().contains("already in use"), "{}", s.log_text());
+}
+
+#[test]
+fn unloadable_models_exit_3_after_bounded_tries() {
+    for model in ["missing.pt", "not-a-model.pt"] {
+        let app = App::new(model, "");
+        let started = Instant::now();
+        let mut s = Server::spawn(&app, &["--production", "--workers", "2"], &[]);
+        let st = s.wait_exit(Duration::from_secs(60));
+        assert_eq!(st.code(), Some(3), "{model}: {}", s.log_text());
+        let log = s.log_text();
+        assert!(log.contains("app: the model could not be loaded"), "{log}");
+        assert!(log.contains(model), "the worker's reason names the file: {log}");
+        let tries = log.matches("could not load the model (exit status 3)").count();
+        assert!((1..=4).contains(&tries), "{tries} tries: {log}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+}
+
+#[test]
+fn recycling_under_concurrent_load_fails_no_request() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "2", "--max-requests", "3"]);
+    s.wait_workers(2);
+    let results = load(s.port, 4, 15);
+    let pids = assert_all_ok(&results);
+    // 60 requests, at most 3 per worker: at least 20 workers served.
+    assert!(pids.len() >= 20, "{} distinct workers: {pids:?}", pids.len());
+    assert!(s.log_text().contains("exited after 3 requests"), "{}", s.log_text());
+}
+
+#[test]
+fn max_requests_one_recycles_after_every_request() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "2", "--max-requests", "1"]);
+    s.wait_workers(2);
+    let results = load(s.port, 2, 10);
+    let pids = assert_all_ok(&results);
+    assert_eq!(pids.len(), 20, "every request had its own worker");
+}
+
+#[test]
+fn a_killed_worker_is_replaced_and_no_other_request_fails() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "2"]);
+    let before = s.wait_workers(2);
+    let bg = Background::start(s.port, 2);
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: kill(2) on a worker of our child.
+    unsafe { libc::kill(before[0] as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = worker_pids(s.pid());
+        if now.len() == 2 && !now.contains(&before[0]) && s.log_text().matches(" ready in ").count() >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not replaced: {now:?}\n{}", s.log_text());
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let results = bg.finish();
+    // Only a request the killed worker had in flight may fail (a reset connection).
+    let failed: Vec<_> = results.iter().filter(|r| !matches!(r, Ok((200, _)))).collect();
+    assert!(failed.len() <= 1, "{failed:?}");
+    assert!(results.len() > 10);
+    assert!(s.log_text().contains("died (signal SIGKILL)"), "{}", s.log_text());
+}
+
+#[test]
+fn killing_the_master_takes_every_worker_down() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "2"]);
+    let workers = s.wait_workers(2);
+    s.signal(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while workers.iter().any(|p| process_alive(*p)) {
+        assert!(Instant::now() < deadline, "workers outlived the master: {workers:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn term_lets_in_flight_requests_finish_then_exits_0() {
+    let app = App::new("slow.pt", "");
+    let mut s = Server::start(&app, &["--production", "--workers", "2"]);
+    let workers = s.wait_workers(2);
+    let port = s.port;
+    let slow: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || try_http(port, "POST", "/", Some(r#"{"inputs": [[40000]]}"#))))
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    s.signal(libc::SIGTERM);
+    for h in slow {
+        let r = h.join().unwrap().expect("in-flight request answered");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let st = s.wait_exit(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}", s.log_text());
+    assert!(workers.iter().all(|p| !process_alive(*p)));
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "port still open");
+}
+
+#[test]
+fn quick_stop_exits_0_promptly() {
+    let app = mlp();
+    let mut s = Server::start(&app, &["--production", "--workers", "2"]);
+    let workers = s.wait_workers(2);
+    s.signal(libc::SIGINT);
+    let st = s.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0));
+    assert!(workers.iter().all(|p| !process_alive(*p)));
+}
+
+#[test]
+fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
+    let app = App::new("mlp.pt", r#""version": "1""#);
+    let s = Server::start(&app, &["--production", "--workers", "2"]);
+    let first = s.wait_workers(2);
+    let bg = Background::start(s.port, 2);
+    thread::sleep(Duration::from_millis(200));
+    app.write_metadata("mlp.pt", r#""version": "2""#);
+    s.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.log_text().contains("reload complete") {
+        assert!(Instant::now() < deadline, "{}", s.log_text());
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(300));
+    let results = bg.finish();
+    assert_all_ok(&results);
+    let second = s.wait_workers(2);
+    assert!(second.iter().all(|p| !first.contains(p)), "{first:?} -> {second:?}");
+    for _ in 0..4 {
+        assert_eq!(s.get("/").json()["version"], "2");
+    }
+
+    // Invalid metadata: refused, the same workers keep serving.
+    std::fs::write(app.metadata(), "{ not json").unwrap();
+    s.signal(libc::SIGHUP);
+    wait_for_log(&s, "reload refused");
+    assert!(s.log_text().contains("not valid JSON"));
+    assert_eq!(s.wait_workers(2), second);
+
+    // A model that does not load: the old workers stay.
+    app.write_metadata("not-a-model.pt", r#""version": "3""#);
+    s.signal(libc::SIGHUP);
+    wait_for_log(&s, "reload failed");
+    thread::sleep(Duration::from_millis(500));
+    let pids = assert_all_ok(&load(s.port, 2, 5));
+    assert!(pids.iter().all(|p| second.contains(p)), "{pids:?} vs {second:?}");
+    assert_eq!(s.get("/").json()["version"], "2");
+}
+
+fn wait_for_log(s: &Server, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.log_text().contains(what) {
+        assert!(Instant::now() < deadline, "no {what:?} in:\n{}", s.log_text());
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ttin_and_ttou_add_and_remove_a_worker() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    s.wait_workers(1);
+    s.signal(libc::SIGTTIN);
+    s.wait_workers(2);
+    s.signal(libc::SIGTTOU);
+    s.wait_workers(1);
+    s.signal(libc::SIGTTOU);
+    wait_for_log(&s, "TTOU refused");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(worker_pids(s.pid()).len(), 1);
+    assert_eq!(s.post("/", MLP_INPUT).status, 200);
+}
+
+#[test]
+fn a_request_past_the_timeout_gets_504_and_its_worker_is_replaced() {
+    let app = App::new("slow.pt", "");
+    let s = Server::start(&app, &["--production", "--workers", "1", "--request-timeout", "0.5"]);
+    let first = s.wait_workers(1);
+    let r = s.post("/", r#"{"inputs": [[100000000]]}"#);
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(r.json()["error"].as_str().unwrap().contains("request-timeout"), "{r:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = s.wait_workers(1);
+        if now != first {
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        thread::sleep(Duration::from_millis(50));
+    }
+    let r = s.post("/", r#"{"inputs": [[1]]}"#);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_ne!(r.pid(), first[0]);
+}
+
+#[test]
+fn development_mode_serves_in_one_process() {
+    let app = mlp();
+    let s = Server::start(&app, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        match try_http(s.port, "POST", "/", Some(MLP_INPUT)) {
+            Ok(r) => break r,
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("{e}\n{}", s.log_text()),
+        }
+    };
+    assert_eq!(r.status, 200);
+    assert_eq!(r.pid(), s.pid(), "development mode serves from the app process itself");
+    assert!(worker_pids(s.pid()).is_empty());
+}
+
+#[test]
+fn plan_prints_the_cpu_bound_and_exits_0() {
+    let app = mlp();
+    let mut s = Server::spawn(&app, &["plan", "--json"], &[]);
+    let st = s.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0));
+    let log = s.log_text();
+    let start = log.find('{').unwrap();
+    let plan: serde_json::Value = serde_json::Deserializer::from_str(&log[start..])
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap();
+    let cpus = plan["cpus"].as_u64().unwrap();
+    assert_eq!(plan["cpu_bound"].as_u64(), Some(2 * cpus + 1));
+    assert_eq!(plan["workers"].as_u64(), Some(2 * cpus + 1));
+    let mut s = Server::spawn(&app, &["plan", "--workers", "3"], &[]);
+    assert_eq!(s.wait_exit(Duration::from_secs(10)).code(), Some(0));
+    assert!(s.log_text().contains("--workers"), "{}", s.log_text());
+}
