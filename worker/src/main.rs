@@ -1,1 +1,78 @@
-fn main() {}
+//! `app-worker`: one model, one inherited listening socket, HTTP until retired. Started by
+//! the master (SPEC section 5; the contract is `vramfork::protocol`). Start-up order matters:
+//! configuration, process name, inherited fds, torch threads, then the model.
+
+mod config;
+mod control;
+mod cuda;
+mod error;
+mod hw;
+mod input;
+mod lifecycle;
+mod listener;
+mod process;
+mod routes;
+mod runner;
+mod server;
+mod state;
+mod timeouts;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vramfork::protocol::{worker_exit, BootTimes};
+
+fn main() {
+    let process_ms = process::ms_since_exec();
+    let code = match boot(process_ms) {
+        Ok(code) => code,
+        Err((code, msg)) => {
+            eprintln!("app-worker: {msg}");
+            code
+        }
+    };
+    process::exit_now(code);
+}
+
+fn boot(process_ms: f64) -> Result<i32, (i32, String)> {
+    let config_err = |m: String| (worker_exit::CONFIG, m);
+    let (cfg, metadata) = config::from_env().map_err(config_err)?;
+    vramfork::logging::init(cfg.log_json);
+    let span = tracing::info_span!(
+        "worker",
+        slot = cfg.slot,
+        pid = std::process::id(),
+        generation = cfg.generation
+    );
+    let _entered = span.enter();
+    process::set_name(cfg.slot);
+    let listener = listener::inherit().map_err(config_err)?;
+    let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
+    process::set_torch_threads(cfg.torch_threads);
+
+    let fraction = cfg.gpu.as_ref().and_then(|g| g.memory_fraction);
+    let (runner, info) = runner::Runner::start(&cfg.model_path, cfg.device, fraction)
+        .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    tracing::info!(
+        device = if info.cuda.is_some() { "cuda" } else { "cpu" },
+        model_ms = info.model_ms,
+        "model loaded"
+    );
+
+    let shared = Arc::new(state::Shared::new(control, cfg.max_requests));
+    let nvml_index = cfg.gpu.as_ref().map_or(0, |g| g.index);
+    let hw = hw::Hw::new(info.cuda, nvml_index, cfg.nvml_library.clone());
+    let app = Arc::new(routes::App::new(shared, runner, metadata, hw, &cfg));
+    let plan = lifecycle::Plan {
+        listener,
+        app,
+        boot: BootTimes {
+            process_ms,
+            model_ms: info.model_ms,
+            warmup_ms: 0.0,
+        },
+        heartbeat: Duration::from_millis(cfg.heartbeat_ms),
+        graceful: Duration::from_millis(cfg.graceful_timeout_ms),
+    };
+    lifecycle::run(plan).map_err(|e| (worker_exit::CONFIG, format!("{e:#}")))
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Builds the small TorchScript fixtures the worker and process tests use.
+
+Run with the project's torch venv:  source scripts/env.sh && $VRAMFORK_PYTHON scripts/make_models.py
+Writes into tests/fixtures/ (fixed seeds, so the files are reproducible) and prints what it wrote.
+The outputs are committed so tests need no Python at run time.
+"""
+import json
+import os
+from typing import List, Tuple
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures")
+
+
+class Mlp(torch.nn.Module):
+    """[-1, 4] float32 -> [-1, 3]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(4, 8)
+        self.l2 = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.relu(self.l1(x)))
+
+
+class Slow(torch.nn.Module):
+    """Input [[n]]: runs n iterations of a fixed 64x64 matmul loop; returns [[n]].
+
+    Run time grows linearly with n, so a test picks n to make a request as slow as it needs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("m", torch.eye(64) * 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = int(x.flatten()[0].item())
+        acc = torch.ones(64, 64)
+        for _ in range(n):
+            acc = torch.tanh(acc @ self.m + 1.0)
+        return x + acc.sum() * 0.0
+
+
+class Fail(torch.nn.Module):
+    """Raises when the inputs sum to a negative number, else returns inputs * 2."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() < 0):
+            raise ValueError("negative input sum is not allowed by fail.pt")
+        return x * 2
+
+
+class Tuple2(torch.nn.Module):
+    """Returns a tuple (x + 1, x.sum()) and so exercises tuple/scalar-tensor outputs."""
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x.sum()
+
+
+class Alloc(torch.nn.Module):
+    """Input [[mb]]: allocates a tensor of that many MB on the input's device; returns its MB."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mb = int(x.flatten()[0].item())
+        t = torch.ones(mb * 1024 * 256, dtype=torch.float32, device=x.device)
+        return (t.sum() / (1024 * 256)).reshape(1, 1)
+
+
+class Scalars(torch.nn.Module):
+    """Returns a list of outputs: a tensor, an int, a float and a bool (output conversion)."""
+
+    def forward(self, x: torch.Tensor) -> Tuple[List[torch.Tensor], int, float, bool]:
+        return [x, x * 0], int(x.numel()), float(x.sum().item()), bool(x.numel() > 0)
+
+
+def save(module: torch.nn.Module, name: str, written: List[str]) -> None:
+    path = os.path.join(OUT, name)
+    torch.jit.script(module).save(path)
+    written.append(path)
+
+
+def write_json(name: str, doc: object, written: List[str]) -> None:
+    path = os.path.join(OUT, name)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    written.append(path)
+
+
+def main() -> None:
+    os.makedirs(OUT, exist_ok=True)
+    torch.manual_seed(1234)
+    written: List[str] = []
+
+    mlp = Mlp().eval()
+    save(mlp, "mlp.pt", written)
+    inputs = [
+        [[0.0, 0.0, 0.0, 0.0]],
+        [[1.0, 2.0, 3.0, 4.0], [-1.0, 0.5, 2.5, -3.0]],
+        [[0.25, -0.75, 1.5, 10.0], [3.0, 3.0, 3.0, 3.0], [-2.0, -2.0, 5.0, 0.125]],
+    ]
+    with torch.no_grad():
+        cases = [{"inputs": x, "outputs": mlp(torch.tensor(x)).tolist()} for x in inputs]
+    write_json("mlp_expected.json", {"cases": cases}, written)
+
+    save(Slow(), "slow.pt", written)
+    save(Fail(), "fail.pt", written)
+    save(Tuple2(), "tuple.pt", written)
+    save(Alloc(), "alloc.pt", written)
+    save(Scalars(), "scalars.pt", written)
+
+    write_json("mlp.json", {
+        "name": "mlp-fixture",
+        "description": "small MLP for tests",
+        "version": "1.0",
+        "model": "mlp.pt",
+        "input": {"shape": [-1, 4], "dtype": "float32"},
+        "x_custom": {"kept": True},
+    }, written)
+    write_json("slow.json", {"name": "slow-fixture", "model": "slow.pt",
+                             "input": {"shape": [1, 1], "dtype": "float32"}}, written)
+    write_json("fail.json", {"name": "fail-fixture", "model": "fail.pt"}, written)
+    write_json("tuple.json", {"name": "tuple-fixture", "model": "tuple.pt"}, written)
+    write_json("alloc.json", {"name": "alloc-fixture", "model": "alloc.pt",
+                              "est_gpu_mem_min": 100, "est_gpu_mem_typ": 200,
+                              "input": {"shape": [1, 1], "dtype": "float32"}}, written)
+    write_json("scalars.json", {"name": "scalars-fixture", "model": "scalars.pt"}, written)
+    write_json("not-a-model.json", {"name": "broken", "model": "not-a-model.pt"}, written)
+
+    path = os.path.join(OUT, "not-a-model.pt")
+    with open(path, "wb") as f:
+        f.write(b"this is not a TorchScript archive\x00\x01\x02 garbage\n" * 4)
+    written.append(path)
+
+    for p in written:
+        print(f"wrote {os.path.relpath(p, os.path.dirname(HERE))} ({os.path.getsize(p)} bytes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+//! Links the worker against libtorch: an rpath to `$LIBTORCH/lib` (so it runs without
+//! `LD_LIBRARY_PATH`), libtorch's CUDA libraries kept even though no Rust symbol needs them
+//! (so CUDA is available on GPU machines), and the small C++ allocator shim (`src/cuda/`).
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=LIBTORCH");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    println!("cargo:rerun-if-changed=src/cuda/shim.cpp");
+
+    let libtorch = PathBuf::from(env::var("LIBTORCH").unwrap_or_else(|_| {
+        panic!("LIBTORCH is not set: run `source scripts/env.sh` first (it installs libtorch)")
+    }));
+    let lib = libtorch.join("lib");
+    let abi = env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    let has_cuda = lib.join("libtorch_cuda.so").exists();
+    if has_cuda {
+        for arg in [
+            "-Wl,--no-as-needed",
+            "-ltorch_cuda",
+            "-ltorch",
+            "-lc10_cuda",
+            "-Wl,--as-needed",
+        ] {
+            println!("cargo:rustc-link-arg={arg}");
+        }
+    }
+    build_shim(&libtorch, &abi, has_cuda);
+}
+
+fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .file("src/cuda/shim.cpp")
+        .include(libtorch.join("include"))
+        .include(libtorch.join("include/torch/csrc/api/include"))
+        .define("_GLIBCXX_USE_CXX11_ABI", abi)
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .warnings(false);
+    let site = libtorch.parent().unwrap_or(libtorch);
+    for dir in [
+        site.join("nvidia/cu13/include"),
+        site.join("triton/backends/nvidia/include"),
+    ] {
+        if dir.exists() {
+            b.include(dir);
+        }
+    }
+    if !has_cuda {
+        // A CPU-only libtorch has no c10_cuda: the shim then reports "no CUDA" for everything.
+        b.define("VF_NO_CUDA_BUILD", "1");
+    }
+    b.compile("vf_cuda_shim");
+    if has_cuda {
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+        println!("cargo:rustc-link-lib=dylib=c10");
+    }
+}

@@ -1,0 +1,94 @@
+//! The worker's configuration: [`WorkerConfig`] from `VRAMFORK_WORKER_CONFIG`, checked, plus
+//! the app metadata it carries. Any problem is one message; the worker exits with
+//! `worker_exit::CONFIG`.
+
+use std::path::Path;
+
+use vramfork::metadata::AppMetadata;
+use vramfork::protocol::{WorkerConfig, ENV_WORKER_CONFIG};
+
+/// Reads and checks the configuration from the environment.
+pub fn from_env() -> Result<(WorkerConfig, AppMetadata), String> {
+    let text = std::env::var(ENV_WORKER_CONFIG).map_err(|_| {
+        format!("{ENV_WORKER_CONFIG} is not set (the master passes the worker's configuration as JSON there)")
+    })?;
+    parse(&text)
+}
+
+pub fn parse(text: &str) -> Result<(WorkerConfig, AppMetadata), String> {
+    let cfg: WorkerConfig = serde_json::from_str(text)
+        .map_err(|e| format!("{ENV_WORKER_CONFIG} is not a valid worker configuration: {e}"))?;
+    let positive = [
+        ("torch_threads", cfg.torch_threads as u64),
+        ("max_body_bytes", cfg.max_body_bytes),
+        ("request_timeout_ms", cfg.request_timeout_ms),
+        ("heartbeat_ms", cfg.heartbeat_ms),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(format!("{ENV_WORKER_CONFIG}: `{name}` must be at least 1"));
+        }
+    }
+    if cfg.model_path.is_empty() {
+        return Err(format!("{ENV_WORKER_CONFIG}: `model_path` is empty"));
+    }
+    if let Some(f) = cfg.gpu.as_ref().and_then(|g| g.memory_fraction) {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!(
+                "{ENV_WORKER_CONFIG}: `gpu.memory_fraction` must be in (0, 1], got {f}"
+            ));
+        }
+    }
+    let metadata = AppMetadata::parse(Path::new(&cfg.metadata_path), &cfg.metadata_json)
+        .map_err(|e| e.to_string())?;
+    Ok((cfg, metadata))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> serde_json::Value {
+        json!({
+            "slot": 1, "generation": 0,
+            "metadata_json": "{\"name\": \"t\"}", "metadata_path": "/x/app-metadata.json",
+            "model_path": "/x/m.pt", "device": "cpu", "gpu": null,
+            "max_requests": 0, "max_worker_gpu_mb": null, "max_body_bytes": 1000,
+            "request_timeout_ms": 1000, "heartbeat_ms": 500, "graceful_timeout_ms": 1000,
+            "torch_threads": 1, "nvml_library": null, "has_control": false, "log_json": false
+        })
+    }
+
+    #[test]
+    fn a_complete_config_parses() {
+        let (cfg, md) = parse(&base().to_string()).unwrap();
+        assert_eq!(cfg.slot, 1);
+        assert_eq!(md.name, "t");
+    }
+
+    #[test]
+    fn bad_configs_say_what_is_wrong() {
+        assert!(parse("nope")
+            .unwrap_err()
+            .contains("not a valid worker configuration"));
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("slot");
+        assert!(parse(&v.to_string()).unwrap_err().contains("slot"));
+        let mut v = base();
+        v["torch_threads"] = json!(0);
+        assert!(parse(&v.to_string())
+            .unwrap_err()
+            .contains("`torch_threads` must be at least 1"));
+        let mut v = base();
+        v["metadata_json"] = json!("{}");
+        assert!(parse(&v.to_string())
+            .unwrap_err()
+            .contains("`name` is missing"));
+        let mut v = base();
+        v["gpu"] = json!({"index": 0, "uuid": "GPU-x", "memory_fraction": 1.5});
+        assert!(parse(&v.to_string())
+            .unwrap_err()
+            .contains("memory_fraction"));
+    }
+}

@@ -1,0 +1,139 @@
+//! The CUDA caching allocator, through the small C++ shim in `shim.cpp`: statistics (peak
+//! and current allocated/reserved bytes), resetting the peak, `empty_cache` and the
+//! per-process memory-fraction cap. Safe wrappers; without a GPU every call reports
+//! [`CudaError::NoCuda`].
+
+use std::ffi::{c_char, c_int, CStr};
+
+mod ffi {
+    use std::ffi::{c_char, c_int};
+
+    extern "C" {
+        pub fn vf_cuda_device_count(out: *mut c_int) -> c_int;
+        pub fn vf_cuda_last_error(buf: *mut c_char, len: usize);
+        pub fn vf_cuda_memory_stats(
+            device: c_int,
+            allocated: *mut i64,
+            peak_allocated: *mut i64,
+            reserved: *mut i64,
+            peak_reserved: *mut i64,
+        ) -> c_int;
+        pub fn vf_cuda_reset_peak(device: c_int) -> c_int;
+        pub fn vf_cuda_empty_cache() -> c_int;
+        pub fn vf_cuda_set_memory_fraction(device: c_int, fraction: f64) -> c_int;
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA device")]
+    NoCuda,
+    #[error("CUDA allocator: {0}")]
+    C10(String),
+}
+
+/// The caching allocator's counters for one device, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub allocated: u64,
+    pub peak_allocated: u64,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+}
+
+/// Turns a shim status code into a result, fetching the message for code 2.
+fn check(rc: c_int) -> Result<(), CudaError> {
+    match rc {
+        0 => Ok(()),
+        1 => Err(CudaError::NoCuda),
+        _ => {
+            let mut buf = [0 as c_char; 512];
+            // SAFETY: the buffer is valid for `buf.len()` bytes; the shim writes at most
+            // `len - 1` bytes plus a NUL terminator and never throws.
+            unsafe { ffi::vf_cuda_last_error(buf.as_mut_ptr(), buf.len()) };
+            // SAFETY: the shim always NUL-terminates inside the buffer (see above).
+            let msg = unsafe { CStr::from_ptr(buf.as_ptr()) };
+            Err(CudaError::C10(msg.to_string_lossy().into_owned()))
+        }
+    }
+}
+
+/// CUDA devices this process sees; 0 without a GPU or driver.
+pub fn device_count() -> usize {
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer for the call's duration; the shim catches all
+    // C++ exceptions.
+    let rc = unsafe { ffi::vf_cuda_device_count(&mut n) };
+    if rc == 0 {
+        n.max(0) as usize
+    } else {
+        0
+    }
+}
+
+pub fn is_available() -> bool {
+    device_count() > 0
+}
+
+/// The allocator's counters for `device` (a CUDA index, i.e. after `CUDA_VISIBLE_DEVICES`).
+pub fn memory_stats(device: usize) -> Result<MemoryStats, CudaError> {
+    let (mut a, mut pa, mut r, mut pr) = (0i64, 0i64, 0i64, 0i64);
+    // SAFETY: the four out-pointers are valid, distinct locals; the shim catches all C++
+    // exceptions and only writes them on success.
+    let rc = unsafe { ffi::vf_cuda_memory_stats(index(device), &mut a, &mut pa, &mut r, &mut pr) };
+    check(rc)?;
+    let b = |v: i64| v.max(0) as u64;
+    Ok(MemoryStats {
+        allocated: b(a),
+        peak_allocated: b(pa),
+        reserved: b(r),
+        peak_reserved: b(pr),
+    })
+}
+
+pub fn reset_peak(device: usize) -> Result<(), CudaError> {
+    // SAFETY: plain value argument; the shim catches all C++ exceptions.
+    check(unsafe { ffi::vf_cuda_reset_peak(index(device)) })
+}
+
+/// Returns cached, unused blocks to the driver.
+pub fn empty_cache() -> Result<(), CudaError> {
+    // SAFETY: no arguments; the shim catches all C++ exceptions.
+    check(unsafe { ffi::vf_cuda_empty_cache() })
+}
+
+/// Caps this process's caching allocator at `fraction` (0..1] of the device's memory; an
+/// allocation past it fails as out-of-memory.
+pub fn set_memory_fraction(device: usize, fraction: f64) -> Result<(), CudaError> {
+    // SAFETY: plain value arguments; the shim validates the fraction and catches all C++
+    // exceptions.
+    check(unsafe { ffi::vf_cuda_set_memory_fraction(index(device), fraction) })
+}
+
+fn index(device: usize) -> c_int {
+    c_int::try_from(device).unwrap_or(c_int::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without a GPU the shim answers "no CUDA" everywhere, never crashes; on
+    /// a GPU machine the counters are consistent.
+    #[test]
+    fn shim_answers_without_crashing() {
+        if is_available() {
+            let s = memory_stats(0).unwrap();
+            assert!(s.peak_allocated >= s.allocated);
+            assert!(s.peak_reserved >= s.reserved);
+            assert!(set_memory_fraction(0, 1.5).is_err());
+            assert!(memory_stats(1000).is_err());
+        } else {
+            assert_eq!(device_count(), 0);
+            assert_eq!(memory_stats(0), Err(CudaError::NoCuda));
+            assert_eq!(reset_peak(0), Err(CudaError::NoCuda));
+            assert_eq!(empty_cache(), Err(CudaError::NoCuda));
+            assert_eq!(set_memory_fraction(0, 0.5), Err(CudaError::NoCuda));
+        }
+    }
+}

@@ -1,0 +1,145 @@
+// vramfork worker: a tiny C ABI over c10's CUDA caching allocator, for what tch does not
+// expose (allocator statistics, the memory-fraction cap, empty_cache). Every function
+// catches every C++ exception and reports it as a status code, so nothing unwinds into Rust.
+//
+// Status codes: 0 ok, 1 no CUDA device, 2 a c10/CUDA error (message via vf_cuda_last_error).
+
+#ifndef VF_NO_CUDA_BUILD
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+
+namespace {
+
+thread_local std::string last_error;
+
+constexpr int VF_OK = 0;
+constexpr int VF_NO_CUDA = 1;
+constexpr int VF_ERROR = 2;
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return VF_ERROR;
+  } catch (...) {
+    last_error = "unknown C++ exception";
+    return VF_ERROR;
+  }
+}
+
+#ifdef VF_NO_CUDA_BUILD
+// A CPU-only libtorch: there is never a device.
+int cuda_device_count() { return 0; }
+#else
+int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+#endif
+
+int check_device(int device) {
+  int n = cuda_device_count();
+  if (n <= 0) {
+    return VF_NO_CUDA;
+  }
+  if (device < 0 || device >= n) {
+    last_error = "CUDA device index " + std::to_string(device) + " out of range (" +
+                 std::to_string(n) + " visible)";
+    return VF_ERROR;
+  }
+  return VF_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Number of CUDA devices this process sees (0 without a driver or GPU). Never fails.
+int vf_cuda_device_count(int* out) noexcept {
+  return guarded([&] {
+    *out = cuda_device_count();
+    return VF_OK;
+  });
+}
+
+// The last error message of this thread, copied into buf (NUL-terminated, truncated).
+void vf_cuda_last_error(char* buf, size_t len) noexcept {
+  if (buf == nullptr || len == 0) {
+    return;
+  }
+  size_t n = last_error.size() < len - 1 ? last_error.size() : len - 1;
+  std::memcpy(buf, last_error.data(), n);
+  buf[n] = '\0';
+}
+
+// Allocator statistics for one device, in bytes (aggregate over pools).
+int vf_cuda_memory_stats(int device, int64_t* allocated, int64_t* peak_allocated,
+                         int64_t* reserved, int64_t* peak_reserved) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device));
+    constexpr auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *allocated = stats.allocated_bytes[agg].current;
+    *peak_allocated = stats.allocated_bytes[agg].peak;
+    *reserved = stats.reserved_bytes[agg].current;
+    *peak_reserved = stats.reserved_bytes[agg].peak;
+#endif
+    return VF_OK;
+  });
+}
+
+int vf_cuda_reset_peak(int device) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+#endif
+    return VF_OK;
+  });
+}
+
+int vf_cuda_empty_cache() noexcept {
+  return guarded([&] {
+    if (cuda_device_count() <= 0) {
+      return VF_NO_CUDA;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    return VF_OK;
+  });
+}
+
+// Caps the caching allocator at `fraction` (0..1] of the device's memory.
+int vf_cuda_set_memory_fraction(int device, double fraction) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+      last_error = "memory fraction must be in (0, 1], got " + std::to_string(fraction);
+      return VF_ERROR;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
+                                                       static_cast<c10::DeviceIndex>(device));
+#endif
+    return VF_OK;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,113 @@
+//! hwFetch data for this worker (SPEC section 9). On CUDA: NVML (initialised lazily, once,
+//! from `nvml_library` when given) for the GPU's name, total and free memory at its NVML
+//! index, and this worker's peak from the CUDA caching allocator, falling back to NVML's
+//! per-process figure. On CPU: `/proc/meminfo` and the worker's VmHWM; NVML is never
+//! touched. Formatting lives in `vramfork::hwline`.
+
+use std::sync::OnceLock;
+
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+use vramfork::hwline::{parse_meminfo, parse_vm_hwm, HwInfo};
+
+use crate::cuda;
+
+pub struct Hw {
+    /// (CUDA index as this process sees it, NVML index) when the model runs on a GPU.
+    gpu: Option<(usize, u32)>,
+    nvml_library: Option<String>,
+    nvml: OnceLock<Result<Nvml, String>>,
+}
+
+impl Hw {
+    pub fn new(cuda_index: Option<usize>, nvml_index: u32, nvml_library: Option<String>) -> Hw {
+        Hw {
+            gpu: cuda_index.map(|c| (c, nvml_index)),
+            nvml_library,
+            nvml: OnceLock::new(),
+        }
+    }
+
+    /// The hwFetch line, or a message saying what could not be read.
+    pub fn line(&self) -> Result<String, String> {
+        self.info().map(|i| i.line())
+    }
+
+    fn info(&self) -> Result<HwInfo, String> {
+        match self.gpu {
+            None => cpu_info(),
+            Some((cuda_index, nvml_index)) => self.gpu_info(cuda_index, nvml_index),
+        }
+    }
+
+    fn nvml(&self) -> Result<&Nvml, String> {
+        self.nvml
+            .get_or_init(|| {
+                let mut b = Nvml::builder();
+                if let Some(lib) = &self.nvml_library {
+                    b.lib_path(std::ffi::OsStr::new(lib));
+                }
+                b.init().map_err(|e| format!("cannot initialise NVML: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn gpu_info(&self, cuda_index: usize, nvml_index: u32) -> Result<HwInfo, String> {
+        let nvml = self.nvml()?;
+        let err = |e: nvml_wrapper::error::NvmlError| format!("NVML device {nvml_index}: {e}");
+        let dev = nvml.device_by_index(nvml_index).map_err(err)?;
+        let name = dev.name().map_err(err)?;
+        let mem = dev.memory_info().map_err(err)?;
+        let peak_used = match cuda::memory_stats(cuda_index) {
+            Ok(s) => s.peak_allocated,
+            Err(_) => nvml_process_used(&dev).unwrap_or(0),
+        };
+        Ok(HwInfo::Gpu {
+            name,
+            total: mem.total,
+            available: mem.free,
+            peak_used,
+        })
+    }
+}
+
+/// What NVML says this process uses on the device (compute processes).
+fn nvml_process_used(dev: &nvml_wrapper::Device) -> Option<u64> {
+    let pid = std::process::id();
+    dev.running_compute_processes()
+        .ok()?
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| match p.used_gpu_memory {
+            UsedGpuMemory::Used(b) => Some(b),
+            UsedGpuMemory::Unavailable => None,
+        })
+}
+
+fn cpu_info() -> Result<HwInfo, String> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| format!("cannot read /proc/meminfo: {e}"))?;
+    let (total, available) =
+        parse_meminfo(&meminfo).ok_or("cannot parse MemTotal/MemAvailable in /proc/meminfo")?;
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| format!("cannot read /proc/self/status: {e}"))?;
+    let peak_used = parse_vm_hwm(&status).ok_or("cannot parse VmHWM in /proc/self/status")?;
+    Ok(HwInfo::Cpu {
+        total,
+        available,
+        peak_used,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_line_reads_this_machine() {
+        let line = Hw::new(None, 0, None).line().unwrap();
+        assert!(line.starts_with("CPU only (no NVIDIA GPU), "), "{line}");
+        assert!(line.ends_with(" GiB peak used"), "{line}");
+    }
+}

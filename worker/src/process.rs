@@ -1,0 +1,65 @@
+//! Process-level helpers: the `vf-worker-<slot>` name, how long exec-to-main took, torch's
+//! thread pools, and leaving without running C++ static destructors.
+
+use std::io::Write;
+
+/// Names the process (`PR_SET_NAME`, 15 bytes at most) so `ps` and `top` show it.
+pub fn set_name(slot: u32) {
+    let name = format!("vf-worker-{slot}");
+    let mut buf = [0u8; 16];
+    let n = name.len().min(15);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from the
+    // pointer; `buf` is 16 bytes and always ends in NUL.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        tracing::warn!(
+            "cannot set the process name: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Milliseconds from the process's start (as the kernel recorded it, 10 ms resolution) to
+/// now; 0 when `/proc` cannot tell.
+pub fn ms_since_exec() -> f64 {
+    let read = || -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name (which may contain spaces) start after ')'.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let start_ticks: f64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        // SAFETY: sysconf only reads a system constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        (hz > 0).then(|| ((uptime - start_ticks / hz as f64) * 1e3).max(0.0))
+    };
+    read().unwrap_or(0.0)
+}
+
+/// Torch's intra-op threads for this worker, and one inter-op thread; before anything runs.
+pub fn set_torch_threads(n: usize) {
+    let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
+    // tch panics when libtorch refuses (e.g. the pool already started): keep going then.
+    let set = std::panic::catch_unwind(|| {
+        tch::set_num_threads(n);
+        tch::set_num_interop_threads(1);
+    });
+    if set.is_err() {
+        tracing::warn!("could not set torch's thread counts");
+    }
+}
+
+/// Exits now with `code`, without C++ static destructors (the model thread may still be
+/// inside libtorch, e.g. after a request timeout).
+pub fn exit_now(code: i32) -> ! {
+    let _ = std::io::stderr().flush();
+    let _ = std::io::stdout().flush();
+    // SAFETY: _exit ends the process immediately; nothing runs after it, so no Rust
+    // invariant can be observed broken.
+    unsafe { libc::_exit(code) }
+}

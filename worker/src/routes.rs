@@ -1,0 +1,263 @@
+//! The HTTP API (SPEC section 8): `GET /` metadata, `POST /` inference, `GET /healthz`, with
+//! hwFetch, body limits and the request timeout. Every answer is JSON and carries
+//! `X-Worker-Pid`; errors come from the table in `error.rs`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Map, Value};
+use vramfork::hwline::wants_hw_fetch;
+use vramfork::metadata::AppMetadata;
+use vramfork::protocol::RetireReason;
+
+use crate::error::ApiError;
+use crate::hw::Hw;
+use crate::input::parse_inputs;
+use crate::runner::{RunError, Runner};
+use crate::state::Shared;
+use crate::timeouts::BODY_READ;
+
+pub type Body = Full<Bytes>;
+
+/// Everything a request needs, shared by all connections.
+pub struct App {
+    pub shared: Arc<Shared>,
+    pub runner: Runner,
+    pub metadata: AppMetadata,
+    pub hw: Hw,
+    pub max_body_bytes: u64,
+    pub request_timeout: Duration,
+    /// Retire after a request that leaves the allocator above this many bytes.
+    pub max_gpu_bytes: Option<u64>,
+    pid: HeaderValue,
+}
+
+impl App {
+    pub fn new(
+        shared: Arc<Shared>,
+        runner: Runner,
+        metadata: AppMetadata,
+        hw: Hw,
+        cfg: &vramfork::protocol::WorkerConfig,
+    ) -> App {
+        App {
+            shared,
+            runner,
+            metadata,
+            hw,
+            max_body_bytes: cfg.max_body_bytes,
+            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            pid: HeaderValue::from(std::process::id()),
+        }
+    }
+}
+
+/// A JSON answer plus whether the connection must close after it.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+    close: bool,
+    allow: Option<&'static str>,
+}
+
+impl Answer {
+    fn ok(body: Value) -> Answer {
+        Answer {
+            status: StatusCode::OK,
+            body,
+            close: false,
+            allow: None,
+        }
+    }
+}
+
+impl From<ApiError> for Answer {
+    fn from(e: ApiError) -> Answer {
+        Answer {
+            status: e.status(),
+            body: e.body(),
+            close: e.closes_connection(),
+            allow: match &e {
+                ApiError::MethodNotAllowed { allow, .. } => Some(allow),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// The hyper service: never fails, every outcome is an HTTP answer.
+pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
+    let answer = route(req, &app).await.unwrap_or_else(Answer::from);
+    let mut resp = Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(&answer.body).unwrap_or_else(|_| b"{}".to_vec()),
+    )));
+    *resp.status_mut() = answer.status;
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert("x-worker-pid", app.pid.clone());
+    if let Some(allow) = answer.allow {
+        h.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if answer.close || app.shared.get().stopping() {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(resp)
+}
+
+async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match (path.as_str(), &method) {
+        ("/", &Method::GET) => {
+            let hw = hw_fetch(req.uri().query(), app)?;
+            Ok(Answer::ok(with_hw(
+                Value::Object(app.metadata.raw.clone()),
+                hw,
+            )))
+        }
+        ("/", &Method::POST) => infer(req, app).await,
+        ("/healthz", &Method::GET) => Ok(health(app)),
+        ("/", _) => Err(not_allowed(&method, &path, "GET, POST")),
+        ("/healthz", _) => Err(not_allowed(&method, &path, "GET")),
+        _ => Err(ApiError::NotFound(format!("{method} {path}"))),
+    }
+}
+
+fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: path.to_string(),
+        allow,
+    }
+}
+
+fn health(app: &App) -> Answer {
+    if app.shared.get().stopping() {
+        Answer {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: serde_json::json!({"status": "retiring"}),
+            close: true,
+            allow: None,
+        }
+    } else {
+        Answer::ok(serde_json::json!({"status": "ok"}))
+    }
+}
+
+/// `Some(line)` when the query asks for hwFetch.
+fn hw_fetch(query: Option<&str>, app: &App) -> Result<Option<String>, ApiError> {
+    if !wants_hw_fetch(query).map_err(|e| ApiError::BadRequest(e.to_string()))? {
+        return Ok(None);
+    }
+    Ok(Some(app.hw.line().unwrap_or_else(|e| {
+        tracing::warn!("hwFetch: {e}");
+        format!("unavailable: {e}")
+    })))
+}
+
+fn with_hw(mut body: Value, hw: Option<String>) -> Value {
+    if let (Some(line), Value::Object(map)) = (hw, &mut body) {
+        map.insert("hwFetch".into(), Value::String(line));
+    }
+    body
+}
+
+async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let hw_wanted =
+        wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if app.shared.get().model_unusable {
+        return Err(ApiError::Unavailable);
+    }
+    let last = app.shared.claim_model_request();
+    let result = infer_counted(req, app).await;
+    if last {
+        app.shared.retire(RetireReason::MaxRequests);
+    }
+    let outputs = result?;
+    let mut body = Map::new();
+    body.insert("outputs".into(), outputs);
+    let hw = if hw_wanted {
+        hw_fetch(Some("hwFetch"), app)?
+    } else {
+        None
+    };
+    let mut answer = Answer::ok(with_hw(Value::Object(body), hw));
+    answer.close = last;
+    Ok(answer)
+}
+
+async fn infer_counted(req: Request<Incoming>, app: &App) -> Result<Value, ApiError> {
+    let body = read_body(req, app.max_body_bytes).await?;
+    let doc: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    let Value::Object(mut doc) = doc else {
+        return Err(ApiError::BadRequest(
+            "request body must be a JSON object like {\"inputs\": [[...]]}".into(),
+        ));
+    };
+    let Some(inputs) = doc.remove("inputs") else {
+        return Err(ApiError::BadRequest(
+            "request body has no `inputs` field; send {\"inputs\": <nested array of numbers>}"
+                .into(),
+        ));
+    };
+    let input = parse_inputs(&inputs, app.metadata.input.as_ref()).map_err(ApiError::BadRequest)?;
+    drop(inputs);
+    let run = tokio::time::timeout(app.request_timeout, app.runner.run(input)).await;
+    match run {
+        Err(_) => {
+            app.shared.model_stuck();
+            Err(ApiError::Timeout(app.request_timeout.as_millis() as u64))
+        }
+        Ok(Err(e)) => {
+            match &e {
+                RunError::OutOfMemory(_) => app.shared.retire(RetireReason::OutOfMemory),
+                RunError::CudaFatal(_) => app.shared.cuda_fatal(),
+                _ => {}
+            }
+            Err(ApiError::Run(e))
+        }
+        Ok(Ok(out)) => {
+            if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
+                if used > limit {
+                    app.shared.retire(RetireReason::GpuMemory);
+                }
+            }
+            Ok(out.outputs)
+        }
+    }
+}
+
+/// Reads the whole body: refused at once when Content-Length is over the limit, and never
+/// buffers more than the limit while streaming; bounded in time by [`BODY_READ`].
+async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let limited = Limited::new(
+        req.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+    );
+    match tokio::time::timeout(BODY_READ, limited.collect()).await {
+        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ApiError::TooLarge { limit })
+        }
+        Ok(Err(e)) => Err(ApiError::BadRequest(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}

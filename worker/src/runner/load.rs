@@ -1,0 +1,84 @@
+//! Loading the TorchScript model: picking the device (`auto` = CUDA when libtorch sees a
+//! GPU), `CModule::load_on_device`, eval mode, and the allocator cap on CUDA. Every failure
+//! is one [`LoadError`] whose message names the file and the reason.
+
+use std::path::Path;
+use std::time::Instant;
+
+use tch::{CModule, Device};
+use vramfork::protocol::Device as Wanted;
+
+use crate::cuda;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load model {path}: {reason}")]
+    Model { path: String, reason: String },
+    #[error(
+        "cannot load model {path}: device `cuda` was asked for, but libtorch sees no CUDA device"
+    )]
+    NoCuda { path: String },
+}
+
+pub struct Loaded {
+    pub module: CModule,
+    pub device: Device,
+    pub model_ms: f64,
+}
+
+pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
+    let cuda = tch::Cuda::is_available();
+    match wanted {
+        Wanted::Cpu => Ok(Device::Cpu),
+        Wanted::Auto if cuda => Ok(Device::Cuda(0)),
+        Wanted::Auto => Ok(Device::Cpu),
+        Wanted::Cuda if cuda => Ok(Device::Cuda(0)),
+        Wanted::Cuda => Err(LoadError::NoCuda { path: path.into() }),
+    }
+}
+
+/// Loads the model on `device`; on CUDA, caps the caching allocator at `memory_fraction`.
+pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<Loaded, LoadError> {
+    let fail = |reason: String| LoadError::Model {
+        path: path.into(),
+        reason,
+    };
+    if !Path::new(path).is_file() {
+        return Err(fail(if Path::new(path).exists() {
+            "not a regular file".into()
+        } else {
+            "no such file".into()
+        }));
+    }
+    let start = Instant::now();
+    let mut module =
+        CModule::load_on_device(path, device).map_err(|e| fail(first_line(&e.to_string())))?;
+    module
+        .f_set_eval()
+        .map_err(|e| fail(first_line(&e.to_string())))?;
+    let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    if let (Device::Cuda(i), Some(f)) = (device, memory_fraction) {
+        if let Err(e) = cuda::set_memory_fraction(i, f) {
+            tracing::warn!("could not cap the CUDA allocator at {f} of the GPU: {e}");
+        }
+    }
+    Ok(Loaded {
+        module,
+        device,
+        model_ms,
+    })
+}
+
+/// libtorch messages carry a C++ backtrace after the first line; keep the useful part.
+fn first_line(msg: &str) -> String {
+    let line = msg
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("unknown error");
+    if line.contains("PytorchStreamReader failed") || line.contains("file not found") {
+        format!("not a TorchScript archive ({line})")
+    } else {
+        line.to_string()
+    }
+}

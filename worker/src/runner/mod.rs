@@ -1,0 +1,244 @@
+//! The model on one dedicated thread. The `CModule` is loaded there and never leaves it;
+//! requests arrive over a bounded channel, each with a oneshot reply; one forward pass at a
+//! time, under `no_grad`, with every error (and any panic) turned into a [`RunError`].
+
+mod load;
+mod tensors;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use serde_json::Value;
+use tch::{CModule, Device, IValue};
+use tokio::sync::{mpsc, oneshot};
+
+pub use load::LoadError;
+
+use crate::cuda;
+use crate::input::InputArray;
+
+/// How many requests may wait for the model thread.
+const QUEUE: usize = 64;
+
+/// What a model request can end in, besides outputs.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// The model itself raised (TorchScript `raise`, a shape error inside the model…).
+    #[error("the model failed: {0}")]
+    Model(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("CUDA out of memory while running the model: {0}")]
+    OutOfMemory(String),
+    /// Any other CUDA error: the context is unusable and the worker must exit.
+    #[error("CUDA error while running the model: {0}")]
+    CudaFatal(String),
+    /// The model thread is gone (it panicked out, or the worker is stopping).
+    #[error("the model thread is not running")]
+    Gone,
+}
+
+/// A successful forward pass.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub outputs: Value,
+    /// The CUDA allocator's reserved bytes after the pass (None on CPU).
+    pub gpu_reserved: Option<u64>,
+}
+
+struct Job {
+    input: InputArray,
+    reply: oneshot::Sender<Result<RunOutput, RunError>>,
+}
+
+/// What the loaded model looks like, for the rest of the worker.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelInfo {
+    /// The CUDA device index, when the model runs on a GPU.
+    pub cuda: Option<usize>,
+    pub model_ms: f64,
+}
+
+/// The handle the HTTP side holds: cheap to clone.
+#[derive(Clone)]
+pub struct Runner {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Runner {
+    /// Starts the model thread and loads the model there; returns once it is loaded.
+    pub fn start(
+        path: &str,
+        wanted: vramfork::protocol::Device,
+        memory_fraction: Option<f64>,
+    ) -> Result<(Runner, ModelInfo), LoadError> {
+        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
+        let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
+        let path = path.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("vf-model".into())
+            .spawn(move || {
+                let loaded = load::pick_device(wanted, &path)
+                    .and_then(|d| load::load(&path, d, memory_fraction));
+                match loaded {
+                    Ok(l) => {
+                        let info = ModelInfo {
+                            cuda: match l.device {
+                                Device::Cuda(i) => Some(i),
+                                _ => None,
+                            },
+                            model_ms: l.model_ms,
+                        };
+                        let _ = loaded_tx.send(Ok(info));
+                        serve(l.module, l.device, rx);
+                    }
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            return Err(LoadError::Model {
+                path: String::new(),
+                reason: format!("cannot start the model thread: {e}"),
+            });
+        }
+        match loaded_rx.recv() {
+            Ok(Ok(info)) => Ok((Runner { tx }, info)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LoadError::Model {
+                path: String::new(),
+                reason: "the model thread died while loading (a panic in libtorch?)".into(),
+            }),
+        }
+    }
+
+    /// Runs one forward pass. Waits for a queue slot when the model is busy.
+    pub async fn run(&self, input: InputArray) -> Result<RunOutput, RunError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job { input, reply })
+            .await
+            .map_err(|_| RunError::Gone)?;
+        rx.await.map_err(|_| RunError::Gone)?
+    }
+}
+
+/// The model thread's loop: one job at a time until every sender is gone.
+fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
+    while let Some(job) = rx.blocking_recv() {
+        if job.reply.is_closed() {
+            // The client gave up (request timeout) while this job waited: skip it.
+            continue;
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| forward(&module, device, &job.input)))
+            .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
+        let _ = job.reply.send(result);
+    }
+}
+
+fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOutput, RunError> {
+    let start = Instant::now();
+    let x = tensors::to_tensor(input, device).map_err(|e| classify(&e.to_string()))?;
+    let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)]))
+        .map_err(|e| classify(&e.to_string()))?;
+    let outputs = tensors::to_json(&out).map_err(RunError::Unsupported)?;
+    drop(out);
+    let gpu_reserved = match device {
+        Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),
+        _ => None,
+    };
+    tracing::debug!(ms = start.elapsed().as_secs_f64() * 1e3, "forward");
+    Ok(RunOutput {
+        outputs,
+        gpu_reserved,
+    })
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    let msg = p
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| p.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic");
+    format!("the model panicked: {}", useful_line(msg))
+}
+
+/// Sorts a libtorch error into OOM, other CUDA errors, or a model error.
+pub fn classify(msg: &str) -> RunError {
+    let line = useful_line(msg);
+    if msg.contains("CUDA out of memory") || msg.contains("OutOfMemoryError") {
+        RunError::OutOfMemory(line)
+    } else if msg.contains("CUDA error")
+        || msg.contains("CUBLAS_STATUS")
+        || msg.contains("cuDNN error")
+    {
+        RunError::CudaFatal(line)
+    } else {
+        RunError::Model(line)
+    }
+}
+
+/// The line of a libtorch message a user can act on: for a TorchScript exception the last
+/// line (`builtins.ValueError: …`), else the first; never the C++ backtrace.
+pub fn useful_line(msg: &str) -> String {
+    let lines: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let line = if msg.contains("The following operation failed in the TorchScript interpreter") {
+        lines.last().copied()
+    } else {
+        lines
+            .iter()
+            .copied()
+            .find(|l| !l.starts_with("Exception raised from"))
+    }
+    .unwrap_or("unknown error");
+    let mut line = line.to_string();
+    if line.len() > 500 {
+        let mut cut = 500;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torchscript_exceptions_keep_their_last_line() {
+        let msg = "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript ...\n  raise ValueError(\"x\")\n\nbuiltins.ValueError: negative input sum\n";
+        assert_eq!(
+            classify(msg),
+            RunError::Model("builtins.ValueError: negative input sum".into())
+        );
+    }
+
+    #[test]
+    fn cuda_errors_are_told_apart() {
+        let oom = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79 GiB total)\nException raised from malloc at ...";
+        assert!(
+            matches!(classify(oom), RunError::OutOfMemory(m) if m.starts_with("CUDA out of memory. Tried"))
+        );
+        let fatal = "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported";
+        assert!(matches!(classify(fatal), RunError::CudaFatal(_)));
+        let shape = "mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)\nException raised from meta at x.cpp:1";
+        assert_eq!(
+            classify(shape),
+            RunError::Model("mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)".into())
+        );
+    }
+
+    #[test]
+    fn long_messages_are_trimmed() {
+        let long = "x".repeat(2000);
+        assert!(useful_line(&long).chars().count() <= 501);
+    }
+}

@@ -1,0 +1,151 @@
+//! The worker's shared state: request and connection counters, whether (and why) it is
+//! retiring, and the exit status it will end with. Kept in a `watch` channel so the accept
+//! loop, the connections and the drain can wait for the condition they need.
+
+use tokio::sync::watch;
+use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
+
+use crate::control::Control;
+
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Model requests (POST /) taken so far.
+    pub served: u64,
+    /// Requests being handled now (any route).
+    pub in_flight: u32,
+    /// Accepted connections that have not sent a request yet.
+    pub fresh: u32,
+    /// Open connections.
+    pub open: u32,
+    /// Set once the worker stops accepting.
+    pub retiring: Option<RetireReason>,
+    /// The model can no longer be used (stuck forward pass, CUDA error): refuse new work.
+    pub model_unusable: bool,
+    /// Status to exit with once drained.
+    pub exit_code: i32,
+    /// Stopping for a reason that is not a retirement (a fatal CUDA error).
+    pub fatal: bool,
+}
+
+impl Counters {
+    pub fn stopping(&self) -> bool {
+        self.retiring.is_some() || self.fatal
+    }
+
+    /// Whether the accept loop may take a new connection: nothing else to start on, and
+    /// no more connections than requests left before `max_requests`.
+    pub fn can_accept(&self, max_requests: u64) -> bool {
+        if self.stopping() || self.fresh + self.in_flight > 0 {
+            return false;
+        }
+        max_requests == 0 || u64::from(self.open) < max_requests.saturating_sub(self.served)
+    }
+
+    pub fn drained(&self) -> bool {
+        self.open == 0 && self.in_flight == 0
+    }
+}
+
+pub struct Shared {
+    tx: watch::Sender<Counters>,
+    pub control: Control,
+    pub max_requests: u64,
+}
+
+impl Shared {
+    pub fn new(control: Control, max_requests: u64) -> Shared {
+        Shared {
+            tx: watch::Sender::new(Counters::default()),
+            control,
+            max_requests,
+        }
+    }
+
+    pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
+        let mut out = None;
+        self.tx.send_modify(|c| out = Some(f(c)));
+        out.expect("send_modify runs the closure")
+    }
+
+    pub fn get(&self) -> Counters {
+        self.tx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Counters> {
+        self.tx.subscribe()
+    }
+
+    /// Takes one model request; says whether it is the one that reaches `max_requests`.
+    pub fn claim_model_request(&self) -> bool {
+        let max = self.max_requests;
+        self.update(|c| {
+            c.served += 1;
+            max > 0 && c.served == max
+        })
+    }
+
+    /// Stops accepting and tells the master why (first reason wins).
+    pub fn retire(&self, reason: RetireReason) {
+        let first = self.update(|c| {
+            if c.stopping() {
+                return None;
+            }
+            c.retiring = Some(reason);
+            Some(c.served)
+        });
+        if let Some(served) = first {
+            tracing::info!(?reason, served, "retiring");
+            self.control.send(&ControlMsg::Retiring { reason, served });
+        }
+    }
+
+    /// A forward pass is stuck: retire, and refuse the requests that would queue behind it.
+    pub fn model_stuck(&self) {
+        self.update(|c| c.model_unusable = true);
+        self.retire(RetireReason::RequestTimeout);
+    }
+
+    /// A CUDA error other than OOM: answer what is in hand, then exit with CUDA_FATAL.
+    pub fn cuda_fatal(&self) {
+        self.update(|c| {
+            c.model_unusable = true;
+            c.fatal = true;
+            c.exit_code = worker_exit::CUDA_FATAL;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_only_when_idle_and_within_budget() {
+        let mut c = Counters::default();
+        assert!(c.can_accept(0));
+        c.fresh = 1;
+        assert!(!c.can_accept(0));
+        c.fresh = 0;
+        c.in_flight = 1;
+        assert!(!c.can_accept(0));
+        c.in_flight = 0;
+        c.open = 2;
+        c.served = 1;
+        assert!(c.can_accept(0));
+        assert!(c.can_accept(4), "2 open, 3 requests left");
+        assert!(!c.can_accept(3), "2 open, 2 requests left");
+        c.retiring = Some(RetireReason::Asked);
+        assert!(!c.can_accept(0));
+    }
+
+    #[test]
+    fn the_request_that_reaches_the_limit_is_flagged_once() {
+        let s = Shared::new(Control::none(), 2);
+        assert!(!s.claim_model_request());
+        assert!(s.claim_model_request());
+        assert!(!s.claim_model_request());
+        s.retire(RetireReason::MaxRequests);
+        s.retire(RetireReason::Asked);
+        assert_eq!(s.get().retiring, Some(RetireReason::MaxRequests));
+    }
+}
