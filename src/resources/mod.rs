@@ -150,10 +150,7 @@ pub fn probe(nvml_library: Option<&Path>) -> Result<(Resources, Option<NvmlProbe
     let nvml = match NvmlProbe::open(nvml_library) {
         Ok(p) => p,
         Err(e) if nvml_library.is_none() => {
-            return Ok((
-                Resources::cpu_only(cpus, format!("{e}; no GPU will be used")),
-                None,
-            ))
+            return Ok((Resources::cpu_only(cpus, e.to_string()), None))
         }
         Err(e) => return Err(e),
     };
