@@ -25,6 +25,7 @@ pub struct InputArray {
 }
 
 impl InputArray {
+    #[cfg(test)]
     pub fn numel(&self) -> usize {
         match &self.elements {
             Elements::Float(v) => v.len(),

@@ -172,9 +172,6 @@ fn with_hw(mut body: Value, hw: Option<String>) -> Value {
 async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    if app.shared.get().model_unusable {
-        return Err(ApiError::Unavailable);
-    }
     let last = app.shared.claim_model_request();
     let result = infer_counted(req, app).await;
     if last {
@@ -210,6 +207,10 @@ async fn infer_counted(req: Request<Incoming>, app: &App) -> Result<Value, ApiEr
     };
     let input = parse_inputs(&inputs, app.metadata.input.as_ref()).map_err(ApiError::BadRequest)?;
     drop(inputs);
+    if app.shared.get().model_unusable {
+        // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
+        return Err(ApiError::Unavailable);
+    }
     let run = tokio::time::timeout(app.request_timeout, app.runner.run(input)).await;
     match run {
         Err(_) => {

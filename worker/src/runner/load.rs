@@ -27,7 +27,7 @@ pub struct Loaded {
 }
 
 pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
-    let cuda = tch::Cuda::is_available();
+    let cuda = cuda::is_available();
     match wanted {
         Wanted::Cpu => Ok(Device::Cpu),
         Wanted::Auto if cuda => Ok(Device::Cuda(0)),

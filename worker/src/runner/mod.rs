@@ -140,8 +140,14 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
 fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOutput, RunError> {
     let start = Instant::now();
     let x = tensors::to_tensor(input, device).map_err(|e| classify(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)]))
-        .map_err(|e| classify(&e.to_string()))?;
+    let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)])).map_err(|e| {
+        let err = classify(&e.to_string());
+        if matches!(err, RunError::OutOfMemory(_)) {
+            // Hand the cached blocks back so the answer (and other processes) can proceed.
+            let _ = cuda::empty_cache();
+        }
+        err
+    })?;
     let outputs = tensors::to_json(&out).map_err(RunError::Unsupported)?;
     drop(out);
     let gpu_reserved = match device {

@@ -1,0 +1,269 @@
+//! The worker's life as the master sees it: ready and heartbeats on the control channel,
+//! retirement after max_requests, on SIGTERM with a request in flight, after a request
+//! timeout; accepting only when idle; and the exit statuses for bad config and bad models.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use util::{config, Start, Worker};
+use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
+
+/// Iterations that outlast every test (~4 min).
+const FOREVER: u64 = 10_000_000;
+
+const MLP_REQ: &str = r#"{"inputs": [[1, 2, 3, 4]]}"#;
+
+/// A slow.pt request body running `n` iterations (~22 µs each on the build machine, so
+/// 100_000 ≈ 2 s; [`FOREVER`] outlasts any test).
+fn slow(n: u64) -> String {
+    json!({"inputs": [[n]]}).to_string()
+}
+
+#[test]
+fn ready_then_heartbeats_with_counts() {
+    let mut w = Worker::ready(config("mlp", |_| {}));
+    assert_eq!(w.post("/", MLP_REQ).status, 200);
+    assert_eq!(w.get("/").status, 200, "metadata requests do not count");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match w.next_any(Duration::from_secs(2)) {
+            Some(ControlMsg::Heartbeat {
+                served: 1,
+                in_flight: 0,
+            }) => break,
+            Some(ControlMsg::Heartbeat { .. }) if Instant::now() < deadline => continue,
+            other => panic!("expected a heartbeat with served 1, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn max_requests_retires_with_connection_close_and_exits_0() {
+    let mut w = Worker::ready(config("mlp", |c| c["max_requests"] = json!(2)));
+    let mut c = w.connect();
+    assert_eq!(c.request("GET", "/", "").status, 200);
+    assert_eq!(c.request("GET", "/healthz", "").status, 200);
+    let r1 = c.request("POST", "/", MLP_REQ);
+    assert_eq!(r1.status, 200);
+    assert_eq!(r1.header("connection"), None, "{r1:?}");
+    let r2 = c.request("POST", "/", MLP_REQ);
+    assert_eq!(r2.status, 200);
+    assert_eq!(r2.header("connection"), Some("close"));
+    assert!(c.closed_by_server(Duration::from_secs(5)));
+    assert_eq!(
+        w.next_msg(Duration::from_secs(5)),
+        Some(ControlMsg::Retiring {
+            reason: RetireReason::MaxRequests,
+            served: 2
+        })
+    );
+    let st = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(worker_exit::OK));
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight_then_exits_0() {
+    let mut w = Worker::ready(config("slow", |_| {}));
+    let mut c = w.connect();
+    let started = Instant::now();
+    c.send("POST", "/", &[], slow(60_000).as_bytes());
+    std::thread::sleep(Duration::from_millis(300));
+    w.signal(libc::SIGTERM);
+    assert_eq!(
+        w.next_msg(Duration::from_secs(5)),
+        Some(ControlMsg::Retiring {
+            reason: RetireReason::Asked,
+            served: 1
+        })
+    );
+    let r = c.read_response();
+    assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outputs"], json!([[60000.0]]));
+    assert_eq!(r.pid(), w.pid());
+    assert!(
+        started.elapsed() > Duration::from_millis(700),
+        "the request was still running when TERM came"
+    );
+    let st = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn sigint_exits_at_once() {
+    let mut w = Worker::ready(config("slow", |_| {}));
+    let mut c = w.connect();
+    c.send("POST", "/", &[], slow(FOREVER).as_bytes());
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    w.signal(libc::SIGINT);
+    let st = w.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(c.closed_by_server(Duration::from_secs(2)));
+}
+
+#[test]
+fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
+    let mut w = Worker::ready(config("slow", |c| c["request_timeout_ms"] = json!(800)));
+    // Two keep-alive connections while idle: B will be mid-request when A times out.
+    let mut a = w.connect();
+    assert_eq!(a.request("GET", "/healthz", "").status, 200);
+    let mut b = w.connect();
+    assert_eq!(b.request("GET", "/healthz", "").status, 200);
+
+    let t = Instant::now();
+    a.send("POST", "/", &[], slow(FOREVER).as_bytes());
+    std::thread::sleep(Duration::from_millis(100));
+    let body = slow(1);
+    let (head, tail) = body.as_bytes().split_at(5);
+    b.send(
+        "POST",
+        "/",
+        &[("Content-Length", &body.len().to_string())],
+        head,
+    );
+
+    let r = a.read_response();
+    assert_eq!(r.status, 504, "{:?}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.error().contains("request timeout of 800 ms"),
+        "{}",
+        r.error()
+    );
+    assert_eq!(r.pid(), w.pid());
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert_eq!(
+        w.next_msg(Duration::from_secs(5)),
+        Some(ControlMsg::Retiring {
+            reason: RetireReason::RequestTimeout,
+            served: 2
+        })
+    );
+
+    // The model thread is stuck: a request that arrives now is refused, not queued.
+    use std::io::Write;
+    b.stream.write_all(tail).unwrap();
+    let r = b.read_response();
+    assert_eq!(r.status, 503, "{:?}", String::from_utf8_lossy(&r.body));
+    assert!(r.error().contains("shutting down"), "{}", r.error());
+    assert_eq!(r.pid(), w.pid());
+
+    let st = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn a_busy_worker_leaves_new_connections_to_its_siblings() {
+    let w = Worker::ready(config("slow", |_| {}));
+    let mut a = w.connect();
+    let t = Instant::now();
+    a.send("POST", "/", &[], slow(40_000).as_bytes());
+    std::thread::sleep(Duration::from_millis(100));
+    // B waits in the listen queue until A's request is done.
+    let r = w.get("/healthz");
+    let b_done = t.elapsed();
+    assert_eq!(r.status, 200);
+    let ra = a.read_response();
+    assert_eq!(ra.status, 200);
+    let a_done = t.elapsed();
+    assert!(
+        b_done + Duration::from_millis(50) >= a_done,
+        "B ({b_done:?}) must not be served before A ({a_done:?}) finishes"
+    );
+    assert!(
+        a_done > Duration::from_millis(300),
+        "the slow request should take a while: {a_done:?}"
+    );
+}
+
+fn exits_with(start: Start, code: i32, needle: &str) -> String {
+    let mut w = Worker::spawn(start);
+    let st = w.wait_exit(Duration::from_secs(30));
+    // Give the stderr reader a moment to drain.
+    std::thread::sleep(Duration::from_millis(100));
+    let log = w.log();
+    assert_eq!(st.code(), Some(code), "{log}");
+    assert!(log.contains(needle), "stderr {log:?} lacks {needle:?}");
+    log
+}
+
+#[test]
+fn model_load_failures_exit_3_naming_the_file() {
+    let cfg = config("not-a-model", |_| {});
+    let log = exits_with(
+        Start {
+            config: Some(cfg.to_string()),
+            listen_fd: true,
+        },
+        worker_exit::MODEL_LOAD,
+        "not-a-model.pt",
+    );
+    let line = log.lines().find(|l| l.contains("app-worker:")).unwrap();
+    assert!(line.contains("cannot load model"), "{line}");
+
+    let cfg = config("mlp", |c| c["model_path"] = json!("/nonexistent/model.pt"));
+    exits_with(
+        Start {
+            config: Some(cfg.to_string()),
+            listen_fd: true,
+        },
+        worker_exit::MODEL_LOAD,
+        "cannot load model /nonexistent/model.pt: no such file",
+    );
+
+    let cfg = config("mlp", |c| c["device"] = json!("cuda"));
+    if !std::path::Path::new("/dev/nvidia0").exists() {
+        exits_with(
+            Start {
+                config: Some(cfg.to_string()),
+                listen_fd: true,
+            },
+            worker_exit::MODEL_LOAD,
+            "libtorch sees no CUDA device",
+        );
+    }
+}
+
+#[test]
+fn bad_configuration_exits_2_with_one_clear_line() {
+    exits_with(
+        Start {
+            config: None,
+            listen_fd: true,
+        },
+        worker_exit::CONFIG,
+        "VRAMFORK_WORKER_CONFIG is not set",
+    );
+    exits_with(
+        Start {
+            config: Some("{not json".into()),
+            listen_fd: true,
+        },
+        worker_exit::CONFIG,
+        "not a valid worker configuration",
+    );
+    let cfg = config("mlp", |c| c["torch_threads"] = json!(0));
+    exits_with(
+        Start {
+            config: Some(cfg.to_string()),
+            listen_fd: true,
+        },
+        worker_exit::CONFIG,
+        "`torch_threads` must be at least 1",
+    );
+    let cfg = config("mlp", |_| {});
+    exits_with(
+        Start {
+            config: Some(cfg.to_string()),
+            listen_fd: false,
+        },
+        worker_exit::CONFIG,
+        "LISTEN_FDS is not set",
+    );
+}
