@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 /// `app` serves in one process (development); `app --production` starts a master that plans,
 /// starts and supervises workers; `app plan` prints the plan and exits.
 #[derive(Debug, Parser)]
-#[command(name = "app", version, about, long_about = None, allow_negative_numbers = true)]
+#[command(name = "app", version, about, long_about = None, allow_negative_numbers = true, args_override_self = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -50,7 +50,12 @@ pub struct Cli {
 
     /// Add 0..N requests at random to each worker's limit so workers do not recycle together.
     /// [default: 0]
-    #[arg(long, global = true, env = "VRAMFORK_MAX_REQUESTS_JITTER", value_name = "N")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MAX_REQUESTS_JITTER",
+        value_name = "N"
+    )]
     pub max_requests_jitter: Option<String>,
 
     /// Kill and replace a worker silent (no heartbeat) for S seconds. [default: 30]
@@ -63,12 +68,22 @@ pub struct Cli {
     pub boot_timeout: Option<String>,
 
     /// On stop, recycle and reload, in-flight requests get S seconds. [default: 30]
-    #[arg(long, global = true, env = "VRAMFORK_GRACEFUL_TIMEOUT", value_name = "S")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_GRACEFUL_TIMEOUT",
+        value_name = "S"
+    )]
     pub graceful_timeout: Option<String>,
 
     /// A request still running after S seconds gets 504 and its worker is replaced.
     /// [default: 120]
-    #[arg(long, global = true, env = "VRAMFORK_REQUEST_TIMEOUT", value_name = "S")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_REQUEST_TIMEOUT",
+        value_name = "S"
+    )]
     pub request_timeout: Option<String>,
 
     /// Where the model runs: auto, cpu or cuda. [default: auto]
@@ -80,7 +95,12 @@ pub struct Cli {
     pub max_body_mb: Option<String>,
 
     /// Share (0..1] of each GPU's memory the server may plan for. [default: by GPU size]
-    #[arg(long, global = true, env = "VRAMFORK_GPU_MEMORY_UTILIZATION", value_name = "F")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_GPU_MEMORY_UTILIZATION",
+        value_name = "F"
+    )]
     pub gpu_memory_utilization: Option<String>,
 
     /// Per GPU, memory (MB) kept free for CUDA contexts and transients. [default: 500]
@@ -89,11 +109,21 @@ pub struct Cli {
 
     /// Recycle a worker (after its current request) whose GPU memory grew past N MB.
     /// [default: off]
-    #[arg(long, global = true, env = "VRAMFORK_MAX_WORKER_GPU_MB", value_name = "N")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MAX_WORKER_GPU_MB",
+        value_name = "N"
+    )]
     pub max_worker_gpu_mb: Option<String>,
 
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
-    #[arg(long, global = true, env = "VRAMFORK_NVML_LIBRARY", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_NVML_LIBRARY",
+        value_name = "PATH"
+    )]
     pub nvml_library: Option<OsString>,
 
     /// Torch intra-op threads per worker. [default: max(1, cores / workers)]
@@ -101,7 +131,12 @@ pub struct Cli {
     pub torch_threads: Option<String>,
 
     /// The worker binary. [default: app-worker beside this executable]
-    #[arg(long, global = true, env = "VRAMFORK_WORKER_BINARY", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_WORKER_BINARY",
+        value_name = "FILE"
+    )]
     pub worker_binary: Option<OsString>,
 
     /// Log format: text or json. The filter is VRAMFORK_LOG (e.g. `info`, `debug`).
@@ -137,7 +172,10 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--request-timeout", "VRAMFORK_REQUEST_TIMEOUT"),
     ("--device", "VRAMFORK_DEVICE"),
     ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
-    ("--gpu-memory-utilization", "VRAMFORK_GPU_MEMORY_UTILIZATION"),
+    (
+        "--gpu-memory-utilization",
+        "VRAMFORK_GPU_MEMORY_UTILIZATION",
+    ),
     ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
     ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),

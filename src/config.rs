@@ -90,7 +90,13 @@ impl Checker<'_> {
         ))
     }
 
-    fn uint(&self, flag: &str, v: Option<&str>, default: u64, min: u64) -> Result<u64, ConfigError> {
+    fn uint(
+        &self,
+        flag: &str,
+        v: Option<&str>,
+        default: u64,
+        min: u64,
+    ) -> Result<u64, ConfigError> {
         let Some(v) = v else { return Ok(default) };
         match v.trim().parse::<u64>() {
             Ok(n) if n >= min => Ok(n),
@@ -152,24 +158,37 @@ impl Config {
 
         let host = cli.host.unwrap_or_else(|| "127.0.0.1".to_string());
         if host.trim().is_empty() || host.contains(char::is_whitespace) {
-            return Err(c.bad("--host", &host, "expected an address such as 127.0.0.1 or 0.0.0.0"));
+            return Err(c.bad(
+                "--host",
+                &host,
+                "expected an address such as 127.0.0.1 or 0.0.0.0",
+            ));
         }
         let port = match cli.port.as_deref() {
             None => 5000,
-            Some(p) => p
-                .trim()
-                .parse::<u16>()
-                .map_err(|_| c.bad("--port", p, "expected a port number 0..65535 (0 = any free port)"))?,
+            Some(p) => p.trim().parse::<u16>().map_err(|_| {
+                c.bad(
+                    "--port",
+                    p,
+                    "expected a port number 0..65535 (0 = any free port)",
+                )
+            })?,
         };
 
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
-        let max_requests_jitter =
-            c.uint("--max-requests-jitter", cli.max_requests_jitter.as_deref(), 0, 0)?;
+        let max_requests_jitter = c.uint(
+            "--max-requests-jitter",
+            cli.max_requests_jitter.as_deref(),
+            0,
+            0,
+        )?;
         let timeout = c.seconds("--timeout", cli.timeout.as_deref(), 30.0)?;
         let boot_timeout = c.seconds("--boot-timeout", cli.boot_timeout.as_deref(), 300.0)?;
-        let graceful_timeout = c.seconds("--graceful-timeout", cli.graceful_timeout.as_deref(), 30.0)?;
-        let request_timeout = c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
+        let graceful_timeout =
+            c.seconds("--graceful-timeout", cli.graceful_timeout.as_deref(), 30.0)?;
+        let request_timeout =
+            c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
         let device = match cli.device.as_deref() {
             None | Some("auto") => Device::Auto,
             Some("cpu") => Device::Cpu,
@@ -178,7 +197,11 @@ impl Config {
         };
         let max_body_mb = c.uint("--max-body-mb", cli.max_body_mb.as_deref(), 64, 1)?;
         if max_body_mb > 1 << 20 {
-            return Err(c.bad("--max-body-mb", &max_body_mb.to_string(), "at most 1048576 MB"));
+            return Err(c.bad(
+                "--max-body-mb",
+                &max_body_mb.to_string(),
+                "at most 1048576 MB",
+            ));
         }
         let gpu_memory_utilization = match cli.gpu_memory_utilization.as_deref() {
             None => None,
@@ -260,7 +283,10 @@ impl Config {
     pub fn reloaded(&self) -> Result<Config, ConfigError> {
         let metadata =
             AppMetadata::load(&self.metadata.path).map_err(|e| ConfigError(e.to_string()))?;
-        let model_path = self.model_override.clone().or_else(|| metadata.model.clone());
+        let model_path = self
+            .model_override
+            .clone()
+            .or_else(|| metadata.model.clone());
         if model_path.is_none() {
             return Err(ConfigError(format!(
                 "no model to serve: {} has no `model`",
@@ -277,7 +303,7 @@ impl Config {
     /// The planning policy this configuration asks for.
     pub fn policy(&self) -> Policy {
         Policy {
-            workers_override: self.workers_override.clone(),
+            workers_override: self.workers_override,
             device: self.device,
             gpu_memory_utilization: self.gpu_memory_utilization,
             gpu_reserve_mb: self.gpu_reserve_mb,
@@ -296,8 +322,15 @@ fn worker_override(
     let allowed = "expected a whole number of workers ≥ 1";
     let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|n| *n >= 1);
     if let Some(v) = cli_value {
-        let on_cli = c.args.iter().any(|a| a == "--workers" || a.starts_with("--workers="));
-        let source = if on_cli { "--workers" } else { "VRAMFORK_WORKERS" };
+        let on_cli = c
+            .args
+            .iter()
+            .any(|a| a == "--workers" || a.starts_with("--workers="));
+        let source = if on_cli {
+            "--workers"
+        } else {
+            "VRAMFORK_WORKERS"
+        };
         return match parse(v) {
             Some(count) => Ok(Some(WorkerOverride { count, source })),
             None => Err(c.bad("--workers", v, allowed)),
@@ -354,7 +387,11 @@ mod tests {
 
         fn run(&self, args: &[&str]) -> Result<Config, String> {
             let meta = self.dir.path().join("meta.json");
-            let mut argv: Vec<String> = vec!["app".into(), "--metadata".into(), meta.display().to_string()];
+            let mut argv: Vec<String> = vec![
+                "app".into(),
+                "--metadata".into(),
+                meta.display().to_string(),
+            ];
             argv.extend(args.iter().map(|s| s.to_string()));
             // clap reads the real environment for `env = …`; tests pass variables by hand.
             let mut cli = Cli::try_parse_from(&argv).map_err(|e| e.to_string())?;
@@ -403,7 +440,10 @@ mod tests {
     fn modes() {
         let e = Env::new();
         assert_eq!(e.run(&["--production"]).unwrap().mode, Mode::Production);
-        assert_eq!(e.run(&["plan", "--json"]).unwrap().mode, Mode::Plan { json: true });
+        assert_eq!(
+            e.run(&["plan", "--json"]).unwrap().mode,
+            Mode::Plan { json: true }
+        );
         assert_eq!(e.run(&["plan"]).unwrap().mode, Mode::Plan { json: false });
     }
 
@@ -412,7 +452,11 @@ mod tests {
         let e = Env::new()
             .var("VRAMFORK_WORKERS", "3")
             .var("CLAMS_GUNICORN_WORKERS", "5");
-        let o = e.run(&["--workers", "2"]).unwrap().workers_override.unwrap();
+        let o = e
+            .run(&["--workers", "2"])
+            .unwrap()
+            .workers_override
+            .unwrap();
         assert_eq!((o.count, o.source), (2, "--workers"));
         let o = e.run(&[]).unwrap().workers_override.unwrap();
         assert_eq!((o.count, o.source), (3, "VRAMFORK_WORKERS"));
@@ -426,37 +470,85 @@ mod tests {
         for bad in ["0", "-1", "two", "1.5"] {
             let e = Env::new().run(&["--workers", bad]).unwrap_err();
             assert!(e.contains("--workers") && e.contains(bad), "{e}");
-            let e = Env::new().var("VRAMFORK_WORKERS", bad).run(&[]).unwrap_err();
+            let e = Env::new()
+                .var("VRAMFORK_WORKERS", bad)
+                .run(&[])
+                .unwrap_err();
             assert!(e.contains("VRAMFORK_WORKERS") && e.contains(bad), "{e}");
-            let e = Env::new().var("CLAMS_GUNICORN_WORKERS", bad).run(&[]).unwrap_err();
-            assert!(e.contains("CLAMS_GUNICORN_WORKERS") && e.contains(bad), "{e}");
+            let e = Env::new()
+                .var("CLAMS_GUNICORN_WORKERS", bad)
+                .run(&[])
+                .unwrap_err();
+            assert!(
+                e.contains("CLAMS_GUNICORN_WORKERS") && e.contains(bad),
+                "{e}"
+            );
         }
         let e = Env::new().var("VRAMFORK_WORKERS", "").run(&[]).unwrap_err();
         assert!(e.contains("VRAMFORK_WORKERS") && e.contains("empty"), "{e}");
-        let e = Env::new().var("CLAMS_GUNICORN_WORKERS", " ").run(&[]).unwrap_err();
+        let e = Env::new()
+            .var("CLAMS_GUNICORN_WORKERS", " ")
+            .run(&[])
+            .unwrap_err();
         assert!(e.contains("CLAMS_GUNICORN_WORKERS"), "{e}");
     }
 
     #[test]
     fn invalid_values_name_option_value_and_allowed() {
         let cases: &[(&[&str], &str)] = &[
-            (&["--port", "70000"], "'70000' for --port: expected a port number"),
+            (
+                &["--port", "70000"],
+                "'70000' for --port: expected a port number",
+            ),
             (&["--port", "http"], "'http' for --port"),
-            (&["--timeout", "0"], "'0' for --timeout: expected a number of seconds > 0"),
+            (
+                &["--timeout", "0"],
+                "'0' for --timeout: expected a number of seconds > 0",
+            ),
             (&["--boot-timeout", "-5"], "'-5' for --boot-timeout"),
-            (&["--request-timeout", "soon"], "'soon' for --request-timeout"),
-            (&["--graceful-timeout", "inf"], "'inf' for --graceful-timeout"),
-            (&["--max-requests", "-1"], "'-1' for --max-requests: expected a whole number ≥ 0"),
-            (&["--max-requests-jitter", "x"], "'x' for --max-requests-jitter"),
-            (&["--device", "tpu"], "'tpu' for --device: expected auto, cpu or cuda"),
-            (&["--max-body-mb", "0"], "'0' for --max-body-mb: expected a whole number ≥ 1"),
-            (&["--gpu-memory-utilization", "1.5"], "'1.5' for --gpu-memory-utilization"),
-            (&["--gpu-memory-utilization", "0"], "'0' for --gpu-memory-utilization"),
+            (
+                &["--request-timeout", "soon"],
+                "'soon' for --request-timeout",
+            ),
+            (
+                &["--graceful-timeout", "inf"],
+                "'inf' for --graceful-timeout",
+            ),
+            (
+                &["--max-requests", "-1"],
+                "'-1' for --max-requests: expected a whole number ≥ 0",
+            ),
+            (
+                &["--max-requests-jitter", "x"],
+                "'x' for --max-requests-jitter",
+            ),
+            (
+                &["--device", "tpu"],
+                "'tpu' for --device: expected auto, cpu or cuda",
+            ),
+            (
+                &["--max-body-mb", "0"],
+                "'0' for --max-body-mb: expected a whole number ≥ 1",
+            ),
+            (
+                &["--gpu-memory-utilization", "1.5"],
+                "'1.5' for --gpu-memory-utilization",
+            ),
+            (
+                &["--gpu-memory-utilization", "0"],
+                "'0' for --gpu-memory-utilization",
+            ),
             (&["--gpu-reserve-mb", "lots"], "'lots' for --gpu-reserve-mb"),
             (&["--max-worker-gpu-mb", "0"], "'0' for --max-worker-gpu-mb"),
             (&["--torch-threads", "0"], "'0' for --torch-threads"),
-            (&["--log-format", "xml"], "'xml' for --log-format: expected text or json"),
-            (&["--nvml-library", "/nonexistent/libnvml.so"], "for --nvml-library: no such file"),
+            (
+                &["--log-format", "xml"],
+                "'xml' for --log-format: expected text or json",
+            ),
+            (
+                &["--nvml-library", "/nonexistent/libnvml.so"],
+                "for --nvml-library: no such file",
+            ),
             (&["--host", ""], "for --host"),
         ];
         for (args, want) in cases {
@@ -469,10 +561,16 @@ mod tests {
     fn env_values_are_named_by_variable() {
         let e = Env::new().var("VRAMFORK_PORT", "x").run(&[]).unwrap_err();
         assert!(e.contains("VRAMFORK_PORT (for --port)"), "{e}");
-        let e = Env::new().var("VRAMFORK_DEVICE", "gpu").run(&[]).unwrap_err();
+        let e = Env::new()
+            .var("VRAMFORK_DEVICE", "gpu")
+            .run(&[])
+            .unwrap_err();
         assert!(e.contains("VRAMFORK_DEVICE (for --device)"), "{e}");
         // a flag beats the variable
-        let c = Env::new().var("VRAMFORK_PORT", "x").run(&["--port", "8080"]).unwrap();
+        let c = Env::new()
+            .var("VRAMFORK_PORT", "x")
+            .run(&["--port", "8080"])
+            .unwrap();
         assert_eq!(c.port, 8080);
     }
 
@@ -481,11 +579,19 @@ mod tests {
         let e = Env::new();
         std::fs::write(e.dir.path().join("meta.json"), r#"{"name": "t"}"#).unwrap();
         let err = e.run(&[]).unwrap_err();
-        assert!(err.contains("no model to serve") && err.contains("--model"), "{err}");
+        assert!(
+            err.contains("no model to serve") && err.contains("--model"),
+            "{err}"
+        );
         assert!(e.run(&["plan"]).is_ok(), "plan needs no model");
         let e = Env::new();
-        let err = e.run(&["--worker-binary", "/nonexistent/app-worker"]).unwrap_err();
-        assert!(err.contains("worker binary /nonexistent/app-worker not found"), "{err}");
+        let err = e
+            .run(&["--worker-binary", "/nonexistent/app-worker"])
+            .unwrap_err();
+        assert!(
+            err.contains("worker binary /nonexistent/app-worker not found"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -496,6 +602,9 @@ mod tests {
         assert!(err.contains("field `name` must be a string"), "{err}");
         std::fs::remove_file(e.dir.path().join("meta.json")).unwrap();
         let err = e.run(&[]).unwrap_err();
-        assert!(err.contains("cannot read app metadata") && err.contains("meta.json"), "{err}");
+        assert!(
+            err.contains("cannot read app metadata") && err.contains("meta.json"),
+            "{err}"
+        );
     }
 }

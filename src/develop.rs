@@ -22,7 +22,10 @@ pub fn exec_worker(cfg: &Config, plan: &Plan, listener: TcpListener) -> std::io:
     cmd.env(ENV_WORKER_CONFIG, json)
         .env(ENV_LISTEN_FDS, "1")
         .env_remove("LISTEN_PID");
-    crate::master::spawn::child_env(&mut cmd, plan.placement.first().and_then(|p| p.gpu.as_ref()));
+    crate::master::spawn::child_env(
+        &mut cmd,
+        plan.placement.first().and_then(|p| p.gpu.as_ref()),
+    );
     // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec; here there
     // is no fork at all, exec() runs the hook in this process.
     unsafe {

@@ -44,7 +44,10 @@ fn run(cfg: Config) -> i32 {
     };
     if let Mode::Plan { json } = cfg.mode {
         if json {
-            println!("{}", serde_json::to_string_pretty(&plan).expect("a plan serializes"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&plan).expect("a plan serializes")
+            );
         } else {
             print!("{}", plan.to_text());
         }

@@ -258,11 +258,9 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
             for (i, d) in dims.iter().enumerate() {
                 match d.as_i64() {
                     Some(n) if n == -1 || n >= 0 => shape.push(n),
-                    _ => {
-                        return Err(format!(
-                            "field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
-                        ))
-                    }
+                    _ => return Err(format!(
+                        "field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
+                    )),
                 }
             }
             Some(shape)
@@ -363,18 +361,51 @@ mod tests {
         let cases = [
             (r#"{}"#, "required field `name` is missing"),
             (r#"[1]"#, "top level must be a JSON object"),
-            (r#"{"name": 3}"#, "field `name` must be a string, found a number"),
+            (
+                r#"{"name": 3}"#,
+                "field `name` must be a string, found a number",
+            ),
             (r#"{"name": " "}"#, "field `name` must not be empty"),
-            (r#"{"name": "a", "version": 2}"#, "field `version` must be a string"),
-            (r#"{"name": "a", "model": 5}"#, "field `model` must be a non-empty string"),
-            (r#"{"name": "a", "est_gpu_mem_min": -1}"#, "`est_gpu_mem_min` must be a whole number of MB ≥ 0, found -1"),
-            (r#"{"name": "a", "est_gpu_mem_typ": 1.5}"#, "`est_gpu_mem_typ` must be a whole number"),
-            (r#"{"name": "a", "est_gpu_mem_typ": "2GB"}"#, "found a string"),
-            (r#"{"name": "a", "est_gpu_mem_min": 10, "est_gpu_mem_typ": 5}"#, "`est_gpu_mem_typ` (5 MB) must be at least `est_gpu_mem_min` (10 MB)"),
-            (r#"{"name": "a", "input": [1]}"#, "field `input` must be an object"),
-            (r#"{"name": "a", "input": {"shape": [2, -2]}}"#, "`input.shape[1]` must be a size"),
-            (r#"{"name": "a", "input": {"shape": "2x2"}}"#, "`input.shape` must be an array"),
-            (r#"{"name": "a", "input": {"dtype": "complex"}}"#, "`input.dtype` is \"complex\"; accepted: float32"),
+            (
+                r#"{"name": "a", "version": 2}"#,
+                "field `version` must be a string",
+            ),
+            (
+                r#"{"name": "a", "model": 5}"#,
+                "field `model` must be a non-empty string",
+            ),
+            (
+                r#"{"name": "a", "est_gpu_mem_min": -1}"#,
+                "`est_gpu_mem_min` must be a whole number of MB ≥ 0, found -1",
+            ),
+            (
+                r#"{"name": "a", "est_gpu_mem_typ": 1.5}"#,
+                "`est_gpu_mem_typ` must be a whole number",
+            ),
+            (
+                r#"{"name": "a", "est_gpu_mem_typ": "2GB"}"#,
+                "found a string",
+            ),
+            (
+                r#"{"name": "a", "est_gpu_mem_min": 10, "est_gpu_mem_typ": 5}"#,
+                "`est_gpu_mem_typ` (5 MB) must be at least `est_gpu_mem_min` (10 MB)",
+            ),
+            (
+                r#"{"name": "a", "input": [1]}"#,
+                "field `input` must be an object",
+            ),
+            (
+                r#"{"name": "a", "input": {"shape": [2, -2]}}"#,
+                "`input.shape[1]` must be a size",
+            ),
+            (
+                r#"{"name": "a", "input": {"shape": "2x2"}}"#,
+                "`input.shape` must be an array",
+            ),
+            (
+                r#"{"name": "a", "input": {"dtype": "complex"}}"#,
+                "`input.dtype` is \"complex\"; accepted: float32",
+            ),
         ];
         for (text, want) in cases {
             let e = err(text);

@@ -12,9 +12,14 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// A request's status and answering worker, or its transport error.
+type Outcome = Result<(u16, u32), String>;
+/// Arguments, environment, expectation.
+type Case<'a, T> = (&'a [&'a str], &'a [(&'a str, &'a str)], T);
+
 /// `threads` clients each sending `each` MLP requests; returns (status, worker pid) or the
 /// transport error of every request.
-fn load(port: u16, threads: usize, each: usize) -> Vec<Result<(u16, u32), String>> {
+fn load(port: u16, threads: usize, each: usize) -> Vec<Outcome> {
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             thread::spawn(move || {
@@ -28,22 +33,30 @@ fn load(port: u16, threads: usize, each: usize) -> Vec<Result<(u16, u32), String
             })
         })
         .collect();
-    handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect()
 }
 
-fn assert_all_ok(results: &[Result<(u16, u32), String>]) -> BTreeSet<u32> {
+fn assert_all_ok(results: &[Outcome]) -> BTreeSet<u32> {
     let failed: Vec<_> = results
         .iter()
         .filter(|r| !matches!(r, Ok((200, _))))
         .collect();
-    assert!(failed.is_empty(), "{} of {} requests failed: {failed:?}", failed.len(), results.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        results.len()
+    );
     results.iter().map(|r| r.as_ref().unwrap().1).collect()
 }
 
 /// Clients that keep sending requests until stopped; each result is kept.
 struct Background {
     stop: Arc<AtomicBool>,
-    handles: Vec<thread::JoinHandle<Vec<Result<(u16, u32), String>>>>,
+    handles: Vec<thread::JoinHandle<Vec<Outcome>>>,
 }
 
 impl Background {
@@ -68,9 +81,12 @@ impl Background {
         Background { stop, handles }
     }
 
-    fn finish(self) -> Vec<Result<(u16, u32), String>> {
+    fn finish(self) -> Vec<Outcome> {
         self.stop.store(true, Ordering::SeqCst);
-        self.handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        self.handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     }
 }
 
@@ -95,7 +111,10 @@ fn production_serves_from_named_workers_never_the_master() {
     assert_eq!(names, ["vf-worker-0", "vf-worker-1"]);
     let pids = assert_all_ok(&load(s.port, 2, 10));
     assert!(!pids.contains(&s.pid()), "the master answered a request");
-    assert!(pids.iter().all(|p| workers.contains(p)), "{pids:?} vs {workers:?}");
+    assert!(
+        pids.iter().all(|p| workers.contains(p)),
+        "{pids:?} vs {workers:?}"
+    );
     let meta = s.get("/").json();
     assert_eq!(meta["name"], "test app");
 }
@@ -103,9 +122,17 @@ fn production_serves_from_named_workers_never_the_master() {
 #[test]
 fn worker_count_overrides_in_order_of_precedence() {
     let app = mlp();
-    let cases: &[(&[&str], &[(&str, &str)], usize)] = &[
-        (&["--workers", "3"], &[("VRAMFORK_WORKERS", "1"), ("CLAMS_GUNICORN_WORKERS", "2")], 3),
-        (&[], &[("VRAMFORK_WORKERS", "2"), ("CLAMS_GUNICORN_WORKERS", "1")], 2),
+    let cases: &[Case<usize>] = &[
+        (
+            &["--workers", "3"],
+            &[("VRAMFORK_WORKERS", "1"), ("CLAMS_GUNICORN_WORKERS", "2")],
+            3,
+        ),
+        (
+            &[],
+            &[("VRAMFORK_WORKERS", "2"), ("CLAMS_GUNICORN_WORKERS", "1")],
+            2,
+        ),
         (&[], &[("CLAMS_GUNICORN_WORKERS", "1")], 1),
     ];
     for (args, env, n) in cases {
@@ -114,21 +141,34 @@ fn worker_count_overrides_in_order_of_precedence() {
         let s = Server::start_env(&app, &a, env);
         s.wait_workers(*n);
         thread::sleep(Duration::from_millis(300));
-        assert_eq!(worker_pids(s.pid()).len(), *n, "{args:?} {env:?}:\n{}", s.log_text());
+        assert_eq!(
+            worker_pids(s.pid()).len(),
+            *n,
+            "{args:?} {env:?}:\n{}",
+            s.log_text()
+        );
     }
 }
 
 #[test]
 fn invalid_worker_overrides_exit_2_naming_the_source() {
     let app = mlp();
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    let cases: &[Case<&str>] = &[
         (&["--workers", "0"], &[], "--workers"),
         (&["--workers", "-2"], &[], "--workers"),
         (&["--workers", "many"], &[], "--workers"),
         (&[], &[("VRAMFORK_WORKERS", "0")], "VRAMFORK_WORKERS"),
         (&[], &[("VRAMFORK_WORKERS", "")], "VRAMFORK_WORKERS"),
-        (&[], &[("CLAMS_GUNICORN_WORKERS", "x")], "CLAMS_GUNICORN_WORKERS"),
-        (&[], &[("CLAMS_GUNICORN_WORKERS", "-1")], "CLAMS_GUNICORN_WORKERS"),
+        (
+            &[],
+            &[("CLAMS_GUNICORN_WORKERS", "x")],
+            "CLAMS_GUNICORN_WORKERS",
+        ),
+        (
+            &[],
+            &[("CLAMS_GUNICORN_WORKERS", "-1")],
+            "CLAMS_GUNICORN_WORKERS",
+        ),
     ];
     for (args, env, name) in cases {
         let mut a = vec!["--production"];
@@ -137,7 +177,10 @@ fn invalid_worker_overrides_exit_2_naming_the_source() {
         let st = s.wait_exit(Duration::from_secs(10));
         assert_eq!(st.code(), Some(2), "{args:?} {env:?}: {}", s.log_text());
         let log = s.log_text();
-        assert!(log.contains(name) && log.contains("app: "), "{args:?} {env:?}: {log}");
+        assert!(
+            log.contains(name) && log.contains("app: "),
+            "{args:?} {env:?}: {log}"
+        );
         assert!(!log.contains("listening"), "bound before validating: {log}");
     }
 }
@@ -163,8 +206,13 @@ fn unloadable_models_exit_3_after_bounded_tries() {
         assert_eq!(st.code(), Some(3), "{model}: {}", s.log_text());
         let log = s.log_text();
         assert!(log.contains("app: the model could not be loaded"), "{log}");
-        assert!(log.contains(model), "the worker's reason names the file: {log}");
-        let tries = log.matches("could not load the model (exit status 3)").count();
+        assert!(
+            log.contains(model),
+            "the worker's reason names the file: {log}"
+        );
+        let tries = log
+            .matches("could not load the model (exit status 3)")
+            .count();
         assert!((1..=4).contains(&tries), "{tries} tries: {log}");
         assert!(started.elapsed() < Duration::from_secs(30));
     }
@@ -173,19 +221,33 @@ fn unloadable_models_exit_3_after_bounded_tries() {
 #[test]
 fn recycling_under_concurrent_load_fails_no_request() {
     let app = mlp();
-    let s = Server::start(&app, &["--production", "--workers", "2", "--max-requests", "3"]);
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "2", "--max-requests", "3"],
+    );
     s.wait_workers(2);
     let results = load(s.port, 4, 15);
     let pids = assert_all_ok(&results);
     // 60 requests, at most 3 per worker: at least 20 workers served.
-    assert!(pids.len() >= 20, "{} distinct workers: {pids:?}", pids.len());
-    assert!(s.log_text().contains("exited after 3 requests"), "{}", s.log_text());
+    assert!(
+        pids.len() >= 20,
+        "{} distinct workers: {pids:?}",
+        pids.len()
+    );
+    assert!(
+        s.log_text().contains("exited after 3 requests"),
+        "{}",
+        s.log_text()
+    );
 }
 
 #[test]
 fn max_requests_one_recycles_after_every_request() {
     let app = mlp();
-    let s = Server::start(&app, &["--production", "--workers", "2", "--max-requests", "1"]);
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "2", "--max-requests", "1"],
+    );
     s.wait_workers(2);
     let results = load(s.port, 2, 10);
     let pids = assert_all_ok(&results);
@@ -204,19 +266,33 @@ fn a_killed_worker_is_replaced_and_no_other_request_fails() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = worker_pids(s.pid());
-        if now.len() == 2 && !now.contains(&before[0]) && s.log_text().matches(" ready in ").count() >= 3 {
+        if now.len() == 2
+            && !now.contains(&before[0])
+            && s.log_text().matches(" ready in ").count() >= 3
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "not replaced: {now:?}\n{}", s.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "not replaced: {now:?}\n{}",
+            s.log_text()
+        );
         thread::sleep(Duration::from_millis(50));
     }
     thread::sleep(Duration::from_millis(300));
     let results = bg.finish();
     // Only a request the killed worker had in flight may fail (a reset connection).
-    let failed: Vec<_> = results.iter().filter(|r| !matches!(r, Ok((200, _)))).collect();
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|r| !matches!(r, Ok((200, _))))
+        .collect();
     assert!(failed.len() <= 1, "{failed:?}");
     assert!(results.len() > 10);
-    assert!(s.log_text().contains("died (signal SIGKILL)"), "{}", s.log_text());
+    assert!(
+        s.log_text().contains("died (signal SIGKILL)"),
+        "{}",
+        s.log_text()
+    );
 }
 
 #[test]
@@ -227,7 +303,10 @@ fn killing_the_master_takes_every_worker_down() {
     s.signal(libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(5);
     while workers.iter().any(|p| process_alive(*p)) {
-        assert!(Instant::now() < deadline, "workers outlived the master: {workers:?}");
+        assert!(
+            Instant::now() < deadline,
+            "workers outlived the master: {workers:?}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -239,7 +318,9 @@ fn term_lets_in_flight_requests_finish_then_exits_0() {
     let workers = s.wait_workers(2);
     let port = s.port;
     let slow: Vec<_> = (0..2)
-        .map(|_| thread::spawn(move || try_http(port, "POST", "/", Some(r#"{"inputs": [[40000]]}"#))))
+        .map(|_| {
+            thread::spawn(move || try_http(port, "POST", "/", Some(r#"{"inputs": [[40000]]}"#)))
+        })
         .collect();
     thread::sleep(Duration::from_millis(300));
     s.signal(libc::SIGTERM);
@@ -250,7 +331,10 @@ fn term_lets_in_flight_requests_finish_then_exits_0() {
     let st = s.wait_exit(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "{}", s.log_text());
     assert!(workers.iter().all(|p| !process_alive(*p)));
-    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "port still open");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "port still open"
+    );
 }
 
 #[test]
@@ -282,7 +366,10 @@ fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
     let results = bg.finish();
     assert_all_ok(&results);
     let second = s.wait_workers(2);
-    assert!(second.iter().all(|p| !first.contains(p)), "{first:?} -> {second:?}");
+    assert!(
+        second.iter().all(|p| !first.contains(p)),
+        "{first:?} -> {second:?}"
+    );
     for _ in 0..4 {
         assert_eq!(s.get("/").json()["version"], "2");
     }
@@ -300,14 +387,21 @@ fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
     wait_for_log(&s, "reload failed");
     thread::sleep(Duration::from_millis(500));
     let pids = assert_all_ok(&load(s.port, 2, 5));
-    assert!(pids.iter().all(|p| second.contains(p)), "{pids:?} vs {second:?}");
+    assert!(
+        pids.iter().all(|p| second.contains(p)),
+        "{pids:?} vs {second:?}"
+    );
     assert_eq!(s.get("/").json()["version"], "2");
 }
 
 fn wait_for_log(s: &Server, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !s.log_text().contains(what) {
-        assert!(Instant::now() < deadline, "no {what:?} in:\n{}", s.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "no {what:?} in:\n{}",
+            s.log_text()
+        );
         thread::sleep(Duration::from_millis(50));
     }
 }
@@ -331,11 +425,20 @@ fn ttin_and_ttou_add_and_remove_a_worker() {
 #[test]
 fn a_request_past_the_timeout_gets_504_and_its_worker_is_replaced() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(&app, &["--production", "--workers", "1", "--request-timeout", "0.5"]);
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--request-timeout", "0.5"],
+    );
     let first = s.wait_workers(1);
     let r = s.post("/", r#"{"inputs": [[100000000]]}"#);
     assert_eq!(r.status, 504, "{r:?}");
-    assert!(r.json()["error"].as_str().unwrap().contains("request-timeout"), "{r:?}");
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("request-timeout"),
+        "{r:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = s.wait_workers(1);
@@ -363,7 +466,11 @@ fn development_mode_serves_in_one_process() {
         }
     };
     assert_eq!(r.status, 200);
-    assert_eq!(r.pid(), s.pid(), "development mode serves from the app process itself");
+    assert_eq!(
+        r.pid(),
+        s.pid(),
+        "development mode serves from the app process itself"
+    );
     assert!(worker_pids(s.pid()).is_empty());
 }
 

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use super::slot::{Phase, Slot, WorkerState};
 use crate::exit;
 
+/// Workers already planned per GPU this round: (NVML index, count).
+type Extra = Vec<(u32, u32)>;
+
 /// Boot failures, before any worker was ever ready, after which the master exits 3.
 pub const FIRST_BOOT_TRIES: u32 = 3;
 /// Time a stopped worker gets beyond the graceful timeout before it is killed.
@@ -133,8 +136,8 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
     }
 
     // Fill, and the GPU room each spawn uses.
-    let mut extra_on_gpu: Vec<(u32, u32)> = Vec::new();
-    let room = |gpu: u32, extra: &Vec<(u32, u32)>| {
+    let mut extra_on_gpu: Extra = Vec::new();
+    let room = |gpu: u32, extra: &Extra| {
         let on_gpu = v
             .workers
             .iter()
@@ -170,7 +173,9 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
             if !(v.gpu_admits)(gpu) {
                 out.push(Action::Wait {
                     slot: s.id,
-                    why: format!("GPU {gpu} lacks the free memory for est_gpu_mem_min plus the reserve"),
+                    why: format!(
+                        "GPU {gpu} lacks the free memory for est_gpu_mem_min plus the reserve"
+                    ),
                 });
                 continue;
             }
@@ -183,7 +188,7 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
     out
 }
 
-fn bump(extra: &mut Vec<(u32, u32)>, gpu: u32) {
+fn bump(extra: &mut Extra, gpu: u32) {
     match extra.iter_mut().find(|(g, _)| *g == gpu) {
         Some((_, n)) => *n += 1,
         None => extra.push((gpu, 1)),
@@ -257,8 +262,8 @@ fn deadlines(v: &View<'_>, out: &mut Vec<Action>) {
 fn reload(
     v: &View<'_>,
     live: &dyn Fn(&&WorkerState) -> bool,
-    room: &dyn Fn(u32, &Vec<(u32, u32)>) -> bool,
-    extra: &mut Vec<(u32, u32)>,
+    room: &dyn Fn(u32, &Extra) -> bool,
+    extra: &mut Extra,
     out: &mut Vec<Action>,
 ) {
     let current: Vec<&WorkerState> = v
@@ -268,22 +273,33 @@ fn reload(
         .filter(|w| w.occupies_slot() && w.slot < v.target)
         .collect();
     // A slot with a new worker ready beside an old one: the old one retires.
-    for new in current.iter().filter(|w| w.cfg_gen == v.cfg_gen && w.phase == Phase::Ready) {
-        for old in current.iter().filter(|w| w.slot == new.slot && w.cfg_gen < v.cfg_gen) {
+    for new in current
+        .iter()
+        .filter(|w| w.cfg_gen == v.cfg_gen && w.phase == Phase::Ready)
+    {
+        for old in current
+            .iter()
+            .filter(|w| w.slot == new.slot && w.cfg_gen < v.cfg_gen)
+        {
             out.push(Action::Retire {
                 pid: old.pid,
                 why: "reload: replaced by a worker with the new configuration",
             });
         }
     }
-    if out.iter().any(|a| matches!(a, Action::Retire { .. } | Action::Spawn { .. })) {
+    if out
+        .iter()
+        .any(|a| matches!(a, Action::Retire { .. } | Action::Spawn { .. }))
+    {
         return;
     }
     // One slot at a time: wait while a new worker is booting beside an old one.
     let in_progress = current.iter().any(|n| {
         n.cfg_gen == v.cfg_gen
             && (n.phase == Phase::Booting
-                || current.iter().any(|o| o.slot == n.slot && o.cfg_gen < v.cfg_gen))
+                || current
+                    .iter()
+                    .any(|o| o.slot == n.slot && o.cfg_gen < v.cfg_gen))
     });
     if in_progress {
         return;
@@ -397,7 +413,10 @@ mod tests {
 
     #[test]
     fn empty_slots_are_filled() {
-        assert_eq!(World::new(3, None).decide(), vec![spawn(0), spawn(1), spawn(2)]);
+        assert_eq!(
+            World::new(3, None).decide(),
+            vec![spawn(0), spawn(1), spawn(2)]
+        );
         let w = World::new(2, None).worker(10, 0, Phase::Ready);
         assert_eq!(w.decide(), vec![spawn(1)]);
         let w = World::new(2, None)
@@ -460,7 +479,9 @@ mod tests {
             .worker(11, 1, Phase::Ready)
             .worker(12, 2, Phase::Retiring)
             .at(301.0)
-            .edit(11, |w| w.last_heartbeat = w.started + Duration::from_secs(300))
+            .edit(11, |w| {
+                w.last_heartbeat = w.started + Duration::from_secs(300)
+            })
             .edit(12, |w| w.phase_since = w.started + Duration::from_secs(200));
         let a = w.decide();
         assert!(a.contains(&Action::Kill {
@@ -515,9 +536,12 @@ mod tests {
         let mut w = World::new(1, None).at(301.0);
         w.ever_ready = false;
         assert!(matches!(w.decide()[..], [Action::Exit { code: 3, .. }]));
-        let w = World::new(1, None).worker(10, 0, Phase::Ready).at(301.0).edit(10, |w| {
-            w.last_heartbeat = w.started + Duration::from_secs(300)
-        });
+        let w = World::new(1, None)
+            .worker(10, 0, Phase::Ready)
+            .at(301.0)
+            .edit(10, |w| {
+                w.last_heartbeat = w.started + Duration::from_secs(300)
+            });
         assert!(!w.decide().iter().any(|a| matches!(a, Action::Exit { .. })));
     }
 
@@ -530,12 +554,20 @@ mod tests {
         assert_eq!(
             w.decide(),
             vec![
-                Action::Retire { pid: 10, why: "stopping" },
-                Action::Retire { pid: 11, why: "stopping" }
+                Action::Retire {
+                    pid: 10,
+                    why: "stopping"
+                },
+                Action::Retire {
+                    pid: 11,
+                    why: "stopping"
+                }
             ]
         );
         let t0 = w.t0;
-        let w = w.edit(10, |w| w.asked_to_stop = Some(t0)).edit(11, |w| w.asked_to_stop = Some(t0));
+        let w = w
+            .edit(10, |w| w.asked_to_stop = Some(t0))
+            .edit(11, |w| w.asked_to_stop = Some(t0));
         assert_eq!(w.decide(), vec![]);
         let w = w.at(32.0);
         assert_eq!(w.decide().len(), 2);

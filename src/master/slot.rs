@@ -40,7 +40,14 @@ pub struct WorkerState {
 }
 
 impl WorkerState {
-    pub fn new(pid: u32, slot: u32, generation: u64, cfg_gen: u64, gpu: Option<u32>, now: Instant) -> Self {
+    pub fn new(
+        pid: u32,
+        slot: u32,
+        generation: u64,
+        cfg_gen: u64,
+        gpu: Option<u32>,
+        now: Instant,
+    ) -> Self {
         WorkerState {
             pid,
             slot,

@@ -160,7 +160,10 @@ impl Supervisor {
                 tracing::info!(
                     "HUP: reloading {} (model {}), replacing workers one at a time",
                     new.metadata.path.display(),
-                    new.model_path.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+                    new.model_path
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
                 );
                 let old = std::mem::replace(&mut self.cfg, new);
                 self.reload_from = Some(old);
@@ -181,7 +184,8 @@ impl Supervisor {
                     .gpus
                     .iter()
                     .map(|g| {
-                        let used = self.slots.iter().filter(|s| s.gpu == Some(g.index)).count() as u32;
+                        let used =
+                            self.slots.iter().filter(|s| s.gpu == Some(g.index)).count() as u32;
                         (g, g.fits.saturating_sub(used))
                     })
                     .filter(|(_, free)| *free > 0)
@@ -217,7 +221,9 @@ impl Supervisor {
     fn reap(&mut self) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) => self.on_exit(pid.as_raw() as u32, Some(code), None),
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    self.on_exit(pid.as_raw() as u32, Some(code), None)
+                }
                 Ok(WaitStatus::Signaled(pid, sig, _)) => {
                     self.on_exit(pid.as_raw() as u32, None, Some(sig))
                 }
@@ -241,7 +247,10 @@ impl Supervisor {
             (_, Some(s)) => format!("signal {s}"),
             _ => "unknown status".into(),
         };
-        let name = format!("worker {} (pid {pid}, generation {})", st.slot, st.generation);
+        let name = format!(
+            "worker {} (pid {pid}, generation {})",
+            st.slot, st.generation
+        );
         if self.stopping.is_some() {
             tracing::debug!("{name} stopped: {status}");
             return;
@@ -271,9 +280,14 @@ impl Supervisor {
             _ if code == Some(0) => tracing::info!(
                 "{name} exited after {} requests{}",
                 st.served,
-                st.retire_reason.map(|r| format!(" ({r:?})")).unwrap_or_default()
+                st.retire_reason
+                    .map(|r| format!(" ({r:?})"))
+                    .unwrap_or_default()
             ),
-            _ => tracing::warn!("{name} died ({status}) after {} requests; replacing it", st.served),
+            _ => tracing::warn!(
+                "{name} died ({status}) after {} requests; replacing it",
+                st.served
+            ),
         }
     }
 
@@ -358,7 +372,12 @@ impl Supervisor {
         let now = Instant::now();
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
         let plan = &self.plan;
-        let capacity = |gpu: u32| plan.gpus.iter().find(|g| g.index == gpu).map_or(0, |g| g.fits);
+        let capacity = |gpu: u32| {
+            plan.gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .map_or(0, |g| g.fits)
+        };
         let need_mb = self.cfg.metadata.est_gpu_mem_min + self.cfg.gpu_reserve_mb;
         let probe = self.gpus.as_ref();
         let admits = |gpu: u32| match probe.map(|p| p.free_bytes(gpu)) {
@@ -449,7 +468,10 @@ impl Supervisor {
         };
         match launch(&self.cfg.worker_binary, &spec, listener) {
             Ok(l) => {
-                tracing::debug!("worker {slot} (pid {}, generation {generation}) started", l.pid);
+                tracing::debug!(
+                    "worker {slot} (pid {}, generation {generation}) started",
+                    l.pid
+                );
                 self.workers.push(Live {
                     state: WorkerState::new(l.pid, slot, generation, self.cfg_gen, gpu, now),
                     control: l.control,
@@ -502,7 +524,10 @@ fn read_lines(w: &mut Live) -> Vec<ControlMsg> {
         let text = String::from_utf8_lossy(&line[..line.len() - 1]);
         match ControlMsg::from_line(&text) {
             Ok(m) => out.push(m),
-            Err(e) => tracing::warn!("worker pid {}: bad control message {text:?}: {e}", w.state.pid),
+            Err(e) => tracing::warn!(
+                "worker pid {}: bad control message {text:?}: {e}",
+                w.state.pid
+            ),
         }
     }
     out

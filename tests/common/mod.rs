@@ -76,7 +76,11 @@ impl Server {
             if let Some(st) = s.try_exit() {
                 panic!("app exited ({st}) before listening:\n{}", s.log_text());
             }
-            assert!(Instant::now() < deadline, "app never listened:\n{}", s.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "app never listened:\n{}",
+                s.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -210,7 +214,10 @@ impl Drop for Server {
             let _ = child.wait();
         }
         if std::thread::panicking() {
-            eprintln!("---- app log ----\n{}---- end of app log ----", self.log_text());
+            eprintln!(
+                "---- app log ----\n{}---- end of app log ----",
+                self.log_text()
+            );
         }
     }
 }
@@ -229,7 +236,9 @@ pub fn worker_pids(pid: u32) -> Vec<u32> {
             continue;
         };
         // pid (comm) state ppid ...
-        let Some(close) = stat.rfind(')') else { continue };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
         let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
         if fields.len() > 1 && fields[0] != "Z" && fields[1] == pid.to_string() {
             out.push(p);
@@ -280,7 +289,12 @@ pub fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Response
     try_http(port, method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
-pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> std::io::Result<Response> {
+pub fn try_http(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> std::io::Result<Response> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let body = body.unwrap_or("");
@@ -297,7 +311,9 @@ pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> std:
 pub fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| bad("no header end (connection reset?)"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| bad("no header end (connection reset?)"))?;
     let mut lines = head.split("\r\n");
     let status_line = lines.next().ok_or_else(|| bad("empty response"))?;
     let status = status_line
