@@ -258,9 +258,7 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
             for (i, d) in dims.iter().enumerate() {
                 match d.as_i64() {
                     Some(n) if n == -1 || n >= 0 => shape.push(n),
-                    _ => return Err(format!(
-                        "field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
-                    )),
+                    _ => return Err(bad_dim(i, d)),
                 }
             }
             Some(shape)
@@ -288,6 +286,10 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
         }
     };
     Ok(InputSpec { shape, dtype })
+}
+
+fn bad_dim(i: usize, d: &Value) -> String {
+    format!("field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}")
 }
 
 /// A JSON value's kind, for messages.
