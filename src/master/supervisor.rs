@@ -19,7 +19,7 @@ use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
 use super::spawn::{launch, worker_config, WorkerSpec};
 use crate::config::Config;
-use crate::plan::{Placement, Plan};
+use crate::plan::{Placement, Plan, Target};
 use crate::protocol::{worker_exit, ControlMsg};
 use crate::resources::NvmlProbe;
 
@@ -176,43 +176,22 @@ impl Supervisor {
     fn more_workers(&mut self) {
         let slot = self.target;
         if (slot as usize) >= self.slots.len() {
-            let gpu = if self.plan.gpus.is_empty() {
-                None
-            } else {
-                let best = self
-                    .plan
-                    .gpus
-                    .iter()
-                    .map(|g| {
-                        let used =
-                            self.slots.iter().filter(|s| s.gpu == Some(g.index)).count() as u32;
-                        (g, g.fits.saturating_sub(used))
-                    })
-                    .filter(|(_, free)| *free > 0)
-                    .max_by_key(|(_, free)| *free);
-                match best {
-                    Some((g, _)) => Some(g.index),
-                    None => {
-                        tracing::warn!(
-                            "TTIN refused: {} workers already fill the GPUs' usable memory",
-                            self.target
-                        );
-                        return;
-                    }
+            let slots = &self.slots;
+            let on_gpu = |i: u32| slots.iter().filter(|s| s.gpu == Some(i)).count() as u32;
+            let gpu = match self.plan.next_target(on_gpu) {
+                Target::Cpu => None,
+                Target::Gpu(g) => Some(g),
+                Target::NoRoom => {
+                    tracing::warn!(
+                        "TTIN refused: {} workers already fill the GPUs' usable memory",
+                        self.target
+                    );
+                    return;
                 }
             };
-            let assignment = gpu.and_then(|i| {
-                self.plan
-                    .placement
-                    .iter()
-                    .filter_map(|p| p.gpu.clone())
-                    .find(|g| g.index == i)
-            });
-            self.plan.placement.push(Placement {
-                slot,
-                gpu: assignment,
-            });
-            self.slots.push(Slot::new(slot, gpu));
+            self.slots
+                .push(Slot::new(slot, gpu.as_ref().map(|g| g.index)));
+            self.plan.placement.push(Placement { slot, gpu });
         }
         self.target += 1;
         tracing::info!("TTIN: {} workers", self.target);
