@@ -267,3 +267,21 @@ fn bad_configuration_exits_2_with_one_clear_line() {
         "LISTEN_FDS is not set",
     );
 }
+
+#[test]
+fn a_silent_client_is_cut_off_by_the_header_deadline() {
+    let w = Worker::ready(config("mlp", |_| {}));
+    let mut silent = w.connect();
+    let t = Instant::now();
+    assert!(
+        silent.closed_by_server(Duration::from_secs(20)),
+        "a connection that sends nothing must be closed"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(15),
+        "closed after {took:?}, the header deadline is 10 s"
+    );
+    // The worker takes new connections again.
+    assert_eq!(w.post("/", MLP_REQ).status, 200);
+}

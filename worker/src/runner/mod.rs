@@ -78,6 +78,7 @@ impl Runner {
         let spawned = std::thread::Builder::new()
             .name("vf-model".into())
             .spawn(move || {
+                load::configure_executor();
                 let loaded = load::pick_device(wanted, &path)
                     .and_then(|d| load::load(&path, d, memory_fraction));
                 match loaded {
