@@ -16,6 +16,9 @@ pub const CONTROL_FD: i32 = 4;
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
 /// Environment: the worker's configuration as JSON ([`WorkerConfig`]).
 pub const ENV_WORKER_CONFIG: &str = "VRAMFORK_WORKER_CONFIG";
+/// Environment: set to `1` to start `app-worker` as the template process (see
+/// [`TemplateRequest`]) instead of a worker.
+pub const ENV_TEMPLATE: &str = "VRAMFORK_TEMPLATE";
 
 /// Which device the model runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +139,29 @@ impl ControlMsg {
     }
 }
 
+/// Master → template, one JSON line, sent with the new worker's end of its control channel
+/// attached (`SCM_RIGHTS`).
+///
+/// The template is an `app-worker` started with [`ENV_TEMPLATE`]: single-threaded, it has
+/// loaded libtorch and the model on the CPU and nothing more (no forward pass, no CUDA, no
+/// thread). For each request it forks twice; the grandchild, re-parented to the master (a
+/// child subreaper), sets `PR_SET_PDEATHSIG`, takes the attached socket as its control
+/// channel (fd 4) and becomes the worker described by `config` — in milliseconds instead of
+/// the ~0.3 s an exec that loads libtorch costs. It answers with a [`TemplateReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateRequest {
+    pub config: WorkerConfig,
+}
+
+/// Template → master, one JSON line per [`TemplateRequest`] (after its first line, a
+/// [`ControlMsg::Ready`] once the model is loaded).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum TemplateReply {
+    Spawned { pid: u32 },
+    Failed { error: String },
+}
+
 /// Worker exit statuses the master tells apart.
 pub mod worker_exit {
     /// Retired or stopped normally.
@@ -146,6 +172,8 @@ pub mod worker_exit {
     pub const MODEL_LOAD: i32 = 3;
     /// A CUDA error other than out-of-memory: the context is unusable.
     pub const CUDA_FATAL: i32 = 5;
+    /// The template cannot fork safely (it found more than one thread after loading).
+    pub const TEMPLATE_UNFIT: i32 = 6;
 }
 
 #[cfg(test)]

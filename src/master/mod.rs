@@ -7,3 +7,4 @@ pub mod signals;
 pub mod slot;
 pub mod spawn;
 pub mod supervisor;
+pub mod template;

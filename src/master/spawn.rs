@@ -101,6 +101,16 @@ pub fn launch(
     spec: &WorkerSpec,
     listener: &TcpListener,
 ) -> std::io::Result<Launched> {
+    launch_with(binary, spec, listener, &[])
+}
+
+/// Starts `binary` by fork+exec with `extra` environment variables (the template uses this).
+pub fn launch_with(
+    binary: &std::path::Path,
+    spec: &WorkerSpec,
+    listener: &TcpListener,
+    extra: &[(&str, &str)],
+) -> std::io::Result<Launched> {
     let (master_end, worker_end) = UnixStream::pair()?;
     let json = serde_json::to_string(&spec.config).expect("worker config serializes");
     let mut cmd = Command::new(binary);
@@ -108,6 +118,9 @@ pub fn launch(
         .env(ENV_LISTEN_FDS, "1")
         .stdin(Stdio::null());
     child_env(&mut cmd, spec.config.gpu.as_ref());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
     let listen_fd = listener.as_raw_fd();
     let control_fd = worker_end.as_raw_fd();
     let master_pid = std::process::id() as libc::pid_t;

@@ -17,10 +17,11 @@ use nix::unistd::Pid;
 use super::decide::{decide, Action, Limits, Stopping, View};
 use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
-use super::spawn::{launch, worker_config, WorkerSpec};
+use super::spawn::{launch, worker_config, Launched, WorkerSpec};
+use super::template::Template;
 use crate::config::Config;
 use crate::plan::{Placement, Plan, Target};
-use crate::protocol::{worker_exit, ControlMsg};
+use crate::protocol::{worker_exit, ControlMsg, WorkerConfig};
 use crate::resources::NvmlProbe;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
@@ -52,7 +53,18 @@ pub struct Supervisor {
     gpus: Option<NvmlProbe>,
     rng: u64,
     wait_logged: HashMap<u32, Instant>,
+    /// The template process that forks workers, when in use.
+    template: Option<Template>,
+    /// Templates stopped on purpose (after a reload), not yet reaped.
+    old_templates: Vec<u32>,
+    /// Templates that died before they were ready, for the current configuration.
+    template_failures: u32,
+    /// No template for this configuration generation (it failed twice or cannot fork).
+    template_off_gen: Option<u64>,
 }
+
+/// Templates that die before they are ready, per configuration, before exec takes over.
+const TEMPLATE_TRIES: u32 = 2;
 
 impl Supervisor {
     pub fn new(
@@ -90,12 +102,23 @@ impl Supervisor {
             gpus,
             rng: seed | 1,
             wait_logged: HashMap::new(),
+            template: None,
+            old_templates: Vec::new(),
+            template_failures: 0,
+            template_off_gen: None,
         }
     }
 
     /// Runs until the master should exit; returns its exit status.
     pub fn run(mut self) -> i32 {
+        // Workers forked by the template are re-parented to the master.
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) has no memory-safety preconditions.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            tracing::warn!("cannot become a child subreaper; workers will be started by exec");
+            self.template_off_gen = Some(u64::MAX);
+        }
         loop {
+            self.ensure_template();
             self.wait();
             for intent in self.signals.take() {
                 self.on_intent(intent);
@@ -114,6 +137,9 @@ impl Supervisor {
         for w in &self.workers {
             fds.push(PollFd::new(w.control.as_fd(), PollFlags::POLLIN));
         }
+        if let Some(t) = self.template.as_ref().filter(|t| !t.ready) {
+            fds.push(PollFd::new(t.fd(), PollFlags::POLLIN));
+        }
         let _ = poll(&mut fds, PollTimeout::from(TICK.as_millis() as u16));
     }
 
@@ -128,6 +154,7 @@ impl Supervisor {
                     );
                     self.stopping = Some(Stopping::Graceful(now));
                     self.listener = None;
+                    self.retire_template();
                 }
             }
             Intent::QuickStop => {
@@ -135,6 +162,7 @@ impl Supervisor {
                     tracing::info!("INT/QUIT: stopping now");
                     self.stopping = Some(Stopping::Quick(now));
                     self.listener = None;
+                    self.retire_template();
                     for w in &mut self.workers {
                         w.state.asked_to_stop = None;
                     }
@@ -213,6 +241,14 @@ impl Supervisor {
     }
 
     fn on_exit(&mut self, pid: u32, code: Option<i32>, sig: Option<Signal>) {
+        if let Some(i) = self.old_templates.iter().position(|p| *p == pid) {
+            self.old_templates.swap_remove(i);
+            return;
+        }
+        if self.template.as_ref().is_some_and(|t| t.pid == pid) {
+            self.template_exited(code, sig);
+            return;
+        }
         let Some(i) = self.workers.iter().position(|w| w.state.pid == pid) else {
             return;
         };
@@ -294,8 +330,94 @@ impl Supervisor {
         }
     }
 
+    fn template_exited(&mut self, code: Option<i32>, sig: Option<Signal>) {
+        let Some(t) = self.template.take() else {
+            return;
+        };
+        if self.stopping.is_some() {
+            return;
+        }
+        let status = code.map_or_else(|| format!("signal {sig:?}"), |c| format!("exit status {c}"));
+        if t.ready {
+            tracing::warn!(
+                "the template process (pid {}) died ({status}); restarting it",
+                t.pid
+            );
+            return;
+        }
+        self.template_failures += 1;
+        if code == Some(worker_exit::TEMPLATE_UNFIT) || self.template_failures >= TEMPLATE_TRIES {
+            tracing::warn!(
+                "the template process failed ({status}); workers are started by exec (about 0.3 s each) for this configuration"
+            );
+            self.template_off_gen = Some(t.cfg_gen);
+        } else {
+            tracing::warn!("the template process failed before it was ready ({status}); retrying");
+        }
+    }
+
+    /// Starts the template for the current configuration when there should be one.
+    fn ensure_template(&mut self) {
+        if self.stopping.is_some() || self.template_off_gen == Some(u64::MAX) {
+            return;
+        }
+        if let Some(t) = &self.template {
+            if t.cfg_gen == self.cfg_gen {
+                if !t.ready && t.started.elapsed() > self.cfg.boot_timeout {
+                    tracing::warn!(
+                        "the template process did not load the model within --boot-timeout"
+                    );
+                    self.retire_template();
+                    self.template_off_gen = Some(self.cfg_gen);
+                }
+                return;
+            }
+            self.retire_template();
+            self.template_failures = 0;
+        }
+        if self.template_off_gen == Some(self.cfg_gen) {
+            return;
+        }
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let config = worker_config(&self.cfg, &self.plan, 0, 0, 0);
+        match Template::start(&self.cfg.worker_binary, &config, listener, self.cfg_gen) {
+            Ok(t) => self.template = Some(t),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the template process: {e}; workers are started by exec"
+                );
+                self.template_off_gen = Some(self.cfg_gen);
+            }
+        }
+    }
+
+    fn retire_template(&mut self) {
+        if let Some(t) = self.template.take() {
+            self.signal(t.pid, Signal::SIGKILL);
+            self.old_templates.push(t.pid);
+        }
+    }
+
+    /// Whether spawns should wait: the template for this configuration is still loading.
+    fn template_loading(&self) -> bool {
+        self.template
+            .as_ref()
+            .is_some_and(|t| !t.ready && t.cfg_gen == self.cfg_gen)
+    }
+
     fn read_control(&mut self) {
         let now = Instant::now();
+        if let Some(t) = self.template.as_mut() {
+            if t.poll_ready() {
+                tracing::info!(
+                    "template process (pid {}) ready in {:.0} ms: workers are forked from it",
+                    t.pid,
+                    t.started.elapsed().as_secs_f64() * 1e3
+                );
+            }
+        }
         for w in &mut self.workers {
             for msg in read_lines(w) {
                 match msg {
@@ -384,6 +506,7 @@ impl Supervisor {
         });
         for action in actions {
             match action {
+                Action::Spawn { .. } if self.template_loading() => {}
                 Action::Spawn { slot } => self.spawn(slot, now),
                 Action::Wait { slot, why } => {
                     let last = self.wait_logged.get(&slot);
@@ -439,13 +562,11 @@ impl Supervisor {
         } else {
             self.cfg.max_requests + jitter
         };
-        let Some(listener) = &self.listener else {
+        if self.listener.is_none() {
             return;
-        };
-        let spec = WorkerSpec {
-            config: worker_config(&self.cfg, &self.plan, slot, generation, max_requests),
-        };
-        match launch(&self.cfg.worker_binary, &spec, listener) {
+        }
+        let config = worker_config(&self.cfg, &self.plan, slot, generation, max_requests);
+        match self.launch(config) {
             Ok(l) => {
                 tracing::debug!(
                     "worker {slot} (pid {}, generation {generation}) started",
@@ -468,6 +589,30 @@ impl Supervisor {
         }
     }
 
+    /// Starts a worker: forked from the template when it is ready, else by exec.
+    fn launch(&mut self, config: WorkerConfig) -> std::io::Result<Launched> {
+        if let Some(t) = self
+            .template
+            .as_mut()
+            .filter(|t| t.ready && t.cfg_gen == self.cfg_gen)
+        {
+            match t.spawn(&config) {
+                Ok(l) => return Ok(l),
+                Err(e) => {
+                    tracing::warn!(
+                        "the template could not fork a worker ({e}); restarting it, exec meanwhile"
+                    );
+                    self.retire_template();
+                }
+            }
+        }
+        let listener = self
+            .listener
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("not listening any more"))?;
+        launch(&self.cfg.worker_binary, &WorkerSpec { config }, listener)
+    }
+
     fn signal(&self, pid: u32, sig: Signal) {
         let _ = kill(Pid::from_raw(pid as i32), sig);
     }
@@ -479,6 +624,11 @@ impl Supervisor {
     }
 
     fn kill_all(&mut self) {
+        self.retire_template();
+        for pid in std::mem::take(&mut self.old_templates) {
+            self.signal(pid, Signal::SIGKILL);
+            let _ = waitpid(Pid::from_raw(pid as i32), None);
+        }
         for w in &self.workers {
             self.signal(w.state.pid, Signal::SIGKILL);
         }

@@ -222,8 +222,17 @@ impl Drop for Server {
     }
 }
 
-/// Live (not zombie) children of `pid`, from /proc.
+/// Live (not zombie) worker children of `pid` (the template process left out), from /proc.
 pub fn worker_pids(pid: u32) -> Vec<u32> {
+    children(pid)
+        .into_iter()
+        .filter(|(_, c)| c != "vf-template")
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// Live (not zombie) children of `pid` with their process names, from /proc.
+pub fn children(pid: u32) -> Vec<(u32, String)> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
@@ -240,8 +249,9 @@ pub fn worker_pids(pid: u32) -> Vec<u32> {
             continue;
         };
         let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let comm = &stat[stat.find('(').map_or(0, |i| i + 1)..close];
         if fields.len() > 1 && fields[0] != "Z" && fields[1] == pid.to_string() {
-            out.push(p);
+            out.push((p, comm.to_string()));
         }
     }
     out.sort();

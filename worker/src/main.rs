@@ -15,16 +15,24 @@ mod routes;
 mod runner;
 mod server;
 mod state;
+mod template;
 mod timeouts;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use vramfork::protocol::{worker_exit, BootTimes};
+use vramfork::metadata::AppMetadata;
+use vramfork::protocol::{worker_exit, BootTimes, WorkerConfig, ENV_TEMPLATE};
 
 fn main() {
     let process_ms = process::ms_since_exec();
-    let code = match boot(process_ms) {
+    if std::env::var_os(ENV_TEMPLATE).is_some_and(|v| v == "1") {
+        process::exit_now(template::run(process_ms));
+    }
+    let code = match config::from_env()
+        .map_err(|m| (worker_exit::CONFIG, m))
+        .and_then(|(cfg, metadata)| boot(cfg, metadata, process_ms, None))
+    {
         Ok(code) => code,
         Err((code, msg)) => {
             eprintln!("app-worker: {msg}");
@@ -34,9 +42,15 @@ fn main() {
     process::exit_now(code);
 }
 
-fn boot(process_ms: f64) -> Result<i32, (i32, String)> {
+/// Boots a worker from its configuration (exec'd, or forked by the template with the model
+/// already loaded on the CPU) and serves until it retires; returns the exit status.
+pub fn boot(
+    cfg: WorkerConfig,
+    metadata: AppMetadata,
+    process_ms: f64,
+    preloaded: Option<tch::CModule>,
+) -> Result<i32, (i32, String)> {
     let config_err = |m: String| (worker_exit::CONFIG, m);
-    let (cfg, metadata) = config::from_env().map_err(config_err)?;
     vramfork::logging::init(cfg.log_json);
     let span = tracing::info_span!(
         "worker",
@@ -48,10 +62,13 @@ fn boot(process_ms: f64) -> Result<i32, (i32, String)> {
     process::set_name(cfg.slot);
     let listener = listener::inherit().map_err(config_err)?;
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
-    process::set_torch_threads(cfg.torch_threads);
+    if preloaded.is_none() {
+        // A worker forked from the template inherits the template's thread settings.
+        process::set_torch_threads(cfg.torch_threads);
+    }
 
     let fraction = cfg.gpu.as_ref().and_then(|g| g.memory_fraction);
-    let (runner, info) = runner::Runner::start(&cfg.model_path, cfg.device, fraction)
+    let (runner, info) = runner::Runner::start(&cfg.model_path, cfg.device, fraction, preloaded)
         .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
     tracing::info!(
         device = if info.cuda.is_some() { "cuda" } else { "cpu" },

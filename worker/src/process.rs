@@ -3,9 +3,13 @@
 
 use std::io::Write;
 
-/// Names the process (`PR_SET_NAME`, 15 bytes at most) so `ps` and `top` show it.
+/// Names the process `vf-worker-<slot>` so `ps` and `top` show it.
 pub fn set_name(slot: u32) {
-    let name = format!("vf-worker-{slot}");
+    set_process_name(&format!("vf-worker-{slot}"));
+}
+
+/// Names the process (`PR_SET_NAME`, 15 bytes at most).
+pub fn set_process_name(name: &str) {
     let mut buf = [0u8; 16];
     let n = name.len().min(15);
     buf[..n].copy_from_slice(&name.as_bytes()[..n]);
@@ -39,6 +43,17 @@ pub fn ms_since_exec() -> f64 {
         (hz > 0).then(|| ((uptime - start_ticks / hz as f64) * 1e3).max(0.0))
     };
     read().unwrap_or(0.0)
+}
+
+/// This process's thread count (`Threads:` in /proc/self/status).
+pub fn thread_count() -> Option<usize> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Torch's intra-op threads for this worker, and one inter-op thread; before anything runs.

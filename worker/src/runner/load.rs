@@ -45,6 +45,11 @@ pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
     }
 }
 
+/// Loads the model on the CPU on the calling thread, for the template process.
+pub fn load_cpu(path: &str) -> Result<CModule, LoadError> {
+    load(path, Device::Cpu, None).map(|l| l.module)
+}
+
 /// Loads the model on `device`; on CUDA, caps the caching allocator at `memory_fraction`.
 pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<Loaded, LoadError> {
     let fail = |reason: String| LoadError::Model {
@@ -61,6 +66,7 @@ pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<
     let start = Instant::now();
     let mut module =
         CModule::load_on_device(path, device).map_err(|e| fail(first_line(&e.to_string())))?;
+
     module
         .f_set_eval()
         .map_err(|e| fail(first_line(&e.to_string())))?;

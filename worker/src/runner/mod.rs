@@ -12,7 +12,7 @@ use serde_json::Value;
 use tch::{CModule, Device, IValue};
 use tokio::sync::{mpsc, oneshot};
 
-pub use load::LoadError;
+pub use load::{configure_executor, load_cpu, LoadError};
 
 use crate::cuda;
 use crate::input::InputArray;
@@ -66,11 +66,14 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Starts the model thread and loads the model there; returns once it is loaded.
+    /// Starts the model thread and loads the model there; returns once it is loaded. A
+    /// `preloaded` module (the template's, on the CPU) is used as is when the model runs on
+    /// the CPU; on a GPU the model is loaded from the file onto the device.
     pub fn start(
         path: &str,
         wanted: vramfork::protocol::Device,
         memory_fraction: Option<f64>,
+        preloaded: Option<CModule>,
     ) -> Result<(Runner, ModelInfo), LoadError> {
         let (tx, rx) = mpsc::channel::<Job>(QUEUE);
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
@@ -79,8 +82,14 @@ impl Runner {
             .name("vf-model".into())
             .spawn(move || {
                 load::configure_executor();
-                let loaded = load::pick_device(wanted, &path)
-                    .and_then(|d| load::load(&path, d, memory_fraction));
+                let loaded = load::pick_device(wanted, &path).and_then(|d| match (d, preloaded) {
+                    (Device::Cpu, Some(module)) => Ok(load::Loaded {
+                        module,
+                        device: d,
+                        model_ms: 0.0,
+                    }),
+                    (d, _) => load::load(&path, d, memory_fraction),
+                });
                 match loaded {
                     Ok(l) => {
                         let info = ModelInfo {

@@ -1,0 +1,264 @@
+//! The template process (`vf-template`): loads libtorch and the model on the CPU once, stays
+//! single-threaded, and forks ready-to-serve workers on the master's request
+//! ([`TemplateRequest`]). It never runs a forward pass, never touches CUDA and never starts a
+//! thread, so a `fork()` of it is safe; each worker starts its own threads (and, on a GPU,
+//! its own CUDA context) after the fork.
+//!
+//! Double fork: the template forks a short-lived child that forks the worker and exits, so
+//! the worker is re-parented to the master (a child subreaper) and stays the master's own
+//! child for `waitpid` and signals. The worker then sets `PR_SET_PDEATHSIG`.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use vramfork::protocol::{
+    worker_exit, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, CONTROL_FD,
+};
+
+use crate::process;
+
+/// Runs the template until the master closes its channel; returns the exit status.
+pub fn run(process_ms: f64) -> i32 {
+    let (cfg, _metadata) = match crate::config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("app-worker (template): {e}");
+            return worker_exit::CONFIG;
+        }
+    };
+    vramfork::logging::init(cfg.log_json);
+    process::set_process_name("vf-template");
+    process::set_torch_threads(cfg.torch_threads);
+    crate::runner::configure_executor();
+    let start = Instant::now();
+    let module = match crate::runner::load_cpu(&cfg.model_path) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("app-worker (template): {e}");
+            return worker_exit::MODEL_LOAD;
+        }
+    };
+    let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    let threads = process::thread_count();
+    if threads != Some(1) {
+        tracing::warn!(
+            ?threads,
+            "the template has more than one thread after loading the model; forking it is unsafe, so workers will be started by exec"
+        );
+        return worker_exit::TEMPLATE_UNFIT;
+    }
+    // SAFETY: fd 4 is the template's inherited control socket; nothing else owns it.
+    let mut control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let ready = ControlMsg::Ready {
+        pid: std::process::id(),
+        boot_ms: BootTimes {
+            process_ms,
+            model_ms,
+            warmup_ms: 0.0,
+        },
+    };
+    if control.write_all(ready.to_line().as_bytes()).is_err() {
+        return worker_exit::OK;
+    }
+    tracing::debug!(model_ms, "template ready");
+    let mut pending = Vec::new();
+    loop {
+        let (line, fd) = match receive(&control, &mut pending) {
+            Ok(Some(x)) => x,
+            Ok(None) => return worker_exit::OK,
+            Err(e) => {
+                tracing::warn!("template: control channel failed: {e}");
+                return worker_exit::OK;
+            }
+        };
+        let reply = match (serde_json::from_str::<TemplateRequest>(&line), fd) {
+            (Ok(req), Some(fd)) => match fork_worker(req.config, fd, &module) {
+                Ok(pid) => TemplateReply::Spawned { pid },
+                Err(e) => TemplateReply::Failed {
+                    error: e.to_string(),
+                },
+            },
+            (Err(e), _) => TemplateReply::Failed {
+                error: format!("bad request: {e}"),
+            },
+            (Ok(_), None) => TemplateReply::Failed {
+                error: "request without a control socket attached".into(),
+            },
+        };
+        let mut text = serde_json::to_string(&reply).expect("replies serialize");
+        text.push('\n');
+        if control.write_all(text.as_bytes()).is_err() {
+            return worker_exit::OK;
+        }
+    }
+}
+
+/// Reads one request line and the descriptor attached to it.
+fn receive(
+    control: &UnixStream,
+    pending: &mut Vec<u8>,
+) -> std::io::Result<Option<(String, Option<OwnedFd>)>> {
+    let mut fd = None;
+    loop {
+        if let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+            return Ok(Some((text, fd)));
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        let (n, got) = recv_with_fd(control.as_raw_fd(), &mut buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if got.is_some() {
+            fd = got;
+        }
+        pending.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one descriptor's control message (CMSG_SPACE of one int is at most 24).
+    let mut cmsg = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg);
+    // SAFETY: msg points at `iov` (describing `buf`) and `cmsg`, both alive and writable
+    // for the whole call.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled in, within
+    // msg_controllen; SCM_RIGHTS data is an int descriptor now owned by this process.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, fd))
+}
+
+/// Forks a worker; returns its pid (the grandchild's).
+fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> std::io::Result<u32> {
+    let mut pipe = [0 as libc::c_int; 2];
+    // SAFETY: `pipe` is a valid 2-int array for the kernel to fill.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let master = std::os::unix::process::parent_id() as libc::pid_t;
+    // SAFETY: the template is single-threaded (checked before it announced itself), so the
+    // child is a faithful copy with no lock held by a vanished thread.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing the pipe we just made.
+        unsafe {
+            libc::close(pipe[0]);
+            libc::close(pipe[1]);
+        }
+        return Err(e);
+    }
+    if child == 0 {
+        // Intermediate child: fork the worker, report its pid, leave.
+        // SAFETY: still single-threaded (a copy of the template).
+        let worker = unsafe { libc::fork() };
+        if worker == 0 {
+            // SAFETY: closing our copies of the pipe ends.
+            unsafe {
+                libc::close(pipe[0]);
+                libc::close(pipe[1]);
+            }
+            let code = become_worker(cfg, control, module, master);
+            process::exit_now(code);
+        }
+        let pid = worker.to_ne_bytes();
+        // SAFETY: writing 4 bytes from a live buffer to our pipe end, then leaving at once
+        // without running any destructor of the template's state.
+        unsafe {
+            libc::write(pipe[1], pid.as_ptr().cast(), pid.len());
+            libc::_exit(0);
+        }
+    }
+    drop(control);
+    // SAFETY: closing the write end in the template, so the read below ends if the child
+    // dies without writing.
+    unsafe { libc::close(pipe[1]) };
+    let mut buf = [0u8; 4];
+    // SAFETY: pipe[0] is our open read end; File takes ownership and closes it.
+    let mut r = unsafe { std::fs::File::from_raw_fd(pipe[0]) };
+    let got = r.read_exact(&mut buf);
+    let mut status = 0;
+    // SAFETY: reaping our own intermediate child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    got?;
+    let pid = i32::from_ne_bytes(buf);
+    if pid <= 0 {
+        return Err(std::io::Error::other("the second fork failed"));
+    }
+    Ok(pid as u32)
+}
+
+/// In the forked worker: wait to be re-parented to the master, tie our life to it, take
+/// the control socket, point CUDA at our GPU, and boot with the preloaded model.
+fn become_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule, master: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // SAFETY: getppid and prctl have no memory-safety preconditions.
+    unsafe {
+        while libc::getppid() != master {
+            if Instant::now() > deadline {
+                return worker_exit::CONFIG;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if libc::getppid() != master {
+            return worker_exit::OK;
+        }
+        libc::setpgid(0, 0);
+        if libc::dup2(control.as_raw_fd(), CONTROL_FD) < 0 {
+            return worker_exit::CONFIG;
+        }
+    }
+    drop(control);
+    // Still single-threaded: changing the environment is safe here, and CUDA (initialised
+    // lazily, after this) sees only this worker's GPU.
+    let visible = cfg.gpu.as_ref().map_or(String::new(), |g| g.uuid.clone());
+    std::env::set_var("CUDA_VISIBLE_DEVICES", visible);
+    let metadata = match vramfork::metadata::AppMetadata::parse(
+        std::path::Path::new(&cfg.metadata_path),
+        &cfg.metadata_json,
+    ) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("app-worker: {e}");
+            return worker_exit::CONFIG;
+        }
+    };
+    let process_ms = process::ms_since_exec();
+    // SAFETY: this process never returns into the template's frames that own `module`
+    // (it ends with `exit_now`), so moving the value out here makes this the only owner.
+    let module = unsafe { std::ptr::read(module) };
+    match crate::boot(cfg, metadata, process_ms, Some(module)) {
+        Ok(code) => code,
+        Err((code, msg)) => {
+            eprintln!("app-worker: {msg}");
+            code
+        }
+    }
+}
