@@ -375,7 +375,9 @@ impl Supervisor {
             self.retire_template();
             self.template_failures = 0;
         }
-        if self.template_off_gen == Some(self.cfg_gen) {
+        if self.template_off_gen == Some(self.cfg_gen)
+            || self.plan.placement.iter().all(|p| p.gpu.is_some())
+        {
             return;
         }
         let Some(listener) = &self.listener else {
@@ -401,10 +403,17 @@ impl Supervisor {
     }
 
     /// Whether spawns should wait: the template for this configuration is still loading.
-    fn template_loading(&self) -> bool {
-        self.template
-            .as_ref()
-            .is_some_and(|t| !t.ready && t.cfg_gen == self.cfg_gen)
+    fn template_loading(&self, slot: u32) -> bool {
+        let on_cpu = self
+            .plan
+            .placement
+            .iter()
+            .any(|p| p.slot == slot && p.gpu.is_none());
+        on_cpu
+            && self
+                .template
+                .as_ref()
+                .is_some_and(|t| !t.ready && t.cfg_gen == self.cfg_gen)
     }
 
     fn read_control(&mut self) {
@@ -506,7 +515,7 @@ impl Supervisor {
         });
         for action in actions {
             match action {
-                Action::Spawn { .. } if self.template_loading() => {}
+                Action::Spawn { slot } if self.template_loading(slot) => {}
                 Action::Spawn { slot } => self.spawn(slot, now),
                 Action::Wait { slot, why } => {
                     let last = self.wait_logged.get(&slot);
@@ -591,11 +600,13 @@ impl Supervisor {
 
     /// Starts a worker: forked from the template when it is ready, else by exec.
     fn launch(&mut self, config: WorkerConfig) -> std::io::Result<Launched> {
-        if let Some(t) = self
+        // GPU workers are exec'd: they load the model onto their GPU anyway, and their
+        // environment (CUDA_VISIBLE_DEVICES) stays visible in /proc/<pid>/environ.
+        let template = self
             .template
             .as_mut()
-            .filter(|t| t.ready && t.cfg_gen == self.cfg_gen)
-        {
+            .filter(|t| t.ready && t.cfg_gen == self.cfg_gen && config.gpu.is_none());
+        if let Some(t) = template {
             match t.spawn(&config) {
                 Ok(l) => return Ok(l),
                 Err(e) => {
