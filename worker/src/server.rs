@@ -1,7 +1,9 @@
 //! The accept loop and the connections. A new connection is accepted only while this worker
-//! could start on it at once (no request in flight, no accepted connection still silent,
-//! and within what is left of `max_requests`), so that an idle sibling sharing the listening
-//! socket takes it instead. Retiring stops accepting (the listener is dropped), closes idle
+//! could start on it at once (no request in flight, no connection accepted in the last
+//! [`FRESH_GRACE`] still silent, and within what is left of `max_requests`), so that an idle
+//! sibling sharing the listening socket takes it instead. A connection that stays silent
+//! longer (a browser's speculative connection, a health checker's idle one) stops holding
+//! the accept loop back. Retiring stops accepting (the listener is dropped), closes idle
 //! connections, lets busy ones finish, and returns once none is left or the graceful
 //! deadline passes.
 
@@ -14,7 +16,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::routes::{self, App};
-use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE};
+use crate::timeouts::{FRESH_GRACE, HEADER_READ, KEEP_ALIVE_IDLE};
 
 /// Runs until the worker is retired and drained (or the deadline passes).
 pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
@@ -59,6 +61,8 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
 
 /// Per-connection activity, for the idle deadlines.
 struct ConnState {
+    /// Counted in `Counters::fresh` (accepted, silent, younger than FRESH_GRACE).
+    fresh: AtomicBool,
     started: AtomicBool,
     busy: AtomicBool,
     last: Mutex<Instant>,
@@ -68,6 +72,7 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
     let _ = stream.set_nodelay(true);
     let shared = app.shared.clone();
     let conn_state = Arc::new(ConnState {
+        fresh: AtomicBool::new(true),
         started: AtomicBool::new(false),
         busy: AtomicBool::new(false),
         last: Mutex::new(Instant::now()),
@@ -91,8 +96,15 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
     tokio::pin!(conn);
     let mut stop_rx = shared.subscribe();
     let mut closing = false;
+    let grace = tokio::time::sleep(FRESH_GRACE);
+    tokio::pin!(grace);
     loop {
         tokio::select! {
+            _ = &mut grace, if conn_state.fresh.load(Ordering::SeqCst) => {
+                if conn_state.fresh.swap(false, Ordering::SeqCst) {
+                    shared.update(|c| c.fresh -= 1);
+                }
+            }
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     tracing::debug!("connection ended: {e}");
@@ -109,10 +121,10 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
             }
         }
     }
-    let started = conn_state.started.load(Ordering::SeqCst);
+    let fresh = conn_state.fresh.swap(false, Ordering::SeqCst);
     shared.update(|c| {
         c.open -= 1;
-        if !started {
+        if fresh {
             c.fresh -= 1;
         }
     });
@@ -147,7 +159,8 @@ struct RequestGuard {
 
 impl RequestGuard {
     fn enter(app: Arc<App>, conn: Arc<ConnState>) -> RequestGuard {
-        let first = !conn.started.swap(true, Ordering::SeqCst);
+        conn.started.store(true, Ordering::SeqCst);
+        let first = conn.fresh.swap(false, Ordering::SeqCst);
         conn.busy.store(true, Ordering::SeqCst);
         app.shared.update(|c| {
             c.in_flight += 1;
