@@ -70,6 +70,20 @@ class Alloc(torch.nn.Module):
         return (t.sum() / (1024 * 256)).reshape(1, 1)
 
 
+class FakeCudaOom(torch.nn.Module):
+    """Input with a positive sum: raises the message PyTorch's CUDA caching allocator raises
+    when a GPU is out of memory, so the 507 path (answer, then the worker recycles) is tested
+    on machines without a GPU. Other inputs are returned as they are."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() > 0):
+            raise RuntimeError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity "
+                "of 79.19 GiB of which 1.00 GiB is free. (simulated by tests/fixtures/oom.pt)"
+            )
+        return x
+
+
 class Scalars(torch.nn.Module):
     """Returns a list of outputs: a tensor, an int, a float and a bool (output conversion)."""
 
@@ -112,6 +126,7 @@ def main() -> None:
     save(Tuple2(), "tuple.pt", written)
     save(Alloc(), "alloc.pt", written)
     save(Scalars(), "scalars.pt", written)
+    save(FakeCudaOom(), "oom.pt", written)
 
     write_json("mlp.json", {
         "name": "mlp-fixture",

@@ -494,3 +494,33 @@ fn plan_prints_the_cpu_bound_and_exits_0() {
     assert_eq!(s.wait_exit(Duration::from_secs(10)).code(), Some(0));
     assert!(s.log_text().contains("--workers"), "{}", s.log_text());
 }
+
+#[test]
+fn cuda_out_of_memory_answers_507_and_the_worker_is_replaced() {
+    // oom.pt raises PyTorch's CUDA out-of-memory message (this machine has no GPU): the
+    // worker must answer 507 with a JSON error, then recycle itself; the next request is
+    // served by its replacement.
+    let app = App::new("oom.pt", "");
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    let first = s.wait_workers(1);
+    let r = s.post("/", r#"{"inputs": [[1.0]]}"#);
+    assert_eq!(r.status, 507, "{r:?}");
+    assert_eq!(r.pid(), first[0]);
+    let msg = r.json()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("CUDA out of memory"), "{msg}");
+    wait_for_log(&s, "(OutOfMemory)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = s.post("/", r#"{"inputs": [[-1.0]]}"#);
+        if r.pid() != first[0] || Instant::now() > deadline {
+            break r;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_ne!(
+        r.pid(),
+        first[0],
+        "the worker that ran out of memory kept serving"
+    );
+}
