@@ -524,3 +524,29 @@ fn cuda_out_of_memory_answers_507_and_the_worker_is_replaced() {
         "the worker that ran out of memory kept serving"
     );
 }
+
+#[test]
+fn a_worker_silent_past_the_timeout_is_killed_and_replaced() {
+    let app = mlp();
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--timeout", "1.5"],
+    );
+    let first = s.wait_workers(1);
+    // SAFETY: kill(2) on a worker of our child; it stops sending heartbeats.
+    unsafe { libc::kill(first[0] as i32, libc::SIGSTOP) };
+    wait_for_log(&s, "sent no heartbeat within --timeout");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = worker_pids(s.pid());
+        if now.len() == 1 && now != first {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{now:?}\n{}", s.log_text());
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!process_alive(first[0]));
+    let r = s.post("/", MLP_INPUT);
+    assert_eq!(r.status, 200);
+    assert_ne!(r.pid(), first[0]);
+}
