@@ -802,7 +802,6 @@ fn an_explicit_nvml_library_that_does_not_load_exits_2() {
 
 /// The reason a slot waits is logged when it changes, not up to 10 s later.
 #[test]
-#[ignore = "bug: src/master/supervisor.rs rate-limits `worker N waits: …` per slot (wait_logged keyed by slot, WAIT_LOG_EVERY 10 s), so after `has no room until a retiring worker exits` the real reason `lacks the free memory` is not logged for 10 s"]
 fn the_wait_reason_is_logged_when_it_changes() {
     let mut sim = admission_sim();
     let s = sim.start(&["--production", "--max-requests", "1"], &[]);
@@ -820,11 +819,12 @@ fn the_wait_reason_is_logged_when_it_changes() {
     wait_for_log(&s, NO_MEMORY, Duration::from_secs(3));
 }
 
-/// `--workers` above what fits now: the rest are not placed, with a warning, and (plan.rs
-/// rule 6) start once a GPU has the memory for them.
+/// `--workers` above what fits at start: a warning, and the extra slot waits while no GPU
+/// has the memory for a typical worker (as NVML reports once the first worker has booted);
+/// once one has, it starts there.
 #[test]
-fn workers_override_above_what_fits_warns_and_waits() {
-    let sim = Sim::new(
+fn workers_override_above_what_fits_waits_for_memory_then_starts() {
+    let mut sim = Sim::new(
         SimGpus::new(vec![SimGpu::a100_40gb().free_mb(20_000)]),
         &meta(3000, 15000),
     );
@@ -833,6 +833,8 @@ fn workers_override_above_what_fits_warns_and_waits() {
     assert_eq!(mb(&p["workers"]), 2, "{p:#}");
     assert_eq!(p["unplaced"], serde_json::json!([1]), "{p:#}");
     let s = sim.start(&["--production", "--workers", "2"], &[]);
+    // What NVML would say once the first worker holds its ~15000 MB.
+    sim.set_free(0, 5_000);
     s.wait_workers(1);
     let log = s.log_text();
     let line = log
@@ -840,20 +842,17 @@ fn workers_override_above_what_fits_warns_and_waits() {
         .find(|l| l.contains("asks for 2 workers but only 1 fit"))
         .unwrap_or_else(|| panic!("no warning in:\n{log}"));
     assert!(line.contains("WARN"), "{line}");
-    // The master still runs what fits; the other slot starts nowhere else.
+    wait_for_log(&s, "no GPU has the free memory", Duration::from_secs(5));
     stays(&s, 1, 1, Duration::from_millis(800));
-}
-
-/// The unplaced slot starts once the GPU has room for it.
-#[test]
-#[ignore = "bug: plan.rs rule 6 says unplaced override slots start once admission passes, but src/master/supervisor.rs Supervisor::new makes slots only from plan.placement and act() sizes GPU room by the start-time plan fits, so they never start"]
-fn an_unplaced_worker_starts_when_memory_frees() {
-    let mut sim = Sim::new(
-        SimGpus::new(vec![SimGpu::a100_40gb().free_mb(20_000)]),
-        &meta(3000, 15000),
+    sim.set_free(0, 40_000);
+    let workers = wait_ready(&s, 2, 2);
+    wait_for_log(
+        &s,
+        "placed on GPU 0 beyond the plan",
+        Duration::from_secs(5),
     );
-    let s = sim.start(&["--production", "--workers", "2"], &[]);
-    s.wait_workers(1);
-    sim.set_free(0, 40_960);
-    wait_ready(&s, 2, 2);
+    let uuid = sim.gpus.uuid_of(0);
+    for w in workers {
+        assert_eq!(environ(w)["CUDA_VISIBLE_DEVICES"], uuid);
+    }
 }

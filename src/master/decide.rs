@@ -162,6 +162,13 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
                 continue;
             }
         }
+        if s.unplaced {
+            out.push(Action::Wait {
+                slot: s.id,
+                why: "no GPU has the free memory for est_gpu_mem_typ plus the reserve yet".into(),
+            });
+            continue;
+        }
         if let Some(gpu) = s.gpu {
             if !room(gpu, &extra_on_gpu) {
                 out.push(Action::Wait {
@@ -459,6 +466,13 @@ mod tests {
             [Action::Wait { slot: 0, why }] => assert!(why.contains("est_gpu_mem_min"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn unplaced_slots_wait() {
+        let mut w = World::new(2, Some(0)).worker(10, 0, Phase::Ready);
+        w.slots[1].unplaced = true;
+        assert!(matches!(w.decide()[..], [Action::Wait { slot: 1, .. }]));
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct Slot {
     pub id: u32,
     /// NVML index of the GPU its workers go to.
     pub gpu: Option<u32>,
+    /// Beyond what the plan fitted on the GPUs (an override): waits until a GPU has the
+    /// memory for it, then gets that GPU.
+    pub unplaced: bool,
     pub next_generation: u64,
     /// Consecutive workers of this slot that died before they were ready.
     pub failures: u32,
@@ -100,6 +103,7 @@ impl Slot {
         Slot {
             id,
             gpu,
+            unplaced: false,
             next_generation: 0,
             failures: 0,
             backoff_until: None,

@@ -21,7 +21,7 @@ use super::spawn::{launch, worker_config, Launched, WorkerSpec};
 use super::template::Template;
 use crate::config::Config;
 use crate::plan::{Placement, Plan, Target};
-use crate::protocol::{worker_exit, ControlMsg, WorkerConfig};
+use crate::protocol::{worker_exit, ControlMsg, GpuAssignment, WorkerConfig};
 use crate::resources::NvmlProbe;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
@@ -52,7 +52,7 @@ pub struct Supervisor {
     last_ready_at: Instant,
     gpus: Option<NvmlProbe>,
     rng: u64,
-    wait_logged: HashMap<u32, Instant>,
+    wait_logged: HashMap<u32, (Instant, String)>,
     /// The template process that forks workers, when in use.
     template: Option<Template>,
     /// Templates stopped on purpose (after a reload), not yet reaped.
@@ -74,11 +74,16 @@ impl Supervisor {
         signals: Signals,
         gpus: Option<NvmlProbe>,
     ) -> Supervisor {
-        let slots = plan
+        let mut slots: Vec<Slot> = plan
             .placement
             .iter()
             .map(|p| Slot::new(p.slot, p.gpu.as_ref().map(|g| g.index)))
             .collect();
+        for &id in &plan.unplaced {
+            let mut s = Slot::new(id, None);
+            s.unplaced = true;
+            slots.push(s);
+        }
         let target = plan.workers;
         let seed = std::process::id() as u64
             ^ std::time::SystemTime::now()
@@ -477,16 +482,80 @@ impl Supervisor {
         }
     }
 
+    /// Gives an unplaced slot (an override beyond what the plan fitted) a GPU once one has
+    /// the memory for a typical worker: free ≥ est_gpu_mem_min + reserve and
+    /// min(total × fraction, free) − reserve ≥ est_gpu_mem_typ, with no worker of ours
+    /// still booting there (so that NVML's free figure already counts it).
+    fn place_unplaced(&mut self) {
+        let Some(probe) = self.gpus.as_ref() else {
+            return;
+        };
+        let (min, typ, reserve) = (
+            self.cfg.metadata.est_gpu_mem_min,
+            self.cfg.metadata.est_gpu_mem_typ,
+            self.cfg.gpu_reserve_mb,
+        );
+        let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| s.unplaced && s.id < self.target)
+        else {
+            return;
+        };
+        let booting = |g: u32| {
+            self.workers
+                .iter()
+                .any(|w| w.state.gpu == Some(g) && w.state.phase == Phase::Booting)
+        };
+        let fits_now = |g: &crate::plan::GpuPlan| -> Option<u64> {
+            let free = probe.free_bytes(g.index).ok()? >> 20;
+            let usable = ((g.total_mb as f64 * g.fraction) as u64).min(free);
+            (free >= min + reserve && usable.saturating_sub(reserve) >= typ).then_some(free)
+        };
+        let best = self
+            .plan
+            .gpus
+            .iter()
+            .filter(|g| g.excluded.is_none() && !booting(g.index))
+            .filter_map(|g| fits_now(g).map(|free| (g, free)))
+            .max_by_key(|(_, free)| *free);
+        let Some((g, free)) = best else {
+            return;
+        };
+        let gpu = GpuAssignment {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            memory_fraction: g.memory_fraction,
+        };
+        let id = self.slots[i].id;
+        tracing::warn!(
+            "worker {id} placed on GPU {} beyond the plan: it has {free} MB free now",
+            g.index
+        );
+        // One per round: the next waits until this one's memory shows in NVML.
+        self.slots[i].gpu = Some(gpu.index);
+        self.slots[i].unplaced = false;
+        self.plan.placement.push(Placement {
+            slot: id,
+            gpu: Some(gpu),
+        });
+    }
+
     /// Applies `decide`'s actions; returns the exit status when the master should exit.
     fn act(&mut self) -> Option<i32> {
+        self.place_unplaced();
         let now = Instant::now();
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
         let plan = &self.plan;
+        let slots = &self.slots;
+        // What the plan fitted, or more where an override placed more slots there.
         let capacity = |gpu: u32| {
-            plan.gpus
+            let fits = plan
+                .gpus
                 .iter()
                 .find(|g| g.index == gpu)
-                .map_or(0, |g| g.fits)
+                .map_or(0, |g| g.fits);
+            fits.max(slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32)
         };
         let need_mb = self.cfg.metadata.est_gpu_mem_min + self.cfg.gpu_reserve_mb;
         let probe = self.gpus.as_ref();
@@ -518,10 +587,13 @@ impl Supervisor {
                 Action::Spawn { slot } if self.template_loading(slot) => {}
                 Action::Spawn { slot } => self.spawn(slot, now),
                 Action::Wait { slot, why } => {
+                    // Each reason once per WAIT_LOG_EVERY; a new reason at once.
                     let last = self.wait_logged.get(&slot);
-                    if last.is_none_or(|t| now.duration_since(*t) > WAIT_LOG_EVERY) {
+                    let fresh = last
+                        .is_none_or(|(t, w)| *w != why || now.duration_since(*t) > WAIT_LOG_EVERY);
+                    if fresh {
                         tracing::warn!("worker {slot} waits: {why}");
-                        self.wait_logged.insert(slot, now);
+                        self.wait_logged.insert(slot, (now, why));
                     }
                 }
                 Action::Retire { pid, why } => {
