@@ -1,0 +1,777 @@
+#!/usr/bin/env python3
+"""scripts/bench's measurements (stdlib only). Called by scripts/bench after the release build;
+see docs/performance.md for what each number means and how it is taken.
+
+Everything runs on loopback; every load run is bounded in time (wrk -d, plus a subprocess
+timeout) and every polling loop has a deadline. Servers are started in their own process
+group and stopped (TERM, then KILL of that group) before the next one starts.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TMP = os.path.join(ROOT, "bench", "tmp")
+
+MODELS = {
+    "mlp": {
+        "metadata": os.path.join(ROOT, "tests", "fixtures", "mlp.json"),
+        "model": os.path.join(ROOT, "tests", "fixtures", "mlp.pt"),
+        "shape": "1,4",
+        "body": json.dumps({"inputs": [[1.0, 2.0, 3.0, 4.0]]}),
+    },
+    "medium": {
+        "metadata": os.path.join(TMP, "medium.json"),
+        "model": os.path.join(TMP, "medium.pt"),
+        "shape": "1,16",
+        "body": json.dumps({"inputs": [[round(0.1 * i, 1) for i in range(16)]]}),
+    },
+}
+CONCURRENCY = [1, 2, 4, 8]
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def post_once(port, body, timeout=5.0):
+    """One POST / on a fresh connection; returns the status code (None on a socket error)."""
+    req = (
+        f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    ).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(req)
+            data = b""
+            while b"\r\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return None
+                data += chunk
+            return int(data.split(b" ", 2)[1])
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- server
+
+
+class Server:
+    """`app --production` in its own process group, JSON logs to a file."""
+
+    def __init__(self, model, workers, max_requests=0, tag="run"):
+        self.port = free_port()
+        self.model = model
+        self.workers = workers
+        self.log_path = os.path.join(TMP, f"log-{tag}.jsonl")
+        self.logf = open(self.log_path, "w")
+        env = dict(os.environ)
+        # Master debug lines (worker started / retiring) without the worker's per-request ones.
+        env["VRAMFORK_LOG"] = "info,vramfork::master=debug"
+        cmd = [
+            os.path.join(BIN, "app"), "--production",
+            "--metadata", MODELS[model]["metadata"],
+            "--port", str(self.port), "--workers", str(workers),
+            "--max-requests", str(max_requests), "--log-format", "json",
+        ]
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=ROOT, env=env,
+        )
+
+    def wait_ready(self, deadline_s=60):
+        """Until every worker has logged ready and a POST answers 200."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log_path}")
+            ready = sum(1 for e in read_log(self.log_path) if " ready in " in e["msg"]
+                        and e["msg"].startswith("worker "))
+            if ready >= self.workers and post_once(self.port, MODELS[self.model]["body"]) == 200:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"app not ready in {deadline_s} s; see {self.log_path}")
+
+    def pids(self):
+        """{pid: comm} of the master and its children (template, workers)."""
+        out = {self.proc.pid: "master"}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+                ppid = int(st[st.rfind(")") + 2:].split()[1])
+                if ppid == self.proc.pid:
+                    with open(f"/proc/{d}/comm") as f:
+                        out[int(d)] = f.read().strip()
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.logf.close()
+
+
+TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$")
+
+
+def parse_ts(s):
+    m = TS.match(s or "")
+    if not m:
+        return None
+    frac = (m.group(2) or "0")[:6].ljust(6, "0")
+    dt = datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    return dt.timestamp() + int(frac) / 1e6
+
+
+def read_log(path):
+    out = []
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        fields = e.get("fields", {})
+        span = e.get("span") or {}
+        out.append({"ts": parse_ts(e.get("timestamp")), "msg": str(fields.get("message", "")),
+                    "fields": fields, "span": span})
+    return out
+
+
+# ---------------------------------------------------------------- load generator
+
+
+def wrk(port, body, conns, seconds):
+    cmd = ["wrk", "-t", "1", "-c", str(conns), "-d", f"{seconds}s", "--timeout", "10s",
+           "-s", os.path.join(HERE, "post.lua"), f"http://127.0.0.1:{port}/"]
+    env = dict(os.environ, BENCH_BODY=body)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 30)
+    for line in p.stdout.splitlines():
+        if line.startswith("BENCHJSON "):
+            r = json.loads(line[len("BENCHJSON "):])
+            secs = r["duration_us"] / 1e6
+            errs = r["errors"]
+            socket_errors = errs["connect"] + errs["read"] + errs["write"] + errs["timeout"]
+            return {
+                "rps": r["requests"] / secs if secs else 0.0,
+                "requests": r["requests"],
+                "p50_ms": r["lat_us"]["pct"]["50"] / 1e3,
+                "p99_ms": r["lat_us"]["pct"]["99"] / 1e3,
+                "pct_ms": {k: v / 1e3 for k, v in r["lat_us"]["pct"].items()},
+                "non2xx": errs["status"],
+                "socket_errors": socket_errors,
+                "failed": errs["status"] + socket_errors,
+                "errors": errs,
+            }
+    raise RuntimeError(f"wrk gave no result: {p.stdout} {p.stderr}")
+
+
+def summarize(runs):
+    """Medians over repetitions; keeps the latency distribution of the median-rps run."""
+    rs = sorted(runs, key=lambda r: r["rps"])
+    mid = rs[len(rs) // 2]
+    return {
+        "rps": median([r["rps"] for r in runs]),
+        "p50_ms": median([r["p50_ms"] for r in runs]),
+        "p99_ms": median([r["p99_ms"] for r in runs]),
+        "failed": sum(r["failed"] for r in runs),
+        "non2xx": sum(r["non2xx"] for r in runs),
+        "socket_errors": sum(r["socket_errors"] for r in runs),
+        "requests": sum(r["requests"] for r in runs),
+        "errors": {k: sum(r["errors"][k] for r in runs) for k in runs[0]["errors"]},
+        "reps": len(runs),
+        "rps_all": [round(r["rps"], 1) for r in runs],
+        "pct_ms": mid["pct_ms"],
+    }
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def forward_limit(model, procs, threads, seconds):
+    """Sum of forward passes/s of `procs` concurrent forward-loop processes."""
+    m = MODELS[model]
+    cmd = [os.path.join(BIN, "forward-loop"), m["model"], m["shape"], str(threads), str(seconds)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    res = [json.loads(p.communicate(timeout=seconds + 60)[0]) for p in ps]
+    return {"per_s": sum(r["per_s"] for r in res), "pass_p50_ms": median([r["p50_ms"] for r in res])}
+
+
+def measure_limits(cfg, before=None):
+    """Median over `reps` runs now plus the runs of `before` (an earlier call's raw runs), so
+    that the limit spans the same stretch of time as the served runs."""
+    out = {}
+    for model in MODELS:
+        two = list(before[model]["runs_2x1"]) if before else []
+        one = list(before[model]["runs_1x2"]) if before else []
+        for _ in range(cfg["reps"]):
+            two.append(forward_limit(model, 2, 1, cfg["limit_s"]))
+            one.append(forward_limit(model, 1, 2, cfg["limit_s"]))
+        out[model] = {
+            "2proc_1thread_per_s": median([r["per_s"] for r in two]),
+            "1proc_2threads_per_s": median([r["per_s"] for r in one]),
+            "pass_p50_ms_1thread": median([r["pass_p50_ms"] for r in two]),
+            "reps": len(two),
+            "runs_2x1": two,
+            "runs_1x2": one,
+        }
+        log(f"limit {model}: 2x1 {out[model]['2proc_1thread_per_s']:.1f}/s, "
+            f"1x2 {out[model]['1proc_2threads_per_s']:.1f}/s")
+    return out
+
+
+def memory(server):
+    procs = []
+    for pid, comm in sorted(server.pids().items()):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                rss = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                pss = int(re.search(r"^Pss:\s+(\d+)", f.read(), re.M).group(1))
+        except (OSError, AttributeError):
+            continue
+        procs.append({"pid": pid, "role": comm, "rss_mb": rss / 1024, "pss_mb": pss / 1024})
+    return procs
+
+
+def measure_serving(cfg):
+    results, mem = {}, {}
+    for model in MODELS:
+        for workers in (1, 2):
+            srv = Server(model, workers, tag=f"{model}-w{workers}")
+            try:
+                srv.wait_ready()
+                wrk(srv.port, MODELS[model]["body"], 2, 1)  # warm-up
+                runs = {c: [] for c in CONCURRENCY}
+                for _ in range(cfg["reps"]):
+                    for c in CONCURRENCY:
+                        runs[c].append(wrk(srv.port, MODELS[model]["body"], c, cfg["load_s"]))
+                for c in CONCURRENCY:
+                    s = summarize(runs[c])
+                    results[f"{model}/w{workers}/c{c}"] = dict(s, model=model, workers=workers,
+                                                               concurrency=c)
+                    log(f"{model} w{workers} c{c}: {s['rps']:.0f} req/s p50 {s['p50_ms']:.3f} ms "
+                        f"p99 {s['p99_ms']:.3f} ms failed {s['failed']}")
+                if workers == 2:
+                    mem[model] = memory(srv)
+            finally:
+                srv.stop()
+    return results, mem
+
+
+def turnover(entries):
+    """From the master's log: per retirement, retiring -> replacement started -> ready (ms)."""
+    ret = re.compile(r"^worker (\d+) \(pid (\d+)\) retiring")
+    started = re.compile(r"^worker (\d+) \(pid (\d+), generation (\d+)\) started")
+    ready = re.compile(r"^worker (\d+) \(pid (\d+), generation (\d+)\) ready in ([\d.]+) ms")
+    pending = {}  # slot -> [retiring ts, started ts]
+    out = []
+    boots = []
+    for e in entries:
+        if e["ts"] is None:
+            continue
+        m = ret.match(e["msg"])
+        if m:
+            pending[m.group(1)] = [e["ts"], None]
+            continue
+        m = started.match(e["msg"])
+        if m and m.group(1) in pending and pending[m.group(1)][1] is None:
+            pending[m.group(1)][1] = e["ts"]
+            continue
+        m = ready.match(e["msg"])
+        if m:
+            if int(m.group(3)) > 0:
+                boots.append(float(m.group(4)))
+            if m.group(1) in pending:
+                r, s = pending.pop(m.group(1))
+                out.append({"total_ms": (e["ts"] - r) * 1e3,
+                            "to_start_ms": (s - r) * 1e3 if s else None,
+                            "boot_ms": (e["ts"] - s) * 1e3 if s else None})
+    return out, boots
+
+
+def measure_recycling(cfg):
+    out = {}
+    for mr in (1, 10, 100, 0):
+        srv = Server("mlp", 2, max_requests=mr, tag=f"recycle-{mr}")
+        try:
+            srv.wait_ready()
+            runs = {c: [] for c in cfg["recycle_c"]}
+            for _ in range(cfg["reps"]):
+                for c in cfg["recycle_c"]:
+                    runs[c].append(wrk(srv.port, MODELS["mlp"]["body"], c, cfg["load_s"]))
+        finally:
+            srv.stop()
+        t, boots = turnover(read_log(srv.log_path))
+        key = "persistent" if mr == 0 else str(mr)
+        out[key] = {
+            "max_requests": mr,
+            "by_concurrency": {str(c): summarize(runs[c]) for c in runs},
+            "retirements": len(t),
+            "turnover_ms_p50": median([x["total_ms"] for x in t]),
+            "turnover_ms_p90": (statistics.quantiles([x["total_ms"] for x in t], n=10)[8]
+                                if len(t) >= 10 else None),
+            "retiring_to_started_ms_p50": median([x["to_start_ms"] for x in t]),
+            "started_to_ready_ms_p50": median([x["boot_ms"] for x in t]),
+            "forked_ready_in_ms_p50": median(boots),
+        }
+        for c in runs:
+            s = out[key]["by_concurrency"][str(c)]
+            log(f"max-requests {key} c{c}: {s['rps']:.0f} req/s failed {s['failed']} "
+                f"(non-2xx {s['non2xx']}, socket {s['socket_errors']})")
+        log(f"max-requests {key}: {len(t)} retirements, turnover p50 {out[key]['turnover_ms_p50']}")
+    return out
+
+
+def exec_worker_boot(model):
+    """Starts app-worker the way the master does when it execs one (config in the
+    environment, listening socket on fd 3, control socket on fd 4); returns
+    (spawn -> ready ms, the worker's boot_ms)."""
+    m = MODELS[model]
+    with open(m["metadata"]) as f:
+        md = f.read()
+    cfg = {
+        "slot": 0, "generation": 0, "metadata_json": md, "metadata_path": m["metadata"],
+        "model_path": m["model"], "device": "cpu", "gpu": None, "max_requests": 0,
+        "max_worker_gpu_mb": None, "max_body_bytes": 1 << 20, "request_timeout_ms": 20000,
+        "heartbeat_ms": 1000, "graceful_timeout_ms": 1000, "torch_threads": 1,
+        "nvml_library": None, "has_control": True, "log_json": True,
+    }
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    import fcntl
+    lfd = fcntl.fcntl(lsock.fileno(), fcntl.F_DUPFD, 100)
+    cfd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, 100)
+
+    def child():
+        os.dup2(lfd, 3)
+        os.dup2(cfd, 4)
+
+    env = dict(os.environ, VRAMFORK_WORKER_CONFIG=json.dumps(cfg), LISTEN_FDS="1",
+               VRAMFORK_LOG="warn")
+    env.pop("VRAMFORK_TEMPLATE", None)
+    t0 = time.monotonic()
+    # close_fds=False: subprocess would otherwise close fds 3 and 4 after preexec_fn.
+    p = subprocess.Popen([os.path.join(BIN, "app-worker")], env=env, preexec_fn=child,
+                         close_fds=False, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(lfd)
+    os.close(cfd)
+    theirs.close()
+    ours.settimeout(30)
+    buf = b""
+    result = None
+    try:
+        while b"\n" not in buf:
+            chunk = ours.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+        t1 = time.monotonic()
+        msg = json.loads(buf.split(b"\n")[0])
+        if msg.get("msg") == "ready":
+            result = ((t1 - t0) * 1e3, msg["boot_ms"])
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        ours.close()
+        lsock.close()
+    return result
+
+
+def time_cmd(cmd, env=None):
+    t0 = time.monotonic()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=30)
+    return (time.monotonic() - t0) * 1e3
+
+
+def measure_boot(cfg):
+    n = cfg["boot_n"]
+    # Process start of a Rust binary without libtorch (app), and of app-worker, which links
+    # libtorch: without a configuration it exits right after the dynamic loader is done.
+    env = {k: v for k, v in os.environ.items() if k not in ("VRAMFORK_WORKER_CONFIG",
+                                                              "VRAMFORK_TEMPLATE")}
+    plain = median([time_cmd([os.path.join(BIN, "app"), "--version"]) for _ in range(n)])
+    torch = median([time_cmd([os.path.join(BIN, "app-worker")], env) for _ in range(n)])
+    out = {"process_start_ms": plain, "libtorch_load_ms": torch - plain,
+           "exec_no_libtorch_ms": plain, "exec_with_libtorch_ms": torch}
+    for model in MODELS:
+        runs = [r for r in (exec_worker_boot(model) for _ in range(n)) if r]
+        out[f"exec_{model}"] = {
+            "spawn_to_ready_ms": median([r[0] for r in runs]),
+            "worker_process_ms": median([r[1]["process_ms"] for r in runs]),
+            "worker_model_ms": median([r[1]["model_ms"] for r in runs]),
+            "runs": len(runs),
+        }
+    log(f"boot: {out}")
+    return out
+
+
+def measure_cold(cfg):
+    out = {}
+    for model in MODELS:
+        times, template = [], []
+        for i in range(cfg["cold_n"]):
+            srv = Server(model, 2, tag=f"cold-{model}-{i}")
+            try:
+                end = srv.t0 + 30
+                t = None
+                while time.monotonic() < end:
+                    code = post_once(srv.port, MODELS[model]["body"])
+                    if code == 200:
+                        t = (time.monotonic() - srv.t0) * 1e3
+                        break
+                    if srv.proc.poll() is not None:
+                        break
+                    time.sleep(0.002)
+                times.append(t)
+                time.sleep(0.3)  # let the log catch up
+                for e in read_log(srv.log_path):
+                    m = re.match(r"template process \(pid \d+\) ready in ([\d.]+) ms", e["msg"])
+                    if m:
+                        template.append(float(m.group(1)))
+            finally:
+                srv.stop()
+        out[model] = {"first_answer_ms_p50": median(times), "runs_ms": times,
+                      "template_ready_ms_p50": median(template)}
+        log(f"cold start {model}: {out[model]}")
+    return out
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": os.uname().release,
+            "mem_gib": round(mem_kb / 2**20, 1),
+            "wrk": subprocess.run(["wrk", "--version"], capture_output=True,
+                                  text=True).stdout.splitlines()[0].strip()}
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "–"
+    return f"{x:.{nd}f}"
+
+
+def targets(res):
+    lim, srv, rec, cold = res["limit"], res["serving"], res["recycling"], res["cold_start"]
+
+    def best(model):
+        return max((srv[f"{model}/w2/c{c}"] for c in CONCURRENCY), key=lambda s: s["rps"])
+
+    bm, bd = best("mlp"), best("medium")
+    master_rss = max((p["rss_mb"] for m in res["memory"].values() for p in m
+                      if p["role"] == "master"), default=None)
+    r1 = rec["1"]
+    r1_rps = max(s["rps"] for s in r1["by_concurrency"].values())
+    r1_failed = sum(s["failed"] for s in r1["by_concurrency"].values())
+    rows = [
+        ("served ÷ limit, medium model, 2 workers (best concurrency)", "≥ 0.95",
+         bd["rps"] / lim["medium"]["2proc_1thread_per_s"], 2, lambda v: v >= 0.95,
+         f"c={bd['concurrency']}"),
+        ("served ÷ limit, small MLP, 2 workers (best concurrency)", "≥ 0.8",
+         bm["rps"] / lim["mlp"]["2proc_1thread_per_s"], 3, lambda v: v >= 0.8,
+         f"c={bm['concurrency']}"),
+        ("p50 latency, small MLP, c=1, 2 workers (ms)", "≤ 0.5",
+         srv["mlp/w2/c1"]["p50_ms"], 3, lambda v: v <= 0.5, ""),
+        ("cold start to first answer, small MLP (ms)", "≤ 500",
+         cold["mlp"]["first_answer_ms_p50"], 0, lambda v: v is not None and v <= 500, ""),
+        ("master RSS (MB)", "≤ 15", master_rss, 1, lambda v: v is not None and v <= 15, ""),
+        ("--max-requests 1: turnover median (ms)", "≤ 25", r1["turnover_ms_p50"], 1,
+         lambda v: v is not None and v <= 25, f"{r1['retirements']} retirements"),
+        ("--max-requests 1: throughput, small MLP (req/s)", "≥ 100", r1_rps, 0,
+         lambda v: v >= 100, ""),
+        ("--max-requests 1: failed requests", "0", r1_failed, 0, lambda v: v == 0, ""),
+    ]
+    return [{"target": t, "goal": g, "measured": v, "met": bool(ok(v)) if v is not None else False,
+             "note": note, "digits": nd} for t, g, v, nd, ok, note in rows]
+
+
+def markdown(res):
+    L = []
+    m = res["machine"]
+    L.append(f"# Benchmark results ({'quick' if res['quick'] else 'full'} run)\n")
+    L.append(f"Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB, kernel {m['kernel']}; "
+             f"load generator {m['wrk']} (`-t 1`), **sharing the same cores as the server**. "
+             f"Medians of {res['config']['reps']} repetitions of {res['config']['load_s']} s each. "
+             f"Command: `{res['command']}`.\n")
+    L.append("## Targets\n")
+    L.append("| target | goal | measured | met |")
+    L.append("|---|---|---|---|")
+    for t in res["targets"]:
+        note = f" ({t['note']})" if t["note"] else ""
+        L.append(f"| {t['target']} | {t['goal']} | {fmt(t['measured'], t['digits'])}{note} | "
+                 f"{'yes' if t['met'] else '**no**'} |")
+    L.append("\n## Limit: the model's own forward passes (forward-loop)\n")
+    L.append("Measured before and after the served runs; medians over both.\n")
+    L.append("| model | pass p50 (ms, 1 thread) | 2 processes × 1 thread (passes/s) | "
+             "1 process × 2 threads (passes/s) |")
+    L.append("|---|---|---|---|")
+    for model, v in res["limit"].items():
+        L.append(f"| {model} | {fmt(v['pass_p50_ms_1thread'], 3)} | "
+                 f"{fmt(v['2proc_1thread_per_s'], 0)} | {fmt(v['1proc_2threads_per_s'], 0)} |")
+    L.append("\n## Served through `app --production`\n")
+    L.append("served ÷ limit uses the 2×1 limit for 2 workers and the 1×2 limit for 1 worker.\n")
+    L.append("| model | workers | concurrency | req/s | served ÷ limit | p50 (ms) | p99 (ms) | failed |")
+    L.append("|---|---|---|---|---|---|---|---|")
+    for k, s in res["serving"].items():
+        lim = res["limit"][s["model"]]["2proc_1thread_per_s" if s["workers"] == 2
+                                       else "1proc_2threads_per_s"]
+        L.append(f"| {s['model']} | {s['workers']} | {s['concurrency']} | {fmt(s['rps'], 0)} | "
+                 f"{fmt(s['rps'] / lim, 3)} | {fmt(s['p50_ms'], 3)} | {fmt(s['p99_ms'], 3)} | "
+                 f"{s['failed']} |")
+    L.append("\n## Recycling (small MLP, 2 workers)\n")
+    L.append("Turnover = master log's `retiring` line → the replacement's `ready` line "
+             "(same slot); split at the replacement's `started` line.\n")
+    L.append("| --max-requests | concurrency | req/s | p50 (ms) | p99 (ms) | failed (non-2xx / socket) | "
+             "retirements | turnover p50 (ms) | retiring→started p50 | started→ready p50 |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for k, v in res["recycling"].items():
+        for c, s in v["by_concurrency"].items():
+            e = s["errors"]
+            sock = (f"{s['socket_errors']}: read {e['read']}, connect {e['connect']}, "
+                    f"write {e['write']}, timeout {e['timeout']}" if s["socket_errors"] else "0")
+            L.append(f"| {k} | {c} | {fmt(s['rps'], 0)} | {fmt(s['p50_ms'], 3)} | "
+                     f"{fmt(s['p99_ms'], 3)} | {s['failed']} ({s['non2xx']} / {sock}) | "
+                     f"{v['retirements']} | {fmt(v['turnover_ms_p50'])} | "
+                     f"{fmt(v['retiring_to_started_ms_p50'])} | {fmt(v['started_to_ready_ms_p50'])} |")
+    b = res["boot"]
+    L.append("\n## Worker boot\n")
+    L.append("| what | ms (median) |")
+    L.append("|---|---|")
+    L.append(f"| process start (exec of `app --version`, no libtorch) | {fmt(b['process_start_ms'])} |")
+    L.append(f"| libtorch load (exec of `app-worker` without config, minus the above) | "
+             f"{fmt(b['libtorch_load_ms'])} |")
+    for model in MODELS:
+        e = b[f"exec_{model}"]
+        L.append(f"| exec'd worker, {model}: spawn → ready | {fmt(e['spawn_to_ready_ms'])} |")
+        L.append(f"| exec'd worker, {model}: worker's process_ms (exec → main, 10 ms ticks) | "
+                 f"{fmt(e['worker_process_ms'])} |")
+        L.append(f"| exec'd worker, {model}: model load (model_ms) | {fmt(e['worker_model_ms'])} |")
+    r1 = res["recycling"]["1"]
+    L.append(f"| forked worker (template), mlp: master's spawn → ready | "
+             f"{fmt(r1['forked_ready_in_ms_p50'])} |")
+    L.append("\n## Cold start (`app --production --workers 2` → first 200)\n")
+    L.append("| model | first answer p50 (ms) | template ready p50 (ms) | runs (ms) |")
+    L.append("|---|---|---|---|")
+    for model, v in res["cold_start"].items():
+        runs = ", ".join(fmt(x, 0) for x in v["runs_ms"])
+        L.append(f"| {model} | {fmt(v['first_answer_ms_p50'], 0)} | "
+                 f"{fmt(v['template_ready_ms_p50'], 0)} | {runs} |")
+    L.append("\n## Memory (2 workers, after the load runs)\n")
+    L.append("| model | process | RSS (MB) | PSS (MB) |")
+    L.append("|---|---|---|---|")
+    for model, procs in res["memory"].items():
+        for p in procs:
+            L.append(f"| {model} | {p['role']} | {fmt(p['rss_mb'])} | {fmt(p['pss_mb'])} |")
+    L.append("\n![throughput and latency](results.svg)\n")
+    return "\n".join(L) + "\n"
+
+
+def svg(res):
+    """Top: throughput vs concurrency per model (limit dashed). Bottom: latency distribution
+    (percentile vs latency, log scale) for 2 workers at each concurrency."""
+    W, H = 960, 700
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>']
+    colors = {1: "#1f77b4", 2: "#d62728", 4: "#2ca02c", 8: "#9467bd"}
+    import math
+
+    def panel(x0, y0, w, h, title, xlabels, ymax, series, hlines, ylabel, xlog=False,
+              xrange_=None):
+        out.append(f'<text x="{x0 + w / 2}" y="{y0 - 10}" text-anchor="middle" '
+                   f'font-weight="bold">{title}</text>')
+        out.append(f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#444"/>')
+        for i in range(6):
+            yv = ymax * i / 5
+            y = y0 + h - h * i / 5
+            out.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{y}" y2="{y}" stroke="#ddd"/>')
+            out.append(f'<text x="{x0 - 5}" y="{y + 4}" text-anchor="end">{yv:.4g}</text>')
+        out.append(f'<text x="{x0 - 55}" y="{y0 + h / 2}" transform="rotate(-90 {x0 - 55} '
+                   f'{y0 + h / 2})" text-anchor="middle">{ylabel}</text>')
+        return x0, y0, w, h
+
+    # Throughput panels.
+    pw, ph = 380, 230
+    for i, model in enumerate(MODELS):
+        x0, y0 = 90 + i * 470, 50
+        lim2 = res["limit"][model]["2proc_1thread_per_s"]
+        lim1 = res["limit"][model]["1proc_2threads_per_s"]
+        vals = [res["serving"][f"{model}/w{w}/c{c}"]["rps"] for w in (1, 2) for c in CONCURRENCY]
+        ymax = max(vals + [lim1, lim2]) * 1.1
+        panel(x0, y0, pw, ph, f"{model}: requests/s vs concurrency", CONCURRENCY, ymax, None,
+              None, "requests/s")
+        xs = {c: x0 + pw * (j + 0.5) / len(CONCURRENCY) for j, c in enumerate(CONCURRENCY)}
+        for c, x in xs.items():
+            out.append(f'<text x="{x}" y="{y0 + ph + 16}" text-anchor="middle">{c}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 + ph + 32}" text-anchor="middle">'
+                   f'concurrent connections (wrk -c)</text>')
+
+        def yy(v):
+            return y0 + ph - ph * v / ymax
+
+        for w, col, lim in ((1, "#ff7f0e", lim1), (2, "#1f77b4", lim2)):
+            pts = " ".join(f"{xs[c]:.1f},{yy(res['serving'][f'{model}/w{w}/c{c}']['rps']):.1f}"
+                           for c in CONCURRENCY)
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{col}" stroke-width="2"/>')
+            for c in CONCURRENCY:
+                out.append(f'<circle cx="{xs[c]:.1f}" '
+                           f'cy="{yy(res["serving"][f"{model}/w{w}/c{c}"]["rps"]):.1f}" r="3" '
+                           f'fill="{col}"/>')
+            out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{yy(lim):.1f}" y2="{yy(lim):.1f}" '
+                       f'stroke="{col}" stroke-dasharray="6 4"/>')
+        lx, ly = x0 + 10, y0 + 15
+        for k, (col, label) in enumerate((("#1f77b4", "2 workers (dashed: limit 2 proc × 1 thread)"),
+                                          ("#ff7f0e", "1 worker (dashed: limit 1 proc × 2 threads)"))):
+            out.append(f'<line x1="{lx}" x2="{lx + 20}" y1="{ly + 16 * k}" y2="{ly + 16 * k}" '
+                       f'stroke="{col}" stroke-width="2"/>')
+            out.append(f'<text x="{lx + 25}" y="{ly + 16 * k + 4}">{label}</text>')
+
+    # Latency distributions.
+    for i, model in enumerate(MODELS):
+        x0, y0 = 90 + i * 470, 390
+        ph2 = 240
+        lats = [v for c in CONCURRENCY for v in res["serving"][f"{model}/w2/c{c}"]["pct_ms"].values()
+                if v > 0]
+        lo = 10 ** math.floor(math.log10(min(lats)))
+        hi = 10 ** math.ceil(math.log10(max(lats)))
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 - 10}" text-anchor="middle" '
+                   f'font-weight="bold">{model}, 2 workers: latency distribution</text>')
+        out.append(f'<rect x="{x0}" y="{y0}" width="{pw}" height="{ph2}" fill="none" stroke="#444"/>')
+
+        def xx(v):
+            return x0 + pw * (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
+
+        def yy2(p):
+            return y0 + ph2 - ph2 * p / 100
+
+        d = lo
+        while d <= hi * 1.0001:
+            out.append(f'<line x1="{xx(d):.1f}" x2="{xx(d):.1f}" y1="{y0}" y2="{y0 + ph2}" '
+                       f'stroke="#ddd"/>')
+            out.append(f'<text x="{xx(d):.1f}" y="{y0 + ph2 + 16}" text-anchor="middle">{d:g}</text>')
+            d *= 10
+        for p in (0, 25, 50, 75, 90, 99, 100):
+            if p in (90, 99):
+                continue
+            out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{yy2(p)}" y2="{yy2(p)}" stroke="#ddd"/>')
+            out.append(f'<text x="{x0 - 5}" y="{yy2(p) + 4}" text-anchor="end">{p}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 + ph2 + 32}" text-anchor="middle">'
+                   f'latency (ms, log scale)</text>')
+        out.append(f'<text x="{x0 - 40}" y="{y0 + ph2 / 2}" transform="rotate(-90 {x0 - 40} '
+                   f'{y0 + ph2 / 2})" text-anchor="middle">percentile</text>')
+        for k, c in enumerate(CONCURRENCY):
+            pct = res["serving"][f"{model}/w2/c{c}"]["pct_ms"]
+            pts = " ".join(f"{xx(max(v, lo)):.1f},{yy2(float(p)):.1f}" for p, v in pct.items())
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{colors[c]}" '
+                       f'stroke-width="2"/>')
+            out.append(f'<line x1="{x0 + 10}" x2="{x0 + 30}" y1="{y0 + 15 + 16 * k}" '
+                       f'y2="{y0 + 15 + 16 * k}" stroke="{colors[c]}" stroke-width="2"/>')
+            out.append(f'<text x="{x0 + 35}" y="{y0 + 19 + 16 * k}">c={c}</text>')
+    out.append(f'<text x="10" y="{H - 8}" fill="#666">{res["machine"]["nproc"]} cores '
+               f'({res["machine"]["cpu"]}); wrk shares the cores with the server; medians of '
+               f'{res["config"]["reps"]} × {res["config"]["load_s"]} s</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
+    ap.add_argument("--command", default="scripts/bench")
+    a = ap.parse_args()
+    if a.quick:
+        cfg = {"reps": 1, "load_s": 2, "limit_s": 2, "boot_n": 3, "cold_n": 3,
+               "recycle_c": [2]}
+    else:
+        cfg = {"reps": 3, "load_s": 4, "limit_s": 3, "boot_n": 5, "cold_n": 5,
+               "recycle_c": [2, 8]}
+    os.makedirs(TMP, exist_ok=True)
+    t0 = time.monotonic()
+    res = {"quick": a.quick, "config": cfg, "command": a.command, "machine": machine(),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    res["limit"] = measure_limits(cfg)
+    res["boot"] = measure_boot(cfg)
+    res["cold_start"] = measure_cold(cfg)
+    res["serving"], res["memory"] = measure_serving(cfg)
+    res["recycling"] = measure_recycling(cfg)
+    res["limit"] = measure_limits(cfg, res["limit"])
+    res["targets"] = targets(res)
+    res["elapsed_s"] = time.monotonic() - t0
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(markdown(res))
+    with open(os.path.join(a.out, "results.svg"), "w") as f:
+        f.write(svg(res))
+    log(f"done in {res['elapsed_s']:.0f} s: {a.out}/results.json, results.md, results.svg")
+    for t in res["targets"]:
+        log(f"{'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {fmt(t['measured'], t['digits'])} "
+            f"(goal {t['goal']})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+//! `forward-loop`: the model's own forward-pass throughput, the ceiling that `scripts/bench`
+//! compares served throughput with. Same settings as a worker: torch intra-op threads as
+//! given (one inter-op thread), TorchScript's simple executor (profiling mode off), eval
+//! mode, `no_grad`, one tensor built from a flat `f32` buffer per pass (as a request would).
+//!
+//! Usage: `forward-loop MODEL SHAPE THREADS SECONDS` (SHAPE like `1,4`); prints one JSON
+//! line: passes, seconds, passes per second and per-pass latency percentiles (ms).
+
+use std::time::{Duration, Instant};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("forward-loop: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [model, shape, threads, seconds] = args.as_slice() else {
+        return Err("usage: forward-loop MODEL SHAPE THREADS SECONDS".into());
+    };
+    let shape: Vec<i64> = shape
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<i64>()
+                .map_err(|e| format!("shape {s}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let threads: i32 = threads.parse().map_err(|e| format!("threads: {e}"))?;
+    let seconds: f64 = seconds.parse().map_err(|e| format!("seconds: {e}"))?;
+    if !(0.0..=600.0).contains(&seconds) {
+        return Err("seconds must be within 0..600".into());
+    }
+
+    tch::set_num_threads(threads.max(1));
+    tch::set_num_interop_threads(1);
+    tch::jit::set_profiling_mode(false);
+    let mut module = tch::CModule::load(model).map_err(|e| format!("load {model}: {e}"))?;
+    module.f_set_eval().map_err(|e| e.to_string())?;
+
+    let n: i64 = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
+    let pass = |module: &tch::CModule| -> Result<(), String> {
+        let x = tch::Tensor::from_slice(&data).reshape(shape.as_slice());
+        let out = tch::no_grad(|| module.forward_is(&[tch::IValue::Tensor(x)]))
+            .map_err(|e| e.to_string())?;
+        drop(out);
+        Ok(())
+    };
+    // Warm-up: the first passes are slower (allocator, executor).
+    for _ in 0..20 {
+        pass(&module)?;
+    }
+    let budget = Duration::from_secs_f64(seconds);
+    let mut lat = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    // Bounded in time and in count.
+    while start.elapsed() < budget && lat.len() < 10_000_000 {
+        let t = Instant::now();
+        pass(&module)?;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{}",
+        serde_json::json!({
+            "passes": lat.len(), "seconds": secs, "per_s": lat.len() as f64 / secs,
+            "p50_ms": pct(0.5), "p99_ms": pct(0.99), "threads": threads,
+        })
+    );
+    Ok(())
+}
