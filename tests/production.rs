@@ -550,3 +550,75 @@ fn a_worker_silent_past_the_timeout_is_killed_and_replaced() {
     assert_eq!(r.status, 200);
     assert_ne!(r.pid(), first[0]);
 }
+
+#[test]
+fn recycling_fails_no_request_of_keep_alive_clients() {
+    let app = mlp();
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "2", "--max-requests", "10"],
+    );
+    s.wait_workers(2);
+    let port = s.port;
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            thread::spawn(move || {
+                let mut c = KeepAlive::new(port);
+                (0..60)
+                    .map(|_| {
+                        c.post("/", MLP_INPUT)
+                            .map(|r| (r.status, r.pid()))
+                            .map_err(|e| e.to_string())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let results: Vec<Outcome> = clients
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let pids = assert_all_ok(&results);
+    assert!(
+        pids.len() >= 24,
+        "240 requests, 10 per worker: {} workers",
+        pids.len()
+    );
+    let log = s.log_text();
+    assert!(!log.contains("died while booting"), "{log}");
+}
+
+#[test]
+fn a_client_leaving_during_the_last_allowed_request_does_not_wedge_the_worker() {
+    let app = App::new("slow.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--max-requests", "1"],
+    );
+    let first = s.wait_workers(1);
+    {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        let body = r#"{"inputs": [[20000]]}"#;
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut c, req.as_bytes()).unwrap();
+        thread::sleep(Duration::from_millis(100));
+    } // the client gives up mid-request
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match try_http(s.port, "POST", "/", Some(r#"{"inputs": [[1]]}"#)) {
+            Ok(r) if r.status == 200 => {
+                assert_ne!(r.pid(), first[0]);
+                break;
+            }
+            other => assert!(
+                Instant::now() < deadline,
+                "no worker answers after the client left: {other:?}\n{}",
+                s.log_text()
+            ),
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}

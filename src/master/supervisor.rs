@@ -128,8 +128,8 @@ impl Supervisor {
             for intent in self.signals.take() {
                 self.on_intent(intent);
             }
-            self.reap();
             self.read_control();
+            self.reap();
             if let Some(code) = self.act() {
                 return code;
             }
@@ -258,10 +258,11 @@ impl Supervisor {
             return;
         };
         let mut w = self.workers.swap_remove(i);
-        // Messages it sent just before exiting.
-        read_lines(&mut w);
-        let st = &w.state;
         let now = Instant::now();
+        // Messages it sent just before exiting (a ready, a retiring) still count.
+        let msgs = read_lines(&mut w);
+        self.absorb(&mut w.state, msgs, now);
+        let st = &w.state;
         let status = match (code, sig) {
             (Some(c), _) => format!("exit status {c}"),
             (_, Some(s)) => format!("signal {s}"),
@@ -432,41 +433,11 @@ impl Supervisor {
                 );
             }
         }
-        for w in &mut self.workers {
-            for msg in read_lines(w) {
-                match msg {
-                    ControlMsg::Ready { pid, boot_ms } => {
-                        w.state.set_phase(Phase::Ready, now);
-                        w.state.last_heartbeat = now;
-                        self.ever_ready = true;
-                        if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.state.slot) {
-                            s.succeeded();
-                        }
-                        tracing::info!(
-                            "worker {} (pid {pid}, generation {}) ready in {:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
-                            w.state.slot,
-                            w.state.generation,
-                            now.duration_since(w.state.started).as_secs_f64() * 1e3,
-                            boot_ms.model_ms,
-                            boot_ms.warmup_ms
-                        );
-                    }
-                    ControlMsg::Heartbeat { served, .. } => {
-                        w.state.last_heartbeat = now;
-                        w.state.served = served;
-                    }
-                    ControlMsg::Retiring { reason, served } => {
-                        w.state.set_phase(Phase::Retiring, now);
-                        w.state.retire_reason = Some(reason);
-                        w.state.served = served;
-                        tracing::debug!(
-                            "worker {} (pid {}) retiring after {served} requests: {reason:?}",
-                            w.state.slot,
-                            w.state.pid
-                        );
-                    }
-                }
-            }
+        for i in 0..self.workers.len() {
+            let msgs = read_lines(&mut self.workers[i]);
+            let mut state = self.workers[i].state.clone();
+            self.absorb(&mut state, msgs, now);
+            self.workers[i].state = state;
         }
         if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
             self.last_ready_at = now;
@@ -479,6 +450,45 @@ impl Supervisor {
         {
             tracing::info!("reload complete: every worker runs the new configuration");
             self.reload_from = None;
+        }
+    }
+
+    /// Applies a worker's control messages to what the master knows of it.
+    fn absorb(&mut self, st: &mut WorkerState, msgs: Vec<ControlMsg>, now: Instant) {
+        for msg in msgs {
+            match msg {
+                ControlMsg::Ready { pid, boot_ms } => {
+                    st.set_phase(Phase::Ready, now);
+                    st.last_heartbeat = now;
+                    self.ever_ready = true;
+                    self.last_ready_at = now;
+                    if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
+                        s.succeeded();
+                    }
+                    tracing::info!(
+                        "worker {} (pid {pid}, generation {}) ready in {:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+                        st.slot,
+                        st.generation,
+                        now.duration_since(st.started).as_secs_f64() * 1e3,
+                        boot_ms.model_ms,
+                        boot_ms.warmup_ms
+                    );
+                }
+                ControlMsg::Heartbeat { served, .. } => {
+                    st.last_heartbeat = now;
+                    st.served = served;
+                }
+                ControlMsg::Retiring { reason, served } => {
+                    st.set_phase(Phase::Retiring, now);
+                    st.retire_reason = Some(reason);
+                    st.served = served;
+                    tracing::debug!(
+                        "worker {} (pid {}) retiring after {served} requests: {reason:?}",
+                        st.slot,
+                        st.pid
+                    );
+                }
+            }
         }
     }
 

@@ -343,3 +343,66 @@ pub fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
 }
 
 pub const MLP_INPUT: &str = r#"{"inputs": [[1.0, 2.0, 3.0, 4.0]]}"#;
+
+/// An HTTP/1.1 client that keeps its connection alive, as load generators do, and opens a
+/// new one only when the server said `Connection: close`.
+pub struct KeepAlive {
+    port: u16,
+    conn: Option<TcpStream>,
+}
+
+impl KeepAlive {
+    pub fn new(port: u16) -> KeepAlive {
+        KeepAlive { port, conn: None }
+    }
+
+    /// One request; an error is a failed request (reset, closed under it…).
+    pub fn post(&mut self, path: &str, body: &str) -> std::io::Result<Response> {
+        if self.conn.is_none() {
+            let s = TcpStream::connect(("127.0.0.1", self.port))?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            self.conn = Some(s);
+        }
+        let s = self.conn.as_mut().unwrap();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let result = s.write_all(req.as_bytes()).and_then(|_| read_one(s));
+        match &result {
+            Ok(r)
+                if r.header("connection")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("close")) =>
+            {
+                self.conn = None
+            }
+            Ok(_) => {}
+            Err(_) => self.conn = None,
+        }
+        result
+    }
+}
+
+/// Reads one response with a Content-Length body from a kept-alive connection.
+fn read_one(s: &mut TcpStream) -> std::io::Result<Response> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed before a response",
+            ));
+        }
+        raw.push(byte[0]);
+    }
+    let head = parse_response(&raw)?;
+    let len: usize = head
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)?;
+    raw.extend_from_slice(&body);
+    parse_response(&raw)
+}

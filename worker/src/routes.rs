@@ -105,7 +105,7 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }
-    if answer.close || app.shared.get().stopping() {
+    if answer.close || app.shared.must_close() {
         h.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(resp)
@@ -173,11 +173,13 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let last = app.shared.claim_model_request();
-    let result = infer_counted(req, app).await;
     if last {
+        // Retire now, not after the answer: the master starts the replacement while this
+        // request runs, and a client that gives up mid-request cannot leave the worker
+        // counted out but never retired.
         app.shared.retire(RetireReason::MaxRequests);
     }
-    let outputs = result?;
+    let outputs = infer_counted(req, app).await?;
     let mut body = Map::new();
     body.insert("outputs".into(), outputs);
     let hw = if hw_wanted {

@@ -96,6 +96,8 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
     tokio::pin!(conn);
     let mut stop_rx = shared.subscribe();
     let mut closing = false;
+    let accepted = tokio::time::Instant::now();
+    let mut stop_at: Option<tokio::time::Instant> = None;
     let grace = tokio::time::sleep(FRESH_GRACE);
     tokio::pin!(grace);
     loop {
@@ -111,7 +113,17 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
                 }
                 break;
             }
-            _ = stop_rx.wait_for(|c| c.stopping()), if !closing => {
+            _ = stop_rx.wait_for(|c| c.stopping()), if !closing && stop_at.is_none() => {
+                // A connection accepted moments ago has a request on its way: let it
+                // arrive (and be answered) rather than reset it.
+                if conn_state.fresh.load(Ordering::SeqCst) {
+                    stop_at = Some(accepted + FRESH_GRACE);
+                } else {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+            _ = sleep_until(stop_at), if !closing && stop_at.is_some() => {
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
@@ -128,6 +140,14 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
             c.fresh -= 1;
         }
     });
+}
+
+/// Sleeps until `at` (forever when `None`; the select branch is disabled then anyway).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Resolves when the connection has been idle past its deadline: [`HEADER_READ`] before

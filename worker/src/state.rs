@@ -84,6 +84,15 @@ impl Shared {
         })
     }
 
+    /// Whether an answer should carry `Connection: close`: the worker is stopping, or it
+    /// has fewer requests left before `max_requests` than open connections, so a client
+    /// keeping this connection might find it closed under its next request.
+    pub fn must_close(&self) -> bool {
+        let c = self.get();
+        let max = self.max_requests;
+        c.stopping() || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
+    }
+
     /// Stops accepting and tells the master why (first reason wins).
     pub fn retire(&self, reason: RetireReason) {
         let first = self.update(|c| {
@@ -136,6 +145,22 @@ mod tests {
         assert!(!c.can_accept(3), "2 open, 2 requests left");
         c.retiring = Some(RetireReason::Asked);
         assert!(!c.can_accept(0));
+    }
+
+    #[test]
+    fn connections_are_closed_when_the_budget_cannot_cover_them() {
+        let s = Shared::new(Control::none(), 3);
+        s.update(|c| c.open = 2);
+        assert!(!s.must_close(), "3 requests left for 2 connections");
+        s.claim_model_request();
+        assert!(!s.must_close(), "2 left for 2");
+        s.claim_model_request();
+        assert!(s.must_close(), "1 left for 2");
+        let unlimited = Shared::new(Control::none(), 0);
+        unlimited.update(|c| c.open = 50);
+        assert!(!unlimited.must_close());
+        unlimited.retire(RetireReason::Asked);
+        assert!(unlimited.must_close());
     }
 
     #[test]
