@@ -299,13 +299,25 @@ fn a_killed_worker_is_replaced_and_no_other_request_fails() {
 fn killing_the_master_takes_every_worker_down() {
     let app = mlp();
     let s = Server::start(&app, &["--production", "--workers", "2"]);
-    let workers = s.wait_workers(2);
+    s.wait_workers(2);
+    // Workers, the template and its spare: every child must go with the master.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all = loop {
+        let kids = children(s.pid());
+        let names: Vec<&str> = kids.iter().map(|(_, c)| c.as_str()).collect();
+        if names.contains(&"vf-template") && names.contains(&"vf-spare") {
+            break kids.into_iter().map(|(p, _)| p).collect::<Vec<u32>>();
+        }
+        assert!(Instant::now() < deadline, "no template and spare: {kids:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(all.len(), 4, "{all:?}");
     s.signal(libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while workers.iter().any(|p| process_alive(*p)) {
+    while all.iter().any(|p| process_alive(*p)) {
         assert!(
             Instant::now() < deadline,
-            "workers outlived the master: {workers:?}"
+            "workers outlived the master: {all:?}"
         );
         thread::sleep(Duration::from_millis(20));
     }

@@ -222,11 +222,12 @@ impl Drop for Server {
     }
 }
 
-/// Live (not zombie) worker children of `pid` (the template process left out), from /proc.
+/// Live (not zombie) worker children of `pid` (the template and its spare left out), from
+/// /proc.
 pub fn worker_pids(pid: u32) -> Vec<u32> {
     children(pid)
         .into_iter()
-        .filter(|(_, c)| c != "vf-template")
+        .filter(|(_, c)| c != "vf-template" && c != "vf-spare")
         .map(|(p, _)| p)
         .collect()
 }

@@ -63,8 +63,10 @@ pub fn boot(
     let listener = listener::inherit().map_err(config_err)?;
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
     if preloaded.is_none() {
-        // A worker forked from the template inherits the template's thread settings.
         process::set_torch_threads(cfg.torch_threads);
+    } else {
+        // Forked from the template: the inter-op setting is inherited.
+        process::set_intra_threads(cfg.torch_threads);
     }
 
     let fraction = cfg.gpu.as_ref().and_then(|g| g.memory_fraction);

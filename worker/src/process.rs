@@ -58,14 +58,25 @@ pub fn thread_count() -> Option<usize> {
 
 /// Torch's intra-op threads for this worker, and one inter-op thread; before anything runs.
 pub fn set_torch_threads(n: usize) {
-    let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
+    set_interop_thread();
+    set_intra_threads(n);
+}
+
+/// One inter-op thread. The template sets it before it loads the model; its forked workers
+/// inherit it (libtorch refuses to change it twice).
+pub fn set_interop_thread() {
     // tch panics when libtorch refuses (e.g. the pool already started): keep going then.
-    let set = std::panic::catch_unwind(|| {
-        tch::set_num_threads(n);
-        tch::set_num_interop_threads(1);
-    });
-    if set.is_err() {
-        tracing::warn!("could not set torch's thread counts");
+    if std::panic::catch_unwind(|| tch::set_num_interop_threads(1)).is_err() {
+        tracing::warn!("could not set torch's inter-op thread count");
+    }
+}
+
+/// Torch's intra-op threads. Setting more than one may start the thread pool, so the
+/// template leaves this to each forked worker.
+pub fn set_intra_threads(n: usize) {
+    let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
+    if std::panic::catch_unwind(|| tch::set_num_threads(n)).is_err() {
+        tracing::warn!("could not set torch's intra-op thread count");
     }
 }
 

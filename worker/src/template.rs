@@ -7,6 +7,12 @@
 //! Double fork: the template forks a short-lived child that forks the worker and exits, so
 //! the worker is re-parented to the master (a child subreaper) and stays the master's own
 //! child for `waitpid` and signals. The worker then sets `PR_SET_PDEATHSIG`.
+//!
+//! The fork itself (copying the page tables of a process holding libtorch) takes
+//! milliseconds, so the template keeps one **spare** (`vf-spare`) forked ahead: adopted by
+//! the master and waiting for its configuration. A request hands the spare over and is
+//! answered at once; the next spare is forked after the answer. A spare whose template goes
+//! away exits.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -30,7 +36,9 @@ pub fn run(process_ms: f64) -> i32 {
     };
     vramfork::logging::init(cfg.log_json);
     process::set_process_name("vf-template");
-    process::set_torch_threads(cfg.torch_threads);
+    // Intra-op threads are set by each worker after the fork: more than one may start
+    // libtorch's pool here, and a forked process must not have threads.
+    process::set_interop_thread();
     crate::runner::configure_executor();
     let start = Instant::now();
     let module = match crate::runner::load_cpu(&cfg.model_path) {
@@ -63,6 +71,7 @@ pub fn run(process_ms: f64) -> i32 {
         return worker_exit::OK;
     }
     tracing::debug!(model_ms, "template ready");
+    let mut spare = fork_spare(&module);
     let mut pending = Vec::new();
     loop {
         let (line, fd) = match receive(&control, &mut pending) {
@@ -74,12 +83,23 @@ pub fn run(process_ms: f64) -> i32 {
             }
         };
         let reply = match (serde_json::from_str::<TemplateRequest>(&line), fd) {
-            (Ok(req), Some(fd)) => match fork_worker(req.config, fd, &module) {
-                Ok(pid) => TemplateReply::Spawned { pid },
-                Err(e) => TemplateReply::Failed {
-                    error: e.to_string(),
-                },
-            },
+            (Ok(req), Some(fd)) => {
+                let handed = spare.take().map(|sp| sp.hand_over(&req.config, &fd));
+                let pid = match handed {
+                    Some(Ok(pid)) => Ok(pid),
+                    Some(Err(e)) => {
+                        tracing::warn!("template: the spare worker is gone ({e}); forking one");
+                        fork_worker(req.config, fd, &module)
+                    }
+                    None => fork_worker(req.config, fd, &module),
+                };
+                match pid {
+                    Ok(pid) => TemplateReply::Spawned { pid },
+                    Err(e) => TemplateReply::Failed {
+                        error: e.to_string(),
+                    },
+                }
+            }
             (Err(e), _) => TemplateReply::Failed {
                 error: format!("bad request: {e}"),
             },
@@ -92,7 +112,17 @@ pub fn run(process_ms: f64) -> i32 {
         if control.write_all(text.as_bytes()).is_err() {
             return worker_exit::OK;
         }
+        // The next spare is forked after the answer, off the path of this request.
+        if spare.is_none() {
+            spare = fork_spare(&module);
+        }
     }
+}
+
+fn fork_spare(module: &tch::CModule) -> Option<Spare> {
+    Spare::fork(module)
+        .map_err(|e| tracing::warn!("template: cannot fork a spare worker: {e}"))
+        .ok()
 }
 
 /// Reads one request line and the descriptor attached to it.
@@ -154,14 +184,94 @@ fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<O
     Ok((n as usize, fd))
 }
 
-/// Forks a worker; returns its pid (the grandchild's).
+/// A worker forked ahead of demand: re-parented to the master, single-threaded, waiting on
+/// `sock` for its configuration and control socket. Handing one over takes microseconds,
+/// where forking the template (its page tables) takes milliseconds.
+struct Spare {
+    pid: u32,
+    sock: UnixStream,
+}
+
+impl Spare {
+    /// Forks the next spare.
+    fn fork(module: &tch::CModule) -> std::io::Result<Spare> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let master = std::os::unix::process::parent_id() as libc::pid_t;
+        let theirs_fd = theirs.as_raw_fd();
+        let ours_fd = ours.as_raw_fd();
+        let pid = double_fork(|| {
+            // SAFETY: closing the template's end in the spare; `ours` is never used here.
+            unsafe { libc::close(ours_fd) };
+            // SAFETY: `theirs` is this process's end of the pair; nothing else owns it.
+            let sock = unsafe { UnixStream::from_raw_fd(theirs_fd) };
+            become_spare(sock, module, master)
+        })?;
+        drop(theirs);
+        Ok(Spare { pid, sock: ours })
+    }
+
+    /// Gives the spare its configuration and control socket; returns its pid.
+    fn hand_over(self, cfg: &WorkerConfig, control: &OwnedFd) -> std::io::Result<u32> {
+        let mut line = serde_json::to_vec(cfg).expect("configs serialize");
+        line.push(b'\n');
+        send_with_fd(self.sock.as_raw_fd(), &line, control.as_raw_fd())?;
+        Ok(self.pid)
+    }
+}
+
+fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> std::io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cmsg = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below, and
+    // the control buffer is large enough for one SCM_RIGHTS descriptor (CMSG_SPACE(4)).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
+        let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if (n as usize) < data.len() {
+            let mut s = std::mem::ManuallyDrop::new(UnixStream::from_raw_fd(sock));
+            s.write_all(&data[n as usize..])?;
+        }
+    }
+    Ok(())
+}
+
+/// Forks a worker now (no spare at hand); returns its pid.
 fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> std::io::Result<u32> {
+    let master = std::os::unix::process::parent_id() as libc::pid_t;
+    // In the template the closure is dropped unrun, closing the template's copy of
+    // `control`; in the worker it runs and `control` becomes the worker's channel.
+    double_fork(move || {
+        if adopt(master).is_err() {
+            return worker_exit::OK;
+        }
+        serve_as(cfg, control, module)
+    })
+}
+
+/// Forks twice; the grandchild runs `then` and exits with its status. Returns the
+/// grandchild's pid once the intermediate child has exited, so the grandchild is
+/// re-parented to the master (a child subreaper).
+fn double_fork(then: impl FnOnce() -> i32) -> std::io::Result<u32> {
     let mut pipe = [0 as libc::c_int; 2];
     // SAFETY: `pipe` is a valid 2-int array for the kernel to fill.
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let master = std::os::unix::process::parent_id() as libc::pid_t;
     // SAFETY: the template is single-threaded (checked before it announced itself), so the
     // child is a faithful copy with no lock held by a vanished thread.
     let child = unsafe { libc::fork() };
@@ -175,19 +285,18 @@ fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> st
         return Err(e);
     }
     if child == 0 {
-        // Intermediate child: fork the worker, report its pid, leave.
+        // Intermediate child: fork the grandchild, report its pid, leave.
         // SAFETY: still single-threaded (a copy of the template).
-        let worker = unsafe { libc::fork() };
-        if worker == 0 {
+        let grandchild = unsafe { libc::fork() };
+        if grandchild == 0 {
             // SAFETY: closing our copies of the pipe ends.
             unsafe {
                 libc::close(pipe[0]);
                 libc::close(pipe[1]);
             }
-            let code = become_worker(cfg, control, module, master);
-            process::exit_now(code);
+            process::exit_now(then());
         }
-        let pid = worker.to_ne_bytes();
+        let pid = grandchild.to_ne_bytes();
         // SAFETY: writing 4 bytes from a live buffer to our pipe end, then leaving at once
         // without running any destructor of the template's state.
         unsafe {
@@ -195,7 +304,6 @@ fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> st
             libc::_exit(0);
         }
     }
-    drop(control);
     // SAFETY: closing the write end in the template, so the read below ends if the child
     // dies without writing.
     unsafe { libc::close(pipe[1]) };
@@ -214,28 +322,67 @@ fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> st
     Ok(pid as u32)
 }
 
-/// In the forked worker: wait to be re-parented to the master, tie our life to it, take
-/// the control socket, point CUDA at our GPU, and boot with the preloaded model.
-fn become_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule, master: i32) -> i32 {
+/// In a forked process: wait to be re-parented to the master, then tie our life to it
+/// (`PR_SET_PDEATHSIG`) and leave the template's process group.
+fn adopt(master: i32) -> Result<(), ()> {
     let deadline = Instant::now() + Duration::from_secs(2);
-    // SAFETY: getppid and prctl have no memory-safety preconditions.
+    // SAFETY: getppid, prctl and setpgid have no memory-safety preconditions.
     unsafe {
         while libc::getppid() != master {
             if Instant::now() > deadline {
-                return worker_exit::CONFIG;
+                return Err(());
             }
             std::thread::sleep(Duration::from_micros(200));
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         if libc::getppid() != master {
-            return worker_exit::OK;
+            return Err(());
         }
         libc::setpgid(0, 0);
-        if libc::dup2(control.as_raw_fd(), CONTROL_FD) < 0 {
-            return worker_exit::CONFIG;
+    }
+    Ok(())
+}
+
+/// The spare's life: adopted by the master, it waits for its assignment (or for the
+/// template to go away, then exits) and becomes that worker.
+fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
+    // SAFETY: the template's control channel (fd 4) is not the spare's to read.
+    unsafe { libc::close(CONTROL_FD) };
+    if adopt(master).is_err() {
+        return worker_exit::OK;
+    }
+    process::set_process_name("vf-spare");
+    let mut pending = Vec::new();
+    let (line, fd) = match receive(&sock, &mut pending) {
+        Ok(Some((line, Some(fd)))) => (line, fd),
+        // The template went away (or sent nothing usable): nothing to become.
+        _ => return worker_exit::OK,
+    };
+    drop(sock);
+    match serde_json::from_str::<WorkerConfig>(&line) {
+        Ok(cfg) => serve_as(cfg, fd, module),
+        Err(e) => {
+            eprintln!("app-worker (spare): bad assignment: {e}");
+            worker_exit::CONFIG
         }
     }
-    drop(control);
+}
+
+/// In a forked, adopted process: take `control` as the control channel (fd 4), point
+/// CUDA at this worker's GPU, and boot with the preloaded model.
+fn serve_as(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> i32 {
+    if control.as_raw_fd() == CONTROL_FD {
+        // Already fd 4 (a spare closed the template's and received this one there): the
+        // worker's control channel takes it over from here.
+        std::mem::forget(control);
+    } else {
+        // SAFETY: dup2 onto fd 4, whose previous owner (the template's channel) this
+        // process never uses.
+        if unsafe { libc::dup2(control.as_raw_fd(), CONTROL_FD) } < 0 {
+            return worker_exit::CONFIG;
+        }
+        drop(control);
+    }
     // Still single-threaded: changing the environment is safe here, and CUDA (initialised
     // lazily, after this) sees only this worker's GPU.
     let visible = cfg.gpu.as_ref().map_or(String::new(), |g| g.uuid.clone());
