@@ -252,6 +252,13 @@ fn max_requests_one_recycles_after_every_request() {
     let results = load(s.port, 2, 10);
     let pids = assert_all_ok(&results);
     assert_eq!(pids.len(), 20, "every request had its own worker");
+    let log = s.log_text();
+    assert!(log.contains("workers are forked from it"), "{log}");
+    assert!(!log.contains("could not set torch"), "{log}");
+    assert!(
+        !log.contains("died while booting"),
+        "a recycled worker counted as a failed boot: {log}"
+    );
 }
 
 #[test]
