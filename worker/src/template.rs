@@ -49,6 +49,7 @@ pub fn run(process_ms: f64) -> i32 {
         }
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    process::collapse_anonymous_memory();
     let threads = process::thread_count();
     if threads != Some(1) {
         tracing::warn!(
