@@ -663,6 +663,13 @@ def svg(res):
     colors = {1: "#1f77b4", 2: "#d62728", 4: "#2ca02c", 8: "#9467bd"}
     import math
 
+    def tick(v):
+        if v >= 10000:
+            return f"{v / 1000:.0f}k"
+        if v >= 1000:
+            return f"{v / 1000:.1f}k"
+        return f"{v:.0f}" if v >= 10 else f"{v:.2g}"
+
     def panel(x0, y0, w, h, title, xlabels, ymax, series, hlines, ylabel, xlog=False,
               xrange_=None):
         out.append(f'<text x="{x0 + w / 2}" y="{y0 - 10}" text-anchor="middle" '
@@ -672,7 +679,7 @@ def svg(res):
             yv = ymax * i / 5
             y = y0 + h - h * i / 5
             out.append(f'<line x1="{x0}" x2="{x0 + w}" y1="{y}" y2="{y}" stroke="#ddd"/>')
-            out.append(f'<text x="{x0 - 5}" y="{y + 4}" text-anchor="end">{yv:.4g}</text>')
+            out.append(f'<text x="{x0 - 5}" y="{y + 4}" text-anchor="end">{tick(yv)}</text>')
         out.append(f'<text x="{x0 - 55}" y="{y0 + h / 2}" transform="rotate(-90 {x0 - 55} '
                    f'{y0 + h / 2})" text-anchor="middle">{ylabel}</text>')
         return x0, y0, w, h
