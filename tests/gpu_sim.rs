@@ -253,18 +253,6 @@ fn per_device(workers: &[u32]) -> BTreeMap<String, u32> {
     m
 }
 
-fn wait_for_log(s: &Server, what: &str, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while !s.log_text().contains(what) {
-        assert!(
-            Instant::now() < deadline,
-            "no {what:?} within {limit:?} in:\n{}",
-            s.log_text()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn ready_lines(s: &Server) -> usize {
     s.log_text().matches(" ready in ").count()
 }
@@ -692,9 +680,9 @@ fn a_recycled_worker_waits_for_gpu_memory_then_starts() {
     // The master says why the slot waits. Its "waits" message is rate-limited per slot
     // (10 s), so the memory reason may follow a first "no room until a retiring worker
     // exits" only 10 s later: see `the_wait_reason_is_logged_when_it_changes`.
-    wait_for_log(&s, " waits: GPU 0", Duration::from_secs(5));
+    s.wait_log(" waits: GPU 0", Duration::from_secs(5));
     stays(&s, 1, 2, Duration::from_millis(1500));
-    wait_for_log(&s, NO_MEMORY, Duration::from_secs(12));
+    s.wait_log(NO_MEMORY, Duration::from_secs(12));
     stays(&s, 1, 2, Duration::from_millis(300));
     let survivor: Vec<u32> = before.iter().copied().filter(|p| *p != gone).collect();
     assert_eq!(worker_pids(s.pid()), survivor);
@@ -714,8 +702,8 @@ fn ttin_waits_for_gpu_memory_then_more_is_refused() {
     s.wait_workers(1);
     sim.set_free(0, 3000);
     s.signal(libc::SIGTTIN);
-    wait_for_log(&s, "TTIN: 2 workers", Duration::from_secs(5));
-    wait_for_log(&s, NO_MEMORY, Duration::from_secs(5));
+    s.wait_log("TTIN: 2 workers", Duration::from_secs(5));
+    s.wait_log(NO_MEMORY, Duration::from_secs(5));
     stays(&s, 1, 1, Duration::from_millis(1000));
     sim.set_free(0, 30_000);
     let workers = wait_ready(&s, 2, 2);
@@ -725,7 +713,7 @@ fn ttin_waits_for_gpu_memory_then_more_is_refused() {
     );
     // (g) The GPU is full by the plan (fits 2): one more is refused with a warning.
     s.signal(libc::SIGTTIN);
-    wait_for_log(&s, "TTIN refused", Duration::from_secs(5));
+    s.wait_log("TTIN refused", Duration::from_secs(5));
     let log = s.log_text();
     let line = log.lines().find(|l| l.contains("TTIN refused")).unwrap();
     assert!(line.contains("WARN"), "{line}");
@@ -743,7 +731,7 @@ fn ttin_beyond_the_gpus_is_refused_with_a_warning() {
     let s = sim.start(&["--production"], &[]);
     s.wait_workers(3);
     s.signal(libc::SIGTTIN);
-    wait_for_log(&s, "TTIN refused", Duration::from_secs(5));
+    s.wait_log("TTIN refused", Duration::from_secs(5));
     let log = s.log_text();
     let line = log.lines().find(|l| l.contains("TTIN refused")).unwrap();
     assert!(line.contains("WARN"), "{line}");
@@ -816,7 +804,7 @@ fn the_wait_reason_is_logged_when_it_changes() {
         thread::sleep(Duration::from_millis(20));
     }
     // The old worker has exited: from now on memory alone keeps the slot empty.
-    wait_for_log(&s, NO_MEMORY, Duration::from_secs(3));
+    s.wait_log(NO_MEMORY, Duration::from_secs(3));
 }
 
 /// `--workers` above what fits at start: a warning, and the extra slot waits while no GPU
@@ -842,15 +830,11 @@ fn workers_override_above_what_fits_waits_for_memory_then_starts() {
         .find(|l| l.contains("asks for 2 workers but only 1 fit"))
         .unwrap_or_else(|| panic!("no warning in:\n{log}"));
     assert!(line.contains("WARN"), "{line}");
-    wait_for_log(&s, "no GPU has the free memory", Duration::from_secs(5));
+    s.wait_log("no GPU has the free memory", Duration::from_secs(5));
     stays(&s, 1, 1, Duration::from_millis(800));
     sim.set_free(0, 40_000);
     let workers = wait_ready(&s, 2, 2);
-    wait_for_log(
-        &s,
-        "placed on GPU 0 beyond the plan",
-        Duration::from_secs(5),
-    );
+    s.wait_log("placed on GPU 0 beyond the plan", Duration::from_secs(5));
     let uuid = sim.gpus.uuid_of(0);
     for w in workers {
         assert_eq!(environ(w)["CUDA_VISIBLE_DEVICES"], uuid);

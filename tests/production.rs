@@ -396,14 +396,14 @@ fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
     // Invalid metadata: refused, the same workers keep serving.
     std::fs::write(app.metadata(), "{ not json").unwrap();
     s.signal(libc::SIGHUP);
-    wait_for_log(&s, "reload refused");
+    s.wait_log("reload refused", Duration::from_secs(60));
     assert!(s.log_text().contains("not valid JSON"));
     assert_eq!(s.wait_workers(2), second);
 
     // A model that does not load: the old workers stay.
     app.write_metadata("not-a-model.pt", r#""version": "3""#);
     s.signal(libc::SIGHUP);
-    wait_for_log(&s, "reload failed");
+    s.wait_log("reload failed", Duration::from_secs(60));
     thread::sleep(Duration::from_millis(500));
     let pids = assert_all_ok(&load(s.port, 2, 5));
     assert!(
@@ -411,18 +411,6 @@ fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
         "{pids:?} vs {second:?}"
     );
     assert_eq!(s.get("/").json()["version"], "2");
-}
-
-fn wait_for_log(s: &Server, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !s.log_text().contains(what) {
-        assert!(
-            Instant::now() < deadline,
-            "no {what:?} in:\n{}",
-            s.log_text()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]
@@ -435,7 +423,7 @@ fn ttin_and_ttou_add_and_remove_a_worker() {
     s.signal(libc::SIGTTOU);
     s.wait_workers(1);
     s.signal(libc::SIGTTOU);
-    wait_for_log(&s, "TTOU refused");
+    s.wait_log("TTOU refused", Duration::from_secs(60));
     thread::sleep(Duration::from_millis(300));
     assert_eq!(worker_pids(s.pid()).len(), 1);
     assert_eq!(s.post("/", MLP_INPUT).status, 200);
@@ -527,7 +515,7 @@ fn cuda_out_of_memory_answers_507_and_the_worker_is_replaced() {
     assert_eq!(r.pid(), first[0]);
     let msg = r.json()["error"].as_str().unwrap().to_string();
     assert!(msg.contains("CUDA out of memory"), "{msg}");
-    wait_for_log(&s, "(OutOfMemory)");
+    s.wait_log("(OutOfMemory)", Duration::from_secs(60));
     let deadline = Instant::now() + Duration::from_secs(30);
     let r = loop {
         let r = s.post("/", r#"{"inputs": [[-1.0]]}"#);
@@ -554,7 +542,10 @@ fn a_worker_silent_past_the_timeout_is_killed_and_replaced() {
     let first = s.wait_workers(1);
     // SAFETY: kill(2) on a worker of our child; it stops sending heartbeats.
     unsafe { libc::kill(first[0] as i32, libc::SIGSTOP) };
-    wait_for_log(&s, "sent no heartbeat within --timeout");
+    s.wait_log(
+        "sent no heartbeat within --timeout",
+        Duration::from_secs(60),
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = worker_pids(s.pid());

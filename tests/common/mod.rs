@@ -167,6 +167,19 @@ impl Server {
         }
     }
 
+    /// Waits until the log contains `what`, at most `limit`.
+    pub fn wait_log(&self, what: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.log_text().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} within {limit:?} in:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.pid() as i32, sig) };
