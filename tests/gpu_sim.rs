@@ -661,25 +661,31 @@ fn admission_sim() -> Sim {
 
 const NO_MEMORY: &str = "waits: GPU 0 lacks the free memory";
 
-#[test]
-fn a_recycled_worker_waits_for_gpu_memory_then_starts() {
-    let mut sim = admission_sim();
+/// Starts the admission server with `--max-requests 1`, drops free memory to 3499 MB (one
+/// short of est_gpu_mem_min + reserve), sends one request and waits until the worker that
+/// served it has retired. Returns the server, the workers before, and the retired pid.
+fn retire_one_short_of_memory(sim: &mut Sim) -> (Server, Vec<u32>, u32) {
     let s = sim.start(&["--production", "--max-requests", "1"], &[]);
     let before = s.wait_workers(2);
-    // 3499 MB free: one short of est_gpu_mem_min + reserve.
     sim.set_free(0, 3499);
     let r = s.post("/", MLP_INPUT);
     assert_eq!(r.status, 200, "{r:?}");
     let gone = r.pid();
-    // The worker that served retires; its replacement is not started.
     let deadline = Instant::now() + Duration::from_secs(10);
     while worker_pids(s.pid()).contains(&gone) {
         assert!(Instant::now() < deadline, "{gone} did not retire");
         thread::sleep(Duration::from_millis(20));
     }
-    // The master says why the slot waits. Its "waits" message is rate-limited per slot
-    // (10 s), so the memory reason may follow a first "no room until a retiring worker
-    // exits" only 10 s later: see `the_wait_reason_is_logged_when_it_changes`.
+    (s, before, gone)
+}
+
+#[test]
+fn a_recycled_worker_waits_for_gpu_memory_then_starts() {
+    let mut sim = admission_sim();
+    // The worker that served retires; its replacement is not started.
+    let (s, before, gone) = retire_one_short_of_memory(&mut sim);
+    // The master says why the slot waits (first, possibly, "no room until a retiring
+    // worker exits"; then the memory reason, logged as soon as it changes).
     s.wait_log(" waits: GPU 0", Duration::from_secs(5));
     stays(&s, 1, 2, Duration::from_millis(1500));
     s.wait_log(NO_MEMORY, Duration::from_secs(12));
@@ -792,17 +798,7 @@ fn an_explicit_nvml_library_that_does_not_load_exits_2() {
 #[test]
 fn the_wait_reason_is_logged_when_it_changes() {
     let mut sim = admission_sim();
-    let s = sim.start(&["--production", "--max-requests", "1"], &[]);
-    s.wait_workers(2);
-    sim.set_free(0, 3499);
-    let r = s.post("/", MLP_INPUT);
-    assert_eq!(r.status, 200, "{r:?}");
-    let gone = r.pid();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while worker_pids(s.pid()).contains(&gone) {
-        assert!(Instant::now() < deadline, "{gone} did not retire");
-        thread::sleep(Duration::from_millis(20));
-    }
+    let (s, _, _) = retire_one_short_of_memory(&mut sim);
     // The old worker has exited: from now on memory alone keeps the slot empty.
     s.wait_log(NO_MEMORY, Duration::from_secs(3));
 }
