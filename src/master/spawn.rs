@@ -43,7 +43,6 @@ pub fn worker_config(
         .placement
         .iter()
         .find(|p| p.slot == slot)
-        .or(plan.placement.first())
         .and_then(|p| p.gpu.clone());
     let device = match (cfg.device, &gpu) {
         (Device::Cpu, _) => Device::Cpu,
