@@ -12,7 +12,8 @@ pub fn init(json: bool) {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = if json {
-        builder.json().try_init()
+        // The target tells the master's events (`vramfork::master::…`) from the workers'.
+        builder.json().with_target(true).try_init()
     } else {
         builder.try_init()
     };

@@ -54,7 +54,7 @@ fn run(cfg: Config) -> i32 {
         return exit::OK;
     }
     for w in &plan.warnings {
-        tracing::warn!("{w}");
+        tracing::warn!(event = "plan_warning", "{w}");
     }
     let listener = match listen::bind(&cfg.host, cfg.port) {
         Ok(l) => l,
@@ -65,7 +65,12 @@ fn run(cfg: Config) -> i32 {
         .map(|a| a.to_string())
         .unwrap_or_default();
     if cfg.mode == Mode::Develop {
-        tracing::info!("listening on http://{addr} (development mode: one process)");
+        tracing::info!(
+            event = "listening",
+            addr,
+            workers = 1,
+            "listening on http://{addr} (development mode: one process)"
+        );
         let e = develop::exec_worker(&cfg, &plan, listener);
         return fail(ConfigError(format!(
             "cannot run the worker {}: {e}",
@@ -77,6 +82,9 @@ fn run(cfg: Config) -> i32 {
         Err(e) => return fail(ConfigError(format!("cannot install signal handlers: {e}"))),
     };
     tracing::info!(
+        event = "listening",
+        addr,
+        workers = plan.workers,
         "listening on http://{addr} with {} workers ({})",
         plan.workers,
         plan.source

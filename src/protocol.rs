@@ -100,6 +100,19 @@ pub enum RetireReason {
     Asked,
 }
 
+impl RetireReason {
+    /// Its name in control messages and the master's events (`max_requests`, …).
+    pub fn code(self) -> &'static str {
+        match self {
+            RetireReason::MaxRequests => "max_requests",
+            RetireReason::GpuMemory => "gpu_memory",
+            RetireReason::OutOfMemory => "out_of_memory",
+            RetireReason::RequestTimeout => "request_timeout",
+            RetireReason::Asked => "asked",
+        }
+    }
+}
+
 /// Worker → master, one JSON object per line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
@@ -113,7 +126,13 @@ pub enum ControlMsg {
     /// Sent every `heartbeat_ms` by the worker's event loop.
     Heartbeat { served: u64, in_flight: u32 },
     /// The worker stopped accepting and will exit once its in-flight requests are done.
-    Retiring { reason: RetireReason, served: u64 },
+    Retiring {
+        reason: RetireReason,
+        served: u64,
+        /// Requests it was handling when it stopped accepting (they are finished first).
+        #[serde(default)]
+        in_flight: u32,
+    },
 }
 
 /// Where a worker's boot time went.
@@ -198,6 +217,7 @@ mod tests {
             ControlMsg::Retiring {
                 reason: RetireReason::OutOfMemory,
                 served: 9,
+                in_flight: 1,
             },
         ];
         for m in msgs {
@@ -206,5 +226,15 @@ mod tests {
             assert_eq!(ControlMsg::from_line(line.trim_end()).unwrap(), m);
         }
         assert!(ControlMsg::from_line(r#"{"msg":"bogus"}"#).is_err());
+        // A reason's code is its name on the wire.
+        for r in [
+            RetireReason::MaxRequests,
+            RetireReason::GpuMemory,
+            RetireReason::OutOfMemory,
+            RetireReason::RequestTimeout,
+            RetireReason::Asked,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.code());
+        }
     }
 }

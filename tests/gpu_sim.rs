@@ -181,7 +181,7 @@ impl Sim {
         let mut a = vec!["plan", "--json"];
         a.extend_from_slice(args);
         let mut s = self.spawn(&a, &[]);
-        let st = s.wait_exit(Duration::from_secs(15));
+        let st = s.wait_exit(PATIENCE);
         let log = s.log_text();
         assert_eq!(st.code(), Some(0), "app plan {args:?}:\n{log}");
         let start = log
@@ -201,7 +201,7 @@ impl Sim {
         let mut a = vec!["plan"];
         a.extend_from_slice(args);
         let mut s = self.spawn(&a, &[]);
-        let st = s.wait_exit(Duration::from_secs(15));
+        let st = s.wait_exit(PATIENCE);
         assert_eq!(st.code(), Some(0), "app plan:\n{}", s.log_text());
         s.log_text()
     }
@@ -253,18 +253,21 @@ fn per_device(workers: &[u32]) -> BTreeMap<String, u32> {
     m
 }
 
-fn ready_lines(s: &Server) -> usize {
-    s.log_text().matches(" ready in ").count()
+/// How many workers the master has reported ready since it started.
+fn ready_count(s: &Server) -> usize {
+    s.events_named("worker_ready").len()
 }
 
-/// Asserts for `dur` that the master keeps exactly `n` workers and logs no new ready one.
+/// A negative check, after the master has said why it waits: for `dur`, exactly `n` worker
+/// processes run and no new one becomes ready (`ready` stays the count since the start).
+/// A slow machine can only make this window less sensitive, never fail it wrongly.
 fn stays(s: &Server, n: usize, ready: usize, dur: Duration) {
     let end = Instant::now() + dur;
     while Instant::now() < end {
         let pids = worker_pids(s.pid());
         assert_eq!(pids.len(), n, "workers now {pids:?}:\n{}", s.log_text());
         assert_eq!(
-            ready_lines(s),
+            ready_count(s),
             ready,
             "a new worker became ready:\n{}",
             s.log_text()
@@ -273,21 +276,19 @@ fn stays(s: &Server, n: usize, ready: usize, dur: Duration) {
     }
 }
 
-/// Waits until `n` workers run and `ready` workers have become ready since the start.
+/// Waits until the master reports `n` workers ready (none booting or retiring) and `ready`
+/// workers have become ready since the start; returns their pids.
 fn wait_ready(s: &Server, n: usize, ready: usize) -> Vec<u32> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let pids = worker_pids(s.pid());
-        if pids.len() == n && ready_lines(s) >= ready {
-            return pids;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "wanted {n} workers and {ready} ready lines, have {pids:?}:\n{}",
-            s.log_text()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    s.wait_workers_where(n, |_| ready_count(s) >= ready)
+}
+
+/// The master's `worker_waits` event of the first slot waiting on GPU 0 for `why`, from
+/// event index `after` on.
+fn wait_reason(s: &Server, after: usize, why: &str) -> Event {
+    s.wait_event_after(after, "worker_waits", |e| {
+        e.str("why") == Some(why) && e.u64("gpu") == Some(0)
+    })
+    .1
 }
 
 fn mb(v: &Value) -> u64 {
@@ -444,8 +445,8 @@ fn production_places_workers_on_their_gpu_by_uuid() {
     assert_eq!(fits, vec![2, 1]);
     let n = fits.iter().sum::<u32>().min(cpu_bound());
     let s = sim.start(&["--production"], &[]);
+    // The master reports n wanted and n ready; /proc agrees.
     let workers = s.wait_workers(n as usize);
-    thread::sleep(Duration::from_millis(300));
     assert_eq!(worker_pids(s.pid()), workers, "more workers than planned");
 
     let want: BTreeMap<String, u32> = place(&fits, n)
@@ -526,7 +527,7 @@ fn model_too_big_exits_2_naming_the_gpu_then_device_cpu_starts() {
     assert_eq!(Rule::new(1000, 20000).fits(&sim.gpus), vec![0]);
     for args in [&["--production"][..], &["plan"][..]] {
         let mut s = sim.spawn(args, &[]);
-        let st = s.wait_exit(Duration::from_secs(15));
+        let st = s.wait_exit(PATIENCE);
         let log = s.log_text();
         assert_eq!(st.code(), Some(2), "{args:?}: {log}");
         let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -566,7 +567,7 @@ fn model_too_big_for_two_gpus_names_both() {
     let sim = Sim::new(gpus, &meta(3000, 12000));
     assert_eq!(Rule::new(3000, 12000).fits(&sim.gpus), vec![0, 0]);
     let mut s = sim.spawn(&["--production"], &[]);
-    assert_eq!(s.wait_exit(Duration::from_secs(15)).code(), Some(2));
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(2));
     let log = s.log_text();
     assert_eq!(log.trim().lines().count(), 1, "{log}");
     for want in [
@@ -635,13 +636,11 @@ fn no_gpu_starts_on_the_cpu_and_says_so_loudly() {
 
     let s = sim.start(&["--production"], &[]);
     let workers = s.wait_workers(cpu_bound() as usize);
-    let log = s.log_text();
-    let warn = log
-        .lines()
-        .find(|l| l.contains("the app expects a GPU"))
-        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
-    assert!(warn.contains("WARN"), "not a warning: {warn}");
-    assert!(warn.contains("serving on the CPU"), "{warn}");
+    let warn = s.wait_event("plan_warning", |e| {
+        e.message().contains("the app expects a GPU")
+    });
+    assert_eq!(warn.level, "WARN", "not a warning: {warn:?}");
+    assert!(warn.message().contains("serving on the CPU"), "{warn:?}");
     for w in &workers {
         assert_eq!(visible_devices(*w).as_deref(), Some(""), "worker {w}");
         assert!(worker_config(*w)["gpu"].is_null());
@@ -659,37 +658,34 @@ fn admission_sim() -> Sim {
     sim
 }
 
-const NO_MEMORY: &str = "waits: GPU 0 lacks the free memory";
+/// `worker_waits` reason: GPU 0 lacks the free memory for est_gpu_mem_min + reserve.
+const NO_MEMORY: &str = "gpu_memory";
 
 /// Starts the admission server with `--max-requests 1`, drops free memory to 3499 MB (one
-/// short of est_gpu_mem_min + reserve), sends one request and waits until the worker that
-/// served it has retired. Returns the server, the workers before, and the retired pid.
-fn retire_one_short_of_memory(sim: &mut Sim) -> (Server, Vec<u32>, u32) {
+/// short of est_gpu_mem_min + reserve), sends one request and waits until the master has
+/// reaped the worker that served it. Returns the server, the workers before, the retired
+/// pid and the master's `worker_exited` event for it.
+fn retire_one_short_of_memory(sim: &mut Sim) -> (Server, Vec<u32>, u32, Event) {
     let s = sim.start(&["--production", "--max-requests", "1"], &[]);
     let before = s.wait_workers(2);
     sim.set_free(0, 3499);
     let r = s.post("/", MLP_INPUT);
     assert_eq!(r.status, 200, "{r:?}");
     let gone = r.pid();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while worker_pids(s.pid()).contains(&gone) {
-        assert!(Instant::now() < deadline, "{gone} did not retire");
-        thread::sleep(Duration::from_millis(20));
-    }
-    (s, before, gone)
+    let exited = s.wait_event("worker_exited", |e| e.u64("pid") == Some(gone.into()));
+    assert_eq!(exited.str("reason"), Some("max_requests"), "{exited:?}");
+    (s, before, gone, exited)
 }
 
 #[test]
 fn a_recycled_worker_waits_for_gpu_memory_then_starts() {
     let mut sim = admission_sim();
     // The worker that served retires; its replacement is not started.
-    let (s, before, gone) = retire_one_short_of_memory(&mut sim);
+    let (s, before, gone, _) = retire_one_short_of_memory(&mut sim);
     // The master says why the slot waits (first, possibly, "no room until a retiring
-    // worker exits"; then the memory reason, logged as soon as it changes).
-    s.wait_log(" waits: GPU 0", Duration::from_secs(5));
+    // worker exits"; once it has exited, the memory reason).
+    wait_reason(&s, 0, NO_MEMORY);
     stays(&s, 1, 2, Duration::from_millis(1500));
-    s.wait_log(NO_MEMORY, Duration::from_secs(12));
-    stays(&s, 1, 2, Duration::from_millis(300));
     let survivor: Vec<u32> = before.iter().copied().filter(|p| *p != gone).collect();
     assert_eq!(worker_pids(s.pid()), survivor);
     // Memory back: the slot fills again, on the same GPU.
@@ -707,9 +703,11 @@ fn ttin_waits_for_gpu_memory_then_more_is_refused() {
     let s = sim.start(&["--production", "--workers", "1"], &[]);
     s.wait_workers(1);
     sim.set_free(0, 3000);
+    let mark = s.mark();
     s.signal(libc::SIGTTIN);
-    s.wait_log("TTIN: 2 workers", Duration::from_secs(5));
-    s.wait_log(NO_MEMORY, Duration::from_secs(5));
+    let (_, ttin) = s.wait_event_after(mark, "ttin", |_| true);
+    assert_eq!(ttin.u64("workers"), Some(2), "{ttin:?}");
+    wait_reason(&s, mark, NO_MEMORY);
     stays(&s, 1, 1, Duration::from_millis(1000));
     sim.set_free(0, 30_000);
     let workers = wait_ready(&s, 2, 2);
@@ -719,10 +717,9 @@ fn ttin_waits_for_gpu_memory_then_more_is_refused() {
     );
     // (g) The GPU is full by the plan (fits 2): one more is refused with a warning.
     s.signal(libc::SIGTTIN);
-    s.wait_log("TTIN refused", Duration::from_secs(5));
-    let log = s.log_text();
-    let line = log.lines().find(|l| l.contains("TTIN refused")).unwrap();
-    assert!(line.contains("WARN"), "{line}");
+    let refused = s.wait_event("ttin_refused", |_| true);
+    assert_eq!(refused.level, "WARN", "{refused:?}");
+    assert_eq!(refused.u64("workers"), Some(2), "{refused:?}");
     stays(&s, 2, 2, Duration::from_millis(800));
 }
 
@@ -737,10 +734,9 @@ fn ttin_beyond_the_gpus_is_refused_with_a_warning() {
     let s = sim.start(&["--production"], &[]);
     s.wait_workers(3);
     s.signal(libc::SIGTTIN);
-    s.wait_log("TTIN refused", Duration::from_secs(5));
-    let log = s.log_text();
-    let line = log.lines().find(|l| l.contains("TTIN refused")).unwrap();
-    assert!(line.contains("WARN"), "{line}");
+    let refused = s.wait_event("ttin_refused", |_| true);
+    assert_eq!(refused.level, "WARN", "{refused:?}");
+    assert_eq!(refused.u64("workers"), Some(3), "{refused:?}");
     stays(&s, 3, 3, Duration::from_millis(800));
     // One fewer, then one more fits again.
     s.signal(libc::SIGTTOU);
@@ -773,7 +769,7 @@ fn an_explicit_nvml_library_that_does_not_load_exits_2() {
                 &[mode, "--nvml-library", lib],
                 &[(nvml_sim::ENV_FILE, &sim.file.display().to_string())],
             );
-            let st = s.wait_exit(Duration::from_secs(15));
+            let st = s.wait_exit(PATIENCE);
             let log = s.log_text();
             assert_eq!(st.code(), Some(2), "{mode} {lib}: {log}");
             assert_eq!(log.trim().lines().count(), 1, "{log}");
@@ -788,19 +784,27 @@ fn an_explicit_nvml_library_that_does_not_load_exits_2() {
     broken.init_error = Some(9);
     let sim = Sim::new(broken, &meta(1000, 5000));
     let mut s = sim.spawn(&["--production"], &[]);
-    assert_eq!(s.wait_exit(Duration::from_secs(15)).code(), Some(2));
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(2));
     let log = s.log_text();
     assert!(log.contains("the NVIDIA driver is not loaded"), "{log}");
     assert!(!log.contains("listening"), "{log}");
 }
 
-/// The reason a slot waits is logged when it changes, not up to 10 s later.
+/// The reason a slot waits is logged when it changes, not up to 10 s later (the repeat
+/// interval of one reason). Timed by the master's own event timestamps, so a busy machine
+/// delays the test's reading, not the measure.
 #[test]
 fn the_wait_reason_is_logged_when_it_changes() {
     let mut sim = admission_sim();
-    let (s, _, _) = retire_one_short_of_memory(&mut sim);
+    let (s, _, _, exited) = retire_one_short_of_memory(&mut sim);
     // The old worker has exited: from now on memory alone keeps the slot empty.
-    s.wait_log(NO_MEMORY, Duration::from_secs(3));
+    let waits = wait_reason(&s, 0, NO_MEMORY);
+    let after = waits.secs() - exited.secs();
+    assert!(
+        (0.0..5.0).contains(&after),
+        "the memory reason came {after:.3} s after the exit:\n{}",
+        s.log_text()
+    );
 }
 
 /// `--workers` above what fits at start: a warning, and the extra slot waits while no GPU
@@ -819,18 +823,21 @@ fn workers_override_above_what_fits_waits_for_memory_then_starts() {
     let s = sim.start(&["--production", "--workers", "2"], &[]);
     // What NVML would say once the first worker holds its ~15000 MB.
     sim.set_free(0, 5_000);
-    s.wait_workers(1);
-    let log = s.log_text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("asks for 2 workers but only 1 fit"))
-        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
-    assert!(line.contains("WARN"), "{line}");
-    s.wait_log("no GPU has the free memory", Duration::from_secs(5));
+    let warning = s.wait_event("plan_warning", |e| {
+        e.message().contains("asks for 2 workers but only 1 fit")
+    });
+    assert_eq!(warning.level, "WARN", "{warning:?}");
+    let waits = s.wait_event("worker_waits", |e| e.str("why") == Some("unplaced"));
+    assert_eq!(waits.u64("slot"), Some(1), "{waits:?}");
+    // Two wanted, one ready, nothing booting.
+    s.wait_pool(|p| {
+        p.u64("workers") == Some(2) && p.u64("ready") == Some(1) && p.u64("booting") == Some(0)
+    });
     stays(&s, 1, 1, Duration::from_millis(800));
     sim.set_free(0, 40_000);
+    let placed = s.wait_event("worker_placed", |_| true);
+    assert_eq!(placed.u64("gpu"), Some(0), "{placed:?}");
     let workers = wait_ready(&s, 2, 2);
-    s.wait_log("placed on GPU 0 beyond the plan", Duration::from_secs(5));
     let uuid = sim.gpus.uuid_of(0);
     for w in workers {
         assert_eq!(environ(w)["CUDA_VISIBLE_DEVICES"], uuid);

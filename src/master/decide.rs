@@ -67,18 +67,100 @@ pub struct View<'a> {
     pub limits: Limits,
 }
 
+/// Why the master kills a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// Still booting after `--boot-timeout`.
+    BootTimeout,
+    /// Ready, but no heartbeat for `--timeout`.
+    Heartbeat,
+    /// Retiring for longer than `--graceful-timeout` (plus [`KILL_GRACE`]).
+    GracefulTimeout,
+    /// The master is stopping and the worker outlived the stop's deadline.
+    StopTimeout,
+}
+
+impl KillReason {
+    /// The `why` of the `worker_killed` event.
+    pub fn code(self) -> &'static str {
+        match self {
+            KillReason::BootTimeout => "boot_timeout",
+            KillReason::Heartbeat => "heartbeat",
+            KillReason::GracefulTimeout => "graceful_timeout",
+            KillReason::StopTimeout => "stop_timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for KillReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KillReason::BootTimeout => "did not load its model within --boot-timeout",
+            KillReason::Heartbeat => "sent no heartbeat within --timeout",
+            KillReason::GracefulTimeout => "did not finish retiring within --graceful-timeout",
+            KillReason::StopTimeout => "did not stop in time",
+        })
+    }
+}
+
+/// Why a slot cannot start its worker yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    /// Beyond what the plan fitted, and no GPU has the memory for it yet.
+    Unplaced,
+    /// Its GPU is full by the plan until a retiring worker exits.
+    GpuRoom(u32),
+    /// Its GPU lacks the free memory for `est_gpu_mem_min` plus the reserve (admission).
+    GpuMemory(u32),
+}
+
+impl WaitReason {
+    /// The `why` of the `worker_waits` event.
+    pub fn code(self) -> &'static str {
+        match self {
+            WaitReason::Unplaced => "unplaced",
+            WaitReason::GpuRoom(_) => "gpu_room",
+            WaitReason::GpuMemory(_) => "gpu_memory",
+        }
+    }
+
+    pub fn gpu(self) -> Option<u32> {
+        match self {
+            WaitReason::Unplaced => None,
+            WaitReason::GpuRoom(g) | WaitReason::GpuMemory(g) => Some(g),
+        }
+    }
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitReason::Unplaced => {
+                f.write_str("no GPU has the free memory for est_gpu_mem_typ plus the reserve yet")
+            }
+            WaitReason::GpuRoom(g) => {
+                write!(f, "GPU {g} has no room until a retiring worker exits")
+            }
+            WaitReason::GpuMemory(g) => write!(
+                f,
+                "GPU {g} lacks the free memory for est_gpu_mem_min plus the reserve"
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Start a worker in this slot.
     Spawn { slot: u32 },
     /// A slot waits: its GPU lacks room or free memory.
-    Wait { slot: u32, why: String },
+    Wait { slot: u32, why: WaitReason },
     /// Ask a worker to retire gracefully (TERM).
     Retire { pid: u32, why: &'static str },
     /// Ask a worker to exit at once (QUIT).
     Quit { pid: u32 },
     /// SIGKILL.
-    Kill { pid: u32, why: &'static str },
+    Kill { pid: u32, why: KillReason },
     /// Exit the master with this status.
     Exit { code: i32, why: String },
 }
@@ -165,7 +247,7 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
         if s.unplaced {
             out.push(Action::Wait {
                 slot: s.id,
-                why: "no GPU has the free memory for est_gpu_mem_typ plus the reserve yet".into(),
+                why: WaitReason::Unplaced,
             });
             continue;
         }
@@ -173,16 +255,14 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
             if !room(gpu, &extra_on_gpu) {
                 out.push(Action::Wait {
                     slot: s.id,
-                    why: format!("GPU {gpu} has no room until a retiring worker exits"),
+                    why: WaitReason::GpuRoom(gpu),
                 });
                 continue;
             }
             if !(v.gpu_admits)(gpu) {
                 out.push(Action::Wait {
                     slot: s.id,
-                    why: format!(
-                        "GPU {gpu} lacks the free memory for est_gpu_mem_min plus the reserve"
-                    ),
+                    why: WaitReason::GpuMemory(gpu),
                 });
                 continue;
             }
@@ -221,7 +301,7 @@ fn stopping(v: &View<'_>, stop: Stopping, out: &mut Vec<Action>) {
         if v.now.duration_since(since) > wait {
             out.push(Action::Kill {
                 pid: w.pid,
-                why: "did not stop in time",
+                why: KillReason::StopTimeout,
             });
         } else if w.asked_to_stop.is_none() {
             out.push(match stop {
@@ -242,10 +322,10 @@ fn deadlines(v: &View<'_>, out: &mut Vec<Action>) {
         }
         let why = match w.phase {
             Phase::Booting if v.now.duration_since(w.started) > v.limits.boot_timeout => {
-                Some("did not load its model within --boot-timeout")
+                Some(KillReason::BootTimeout)
             }
             Phase::Ready if v.now.duration_since(w.last_heartbeat) > v.limits.timeout => {
-                Some("sent no heartbeat within --timeout")
+                Some(KillReason::Heartbeat)
             }
             _ => None,
         };
@@ -258,7 +338,7 @@ fn deadlines(v: &View<'_>, out: &mut Vec<Action>) {
         let why = why.or_else(|| {
             retiring_since
                 .filter(|t| v.now.duration_since(*t) > v.limits.graceful_timeout + KILL_GRACE)
-                .map(|_| "did not finish retiring within --graceful-timeout")
+                .map(|_| KillReason::GracefulTimeout)
         });
         if let Some(why) = why {
             out.push(Action::Kill { pid: w.pid, why });
@@ -444,7 +524,13 @@ mod tests {
             .worker(10, 0, Phase::Retiring)
             .worker(11, 1, Phase::Ready);
         w.capacity = 2;
-        assert!(matches!(w.decide()[..], [Action::Wait { slot: 0, .. }]));
+        assert_eq!(
+            w.decide(),
+            vec![Action::Wait {
+                slot: 0,
+                why: WaitReason::GpuRoom(0)
+            }]
+        );
         w.capacity = 3;
         assert_eq!(w.decide(), vec![spawn(0)]);
     }
@@ -463,7 +549,10 @@ mod tests {
         let mut w = World::new(1, Some(0));
         w.admits = false;
         match &w.decide()[..] {
-            [Action::Wait { slot: 0, why }] => assert!(why.contains("est_gpu_mem_min"), "{why}"),
+            [Action::Wait { slot: 0, why }] => {
+                assert_eq!(*why, WaitReason::GpuMemory(0));
+                assert!(why.to_string().contains("est_gpu_mem_min"), "{why}");
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -472,7 +561,13 @@ mod tests {
     fn unplaced_slots_wait() {
         let mut w = World::new(2, Some(0)).worker(10, 0, Phase::Ready);
         w.slots[1].unplaced = true;
-        assert!(matches!(w.decide()[..], [Action::Wait { slot: 1, .. }]));
+        assert_eq!(
+            w.decide(),
+            vec![Action::Wait {
+                slot: 1,
+                why: WaitReason::Unplaced
+            }]
+        );
     }
 
     #[test]
@@ -500,11 +595,11 @@ mod tests {
         let a = w.decide();
         assert!(a.contains(&Action::Kill {
             pid: 10,
-            why: "did not load its model within --boot-timeout"
+            why: KillReason::BootTimeout
         }));
         assert!(a.contains(&Action::Kill {
             pid: 12,
-            why: "did not finish retiring within --graceful-timeout"
+            why: KillReason::GracefulTimeout
         }));
         assert!(!a.iter().any(|x| matches!(x, Action::Kill { pid: 11, .. })));
         // the killed boot is replaced in the same round
@@ -512,7 +607,7 @@ mod tests {
         let w = World::new(1, None).worker(11, 0, Phase::Ready).at(31.0);
         assert!(w.decide().contains(&Action::Kill {
             pid: 11,
-            why: "sent no heartbeat within --timeout"
+            why: KillReason::Heartbeat
         }));
     }
 

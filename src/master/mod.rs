@@ -3,6 +3,7 @@
 //! initialises CUDA and never loads libtorch.
 
 pub mod decide;
+pub mod events;
 pub mod signals;
 pub mod slot;
 pub mod spawn;

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::decide::KillReason;
 use crate::protocol::RetireReason;
 
 /// Where a worker is in its life.
@@ -30,13 +31,15 @@ pub struct WorkerState {
     pub phase_since: Instant,
     pub last_heartbeat: Instant,
     pub served: u64,
+    /// Requests in flight, as its last heartbeat (or retiring message) said.
+    pub in_flight: u32,
     /// NVML index of its GPU, if it has one.
     pub gpu: Option<u32>,
     pub retire_reason: Option<RetireReason>,
     /// When the master sent it TERM (or QUIT), if it did.
     pub asked_to_stop: Option<Instant>,
     /// Why the master killed it, if it did.
-    pub killed: Option<&'static str>,
+    pub killed: Option<KillReason>,
 }
 
 impl WorkerState {
@@ -58,6 +61,7 @@ impl WorkerState {
             phase_since: now,
             last_heartbeat: now,
             served: 0,
+            in_flight: 0,
             gpu,
             retire_reason: None,
             asked_to_stop: None,

@@ -14,7 +14,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::decide::{decide, Action, Limits, Stopping, View};
+use super::decide::{decide, Action, Limits, Stopping, View, WaitReason};
+use super::events::{phase_name, Pool};
 use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
 use super::spawn::{launch, worker_config, Launched, WorkerSpec};
@@ -52,7 +53,9 @@ pub struct Supervisor {
     last_ready_at: Instant,
     gpus: Option<NvmlProbe>,
     rng: u64,
-    wait_logged: HashMap<u32, (Instant, String)>,
+    wait_logged: HashMap<u32, (Instant, WaitReason)>,
+    /// The pool as last reported (`pool` event).
+    reported: Pool,
     /// The template process that forks workers, when in use.
     template: Option<Template>,
     /// Templates stopped on purpose (after a reload), not yet reaped.
@@ -107,6 +110,7 @@ impl Supervisor {
             gpus,
             rng: seed | 1,
             wait_logged: HashMap::new(),
+            reported: Pool::default(),
             template: None,
             old_templates: Vec::new(),
             template_failures: 0,
@@ -133,6 +137,16 @@ impl Supervisor {
             if let Some(code) = self.act() {
                 return code;
             }
+            self.report_pool();
+        }
+    }
+
+    /// Reports the pool (`pool` event) when it changed since the last report.
+    fn report_pool(&mut self) {
+        let now = Pool::of(self.target, self.workers.iter().map(|w| &w.state));
+        if now != self.reported {
+            now.report();
+            self.reported = now;
         }
     }
 
@@ -154,6 +168,8 @@ impl Supervisor {
             Intent::GracefulStop => {
                 if self.stopping.is_none() {
                     tracing::info!(
+                        event = "stopping",
+                        how = "graceful",
                         "TERM: stopping gracefully (in-flight requests get {:?})",
                         self.cfg.graceful_timeout
                     );
@@ -164,7 +180,7 @@ impl Supervisor {
             }
             Intent::QuickStop => {
                 if !matches!(self.stopping, Some(Stopping::Quick(_))) {
-                    tracing::info!("INT/QUIT: stopping now");
+                    tracing::info!(event = "stopping", how = "quick", "INT/QUIT: stopping now");
                     self.stopping = Some(Stopping::Quick(now));
                     self.listener = None;
                     self.retire_template();
@@ -178,9 +194,18 @@ impl Supervisor {
             Intent::FewerWorkers if self.stopping.is_none() => {
                 if self.target > 1 {
                     self.target -= 1;
-                    tracing::info!("TTOU: {} workers", self.target);
+                    tracing::info!(
+                        event = "ttou",
+                        workers = self.target,
+                        "TTOU: {} workers",
+                        self.target
+                    );
                 } else {
-                    tracing::warn!("TTOU refused: one worker is the least");
+                    tracing::warn!(
+                        event = "ttou_refused",
+                        workers = self.target,
+                        "TTOU refused: one worker is the least"
+                    );
                 }
             }
             Intent::Reap | Intent::Reload | Intent::MoreWorkers | Intent::FewerWorkers => {}
@@ -191,6 +216,7 @@ impl Supervisor {
         match self.cfg.reloaded() {
             Ok(new) => {
                 tracing::info!(
+                    event = "reload_started",
                     "HUP: reloading {} (model {}), replacing workers one at a time",
                     new.metadata.path.display(),
                     new.model_path
@@ -202,7 +228,11 @@ impl Supervisor {
                 self.reload_from = Some(old);
                 self.cfg_gen += 1;
             }
-            Err(e) => tracing::error!("HUP: reload refused, the old workers keep serving: {e}"),
+            Err(e) => tracing::error!(
+                event = "reload_refused",
+                error = %e,
+                "HUP: reload refused, the old workers keep serving: {e}"
+            ),
         }
     }
 
@@ -216,6 +246,8 @@ impl Supervisor {
                 Target::Gpu(g) => Some(g),
                 Target::NoRoom => {
                     tracing::warn!(
+                        event = "ttin_refused",
+                        workers = self.target,
                         "TTIN refused: {} workers already fill the GPUs' usable memory",
                         self.target
                     );
@@ -227,7 +259,12 @@ impl Supervisor {
             self.plan.placement.push(Placement { slot, gpu });
         }
         self.target += 1;
-        tracing::info!("TTIN: {} workers", self.target);
+        tracing::info!(
+            event = "ttin",
+            workers = self.target,
+            "TTIN: {} workers",
+            self.target
+        );
     }
 
     fn reap(&mut self) {
@@ -272,12 +309,30 @@ impl Supervisor {
             "worker {} (pid {pid}, generation {})",
             st.slot, st.generation
         );
+        // One `worker_exited` event whatever the outcome; its level and message say how.
+        macro_rules! exited {
+            ($level:ident, $($msg:tt)+) => {
+                tracing::$level!(
+                    event = "worker_exited",
+                    slot = st.slot,
+                    pid,
+                    generation = st.generation,
+                    phase = phase_name(st.phase),
+                    code,
+                    signal = sig.map(|s| s.as_str()),
+                    served = st.served,
+                    reason = st.retire_reason.map(|r| r.code()),
+                    killed = st.killed.map(|k| k.code()),
+                    $($msg)+
+                )
+            };
+        }
         if self.stopping.is_some() {
-            tracing::debug!("{name} stopped: {status}");
+            exited!(debug, "{name} stopped: {status}");
             return;
         }
         if let Some(why) = st.killed {
-            tracing::warn!("{name} killed: it {why}; replacing it");
+            exited!(warn, "{name} killed: it {why}; replacing it");
             if st.phase == Phase::Booting {
                 self.boot_failed(&w.state, now);
             }
@@ -296,16 +351,18 @@ impl Supervisor {
                     .and_then(|s| s.backoff_until)
                     .map(|t| t.saturating_duration_since(now))
                     .unwrap_or_default();
-                tracing::error!("{name} {what} ({status}); next try in {retry:.1?}");
+                exited!(error, "{name} {what} ({status}); next try in {retry:.1?}");
             }
-            _ if code == Some(0) => tracing::info!(
+            _ if code == Some(0) => exited!(
+                info,
                 "{name} exited after {} requests{}",
                 st.served,
                 st.retire_reason
                     .map(|r| format!(" ({r:?})"))
                     .unwrap_or_default()
             ),
-            _ => tracing::warn!(
+            _ => exited!(
+                warn,
                 "{name} died ({status}) after {} requests; replacing it",
                 st.served
             ),
@@ -322,6 +379,7 @@ impl Supervisor {
         if w.cfg_gen == self.cfg_gen {
             if let Some(old) = self.reload_from.take() {
                 tracing::error!(
+                    event = "reload_failed",
                     "reload failed: a worker with the new configuration did not boot; keeping the old configuration and workers"
                 );
                 self.cfg = old;
@@ -346,6 +404,9 @@ impl Supervisor {
         let status = code.map_or_else(|| format!("signal {sig:?}"), |c| format!("exit status {c}"));
         if t.ready {
             tracing::warn!(
+                event = "template_failed",
+                pid = t.pid,
+                status,
                 "the template process (pid {}) died ({status}); restarting it",
                 t.pid
             );
@@ -354,11 +415,19 @@ impl Supervisor {
         self.template_failures += 1;
         if code == Some(worker_exit::TEMPLATE_UNFIT) || self.template_failures >= TEMPLATE_TRIES {
             tracing::warn!(
+                event = "template_failed",
+                pid = t.pid,
+                status,
                 "the template process failed ({status}); workers are started by exec (about 0.3 s each) for this configuration"
             );
             self.template_off_gen = Some(t.cfg_gen);
         } else {
-            tracing::warn!("the template process failed before it was ready ({status}); retrying");
+            tracing::warn!(
+                event = "template_failed",
+                pid = t.pid,
+                status,
+                "the template process failed before it was ready ({status}); retrying"
+            );
         }
     }
 
@@ -426,10 +495,13 @@ impl Supervisor {
         let now = Instant::now();
         if let Some(t) = self.template.as_mut() {
             if t.poll_ready() {
+                let ms = t.started.elapsed().as_secs_f64() * 1e3;
                 tracing::info!(
-                    "template process (pid {}) ready in {:.0} ms: workers are forked from it",
-                    t.pid,
-                    t.started.elapsed().as_secs_f64() * 1e3
+                    event = "template_ready",
+                    pid = t.pid,
+                    ms,
+                    "template process (pid {}) ready in {ms:.0} ms: workers are forked from it",
+                    t.pid
                 );
             }
         }
@@ -448,7 +520,10 @@ impl Supervisor {
                 .iter()
                 .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
         {
-            tracing::info!("reload complete: every worker runs the new configuration");
+            tracing::info!(
+                event = "reload_complete",
+                "reload complete: every worker runs the new configuration"
+            );
             self.reload_from = None;
         }
     }
@@ -465,25 +540,44 @@ impl Supervisor {
                     if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
                         s.succeeded();
                     }
+                    let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
                     tracing::info!(
-                        "worker {} (pid {pid}, generation {}) ready in {:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+                        event = "worker_ready",
+                        slot = st.slot,
+                        pid,
+                        generation = st.generation,
+                        ms,
+                        model_ms = boot_ms.model_ms,
+                        warmup_ms = boot_ms.warmup_ms,
+                        "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
                         st.slot,
                         st.generation,
-                        now.duration_since(st.started).as_secs_f64() * 1e3,
                         boot_ms.model_ms,
                         boot_ms.warmup_ms
                     );
                 }
-                ControlMsg::Heartbeat { served, .. } => {
+                ControlMsg::Heartbeat { served, in_flight } => {
                     st.last_heartbeat = now;
                     st.served = served;
+                    st.in_flight = in_flight;
                 }
-                ControlMsg::Retiring { reason, served } => {
+                ControlMsg::Retiring {
+                    reason,
+                    served,
+                    in_flight,
+                } => {
                     st.set_phase(Phase::Retiring, now);
                     st.retire_reason = Some(reason);
                     st.served = served;
+                    st.in_flight = in_flight;
                     tracing::debug!(
-                        "worker {} (pid {}) retiring after {served} requests: {reason:?}",
+                        event = "worker_retiring",
+                        slot = st.slot,
+                        pid = st.pid,
+                        reason = reason.code(),
+                        served,
+                        in_flight,
+                        "worker {} (pid {}) retiring after {served} requests ({in_flight} in flight): {reason:?}",
                         st.slot,
                         st.pid
                     );
@@ -539,6 +633,10 @@ impl Supervisor {
         };
         let id = self.slots[i].id;
         tracing::warn!(
+            event = "worker_placed",
+            slot = id,
+            gpu = g.index,
+            free_mb = free,
             "worker {id} placed on GPU {} beyond the plan: it has {free} MB free now",
             g.index
         );
@@ -602,7 +700,13 @@ impl Supervisor {
                     let fresh = last
                         .is_none_or(|(t, w)| *w != why || now.duration_since(*t) > WAIT_LOG_EVERY);
                     if fresh {
-                        tracing::warn!("worker {slot} waits: {why}");
+                        tracing::warn!(
+                            event = "worker_waits",
+                            slot,
+                            why = why.code(),
+                            gpu = why.gpu(),
+                            "worker {slot} waits: {why}"
+                        );
                         self.wait_logged.insert(slot, (now, why));
                     }
                 }
@@ -616,7 +720,12 @@ impl Supervisor {
                     self.with(pid, |w| w.asked_to_stop = Some(now));
                 }
                 Action::Kill { pid, why } => {
-                    tracing::warn!("killing pid {pid}: it {why}");
+                    tracing::warn!(
+                        event = "worker_killed",
+                        pid,
+                        why = why.code(),
+                        "killing pid {pid}: it {why}"
+                    );
                     self.signal(pid, Signal::SIGKILL);
                     self.with(pid, |w| w.killed = Some(why));
                 }
@@ -658,9 +767,14 @@ impl Supervisor {
         }
         let config = worker_config(&self.cfg, &self.plan, slot, generation, max_requests);
         match self.launch(config) {
-            Ok(l) => {
+            Ok((l, method)) => {
                 tracing::debug!(
-                    "worker {slot} (pid {}, generation {generation}) started",
+                    event = "worker_started",
+                    slot,
+                    pid = l.pid,
+                    generation,
+                    method,
+                    "worker {slot} (pid {}, generation {generation}) started by {method}",
                     l.pid
                 );
                 self.workers.push(Live {
@@ -680,8 +794,8 @@ impl Supervisor {
         }
     }
 
-    /// Starts a worker: forked from the template when it is ready, else by exec.
-    fn launch(&mut self, config: WorkerConfig) -> std::io::Result<Launched> {
+    /// Starts a worker: forked from the template when it is ready, else by exec. Says which.
+    fn launch(&mut self, config: WorkerConfig) -> std::io::Result<(Launched, &'static str)> {
         // GPU workers are exec'd: they load the model onto their GPU anyway, and their
         // environment (CUDA_VISIBLE_DEVICES) stays visible in /proc/<pid>/environ.
         let template = self
@@ -690,7 +804,7 @@ impl Supervisor {
             .filter(|t| t.ready && t.cfg_gen == self.cfg_gen && config.gpu.is_none());
         if let Some(t) = template {
             match t.spawn(&config) {
-                Ok(l) => return Ok(l),
+                Ok(l) => return Ok((l, "fork")),
                 Err(e) => {
                     tracing::warn!(
                         "the template could not fork a worker ({e}); restarting it, exec meanwhile"
@@ -703,7 +817,7 @@ impl Supervisor {
             .listener
             .as_ref()
             .ok_or_else(|| std::io::Error::other("not listening any more"))?;
-        launch(&self.cfg.worker_binary, &WorkerSpec { config }, listener)
+        launch(&self.cfg.worker_binary, &WorkerSpec { config }, listener).map(|l| (l, "exec"))
     }
 
     fn signal(&self, pid: u32, sig: Signal) {

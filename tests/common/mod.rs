@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn fixtures() -> PathBuf {
@@ -56,7 +56,17 @@ pub struct Server {
     pub child: Option<Child>,
     pub port: u16,
     pub log: Arc<Mutex<String>>,
+    /// Output streams (stdout, stderr) that reached their end.
+    closed: Arc<(Mutex<usize>, Condvar)>,
 }
+
+/// How long a test waits for a state the server reports before it fails. Generous: a
+/// busy machine makes states arrive later, never wrongly.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The log filter the tests run with: the master's `pool` and `worker_retiring` events are
+/// debug-level.
+const LOG_FILTER: &str = "info,vramfork::master=debug";
 
 impl Server {
     /// Starts `app` with `args` (plus `--metadata`, `--port 0`) and waits until it listens.
@@ -65,9 +75,8 @@ impl Server {
     }
 
     pub fn start_env(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let s = Self::spawn(app, args, env);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut s = s;
+        let mut s = Self::spawn(app, args, env);
+        let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(port) = s.log_port() {
                 s.port = port;
@@ -85,7 +94,8 @@ impl Server {
         }
     }
 
-    /// Starts `app` without waiting for anything.
+    /// Starts `app` without waiting for anything. It logs JSON lines, so that the tests read
+    /// the master's events (`src/master/events.rs`) rather than its wording.
     pub fn spawn(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(app_bin());
         cmd.arg("--metadata")
@@ -93,39 +103,45 @@ impl Server {
             .args(["--port", "0"])
             .args(args)
             .current_dir(app.dir.path())
-            .env("VRAMFORK_LOG", "info")
             .env_remove("CLAMS_GUNICORN_WORKERS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
         for (k, _) in std::env::vars() {
-            if k.starts_with("VRAMFORK_") && k != "VRAMFORK_LOG" {
+            if k.starts_with("VRAMFORK_") {
                 cmd.env_remove(k);
             }
         }
+        cmd.env("VRAMFORK_LOG", LOG_FILTER)
+            .env("VRAMFORK_LOG_FORMAT", "json");
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("start app");
         let log = Arc::new(Mutex::new(String::new()));
+        let closed = Arc::new((Mutex::new(0usize), Condvar::new()));
         for stream in [
             Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
             Box::new(child.stdout.take().unwrap()),
         ] {
             let log = Arc::clone(&log);
+            let closed = Arc::clone(&closed);
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     let mut l = log.lock().unwrap();
                     l.push_str(&line);
                     l.push('\n');
                 }
+                *closed.0.lock().unwrap() += 1;
+                closed.1.notify_all();
             });
         }
         Server {
             child: Some(child),
             port: 0,
             log,
+            closed,
         }
     }
 
@@ -138,24 +154,24 @@ impl Server {
     }
 
     fn log_port(&self) -> Option<u16> {
-        let log = self.log_text();
-        let i = log.find("listening on http://")?;
-        let rest = &log[i + "listening on http://".len()..];
-        let end = rest.find(|c: char| c.is_whitespace())?;
-        rest[..end].rsplit(':').next()?.parse().ok()
+        let e = self.events().into_iter().find(|e| e.name == "listening")?;
+        e.str("addr")?.rsplit(':').next()?.parse().ok()
     }
 
     pub fn try_exit(&mut self) -> Option<ExitStatus> {
         self.child.as_mut().unwrap().try_wait().unwrap()
     }
 
-    /// Waits for `app` to exit, at most `limit`.
+    /// Waits for `app` to exit, at most `limit`, and for its output to end (every process
+    /// that shared it gone, or 10 s).
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(st) = self.try_exit() {
-                // let the log readers drain
-                std::thread::sleep(Duration::from_millis(50));
+                let (n, cv) = &*self.closed;
+                let _ = cv
+                    .wait_timeout_while(n.lock().unwrap(), Duration::from_secs(10), |n| *n < 2)
+                    .unwrap();
                 return st;
             }
             assert!(
@@ -167,36 +183,120 @@ impl Server {
         }
     }
 
-    /// Waits until the log contains `what`, at most `limit`.
-    pub fn wait_log(&self, what: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while !self.log_text().contains(what) {
-            assert!(
-                Instant::now() < deadline,
-                "no {what:?} within {limit:?} in:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.pid() as i32, sig) };
     }
 
-    /// Waits until `n` workers answer health checks as ready; returns their pids.
-    pub fn wait_workers(&self, n: usize) -> Vec<u32> {
-        let deadline = Instant::now() + Duration::from_secs(60);
+    /// The master's events so far, in order (its JSON log lines that carry an `event`).
+    pub fn events(&self) -> Vec<Event> {
+        self.all_events()
+            .into_iter()
+            .filter(Event::is_masters)
+            .collect()
+    }
+
+    /// Every process's events (the master's, the workers', the template's).
+    pub fn all_events(&self) -> Vec<Event> {
+        self.log_text().lines().filter_map(Event::parse).collect()
+    }
+
+    /// Waits for the first master event named `name` for which `pred` holds, among those
+    /// from index `after` on (see [`Server::mark`]); returns it with its index.
+    pub fn wait_event_after(
+        &self,
+        after: usize,
+        name: &str,
+        pred: impl Fn(&Event) -> bool,
+    ) -> (usize, Event) {
+        let deadline = Instant::now() + PATIENCE;
         loop {
-            let pids = worker_pids(self.pid());
-            let ready = self.log_text().matches(" ready in ").count();
-            if pids.len() == n && ready >= n {
+            let found = self
+                .events()
+                .into_iter()
+                .enumerate()
+                .skip(after)
+                .find(|(_, e)| e.name == name && pred(e));
+            if let Some(found) = found {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {name:?} event (from #{after}) as wanted within {PATIENCE:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the first master event named `name` for which `pred` holds.
+    pub fn wait_event(&self, name: &str, pred: impl Fn(&Event) -> bool) -> Event {
+        self.wait_event_after(0, name, pred).1
+    }
+
+    /// How many master events there are now: later waits can start from here.
+    pub fn mark(&self) -> usize {
+        self.events().len()
+    }
+
+    /// The master's events named `name`.
+    pub fn events_named(&self, name: &str) -> Vec<Event> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.name == name)
+            .collect()
+    }
+
+    /// Waits until the master's latest `pool` event (its pool as it is now) satisfies
+    /// `pred`; returns it.
+    pub fn wait_pool(&self, pred: impl Fn(&Event) -> bool) -> Event {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let pool = self.events().into_iter().rev().find(|e| e.name == "pool");
+            if let Some(p) = pool.filter(|p| pred(p)) {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pool never became as wanted:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pids of the workers the master has reported ready and not since retiring or
+    /// gone, from its events.
+    pub fn ready_pids(&self) -> Vec<u32> {
+        ready_pids(&self.events())
+    }
+
+    /// Waits until the master reports exactly `n` workers wanted and ready, none booting or
+    /// retiring; returns their pids.
+    pub fn wait_workers(&self, n: usize) -> Vec<u32> {
+        self.wait_workers_where(n, |_| true)
+    }
+
+    /// [`Server::wait_workers`], until the ready pids also satisfy `pred`.
+    pub fn wait_workers_where(&self, n: usize, pred: impl Fn(&[u32]) -> bool) -> Vec<u32> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let events = self.events();
+            let pool = events.iter().rev().find(|e| e.name == "pool");
+            let settled = pool.is_some_and(|p| {
+                p.u64("workers") == Some(n as u64)
+                    && p.u64("ready") == Some(n as u64)
+                    && p.u64("booting") == Some(0)
+                    && p.u64("retiring") == Some(0)
+            });
+            let pids = ready_pids(&events);
+            if settled && pids.len() == n && pred(&pids) {
                 return pids;
             }
             assert!(
                 Instant::now() < deadline,
-                "expected {n} ready workers, have {pids:?} ({ready} ready lines):\n{}",
+                "expected {n} ready workers; last pool event {:?}, ready pids {pids:?}:\n{}",
+                pool.map(|p| &p.fields),
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -212,15 +312,97 @@ impl Server {
     }
 }
 
+/// Workers reported ready and not since retiring or gone, replaying `events`.
+fn ready_pids(events: &[Event]) -> Vec<u32> {
+    let mut ready = Vec::new();
+    for e in events {
+        let Some(pid) = e.u64("pid").map(|p| p as u32) else {
+            continue;
+        };
+        match e.name.as_str() {
+            "worker_ready" => ready.push(pid),
+            "worker_retiring" | "worker_exited" | "worker_killed" => ready.retain(|p| *p != pid),
+            _ => {}
+        }
+    }
+    ready.sort();
+    ready
+}
+
+/// One of the master's log events (`--log-format json`).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub name: String,
+    pub level: String,
+    pub target: String,
+    pub timestamp: String,
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Event {
+    /// A JSON log line with an `event` field; `None` for anything else.
+    pub fn parse(line: &str) -> Option<Event> {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        let fields = v.get("fields")?.as_object()?.clone();
+        Some(Event {
+            name: fields.get("event")?.as_str()?.to_string(),
+            level: v.get("level")?.as_str()?.to_string(),
+            target: v.get("target")?.as_str()?.to_string(),
+            timestamp: v.get("timestamp")?.as_str()?.to_string(),
+            fields,
+        })
+    }
+
+    /// Logged by the master (the `app` binary's own module or `vramfork::master`), not by a
+    /// worker or the template.
+    pub fn is_masters(&self) -> bool {
+        self.target == "app" || self.target.starts_with("vramfork::master")
+    }
+
+    pub fn u64(&self, k: &str) -> Option<u64> {
+        self.fields.get(k)?.as_u64()
+    }
+
+    pub fn i64(&self, k: &str) -> Option<i64> {
+        self.fields.get(k)?.as_i64()
+    }
+
+    pub fn str(&self, k: &str) -> Option<&str> {
+        self.fields.get(k)?.as_str()
+    }
+
+    pub fn message(&self) -> &str {
+        self.str("message").unwrap_or_default()
+    }
+
+    /// Seconds since the Unix epoch, from the event's RFC 3339 UTC timestamp.
+    pub fn secs(&self) -> f64 {
+        let t = &self.timestamp;
+        let bad = || panic!("unexpected timestamp {t:?}");
+        let (date, time) = t.trim_end_matches('Z').split_once('T').unwrap_or_else(bad);
+        let d: Vec<i64> = date.split('-').map(|x| x.parse().unwrap()).collect();
+        let (y, m, day) = (d[0], d[1], d[2]);
+        // Days from civil date (Howard Hinnant's algorithm).
+        let y = if m <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        let hms: Vec<f64> = time.split(':').map(|x| x.parse().unwrap()).collect();
+        days as f64 * 86_400.0 + hms[0] * 3600.0 + hms[1] * 60.0 + hms[2]
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = child.id() as i32;
-            let workers = worker_pids(pid as u32);
-            // SAFETY: kill(2) on our child's process group and its workers.
+            let workers = children(pid as u32);
+            // SAFETY: kill(2) on our child's process group and its other children.
             unsafe {
                 libc::kill(-pid, libc::SIGKILL);
-                for w in workers {
+                for (w, _) in workers {
                     libc::kill(w as i32, libc::SIGKILL);
                 }
             }

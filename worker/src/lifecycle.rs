@@ -37,6 +37,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             boot_ms: plan.boot,
         });
         tracing::info!(
+            event = "ready",
             process_ms = plan.boot.process_ms,
             model_ms = plan.boot.model_ms,
             "ready"

@@ -100,11 +100,15 @@ impl Shared {
                 return None;
             }
             c.retiring = Some(reason);
-            Some(c.served)
+            Some((c.served, c.in_flight))
         });
-        if let Some(served) = first {
-            tracing::info!(?reason, served, "retiring");
-            self.control.send(&ControlMsg::Retiring { reason, served });
+        if let Some((served, in_flight)) = first {
+            tracing::info!(?reason, served, in_flight, "retiring");
+            self.control.send(&ControlMsg::Retiring {
+                reason,
+                served,
+                in_flight,
+            });
         }
     }
 

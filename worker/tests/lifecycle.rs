@@ -7,7 +7,7 @@ mod util;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use util::{config, Start, Worker};
+use util::{config, Start, Worker, PATIENCE};
 use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
 
 /// Iterations that outlast every test (~4 min).
@@ -26,9 +26,9 @@ fn ready_then_heartbeats_with_counts() {
     let mut w = Worker::ready(config("mlp", |_| {}));
     assert_eq!(w.post("/", MLP_REQ).status, 200);
     assert_eq!(w.get("/").status, 200, "metadata requests do not count");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + PATIENCE;
     loop {
-        match w.next_any(Duration::from_secs(2)) {
+        match w.next_any(PATIENCE) {
             Some(ControlMsg::Heartbeat {
                 served: 1,
                 in_flight: 0,
@@ -51,15 +51,16 @@ fn max_requests_retires_with_connection_close_and_exits_0() {
     let r2 = c.request("POST", "/", MLP_REQ);
     assert_eq!(r2.status, 200);
     assert_eq!(r2.header("connection"), Some("close"));
-    assert!(c.closed_by_server(Duration::from_secs(5)));
+    assert!(c.closed_by_server(PATIENCE));
     assert_eq!(
-        w.next_msg(Duration::from_secs(5)),
+        w.next_msg(PATIENCE),
         Some(ControlMsg::Retiring {
             reason: RetireReason::MaxRequests,
-            served: 2
+            served: 2,
+            in_flight: 1
         })
     );
-    let st = w.wait_exit(Duration::from_secs(10));
+    let st = w.wait_exit(PATIENCE);
     assert_eq!(st.code(), Some(worker_exit::OK));
 }
 
@@ -67,41 +68,44 @@ fn max_requests_retires_with_connection_close_and_exits_0() {
 fn sigterm_finishes_the_request_in_flight_then_exits_0() {
     let mut w = Worker::ready(config("slow", |_| {}));
     let mut c = w.connect();
-    let started = Instant::now();
-    c.send("POST", "/", &[], slow(60_000).as_bytes());
-    std::thread::sleep(Duration::from_millis(300));
+    c.send("POST", "/", &[], slow(100_000).as_bytes());
+    w.wait_in_flight(1);
     w.signal(libc::SIGTERM);
+    // The worker says it stopped accepting with the request in flight…
     assert_eq!(
-        w.next_msg(Duration::from_secs(5)),
+        w.next_msg(PATIENCE),
         Some(ControlMsg::Retiring {
             reason: RetireReason::Asked,
-            served: 1
+            served: 1,
+            in_flight: 1
         })
     );
+    // …and finishes it.
     let r = c.read_response();
     assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["outputs"], json!([[60000.0]]));
+    assert_eq!(r.json()["outputs"], json!([[100000.0]]));
     assert_eq!(r.pid(), w.pid());
-    assert!(
-        started.elapsed() > Duration::from_millis(700),
-        "the request was still running when TERM came"
-    );
-    let st = w.wait_exit(Duration::from_secs(10));
+    let st = w.wait_exit(PATIENCE);
     assert_eq!(st.code(), Some(0));
 }
 
 #[test]
 fn sigint_exits_at_once() {
-    let mut w = Worker::ready(config("slow", |_| {}));
+    // A graceful stop would wait 60 s for the request (which would run for minutes).
+    let mut w = Worker::ready(config("slow", |c| c["graceful_timeout_ms"] = json!(60_000)));
     let mut c = w.connect();
     c.send("POST", "/", &[], slow(FOREVER).as_bytes());
-    std::thread::sleep(Duration::from_millis(200));
+    w.wait_in_flight(1);
     let t = Instant::now();
     w.signal(libc::SIGINT);
-    let st = w.wait_exit(Duration::from_secs(5));
+    let st = w.wait_exit(PATIENCE);
     assert_eq!(st.code(), Some(0));
-    assert!(t.elapsed() < Duration::from_secs(2));
-    assert!(c.closed_by_server(Duration::from_secs(2)));
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "INT waited like a graceful stop: {:?}",
+        t.elapsed()
+    );
+    assert!(c.closed_by_server(PATIENCE));
 }
 
 #[test]
@@ -113,9 +117,7 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
     let mut b = w.connect();
     assert_eq!(b.request("GET", "/healthz", "").status, 200);
 
-    let t = Instant::now();
-    a.send("POST", "/", &[], slow(FOREVER).as_bytes());
-    std::thread::sleep(Duration::from_millis(100));
+    // B's request is in flight (its body still on the way) before A's starts.
     let body = slow(1);
     let (head, tail) = body.as_bytes().split_at(5);
     b.send(
@@ -124,6 +126,9 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
         &[("Content-Length", &body.len().to_string())],
         head,
     );
+    w.wait_in_flight(1);
+    let t = Instant::now();
+    a.send("POST", "/", &[], slow(FOREVER).as_bytes());
 
     let r = a.read_response();
     assert_eq!(r.status, 504, "{:?}", String::from_utf8_lossy(&r.body));
@@ -133,16 +138,18 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
         r.error()
     );
     assert_eq!(r.pid(), w.pid());
+    // At the request timeout, not after the minutes the pass would take.
     let took = t.elapsed();
     assert!(
-        took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(800) && took < Duration::from_secs(30),
         "{took:?}"
     );
     assert_eq!(
-        w.next_msg(Duration::from_secs(5)),
+        w.next_msg(PATIENCE),
         Some(ControlMsg::Retiring {
             reason: RetireReason::RequestTimeout,
-            served: 2
+            served: 2,
+            in_flight: 2
         })
     );
 
@@ -154,39 +161,32 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
     assert!(r.error().contains("shutting down"), "{}", r.error());
     assert_eq!(r.pid(), w.pid());
 
-    let st = w.wait_exit(Duration::from_secs(10));
+    let st = w.wait_exit(PATIENCE);
     assert_eq!(st.code(), Some(0));
 }
 
 #[test]
 fn a_busy_worker_leaves_new_connections_to_its_siblings() {
-    let w = Worker::ready(config("slow", |_| {}));
+    let mut w = Worker::ready(config("slow", |_| {}));
     let mut a = w.connect();
-    let t = Instant::now();
-    a.send("POST", "/", &[], slow(40_000).as_bytes());
-    std::thread::sleep(Duration::from_millis(100));
-    // B waits in the listen queue until A's request is done.
+    a.send("POST", "/", &[], slow(150_000).as_bytes());
+    w.wait_in_flight(1);
+    assert!(!a.has_data_now(), "A must still be running when B comes");
+    // B waits in the listen queue until A's request is done: when B has its answer, A's
+    // answer has already arrived.
     let r = w.get("/healthz");
-    let b_done = t.elapsed();
     assert_eq!(r.status, 200);
+    assert!(
+        a.has_data_now(),
+        "B was served while A's request was still running"
+    );
     let ra = a.read_response();
     assert_eq!(ra.status, 200);
-    let a_done = t.elapsed();
-    assert!(
-        b_done + Duration::from_millis(50) >= a_done,
-        "B ({b_done:?}) must not be served before A ({a_done:?}) finishes"
-    );
-    assert!(
-        a_done > Duration::from_millis(300),
-        "the slow request should take a while: {a_done:?}"
-    );
 }
 
 fn exits_with(start: Start, code: i32, needle: &str) -> String {
     let mut w = Worker::spawn(start);
-    let st = w.wait_exit(Duration::from_secs(30));
-    // Give the stderr reader a moment to drain.
-    std::thread::sleep(Duration::from_millis(100));
+    let st = w.wait_exit(PATIENCE);
     let log = w.log();
     assert_eq!(st.code(), Some(code), "{log}");
     assert!(log.contains(needle), "stderr {log:?} lacks {needle:?}");
@@ -273,21 +273,20 @@ fn a_silent_client_neither_stalls_the_worker_nor_outlives_the_header_deadline() 
     let w = Worker::ready(config("mlp", |_| {}));
     let mut silent = w.connect();
     let t = Instant::now();
-    // A silent connection holds the accept loop back only briefly (FRESH_GRACE): others
-    // are served long before its header deadline.
+    // A silent connection does not keep others waiting until its header deadline: another
+    // client is served while the silent one is still open.
     assert_eq!(w.post("/", MLP_REQ).status, 200);
     assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "a silent connection stalled the worker for {:?}",
-        t.elapsed()
+        !silent.has_data_now(),
+        "the silent connection was closed before the other client was served"
     );
     assert!(
-        silent.closed_by_server(Duration::from_secs(20)),
+        silent.closed_by_server(PATIENCE),
         "a connection that sends nothing must be closed"
     );
     let took = t.elapsed();
     assert!(
-        took >= Duration::from_secs(9) && took < Duration::from_secs(15),
+        took >= Duration::from_secs(9) && took < Duration::from_secs(30),
         "closed after {took:?}, the header deadline is 10 s"
     );
     // The worker takes new connections again.

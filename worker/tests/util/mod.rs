@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -44,9 +45,17 @@ pub struct Worker {
     pub child: Child,
     pub addr: SocketAddr,
     control: Option<BufReader<UnixStream>>,
+    /// Messages read while waiting for something else, not yet handed out.
+    pending: VecDeque<ControlMsg>,
     log: Arc<Mutex<String>>,
+    /// The thread reading stderr; it ends when every holder of the pipe has exited.
+    log_reader: Option<std::thread::JoinHandle<()>>,
     status: Option<ExitStatus>,
 }
+
+/// How long a test waits for a state the worker reports. Generous: a busy machine makes
+/// states arrive later, never wrongly.
+pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// How to start a worker; `config: None` leaves `VRAMFORK_WORKER_CONFIG` unset.
 pub struct Start {
@@ -114,7 +123,7 @@ impl Worker {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let log_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut l = sink.lock().unwrap();
                 l.push_str(&line);
@@ -125,7 +134,9 @@ impl Worker {
             child,
             addr,
             control: Some(BufReader::new(ours)),
+            pending: VecDeque::new(),
             log,
+            log_reader: Some(log_reader),
             status: None,
         }
     }
@@ -140,11 +151,33 @@ impl Worker {
 
     /// The next control message that is not a heartbeat.
     pub fn next_msg(&mut self, within: Duration) -> Option<ControlMsg> {
+        if let Some(m) = self.pending.pop_front() {
+            return Some(m);
+        }
         let deadline = Instant::now() + within;
         loop {
             let m = self.next_any(deadline.saturating_duration_since(Instant::now()))?;
             if !matches!(m, ControlMsg::Heartbeat { .. }) {
                 return Some(m);
+            }
+        }
+    }
+
+    /// Waits until a heartbeat reports `n` requests in flight (other messages are kept for
+    /// [`Worker::next_msg`]).
+    pub fn wait_in_flight(&mut self, n: u32) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_any(left) {
+                Some(ControlMsg::Heartbeat { in_flight, .. }) if in_flight == n => return,
+                Some(ControlMsg::Heartbeat { .. }) => {}
+                Some(m) => self.pending.push_back(m),
+                None => panic!(
+                    "no heartbeat with {n} in flight; pending {:?}\n{}",
+                    self.pending,
+                    self.log()
+                ),
             }
         }
     }
@@ -173,6 +206,10 @@ impl Worker {
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 self.status = Some(s);
+                // Its stderr has ended too: every line it wrote is in the log.
+                if let Some(r) = self.log_reader.take() {
+                    let _ = r.join();
+                }
                 return s;
             }
             if Instant::now() > deadline {
@@ -349,6 +386,25 @@ impl Conn {
             headers,
             body,
         }
+    }
+
+    /// Whether the server's answer (or its closing) has already arrived: a peek that does
+    /// not wait.
+    pub fn has_data_now(&self) -> bool {
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: recv(2) into a 1-byte stack buffer on our own open socket.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n >= 0
     }
 
     /// Whether the server closed the connection (EOF) within `within`.
