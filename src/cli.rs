@@ -86,6 +86,12 @@ pub struct Cli {
     )]
     pub request_timeout: Option<String>,
 
+    /// A request that waited more than S seconds before a worker could take it (in the
+    /// listen queue, then for the model) gets 503 with Retry-After instead of being served;
+    /// 0 = wait without bound. [default: 10]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_QUEUE_WAIT", value_name = "S")]
+    pub max_queue_wait: Option<String>,
+
     /// Where the model runs: auto, cpu or cuda. [default: auto]
     #[arg(long, global = true, env = "VRAMFORK_DEVICE")]
     pub device: Option<String>,
@@ -170,6 +176,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--boot-timeout", "VRAMFORK_BOOT_TIMEOUT"),
     ("--graceful-timeout", "VRAMFORK_GRACEFUL_TIMEOUT"),
     ("--request-timeout", "VRAMFORK_REQUEST_TIMEOUT"),
+    ("--max-queue-wait", "VRAMFORK_MAX_QUEUE_WAIT"),
     ("--device", "VRAMFORK_DEVICE"),
     ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
     (

@@ -39,6 +39,8 @@ pub struct Config {
     pub boot_timeout: Duration,
     pub graceful_timeout: Duration,
     pub request_timeout: Duration,
+    /// `None`: requests wait without bound (`--max-queue-wait 0`).
+    pub max_queue_wait: Option<Duration>,
     pub device: Device,
     pub max_body_bytes: u64,
     pub gpu_memory_utilization: Option<f64>,
@@ -111,6 +113,28 @@ impl Checker<'_> {
         match v.trim().parse::<f64>() {
             Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
             _ => Err(self.bad(flag, v, "expected a number of seconds > 0 (e.g. 30 or 0.5)")),
+        }
+    }
+}
+
+impl Checker<'_> {
+    /// Seconds ≥ 0, where 0 turns the limit off.
+    fn seconds_or_off(
+        &self,
+        flag: &str,
+        v: Option<&str>,
+        default: f64,
+    ) -> Result<Option<Duration>, ConfigError> {
+        match v.map(str::trim) {
+            Some("0") => Ok(None),
+            Some(s) if s.parse::<f64>() == Ok(0.0) => Ok(None),
+            _ => self.seconds(flag, v, default).map(Some).map_err(|_| {
+                self.bad(
+                    flag,
+                    v.unwrap_or_default(),
+                    "expected a number of seconds ≥ 0 (e.g. 10 or 0.5; 0 = no limit)",
+                )
+            }),
         }
     }
 }
@@ -189,6 +213,8 @@ impl Config {
             c.seconds("--graceful-timeout", cli.graceful_timeout.as_deref(), 30.0)?;
         let request_timeout =
             c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
+        let max_queue_wait =
+            c.seconds_or_off("--max-queue-wait", cli.max_queue_wait.as_deref(), 10.0)?;
         let device = match cli.device.as_deref() {
             None | Some("auto") => Device::Auto,
             Some("cpu") => Device::Cpu,
@@ -267,6 +293,7 @@ impl Config {
             boot_timeout,
             graceful_timeout,
             request_timeout,
+            max_queue_wait,
             device,
             max_body_bytes: max_body_mb << 20,
             gpu_memory_utilization,
@@ -429,6 +456,7 @@ mod tests {
         assert_eq!(c.boot_timeout, Duration::from_secs(300));
         assert_eq!(c.graceful_timeout, Duration::from_secs(30));
         assert_eq!(c.request_timeout, Duration::from_secs(120));
+        assert_eq!(c.max_queue_wait, Some(Duration::from_secs(10)));
         assert_eq!(c.device, Device::Auto);
         assert_eq!(c.max_body_bytes, 64 << 20);
         assert_eq!(c.gpu_reserve_mb, 500);

@@ -1,13 +1,37 @@
 //! Binding the listening socket that every worker inherits. A port in use is a
 //! configuration error (exit 2) reported before any worker starts.
+//!
+//! The socket takes a connection into its accept queue only once the client has sent
+//! something (`TCP_DEFER_ACCEPT`, up to [`DEFER_ACCEPT_S`]): a worker that accepts has the
+//! request in hand, so it counts as busy at once and an idle sibling takes the next
+//! connection; a client that connects and stays silent costs no worker anything until then.
 
 use std::net::{TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 
 use crate::config::ConfigError;
 
-/// Connections the kernel queues while every worker is busy or recycling.
-pub const BACKLOG: i32 = 1024;
+/// Connections the kernel queues while every worker is busy or recycling (capped by
+/// `net.core.somaxconn`, 4096 by default).
+pub const BACKLOG: i32 = 4096;
+/// Seconds a connection that has sent nothing stays out of the accept queue.
+pub const DEFER_ACCEPT_S: i32 = 1;
+
+/// Raises this process's soft limit on open files to its hard limit (inherited by the
+/// workers), so that a worker can hold many slow or idle connections. Best effort.
+pub fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct on the stack.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
 
 pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
     let addrs: Vec<_> = (host, port)
@@ -19,8 +43,17 @@ pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
         match TcpListener::bind(addr) {
             Ok(l) => {
                 // SAFETY: `l` owns a valid listening socket; listen() on it again only
-                // raises the backlog.
-                unsafe { libc::listen(l.as_raw_fd(), BACKLOG) };
+                // raises the backlog, and setsockopt reads one int from the stack.
+                unsafe {
+                    libc::listen(l.as_raw_fd(), BACKLOG);
+                    libc::setsockopt(
+                        l.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_DEFER_ACCEPT,
+                        (&DEFER_ACCEPT_S as *const i32).cast(),
+                        std::mem::size_of::<i32>() as libc::socklen_t,
+                    );
+                }
                 return Ok(l);
             }
             Err(e) => last = Some((addr, e)),

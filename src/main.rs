@@ -56,6 +56,7 @@ fn run(cfg: Config) -> i32 {
     for w in &plan.warnings {
         tracing::warn!(event = "plan_warning", "{w}");
     }
+    listen::raise_open_files_limit();
     let listener = match listen::bind(&cfg.host, cfg.port) {
         Ok(l) => l,
         Err(e) => return fail(e),

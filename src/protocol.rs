@@ -71,6 +71,10 @@ pub struct WorkerConfig {
     pub max_worker_gpu_mb: Option<u64>,
     pub max_body_bytes: u64,
     pub request_timeout_ms: u64,
+    /// A request that waited longer than this before the model could take it gets 503;
+    /// 0 = no limit.
+    #[serde(default)]
+    pub max_queue_wait_ms: u64,
     /// Seconds between heartbeats on the control channel.
     pub heartbeat_ms: u64,
     /// On a graceful retire, how long in-flight requests may still take.

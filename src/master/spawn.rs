@@ -67,6 +67,9 @@ pub fn worker_config(
         max_worker_gpu_mb: cfg.max_worker_gpu_mb,
         max_body_bytes: cfg.max_body_bytes,
         request_timeout_ms: cfg.request_timeout.as_millis() as u64,
+        max_queue_wait_ms: cfg
+            .max_queue_wait
+            .map_or(0, |d| d.as_millis().max(1) as u64),
         heartbeat_ms: HEARTBEAT_MS,
         graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,

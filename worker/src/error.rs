@@ -25,9 +25,17 @@ pub enum ApiError {
     BodyTimeout(u64),
     #[error("{0}")]
     Run(RunError),
-    /// Retiring or shutting down: another worker will answer a retry.
-    #[error("this worker is shutting down; retry the request")]
+    /// Retiring or shutting down: another worker will answer a retry. The request never
+    /// reached the model.
+    #[error("this worker is shutting down; the request did not run, retry it")]
     Unavailable,
+    /// The model is stuck on another request (past --request-timeout): this one waited for
+    /// it and never ran.
+    #[error("the request did not run: this worker's model is stuck on another request (--request-timeout) and the worker is being replaced; retry it")]
+    ModelStuck,
+    /// Waited longer than --max-queue-wait before a worker could take it.
+    #[error("the server is overloaded: the request waited {waited_ms} ms for a worker, more than --max-queue-wait ({max_ms} ms), and did not run; retry later")]
+    QueueWait { waited_ms: u64, max_ms: u64 },
     #[error("the request ran past the request timeout of {0} ms (--request-timeout); this worker is being replaced")]
     Timeout(u64),
 }
@@ -43,8 +51,20 @@ impl ApiError {
             ApiError::Run(RunError::OutOfMemory(_)) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Run(RunError::Gone) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Run(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::ModelStuck | ApiError::QueueWait { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// `Retry-After` (seconds) for refusals of requests that never ran: 0 where another
+    /// worker can take the retry at once, 1 when the server is overloaded.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            ApiError::Unavailable | ApiError::ModelStuck => Some(0),
+            ApiError::QueueWait { .. } => Some(1),
+            _ => None,
         }
     }
 
@@ -56,6 +76,8 @@ impl ApiError {
             ApiError::TooLarge { .. }
                 | ApiError::BodyTimeout(_)
                 | ApiError::Unavailable
+                | ApiError::ModelStuck
+                | ApiError::QueueWait { .. }
                 | ApiError::Timeout(_)
                 | ApiError::Run(RunError::OutOfMemory(_) | RunError::CudaFatal(_) | RunError::Gone)
         )
@@ -90,12 +112,24 @@ mod tests {
             (ApiError::Run(RunError::CudaFatal("x".into())), 500),
             (ApiError::Run(RunError::OutOfMemory("x".into())), 507),
             (ApiError::Unavailable, 503),
+            (ApiError::ModelStuck, 503),
+            (
+                ApiError::QueueWait {
+                    waited_ms: 12_000,
+                    max_ms: 10_000,
+                },
+                503,
+            ),
             (ApiError::Timeout(5), 504),
         ];
         for (e, code) in cases {
             assert_eq!(e.status().as_u16(), code, "{e:?}");
             assert_eq!(e.body()["error"], e.to_string());
         }
+        // Refusals of requests that never ran say when to retry; nothing else does.
+        assert_eq!(ApiError::ModelStuck.retry_after(), Some(0));
+        assert_eq!(ApiError::Unavailable.retry_after(), Some(0));
+        assert_eq!(ApiError::Timeout(5).retry_after(), None);
         let oom = ApiError::Run(RunError::OutOfMemory("Tried to allocate".into()));
         assert!(oom.to_string().contains("CUDA out of memory"));
     }

@@ -11,6 +11,7 @@ mod input;
 mod lifecycle;
 mod listener;
 mod process;
+mod queue;
 mod routes;
 mod runner;
 mod server;

@@ -4,12 +4,12 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value};
 use vramfork::hwline::wants_hw_fetch;
@@ -25,6 +25,11 @@ use crate::timeouts::BODY_READ;
 
 pub type Body = Full<Bytes>;
 
+/// When a request arrived (a request extension set by the connection): for a connection's
+/// first request, when it entered the listen queue; else its first byte.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
+
 /// Everything a request needs, shared by all connections.
 pub struct App {
     pub shared: Arc<Shared>,
@@ -33,6 +38,8 @@ pub struct App {
     pub hw: Hw,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
+    /// Refuse (503) a request that waited longer than this before the model took it.
+    pub max_queue_wait: Option<Duration>,
     /// Retire after a request that leaves the allocator above this many bytes.
     pub max_gpu_bytes: Option<u64>,
     pid: HeaderValue,
@@ -53,6 +60,8 @@ impl App {
             hw,
             max_body_bytes: cfg.max_body_bytes,
             request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            max_queue_wait: (cfg.max_queue_wait_ms > 0)
+                .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             pid: HeaderValue::from(std::process::id()),
         }
@@ -65,6 +74,7 @@ struct Answer {
     body: Value,
     close: bool,
     allow: Option<&'static str>,
+    retry_after: Option<u32>,
 }
 
 impl Answer {
@@ -74,6 +84,7 @@ impl Answer {
             body,
             close: false,
             allow: None,
+            retry_after: None,
         }
     }
 }
@@ -88,6 +99,7 @@ impl From<ApiError> for Answer {
                 ApiError::MethodNotAllowed { allow, .. } => Some(allow),
                 _ => None,
             },
+            retry_after: e.retry_after(),
         }
     }
 }
@@ -104,6 +116,9 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
     h.insert("x-worker-pid", app.pid.clone());
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if let Some(s) = answer.retry_after {
+        h.insert(RETRY_AFTER, HeaderValue::from(s));
     }
     if answer.close || app.shared.must_close() {
         h.insert(CONNECTION, HeaderValue::from_static("close"));
@@ -145,6 +160,7 @@ fn health(app: &App) -> Answer {
             body: serde_json::json!({"status": "retiring"}),
             close: true,
             allow: None,
+            retry_after: Some(0),
         }
     } else {
         Answer::ok(serde_json::json!({"status": "ok"}))
@@ -172,6 +188,15 @@ fn with_hw(mut body: Value, hw: Option<String>) -> Value {
 async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let arrived = req
+        .extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |a| a.0);
+    if let Some(refused) = queue_wait_refusal(app, arrived) {
+        // Read the (small, usually) body so the refusal is not lost to a reset.
+        let _ = read_body(req, app.max_body_bytes).await;
+        return Err(refused);
+    }
     let last = app.shared.claim_model_request();
     if last {
         // Retire now, not after the answer: the master starts the replacement while this
@@ -179,7 +204,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         // counted out but never retired.
         app.shared.retire(RetireReason::MaxRequests);
     }
-    let outputs = infer_counted(req, app).await?;
+    let outputs = infer_counted(req, app, arrived).await?;
     let mut body = Map::new();
     body.insert("outputs".into(), outputs);
     let hw = if hw_wanted {
@@ -192,8 +217,25 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     Ok(answer)
 }
 
-async fn infer_counted(req: Request<Incoming>, app: &App) -> Result<Value, ApiError> {
+/// The refusal for a request that has waited past `--max-queue-wait`, if it has.
+fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
+    let max = app.max_queue_wait?;
+    let waited = arrived.elapsed();
+    (waited > max).then(|| ApiError::QueueWait {
+        waited_ms: waited.as_millis() as u64,
+        max_ms: max.as_millis() as u64,
+    })
+}
+
+async fn infer_counted(
+    req: Request<Incoming>,
+    app: &App,
+    arrived: Instant,
+) -> Result<Value, ApiError> {
     let body = read_body(req, app.max_body_bytes).await?;
+    // From here on the request is work: this worker takes no new connection until it is
+    // answered (a body still arriving did not count).
+    let _work = Working::enter(&app.shared);
     let doc: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
     let Value::Object(mut doc) = doc else {
@@ -209,11 +251,43 @@ async fn infer_counted(req: Request<Incoming>, app: &App) -> Result<Value, ApiEr
     };
     let input = parse_inputs(&inputs, app.metadata.input.as_ref()).map_err(ApiError::BadRequest)?;
     drop(inputs);
+    run(app, input, arrived).await
+}
+
+/// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
+/// (counted from the request's arrival) and by the model becoming unusable; then for the
+/// pass, bounded by `--request-timeout`. A request that never reached the model is refused
+/// with 503 and `Retry-After`, never 504.
+async fn run(
+    app: &App,
+    input: crate::input::InputArray,
+    arrived: Instant,
+) -> Result<Value, ApiError> {
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
-        return Err(ApiError::Unavailable);
+        return Err(unusable(app));
     }
-    let run = tokio::time::timeout(app.request_timeout, app.runner.run(input)).await;
+    let mut ticket = app.runner.submit(input).await.map_err(ApiError::Run)?;
+    let mut watch = app.shared.subscribe();
+    let queue_deadline = app.max_queue_wait.map(|m| arrived + m);
+    tokio::select! {
+        _ = ticket.started() => {}
+        _ = watch.wait_for(|c| c.model_unusable) => {
+            if ticket.withdraw() {
+                return Err(unusable(app));
+            }
+        }
+        _ = sleep_until(queue_deadline) => {
+            if ticket.withdraw() {
+                return Err(queue_wait_refusal(app, arrived).unwrap_or(ApiError::QueueWait {
+                    waited_ms: arrived.elapsed().as_millis() as u64,
+                    max_ms: app.max_queue_wait.unwrap_or_default().as_millis() as u64,
+                }));
+            }
+        }
+    }
+    // Started (the withdrawals above failed only because it had): the pass is timed.
+    let run = tokio::time::timeout(app.request_timeout, ticket.result()).await;
     match run {
         Err(_) => {
             app.shared.model_stuck();
@@ -235,6 +309,40 @@ async fn infer_counted(req: Request<Incoming>, app: &App) -> Result<Value, ApiEr
             }
             Ok(out.outputs)
         }
+    }
+}
+
+/// Why a request cannot reach the model: it is stuck on another request, or CUDA failed and
+/// the worker is going away.
+fn unusable(app: &App) -> ApiError {
+    if app.shared.get().fatal {
+        ApiError::Unavailable
+    } else {
+        ApiError::ModelStuck
+    }
+}
+
+/// Sleeps until `at` (forever when `None`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts a request as work (`Counters::working`) while it lives.
+struct Working<'a>(&'a Shared);
+
+impl<'a> Working<'a> {
+    fn enter(shared: &'a Shared) -> Working<'a> {
+        shared.update(|c| c.working += 1);
+        Working(shared)
+    }
+}
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        self.0.update(|c| c.working -= 1);
     }
 }
 

@@ -1,26 +1,45 @@
-//! The accept loop and the connections. A new connection is accepted only while this worker
-//! could start on it at once (no request in flight, no connection accepted in the last
-//! [`FRESH_GRACE`] still silent, and within what is left of `max_requests`), so that an idle
-//! sibling sharing the listening socket takes it instead. A connection that stays silent
-//! longer (a browser's speculative connection, a health checker's idle one) stops holding
-//! the accept loop back. Retiring stops accepting (the listener is dropped), closes idle
-//! connections, lets busy ones finish, and returns once none is left or the graceful
-//! deadline passes.
+//! The accept loop and the connections.
+//!
+//! A new connection is accepted only while no request is being worked on here (see
+//! [`Counters::can_accept`]), so that an idle sibling sharing the listening socket takes it
+//! instead; connections still sending their request, or idle between requests, do not count.
+//! After each accept the loop lets the new connection read what it has before deciding on
+//! the next one. When connections wait in the listen queue, answers carry `Connection: close`
+//! (`Shared::must_close`), so that a keep-alive client goes to the back of the queue rather
+//! than holding a worker while others wait.
+//!
+//! Deadlines per connection (`timeouts.rs`): a request head must arrive within
+//! [`HEADER_READ`] of its first byte (a new connection's within [`HEADER_READ`] of its
+//! accept), or the connection is dropped; an idle kept-alive connection is closed after
+//! [`KEEP_ALIVE_IDLE`]. While the worker retires, an idle connection is closed once it has
+//! been idle for [`RETIRE_IDLE_GRACE`]; one whose next request is under way is answered
+//! (with `Connection: close`) first, so no request in transit is cut off.
+//!
+//! [`Counters::can_accept`]: crate::state::Counters::can_accept
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::routes::{self, App};
-use crate::timeouts::{FRESH_GRACE, HEADER_READ, KEEP_ALIVE_IDLE};
+use crate::routes::{self, App, Arrived};
+use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE, RETIRE_IDLE_GRACE};
+
+/// How often a connection with a request in flight re-checks its deadlines.
+const BUSY_RECHECK: Duration = Duration::from_secs(1);
 
 /// Runs until the worker is retired and drained (or the deadline passes).
 pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
     let shared = app.shared.clone();
+    shared.set_listener(Some(listener.as_raw_fd()));
     let mut rx = shared.subscribe();
     let max = shared.max_requests;
     loop {
@@ -34,8 +53,13 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    shared.update(|c| { c.open += 1; c.fresh += 1; });
-                    tokio::spawn(connection(stream, app.clone()));
+                    let waited = crate::queue::waited(&stream);
+                    let conn = ConnState::new(waited);
+                    shared.update(|c| { c.open += 1; c.awaiting += 1; });
+                    tokio::spawn(connection(stream, app.clone(), conn));
+                    // Let the new connection read its request (and count as work) before
+                    // the next accept decision.
+                    tokio::task::yield_now().await;
                 }
                 Err(e) => {
                     // EMFILE and friends: back off briefly rather than spin.
@@ -46,6 +70,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
             _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max)) => {}
         }
     }
+    shared.set_listener(None);
     drop(listener);
     tracing::info!("stopped accepting; draining");
     let drained = tokio::time::timeout(graceful, rx.wait_for(|c| c.drained())).await;
@@ -59,28 +84,123 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
     }
 }
 
-/// Per-connection activity, for the idle deadlines.
+/// What a connection is doing, for its deadlines and the worker's counters.
 struct ConnState {
-    /// Counted in `Counters::fresh` (accepted, silent, younger than FRESH_GRACE).
-    fresh: AtomicBool,
-    started: AtomicBool,
-    busy: AtomicBool,
-    last: Mutex<Instant>,
+    accepted: Instant,
+    /// When its first request arrived, if it was already waiting in the listen queue.
+    queued_since: Option<Instant>,
+    /// Counted in `Counters::awaiting`.
+    awaiting: AtomicBool,
+    /// When bytes of a request head that is not a request yet began to arrive.
+    head_since: Mutex<Option<Instant>>,
+    in_request: AtomicBool,
+    requests: AtomicU64,
+    /// When the last request was answered (or the connection accepted).
+    idle_since: Mutex<Instant>,
 }
 
-async fn connection(stream: TcpStream, app: Arc<App>) {
+impl ConnState {
+    fn new(queued: Option<Duration>) -> Arc<ConnState> {
+        let now = Instant::now();
+        Arc::new(ConnState {
+            accepted: now,
+            queued_since: queued.map(|q| now - q),
+            awaiting: AtomicBool::new(true),
+            head_since: Mutex::new(None),
+            in_request: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            idle_since: Mutex::new(now),
+        })
+    }
+
+    /// Bytes arrived: outside a request, they begin the next request's head.
+    fn bytes_arrived(&self, app: &App) {
+        if self.in_request.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut h = self.head_since.lock().unwrap_or_else(|p| p.into_inner());
+        if h.is_none() {
+            *h = Some(Instant::now());
+            if !self.awaiting.swap(true, Ordering::SeqCst) {
+                app.shared.update(|c| c.awaiting += 1);
+            }
+        }
+    }
+
+    /// When the request that hyper just parsed arrived: for a connection's first request,
+    /// when it entered the listen queue; else its first byte.
+    fn request_started(&self, app: &App) -> Instant {
+        let now = Instant::now();
+        self.in_request.store(true, Ordering::SeqCst);
+        let first = self.requests.fetch_add(1, Ordering::SeqCst) == 0;
+        let head = self
+            .head_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.in_flight += 1;
+            if awaiting {
+                c.awaiting -= 1;
+            }
+        });
+        let queued = if first { self.queued_since } else { None };
+        queued.or(head).unwrap_or(now)
+    }
+
+    fn request_done(&self, app: &App) {
+        *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.in_request.store(false, Ordering::SeqCst);
+        app.shared.update(|c| c.in_flight -= 1);
+    }
+
+    /// The connection's next deadline and what happens then, given whether the worker is
+    /// retiring.
+    fn deadline(&self, retiring: bool) -> (Instant, Expiry) {
+        let now = Instant::now();
+        if self.in_request.load(Ordering::SeqCst) {
+            return (now + BUSY_RECHECK, Expiry::Recheck);
+        }
+        if let Some(t) = *self.head_since.lock().unwrap_or_else(|p| p.into_inner()) {
+            return (t + HEADER_READ, Expiry::Drop);
+        }
+        let idle = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
+        if retiring {
+            return (idle + RETIRE_IDLE_GRACE, Expiry::Close);
+        }
+        if self.requests.load(Ordering::SeqCst) == 0 {
+            (self.accepted + HEADER_READ, Expiry::Drop)
+        } else {
+            (idle + KEEP_ALIVE_IDLE, Expiry::Close)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expiry {
+    /// Nothing is due: look again.
+    Recheck,
+    /// An idle connection: close it gracefully.
+    Close,
+    /// A request head that did not arrive in time: drop the connection.
+    Drop,
+}
+
+async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
     let shared = app.shared.clone();
-    let conn_state = Arc::new(ConnState {
-        fresh: AtomicBool::new(true),
-        started: AtomicBool::new(false),
-        busy: AtomicBool::new(false),
-        last: Mutex::new(Instant::now()),
-    });
+    let io = Watched {
+        inner: stream,
+        state: state.clone(),
+        app: app.clone(),
+    };
     let svc = {
-        let conn_state = conn_state.clone();
-        service_fn(move |req| {
-            let guard = RequestGuard::enter(app.clone(), conn_state.clone());
+        let state = state.clone();
+        service_fn(move |mut req| {
+            let guard = RequestGuard::enter(app.clone(), state.clone());
+            req.extensions_mut().insert(Arrived(guard.arrived));
             async move {
                 let resp = routes::handle(req, guard.app.clone()).await;
                 drop(guard);
@@ -88,114 +208,122 @@ async fn connection(stream: TcpStream, app: Arc<App>) {
             }
         })
     };
+    // Our own deadlines (above) replace hyper's header timer, which would also close an
+    // idle kept-alive connection after the header deadline.
     let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), svc);
+        .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut stop_rx = shared.subscribe();
+    let mut retiring = false;
     let mut closing = false;
-    let accepted = tokio::time::Instant::now();
-    let mut stop_at: Option<tokio::time::Instant> = None;
-    let grace = tokio::time::sleep(FRESH_GRACE);
-    tokio::pin!(grace);
     loop {
+        let (at, expiry) = state.deadline(retiring);
         tokio::select! {
-            _ = &mut grace, if conn_state.fresh.load(Ordering::SeqCst) => {
-                if conn_state.fresh.swap(false, Ordering::SeqCst) {
-                    shared.update(|c| c.fresh -= 1);
-                }
-            }
             res = conn.as_mut() => {
                 if let Err(e) = res {
                     tracing::debug!("connection ended: {e}");
                 }
                 break;
             }
-            _ = stop_rx.wait_for(|c| c.stopping()), if !closing && stop_at.is_none() => {
-                // A connection accepted moments ago has a request on its way: let it
-                // arrive (and be answered) rather than reset it.
-                if conn_state.fresh.load(Ordering::SeqCst) {
-                    stop_at = Some(accepted + FRESH_GRACE);
-                } else {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
+            _ = tokio::time::sleep_until(at.into()), if !closing => {
+                // Deadlines only move later with activity: act on this one if it still
+                // stands, and never close under a request whose bytes have arrived but are
+                // not read yet.
+                if state.deadline(retiring) != (at, expiry) || crate::queue::readable(fd) {
+                    continue;
+                }
+                match expiry {
+                    Expiry::Recheck => {}
+                    Expiry::Close => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    Expiry::Drop => break,
                 }
             }
-            _ = sleep_until(stop_at), if !closing && stop_at.is_some() => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            _ = idle_expired(&conn_state), if !closing => {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
+            // Retiring shortens the idle deadline: look again.
+            _ = stop_rx.wait_for(|c| c.stopping()), if !retiring => retiring = true,
         }
     }
-    let fresh = conn_state.fresh.swap(false, Ordering::SeqCst);
+    let awaiting = state.awaiting.swap(false, Ordering::SeqCst);
     shared.update(|c| {
         c.open -= 1;
-        if fresh {
-            c.fresh -= 1;
+        if awaiting {
+            c.awaiting -= 1;
         }
     });
 }
 
-/// Sleeps until `at` (forever when `None`; the select branch is disabled then anyway).
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// The connection's socket, noticing when bytes arrive (the start of a request head).
+struct Watched {
+    inner: TcpStream,
+    state: Arc<ConnState>,
+    app: Arc<App>,
 }
 
-/// Resolves when the connection has been idle past its deadline: [`HEADER_READ`] before
-/// its first request, [`KEEP_ALIVE_IDLE`] between requests.
-async fn idle_expired(s: &ConnState) {
-    loop {
-        let limit = if s.started.load(Ordering::SeqCst) {
-            KEEP_ALIVE_IDLE
-        } else {
-            HEADER_READ
-        };
-        let deadline = *s.last.lock().unwrap_or_else(|p| p.into_inner()) + limit;
-        if !s.busy.load(Ordering::SeqCst) && Instant::now() >= deadline {
-            return;
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.bytes_arrived(&self.app);
         }
-        let wait = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(100));
-        tokio::time::sleep(wait).await;
+        r
     }
 }
 
-/// Counts a request in flight (and its connection as no longer fresh) for as long as it
-/// lives, even when hyper drops the request's future early.
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts a request in flight for as long as it lives, even when hyper drops the request's
+/// future early.
 struct RequestGuard {
     app: Arc<App>,
     conn: Arc<ConnState>,
+    arrived: Instant,
 }
 
 impl RequestGuard {
     fn enter(app: Arc<App>, conn: Arc<ConnState>) -> RequestGuard {
-        conn.started.store(true, Ordering::SeqCst);
-        let first = conn.fresh.swap(false, Ordering::SeqCst);
-        conn.busy.store(true, Ordering::SeqCst);
-        app.shared.update(|c| {
-            c.in_flight += 1;
-            if first {
-                c.fresh -= 1;
-            }
-        });
-        RequestGuard { app, conn }
+        let arrived = conn.request_started(&app);
+        RequestGuard { app, conn, arrived }
     }
 }
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        *self.conn.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.conn.busy.store(false, Ordering::SeqCst);
-        self.app.shared.update(|c| c.in_flight -= 1);
+        self.conn.request_done(&self.app);
     }
 }

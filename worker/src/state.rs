@@ -1,20 +1,32 @@
 //! The worker's shared state: request and connection counters, whether (and why) it is
 //! retiring, and the exit status it will end with. Kept in a `watch` channel so the accept
 //! loop, the connections and the drain can wait for the condition they need.
+//!
+//! Only work counts as busy: a request whose body has arrived (being parsed, waiting for
+//! the model, running, being answered). Connections that are still sending a request head
+//! or body, or idle between requests, cost the worker a socket and nothing else.
 
 use tokio::sync::watch;
 use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
 
 use crate::control::Control;
 
+/// Connections a worker keeps waiting for a request head at once; past this it stops
+/// accepting until some send theirs or hit the header deadline.
+pub const MAX_AWAITING: u32 = 1024;
+
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
     /// Model requests (POST /) taken so far.
     pub served: u64,
-    /// Requests being handled now (any route).
+    /// Requests being handled now (any route), bodies still arriving included.
     pub in_flight: u32,
-    /// Accepted connections that have not sent a request yet.
-    pub fresh: u32,
+    /// Requests that have all their input and are being worked on (parsed, queued for or in
+    /// the model, answered): what keeps the worker from taking new connections.
+    pub working: u32,
+    /// Connections waiting for a request head (new ones, and kept-alive ones whose next
+    /// request has begun to arrive).
+    pub awaiting: u32,
     /// Open connections.
     pub open: u32,
     /// Set once the worker stops accepting.
@@ -32,10 +44,12 @@ impl Counters {
         self.retiring.is_some() || self.fatal
     }
 
-    /// Whether the accept loop may take a new connection: nothing else to start on, and
-    /// no more connections than requests left before `max_requests`.
+    /// Whether the accept loop may take a new connection: no request is being worked on
+    /// (so an idle sibling is not passed over), fewer than [`MAX_AWAITING`] connections wait
+    /// for their request head, and no more connections than requests left before
+    /// `max_requests`.
     pub fn can_accept(&self, max_requests: u64) -> bool {
-        if self.stopping() || self.fresh + self.in_flight > 0 {
+        if self.stopping() || self.working > 0 || self.awaiting >= MAX_AWAITING {
             return false;
         }
         max_requests == 0 || u64::from(self.open) < max_requests.saturating_sub(self.served)
@@ -50,6 +64,9 @@ pub struct Shared {
     tx: watch::Sender<Counters>,
     pub control: Control,
     pub max_requests: u64,
+    /// The shared listening socket while this worker accepts on it (for
+    /// [`Shared::others_waiting`]); `None` once it stopped accepting and closed its copy.
+    listen_fd: std::sync::Mutex<Option<std::os::fd::RawFd>>,
 }
 
 impl Shared {
@@ -58,7 +75,20 @@ impl Shared {
             tx: watch::Sender::new(Counters::default()),
             control,
             max_requests,
+            listen_fd: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The listening socket this worker accepts on (set by the accept loop, cleared before
+    /// it closes the socket).
+    pub fn set_listener(&self, fd: Option<std::os::fd::RawFd>) {
+        *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner()) = fd;
+    }
+
+    /// Whether connections wait in the listen queue that no worker has taken yet.
+    pub fn others_waiting(&self) -> bool {
+        let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
+        fd.is_some_and(crate::queue::readable)
     }
 
     pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
@@ -84,13 +114,17 @@ impl Shared {
         })
     }
 
-    /// Whether an answer should carry `Connection: close`: the worker is stopping, or it
+    /// Whether an answer should carry `Connection: close`: the worker is stopping; or it
     /// has fewer requests left before `max_requests` than open connections, so a client
-    /// keeping this connection might find it closed under its next request.
+    /// keeping this connection might find it closed under its next request; or other
+    /// connections wait in the listen queue, so that this client goes to the back of it
+    /// instead of holding the worker (fairness across connections).
     pub fn must_close(&self) -> bool {
         let c = self.get();
         let max = self.max_requests;
-        c.stopping() || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
+        c.stopping()
+            || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
+            || self.others_waiting()
     }
 
     /// Stops accepting and tells the master why (first reason wins).
@@ -133,15 +167,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_only_when_idle_and_within_budget() {
+    fn accepts_only_when_no_work_and_within_budget() {
         let mut c = Counters::default();
         assert!(c.can_accept(0));
-        c.fresh = 1;
+        // Connections still sending their request cost nothing…
+        c.awaiting = 10;
+        c.in_flight = 2;
+        assert!(c.can_accept(0));
+        // …up to a limit.
+        c.awaiting = MAX_AWAITING;
         assert!(!c.can_accept(0));
-        c.fresh = 0;
-        c.in_flight = 1;
-        assert!(!c.can_accept(0));
+        c.awaiting = 0;
         c.in_flight = 0;
+        // Work does.
+        c.working = 1;
+        assert!(!c.can_accept(0));
+        c.working = 0;
         c.open = 2;
         c.served = 1;
         assert!(c.can_accept(0));

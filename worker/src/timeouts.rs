@@ -3,14 +3,13 @@
 
 use std::time::Duration;
 
-/// A client must send a request's complete headers within this (hyper's header timeout,
-/// and the limit for a new connection that has sent nothing yet).
+/// A client must send a request's complete head within this of its first byte (a new
+/// connection: of its accept), or the connection is dropped.
 pub const HEADER_READ: Duration = Duration::from_secs(10);
 /// A request body must arrive completely within this.
 pub const BODY_READ: Duration = Duration::from_secs(30);
 /// An idle keep-alive connection is closed after this.
 pub const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
-/// A new connection holds back the accept loop (see `server.rs`) for at most this long
-/// before its first request: long enough for a client's request to follow its connect,
-/// short enough that silent connections cannot stall a worker.
-pub const FRESH_GRACE: Duration = Duration::from_millis(100);
+/// While a worker retires, a connection idle this long is closed (one whose next request
+/// is under way is answered first, with `Connection: close`).
+pub const RETIRE_IDLE_GRACE: Duration = Duration::from_secs(1);

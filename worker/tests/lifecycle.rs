@@ -158,7 +158,8 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
     b.stream.write_all(tail).unwrap();
     let r = b.read_response();
     assert_eq!(r.status, 503, "{:?}", String::from_utf8_lossy(&r.body));
-    assert!(r.error().contains("shutting down"), "{}", r.error());
+    assert!(r.error().contains("did not run"), "{}", r.error());
+    assert_eq!(r.header("retry-after"), Some("0"), "safe to retry at once");
     assert_eq!(r.pid(), w.pid());
 
     let st = w.wait_exit(PATIENCE);

@@ -1,11 +1,17 @@
 //! The model on one dedicated thread. The `CModule` is loaded there and never leaves it;
 //! requests arrive over a bounded channel, each with a oneshot reply; one forward pass at a
 //! time, under `no_grad`, with every error (and any panic) turned into a [`RunError`].
+//!
+//! A queued job can be withdrawn until the model thread takes it ([`Ticket::withdraw`]):
+//! one atomic decides, so a withdrawn job never runs and a started one is never withdrawn —
+//! which is what lets the HTTP side tell a client "this request never ran, retry it".
 
 mod load;
 mod tensors;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -46,9 +52,48 @@ pub struct RunOutput {
     pub gpu_reserved: Option<u64>,
 }
 
+/// A job's claim: who gets it first, the model thread or a withdrawal.
+const QUEUED: u8 = 0;
+const STARTED: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
 struct Job {
     input: InputArray,
+    claim: Arc<AtomicU8>,
+    started: oneshot::Sender<()>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
+}
+
+/// A submitted job, as the HTTP side holds it.
+pub struct Ticket {
+    claim: Arc<AtomicU8>,
+    started: Option<oneshot::Receiver<()>>,
+    reply: oneshot::Receiver<Result<RunOutput, RunError>>,
+}
+
+impl Ticket {
+    /// Resolves once the model thread has taken the job (forever if it never does).
+    pub async fn started(&mut self) {
+        if let Some(rx) = self.started.as_mut() {
+            if rx.await.is_err() {
+                // Dropped unstarted (withdrawn, or the model thread is gone): never.
+                std::future::pending::<()>().await;
+            }
+            self.started = None;
+        }
+    }
+
+    /// Takes the job back if the model has not started it: `true` means it never runs.
+    pub fn withdraw(&self) -> bool {
+        self.claim
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// The job's outcome.
+    pub async fn result(&mut self) -> Result<RunOutput, RunError> {
+        (&mut self.reply).await.map_err(|_| RunError::Gone)?
+    }
 }
 
 /// What the loaded model looks like, for the rest of the worker.
@@ -123,24 +168,46 @@ impl Runner {
         }
     }
 
-    /// Runs one forward pass. Waits for a queue slot when the model is busy.
-    pub async fn run(&self, input: InputArray) -> Result<RunOutput, RunError> {
-        let (reply, rx) = oneshot::channel();
+    /// Queues one forward pass (waiting for a queue slot when many are queued).
+    pub async fn submit(&self, input: InputArray) -> Result<Ticket, RunError> {
+        let (reply, reply_rx) = oneshot::channel();
+        let (started, started_rx) = oneshot::channel();
+        let claim = Arc::new(AtomicU8::new(QUEUED));
         self.tx
-            .send(Job { input, reply })
+            .send(Job {
+                input,
+                claim: claim.clone(),
+                started,
+                reply,
+            })
             .await
             .map_err(|_| RunError::Gone)?;
-        rx.await.map_err(|_| RunError::Gone)?
+        Ok(Ticket {
+            claim,
+            started: Some(started_rx),
+            reply: reply_rx,
+        })
+    }
+
+    /// Runs one forward pass to its end.
+    #[cfg(test)]
+    pub async fn run(&self, input: InputArray) -> Result<RunOutput, RunError> {
+        self.submit(input).await?.result().await
     }
 }
 
 /// The model thread's loop: one job at a time until every sender is gone.
 fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
     while let Some(job) = rx.blocking_recv() {
-        if job.reply.is_closed() {
-            // The client gave up (request timeout) while this job waited: skip it.
+        let taken = job
+            .claim
+            .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if !taken || job.reply.is_closed() {
+            // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
         }
+        let _ = job.started.send(());
         let result = catch_unwind(AssertUnwindSafe(|| forward(&module, device, &job.input)))
             .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
         let _ = job.reply.send(result);
