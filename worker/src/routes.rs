@@ -221,7 +221,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
 fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
     let max = app.max_queue_wait?;
     let waited = arrived.elapsed();
-    (waited > max).then(|| ApiError::QueueWait {
+    (waited > max).then_some(ApiError::QueueWait {
         waited_ms: waited.as_millis() as u64,
         max_ms: max.as_millis() as u64,
     })

@@ -188,12 +188,6 @@ impl Runner {
             reply: reply_rx,
         })
     }
-
-    /// Runs one forward pass to its end.
-    #[cfg(test)]
-    pub async fn run(&self, input: InputArray) -> Result<RunOutput, RunError> {
-        self.submit(input).await?.result().await
-    }
 }
 
 /// The model thread's loop: one job at a time until every sender is gone.
