@@ -15,7 +15,10 @@
 //!    workers too: a replacement starts at once where both fit, else once the old one left).
 //! 6. Reload (after HUP): one slot at a time, a worker of the new configuration starts
 //!    beside the old one where the GPU has room (start-then-stop), else the old one is
-//!    stopped first (stop-then-start); once the new one is ready the old one retires.
+//!    stopped first (stop-then-start); once the new one is ready the old one retires, and
+//!    the next slot waits until it has exited (so at most one worker more than planned
+//!    exists). A worker still booting with a configuration that a newer HUP superseded is
+//!    killed: it never served.
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +81,8 @@ pub enum KillReason {
     GracefulTimeout,
     /// The master is stopping and the worker outlived the stop's deadline.
     StopTimeout,
+    /// Still booting with a configuration a newer reload superseded (it never served).
+    Superseded,
 }
 
 impl KillReason {
@@ -88,6 +93,7 @@ impl KillReason {
             KillReason::Heartbeat => "heartbeat",
             KillReason::GracefulTimeout => "graceful_timeout",
             KillReason::StopTimeout => "stop_timeout",
+            KillReason::Superseded => "superseded",
         }
     }
 }
@@ -99,6 +105,7 @@ impl std::fmt::Display for KillReason {
             KillReason::Heartbeat => "sent no heartbeat within --timeout",
             KillReason::GracefulTimeout => "did not finish retiring within --graceful-timeout",
             KillReason::StopTimeout => "did not stop in time",
+            KillReason::Superseded => "it was booting a configuration a newer reload superseded",
         })
     }
 }
@@ -353,10 +360,24 @@ fn reload(
     extra: &mut Extra,
     out: &mut Vec<Action>,
 ) {
+    // Superseded boots stop at once.
+    for w in v.workers.iter().filter(live) {
+        if w.phase == Phase::Booting && w.cfg_gen < v.cfg_gen && w.occupies_slot() {
+            out.push(Action::Kill {
+                pid: w.pid,
+                why: KillReason::Superseded,
+            });
+        }
+    }
+    let superseded = |w: &&WorkerState| {
+        !out.iter()
+            .any(|a| matches!(a, Action::Kill { pid, .. } if *pid == w.pid))
+    };
     let current: Vec<&WorkerState> = v
         .workers
         .iter()
         .filter(live)
+        .filter(superseded)
         .filter(|w| w.occupies_slot() && w.slot < v.target)
         .collect();
     // A slot with a new worker ready beside an old one: the old one retires.
@@ -378,6 +399,13 @@ fn reload(
         .iter()
         .any(|a| matches!(a, Action::Retire { .. } | Action::Spawn { .. }))
     {
+        return;
+    }
+    // One extra worker at most: the next slot waits until the replaced one has exited.
+    let old_retiring = v.workers.iter().filter(live).any(|w| {
+        w.cfg_gen < v.cfg_gen && (w.phase == Phase::Retiring || w.asked_to_stop.is_some())
+    });
+    if old_retiring {
         return;
     }
     // One slot at a time: wait while a new worker is booting beside an old one.
@@ -717,9 +745,56 @@ mod tests {
                 why: "reload: replaced by a worker with the new configuration"
             }]
         );
-        // old one retiring: slot 1 is next
-        let w = w.edit(10, |w| w.phase = Phase::Retiring);
+        // old one retiring: slot 1 is next once it has exited
+        let mut w = w.edit(10, |w| w.phase = Phase::Retiring);
+        assert_eq!(w.decide(), vec![]);
+        w.workers.retain(|x| x.pid != 10);
         assert_eq!(w.decide(), vec![spawn(1)]);
+    }
+
+    #[test]
+    fn reload_waits_for_the_replaced_worker_to_exit_before_the_next_slot() {
+        let mut w = World::new(2, None)
+            .worker(10, 0, Phase::Retiring)
+            .worker(11, 1, Phase::Ready);
+        w.cfg_gen = 1;
+        let mut new0 = WorkerState::new(20, 0, 1, 1, None, w.t0);
+        new0.phase = Phase::Ready;
+        w.workers.push(new0);
+        // The replaced worker of slot 0 is still finishing: slot 1 waits.
+        assert_eq!(w.decide(), vec![]);
+        w.workers.retain(|x| x.pid != 10);
+        assert_eq!(w.decide(), vec![spawn(1)]);
+    }
+
+    #[test]
+    fn a_newer_reload_stops_the_boots_of_the_one_it_supersedes() {
+        let mut w = World::new(2, None)
+            .worker(10, 0, Phase::Ready)
+            .worker(11, 1, Phase::Ready);
+        // Generation 1 was booting beside slot 0's old worker when generation 2 came.
+        w.workers.push(WorkerState::new(20, 0, 1, 1, None, w.t0));
+        w.cfg_gen = 2;
+        let a = w.decide();
+        assert_eq!(
+            a,
+            vec![
+                Action::Kill {
+                    pid: 20,
+                    why: KillReason::Superseded
+                },
+                // …and the reload goes on with the newest configuration.
+                spawn(0),
+            ]
+        );
+        // A ready worker of the superseded configuration is just old: it is replaced in
+        // turn, not killed.
+        let mut w = World::new(1, None);
+        let mut mid = WorkerState::new(30, 0, 1, 1, None, w.t0);
+        mid.phase = Phase::Ready;
+        w.workers.push(mid);
+        w.cfg_gen = 2;
+        assert_eq!(w.decide(), vec![spawn(0)]);
     }
 
     #[test]

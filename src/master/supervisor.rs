@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::decide::{decide, Action, Limits, Stopping, View, WaitReason};
+use super::decide::{decide, Action, KillReason, Limits, Stopping, View, WaitReason};
 use super::events::{phase_name, Pool};
 use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
@@ -40,8 +40,13 @@ pub struct Supervisor {
     cfg: Config,
     plan: Plan,
     cfg_gen: u64,
-    /// The configuration to go back to if a reload's first worker fails.
-    reload_from: Option<Config>,
+    /// A reload is under way: workers of older configurations are being replaced.
+    reloading: bool,
+    /// The configuration (and its generation) to go back to if a worker of the reloaded
+    /// one fails to boot: the last one a worker has been ready with.
+    fallback: Option<(Config, u64)>,
+    /// A worker of the current configuration generation has been ready.
+    gen_proven: bool,
     listener: Option<TcpListener>,
     signals: Signals,
     workers: Vec<Live>,
@@ -97,7 +102,9 @@ impl Supervisor {
             cfg,
             plan,
             cfg_gen: 0,
-            reload_from: None,
+            reloading: false,
+            fallback: None,
+            gen_proven: false,
             listener: Some(listener),
             signals,
             workers: Vec::new(),
@@ -225,8 +232,21 @@ impl Supervisor {
                         .unwrap_or_default()
                 );
                 let old = std::mem::replace(&mut self.cfg, new);
-                self.reload_from = Some(old);
+                if self.reloading {
+                    // A HUP during a reload supersedes it: the workers it started that are
+                    // still booting are stopped (decide), and its configuration becomes the
+                    // one to go back to only if a worker has been ready with it.
+                    tracing::info!(
+                        event = "reload_superseded",
+                        "HUP during a reload: the new configuration supersedes the one being rolled out"
+                    );
+                }
+                if !self.reloading || self.gen_proven {
+                    self.fallback = Some((old, self.cfg_gen));
+                }
+                self.reloading = true;
                 self.cfg_gen += 1;
+                self.gen_proven = false;
             }
             Err(e) => tracing::error!(
                 event = "reload_refused",
@@ -331,6 +351,10 @@ impl Supervisor {
             exited!(debug, "{name} stopped: {status}");
             return;
         }
+        if st.killed == Some(KillReason::Superseded) {
+            exited!(info, "{name} stopped: {}", KillReason::Superseded);
+            return;
+        }
         if let Some(why) = st.killed {
             exited!(warn, "{name} killed: it {why}; replacing it");
             if st.phase == Phase::Booting {
@@ -377,15 +401,20 @@ impl Supervisor {
             self.first_boot_failures += 1;
         }
         if w.cfg_gen == self.cfg_gen {
-            if let Some(old) = self.reload_from.take() {
+            if let Some((good, good_gen)) = self.fallback.take() {
                 tracing::error!(
                     event = "reload_failed",
-                    "reload failed: a worker with the new configuration did not boot; keeping the old configuration and workers"
+                    "reload failed: a worker with the new configuration did not boot; going back to the last configuration that served"
                 );
-                self.cfg = old;
+                // The last good configuration becomes the current one: its workers stay,
+                // and workers of any other (superseded) configuration are replaced by it.
+                self.cfg = good;
                 self.cfg_gen += 1;
+                self.gen_proven = true;
                 for l in &mut self.workers {
-                    l.state.cfg_gen = self.cfg_gen;
+                    if l.state.cfg_gen == good_gen {
+                        l.state.cfg_gen = self.cfg_gen;
+                    }
                 }
                 if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
                     s.succeeded();
@@ -514,7 +543,7 @@ impl Supervisor {
         if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
             self.last_ready_at = now;
         }
-        if self.reload_from.is_some()
+        if self.reloading
             && !self
                 .workers
                 .iter()
@@ -524,7 +553,8 @@ impl Supervisor {
                 event = "reload_complete",
                 "reload complete: every worker runs the new configuration"
             );
-            self.reload_from = None;
+            self.reloading = false;
+            self.fallback = None;
         }
     }
 
@@ -534,6 +564,9 @@ impl Supervisor {
             match msg {
                 ControlMsg::Ready { pid, boot_ms } => {
                     st.set_phase(Phase::Ready, now);
+                    if st.cfg_gen == self.cfg_gen {
+                        self.gen_proven = true;
+                    }
                     st.last_heartbeat = now;
                     self.ever_ready = true;
                     self.last_ready_at = now;
