@@ -45,6 +45,13 @@ pub fn ms_since_exec() -> f64 {
     read().unwrap_or(0.0)
 }
 
+/// Hands memory freed by a large request back to the system (`malloc_trim`): glibc keeps
+/// freed heap memory for reuse otherwise, and a worker would stay at its peak.
+pub fn trim_memory() {
+    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
+    unsafe { libc::malloc_trim(0) };
+}
+
 /// This process's thread count (`Threads:` in /proc/self/status).
 pub fn thread_count() -> Option<usize> {
     std::fs::read_to_string("/proc/self/status")

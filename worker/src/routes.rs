@@ -7,18 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response, StatusCode};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
 use vramfork::metadata::AppMetadata;
 use vramfork::protocol::RetireReason;
 
 use crate::error::ApiError;
 use crate::hw::Hw;
-use crate::input::parse_inputs;
+use crate::input::parse_body;
 use crate::runner::{RunError, Runner};
 use crate::state::Shared;
 use crate::timeouts::BODY_READ;
@@ -71,7 +71,8 @@ impl App {
 /// A JSON answer plus whether the connection must close after it.
 struct Answer {
     status: StatusCode,
-    body: Value,
+    /// JSON text.
+    body: Vec<u8>,
     close: bool,
     allow: Option<&'static str>,
     retry_after: Option<u32>,
@@ -81,7 +82,7 @@ impl Answer {
     fn ok(body: Value) -> Answer {
         Answer {
             status: StatusCode::OK,
-            body,
+            body: json_bytes(&body),
             close: false,
             allow: None,
             retry_after: None,
@@ -93,7 +94,7 @@ impl From<ApiError> for Answer {
     fn from(e: ApiError) -> Answer {
         Answer {
             status: e.status(),
-            body: e.body(),
+            body: json_bytes(&e.body()),
             close: e.closes_connection(),
             allow: match &e {
                 ApiError::MethodNotAllowed { allow, .. } => Some(allow),
@@ -107,9 +108,7 @@ impl From<ApiError> for Answer {
 /// The hyper service: never fails, every outcome is an HTTP answer.
 pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
     let answer = route(req, &app).await.unwrap_or_else(Answer::from);
-    let mut resp = Response::new(Full::new(Bytes::from(
-        serde_json::to_vec(&answer.body).unwrap_or_else(|_| b"{}".to_vec()),
-    )));
+    let mut resp = Response::new(Full::new(Bytes::from(answer.body)));
     *resp.status_mut() = answer.status;
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -145,6 +144,10 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     }
 }
 
+fn json_bytes(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
+}
+
 fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError {
     ApiError::MethodNotAllowed {
         method: method.to_string(),
@@ -157,7 +160,7 @@ fn health(app: &App) -> Answer {
     if app.shared.get().stopping() {
         Answer {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            body: serde_json::json!({"status": "retiring"}),
+            body: json_bytes(&serde_json::json!({"status": "retiring"})),
             close: true,
             allow: None,
             retry_after: Some(0),
@@ -205,14 +208,20 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         app.shared.retire(RetireReason::MaxRequests);
     }
     let outputs = infer_counted(req, app, arrived).await?;
-    let mut body = Map::new();
-    body.insert("outputs".into(), outputs);
-    let hw = if hw_wanted {
-        hw_fetch(Some("hwFetch"), app)?
-    } else {
-        None
-    };
-    let mut answer = Answer::ok(with_hw(Value::Object(body), hw));
+    // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
+    let mut body = Vec::with_capacity(outputs.len() + 64);
+    body.extend_from_slice(b"{\"outputs\":");
+    body.extend_from_slice(&outputs);
+    drop(outputs);
+    if hw_wanted {
+        if let Some(line) = hw_fetch(Some("hwFetch"), app)? {
+            body.extend_from_slice(b",\"hwFetch\":");
+            body.extend_from_slice(&json_bytes(&Value::String(line)));
+        }
+    }
+    body.push(b'}');
+    let mut answer = Answer::ok(Value::Null);
+    answer.body = body;
     answer.close = last;
     Ok(answer)
 }
@@ -227,31 +236,38 @@ fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
     })
 }
 
+/// Bodies larger than this are parsed on a blocking thread, so that the worker's event loop
+/// (heartbeats, other connections) never waits for a parse.
+const PARSE_INLINE_MAX: usize = 64 << 10;
+/// After a request whose body was larger than this, freed memory is handed back to the
+/// system at once.
+const TRIM_AFTER: usize = 1 << 20;
+
 async fn infer_counted(
     req: Request<Incoming>,
     app: &App,
     arrived: Instant,
-) -> Result<Value, ApiError> {
+) -> Result<Vec<u8>, ApiError> {
     let body = read_body(req, app.max_body_bytes).await?;
     // From here on the request is work: this worker takes no new connection until it is
     // answered (a body still arriving did not count).
     let _work = Working::enter(&app.shared);
-    let doc: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
-    let Value::Object(mut doc) = doc else {
-        return Err(ApiError::BadRequest(
-            "request body must be a JSON object like {\"inputs\": [[...]]}".into(),
-        ));
-    };
-    let Some(inputs) = doc.remove("inputs") else {
-        return Err(ApiError::BadRequest(
-            "request body has no `inputs` field; send {\"inputs\": <nested array of numbers>}"
-                .into(),
-        ));
-    };
-    let input = parse_inputs(&inputs, app.metadata.input.as_ref()).map_err(ApiError::BadRequest)?;
-    drop(inputs);
-    run(app, input, arrived).await
+    let size = body.len();
+    let spec = app.metadata.input.clone();
+    let parse = move || parse_body(&body, spec.as_ref());
+    let input = if size <= PARSE_INLINE_MAX {
+        parse()
+    } else {
+        tokio::task::spawn_blocking(parse)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
+    }
+    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let out = run(app, input, arrived).await;
+    if size > TRIM_AFTER {
+        crate::process::trim_memory();
+    }
+    out
 }
 
 /// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
@@ -262,7 +278,7 @@ async fn run(
     app: &App,
     input: crate::input::InputArray,
     arrived: Instant,
-) -> Result<Value, ApiError> {
+) -> Result<Vec<u8>, ApiError> {
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
         return Err(unusable(app));
@@ -346,9 +362,10 @@ impl Drop for Working<'_> {
     }
 }
 
-/// Reads the whole body: refused at once when Content-Length is over the limit, and never
-/// buffers more than the limit while streaming; bounded in time by [`BODY_READ`].
-async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+/// Reads the whole body into one buffer sized from `Content-Length` (no copy of the whole
+/// at the end): refused at once when `Content-Length` is over the limit, and never more than
+/// the limit while streaming; bounded in time by [`BODY_READ`].
+async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, ApiError> {
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -357,18 +374,25 @@ async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::TooLarge { limit });
     }
-    let limited = Limited::new(
-        req.into_body(),
-        usize::try_from(limit).unwrap_or(usize::MAX),
-    );
-    match tokio::time::timeout(BODY_READ, limited.collect()).await {
-        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::TooLarge { limit })
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::BadRequest(format!("could not read the request body: {e}"))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > limit {
+                    return Err(ApiError::TooLarge { limit });
+                }
+                buf.extend_from_slice(&data);
+            }
         }
-        Ok(Err(e)) => Err(ApiError::BadRequest(format!(
-            "could not read the request body: {e}"
-        ))),
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ, read).await {
+        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Ok(buf),
     }
 }

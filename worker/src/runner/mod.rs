@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::Value;
 use tch::{CModule, Device, IValue};
 use tokio::sync::{mpsc, oneshot};
 
 pub use load::{configure_executor, load_cpu, LoadError};
+pub use tensors::kind_of;
 
 use crate::cuda;
 use crate::input::InputArray;
@@ -47,7 +47,8 @@ pub enum RunError {
 /// A successful forward pass.
 #[derive(Debug)]
 pub struct RunOutput {
-    pub outputs: Value,
+    /// The outputs as JSON text.
+    pub outputs: Vec<u8>,
     /// The CUDA allocator's reserved bytes after the pass (None on CPU).
     pub gpu_reserved: Option<u64>,
 }
@@ -210,7 +211,7 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
 
 fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOutput, RunError> {
     let start = Instant::now();
-    let x = tensors::to_tensor(input, device).map_err(|e| classify(&e.to_string()))?;
+    let x = tensors::to_device(input, device).map_err(|e| classify(&e.to_string()))?;
     let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)])).map_err(|e| {
         let err = classify(&e.to_string());
         if matches!(err, RunError::OutOfMemory(_)) {
@@ -219,7 +220,8 @@ fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOu
         }
         err
     })?;
-    let outputs = tensors::to_json(&out).map_err(RunError::Unsupported)?;
+    let mut outputs = Vec::new();
+    tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported)?;
     drop(out);
     let gpu_reserved = match device {
         Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),

@@ -1,17 +1,17 @@
-//! Tensors in and out of the model: a validated [`InputArray`] becomes a tensor of the
-//! metadata's dtype on the model's device; what the model returns becomes JSON.
+//! Tensors in and out of the model: a parsed [`InputArray`] moves to the model's device; what
+//! the model returns is written as JSON text straight from the tensors' memory (no tree of
+//! JSON values in between).
 //!
 //! Output rules: a tensor becomes a nested array of its shape (a 0-d tensor a bare number),
-//! floats as numbers with NaN and ±Inf as `null` (JSON has no such numbers), integers as
-//! integers, bools as bools; a tuple or list becomes an array of its outputs; int, float and
-//! bool scalars become numbers and bools. Anything else (strings, dicts, objects, None) is
-//! "unsupported output type".
+//! floats as numbers in their shortest exact form (float32 and narrower as float32) with NaN
+//! and ±Inf as `null` (JSON has no such numbers), integers as integers, bools as bools; a
+//! tuple or list becomes an array of its outputs; int, float and bool scalars become numbers
+//! and bools. Anything else (strings, dicts, objects, None) is "unsupported output type".
 
-use serde_json::{Number, Value};
 use tch::{Device, IValue, Kind, Tensor};
 use vramfork::metadata::Dtype;
 
-use crate::input::{Elements, InputArray};
+use crate::input::InputArray;
 
 pub fn kind_of(d: Dtype) -> Kind {
     match d {
@@ -28,41 +28,63 @@ pub fn kind_of(d: Dtype) -> Kind {
     }
 }
 
-/// The request's input as a tensor on `device`.
-pub fn to_tensor(input: &InputArray, device: Device) -> Result<Tensor, tch::TchError> {
-    let flat = match &input.elements {
-        Elements::Float(v) => Tensor::f_from_slice(v)?,
-        Elements::Int(v) => Tensor::f_from_slice(v)?,
-        Elements::Bool(v) => Tensor::f_from_slice(v)?,
-    };
-    flat.f_reshape(input.shape.as_slice())?
-        .f_to_kind(kind_of(input.dtype))?
-        .f_to_device(device)
+/// The request's input on `device` (already of the metadata's dtype and the request's
+/// shape; on the CPU this is the same tensor).
+pub fn to_device(input: &InputArray, device: Device) -> Result<Tensor, tch::TchError> {
+    if device == Device::Cpu {
+        Ok(input.tensor.shallow_clone())
+    } else {
+        input.tensor.f_to_device(device)
+    }
 }
 
-/// The model's output as JSON (see the module doc for the rules).
-pub fn to_json(v: &IValue) -> Result<Value, String> {
-    Ok(match v {
-        IValue::Tensor(t) => tensor_to_json(t)?,
-        IValue::Double(f) => float(*f),
-        IValue::Int(i) => Value::from(*i),
-        IValue::Bool(b) => Value::Bool(*b),
+/// Writes the model's output as JSON to `out` (see the module doc for the rules).
+pub fn write_json(v: &IValue, out: &mut Vec<u8>) -> Result<(), String> {
+    match v {
+        IValue::Tensor(t) => write_tensor(t, out)?,
+        IValue::Double(f) => write_f64(*f, out),
+        IValue::Int(i) => write_int(*i, out),
+        IValue::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         IValue::Tuple(items) | IValue::GenericList(items) => {
-            Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?)
+            write_list(items, out, write_json)?;
         }
-        IValue::TensorList(ts) => {
-            Value::Array(ts.iter().map(tensor_to_json).collect::<Result<_, _>>()?)
-        }
-        IValue::IntList(v) => Value::from(v.clone()),
-        IValue::DoubleList(v) => Value::Array(v.iter().map(|f| float(*f)).collect()),
-        IValue::BoolList(v) => Value::from(v.clone()),
+        IValue::TensorList(ts) => write_list(ts, out, write_tensor)?,
+        IValue::IntList(v) => write_list(v, out, |i, o| {
+            write_int(*i, o);
+            Ok(())
+        })?,
+        IValue::DoubleList(v) => write_list(v, out, |f, o| {
+            write_f64(*f, o);
+            Ok(())
+        })?,
+        IValue::BoolList(v) => write_list(v, out, |b, o| {
+            o.extend_from_slice(if *b { b"true" } else { b"false" });
+            Ok(())
+        })?,
         other => {
             return Err(format!(
                 "model returned unsupported output type {}; supported: tensors, tuples and lists of them, int, float, bool",
                 type_name(other)
             ))
         }
-    })
+    }
+    Ok(())
+}
+
+fn write_list<T>(
+    items: &[T],
+    out: &mut Vec<u8>,
+    each: impl Fn(&T, &mut Vec<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    out.push(b'[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        each(item, out)?;
+    }
+    out.push(b']');
+    Ok(())
 }
 
 fn type_name(v: &IValue) -> &'static str {
@@ -77,68 +99,136 @@ fn type_name(v: &IValue) -> &'static str {
     }
 }
 
-fn float(f: f64) -> Value {
-    Number::from_f64(f).map_or(Value::Null, Value::Number)
+fn write_int(i: i64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
-fn tensor_to_json(t: &Tensor) -> Result<Value, String> {
+fn write_f64(f: f64, out: &mut Vec<u8>) {
+    if f.is_finite() {
+        out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+fn write_f32(f: f32, out: &mut Vec<u8>) {
+    if f.is_finite() {
+        out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+fn write_tensor(t: &Tensor, out: &mut Vec<u8>) -> Result<(), String> {
     let err = |e: tch::TchError| format!("cannot read the model's output tensor: {e}");
     let shape = t.size();
     let cpu = t.f_to_device(Device::Cpu).map_err(err)?;
-    let flat = cpu
-        .f_contiguous()
-        .map_err(err)?
-        .f_reshape([-1])
-        .map_err(err)?;
-    let leaves: Vec<Value> = match t.kind() {
-        Kind::Bool => Vec::<bool>::try_from(&flat)
-            .map_err(err)?
-            .into_iter()
-            .map(Value::Bool)
-            .collect(),
-        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64 => {
-            let v = flat.f_to_kind(Kind::Int64).map_err(err)?;
-            Vec::<i64>::try_from(&v)
-                .map_err(err)?
-                .into_iter()
-                .map(Value::from)
-                .collect()
+    // Narrow floats are written as float32, small integers as int64.
+    let cpu = match t.kind() {
+        Kind::Half | Kind::BFloat16 => cpu.f_to_kind(Kind::Float).map_err(err)?,
+        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int => {
+            cpu.f_to_kind(Kind::Int64).map_err(err)?
         }
-        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double => {
-            let v = flat.f_to_kind(Kind::Double).map_err(err)?;
-            Vec::<f64>::try_from(&v)
-                .map_err(err)?
-                .into_iter()
-                .map(float)
-                .collect()
-        }
+        Kind::Bool | Kind::Float | Kind::Double | Kind::Int64 => cpu,
         k => {
             return Err(format!(
                 "model returned a tensor of unsupported dtype {k:?}"
             ))
         }
     };
-    Ok(nest(&shape, &mut leaves.into_iter()))
+    let flat = cpu.f_contiguous().map_err(err)?;
+    let n = flat.numel();
+    out.reserve(n * 8);
+    match flat.kind() {
+        Kind::Float => write_nested(&shape, elements::<f32>(&flat, n), out, |v, o| {
+            write_f32(*v, o)
+        }),
+        Kind::Double => write_nested(&shape, elements::<f64>(&flat, n), out, |v, o| {
+            write_f64(*v, o)
+        }),
+        Kind::Int64 => write_nested(&shape, elements::<i64>(&flat, n), out, |v, o| {
+            write_int(*v, o)
+        }),
+        _ => write_nested(&shape, elements::<bool>(&flat, n), out, |v, o| {
+            o.extend_from_slice(if *v { b"true" } else { b"false" })
+        }),
+    }
+    Ok(())
 }
 
-/// Builds the nested array of `shape` from row-major leaves; a 0-d shape is a bare leaf.
-fn nest(shape: &[i64], leaves: &mut impl Iterator<Item = Value>) -> Value {
-    match shape.split_first() {
-        None => leaves.next().unwrap_or(Value::Null),
-        Some((&n, rest)) => Value::Array((0..n.max(0)).map(|_| nest(rest, leaves)).collect()),
+/// The elements of a contiguous CPU tensor of kind `T::KIND`, borrowed from its memory.
+fn elements<T: tch::kind::Element>(t: &Tensor, n: usize) -> &[T] {
+    assert_eq!(t.kind(), T::KIND);
+    assert!(t.is_contiguous() && t.device() == Device::Cpu);
+    if n == 0 {
+        return &[];
     }
+    // SAFETY: `t` is a contiguous CPU tensor of `n` elements of type T (checked above);
+    // the slice borrows `t`, which keeps the storage alive and unchanged meanwhile.
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, n) }
+}
+
+/// Writes row-major `leaves` as the nested array of `shape` (a 0-d shape: a bare leaf).
+fn write_nested<T>(
+    shape: &[i64],
+    leaves: &[T],
+    out: &mut Vec<u8>,
+    leaf: impl Fn(&T, &mut Vec<u8>),
+) {
+    fn go<T>(
+        shape: &[i64],
+        leaves: &[T],
+        at: &mut usize,
+        out: &mut Vec<u8>,
+        leaf: &impl Fn(&T, &mut Vec<u8>),
+    ) {
+        match shape.split_first() {
+            None => {
+                match leaves.get(*at) {
+                    Some(v) => leaf(v, out),
+                    None => out.extend_from_slice(b"null"),
+                }
+                *at += 1;
+            }
+            Some((&n, rest)) => {
+                out.push(b'[');
+                for i in 0..n.max(0) {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    go(rest, leaves, at, out, leaf);
+                }
+                out.push(b']');
+            }
+        }
+    }
+    let mut at = 0;
+    go(shape, leaves, &mut at, out, &leaf);
+}
+
+/// The output as a JSON value (tests).
+#[cfg(test)]
+pub fn to_json(v: &IValue) -> Result<serde_json::Value, String> {
+    let mut out = Vec::new();
+    write_json(v, &mut out)?;
+    Ok(serde_json::from_slice(&out).expect("the writer writes JSON"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::input::parse_inputs;
-    use serde_json::json;
+    use crate::input::parse_body;
+    use serde_json::{json, Value};
     use vramfork::metadata::InputSpec;
 
     fn tensor_for(v: Value, dtype: Dtype) -> Tensor {
         let spec = InputSpec { shape: None, dtype };
-        to_tensor(&parse_inputs(&v, Some(&spec)).unwrap(), Device::Cpu).unwrap()
+        let body = json!({ "inputs": v }).to_string();
+        to_device(
+            &parse_body(body.as_bytes(), Some(&spec)).unwrap(),
+            Device::Cpu,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -190,6 +280,26 @@ mod tests {
             json!([1.0, null, null, null])
         );
         assert_eq!(to_json(&IValue::Double(f64::NAN)).unwrap(), Value::Null);
+    }
+
+    #[test]
+    fn floats_are_written_in_their_shortest_exact_form() {
+        let t = Tensor::from_slice(&[0.1f32, 1e-7, 3.0]);
+        let mut out = Vec::new();
+        write_json(&IValue::Tensor(t), &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "[0.1,1e-7,3.0]");
+        let t = Tensor::from_slice(&[0.1f64]);
+        let mut out = Vec::new();
+        write_json(&IValue::Tensor(t), &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "[0.1]");
+        // A non-contiguous view is written in its own order.
+        let t = Tensor::from_slice(&[1i64, 2, 3, 4])
+            .reshape([2, 2])
+            .transpose(0, 1);
+        assert_eq!(
+            to_json(&IValue::Tensor(t)).unwrap(),
+            json!([[1, 3], [2, 4]])
+        );
     }
 
     #[test]
