@@ -401,11 +401,14 @@ fn reload(
     {
         return;
     }
-    // One extra worker at most: the next slot waits until the replaced one has exited.
-    let old_retiring = v.workers.iter().filter(live).any(|w| {
-        w.cfg_gen < v.cfg_gen && (w.phase == Phase::Retiring || w.asked_to_stop.is_some())
-    });
-    if old_retiring {
+    // One extra worker at most: the next slot waits until the replaced (or superseded)
+    // one has exited.
+    let old_leaving = out.iter().any(|a| matches!(a, Action::Kill { .. }))
+        || v.workers.iter().any(|w| {
+            w.cfg_gen < v.cfg_gen
+                && (w.phase == Phase::Retiring || w.asked_to_stop.is_some() || w.killed.is_some())
+        });
+    if old_leaving {
         return;
     }
     // One slot at a time: wait while a new worker is booting beside an old one.
@@ -775,18 +778,19 @@ mod tests {
         // Generation 1 was booting beside slot 0's old worker when generation 2 came.
         w.workers.push(WorkerState::new(20, 0, 1, 1, None, w.t0));
         w.cfg_gen = 2;
-        let a = w.decide();
         assert_eq!(
-            a,
-            vec![
-                Action::Kill {
-                    pid: 20,
-                    why: KillReason::Superseded
-                },
-                // …and the reload goes on with the newest configuration.
-                spawn(0),
-            ]
+            w.decide(),
+            vec![Action::Kill {
+                pid: 20,
+                why: KillReason::Superseded
+            }]
         );
+        // Once it is gone, the reload goes on with the newest configuration.
+        let w = w.edit(20, |w| w.killed = Some(KillReason::Superseded));
+        assert_eq!(w.decide(), vec![]);
+        let mut w = w;
+        w.workers.retain(|x| x.pid != 20);
+        assert_eq!(w.decide(), vec![spawn(0)]);
         // A ready worker of the superseded configuration is just old: it is replaced in
         // turn, not killed.
         let mut w = World::new(1, None);

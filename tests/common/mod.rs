@@ -234,6 +234,21 @@ impl Server {
         self.wait_event_after(0, name, pred).1
     }
 
+    /// The most worker processes the master has had at once (booting, ready and retiring,
+    /// over all its `pool` events so far).
+    pub fn max_pool_processes(&self) -> u64 {
+        self.events_named("pool")
+            .iter()
+            .map(|p| {
+                ["booting", "ready", "retiring"]
+                    .iter()
+                    .map(|k| p.u64(k).unwrap_or(0))
+                    .sum()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// How many master events there are now: later waits can start from here.
     pub fn mark(&self) -> usize {
         self.events().len()
@@ -554,6 +569,11 @@ impl KeepAlive {
 
     /// One request; an error is a failed request (reset, closed under it…).
     pub fn post(&mut self, path: &str, body: &str) -> std::io::Result<Response> {
+        self.request("POST", path, body)
+    }
+
+    /// One request of any method on the kept connection (a new one when there is none).
+    pub fn request(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<Response> {
         if self.conn.is_none() {
             let s = TcpStream::connect(("127.0.0.1", self.port))?;
             s.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -561,7 +581,7 @@ impl KeepAlive {
         }
         let s = self.conn.as_mut().unwrap();
         let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         let result = s.write_all(req.as_bytes()).and_then(|_| read_one(s));
@@ -580,7 +600,7 @@ impl KeepAlive {
 }
 
 /// Reads one response with a Content-Length body from a kept-alive connection.
-fn read_one(s: &mut TcpStream) -> std::io::Result<Response> {
+pub fn read_one(s: &mut TcpStream) -> std::io::Result<Response> {
     let mut raw = Vec::new();
     let mut byte = [0u8; 1];
     while !raw.ends_with(b"\r\n\r\n") {
@@ -601,4 +621,63 @@ fn read_one(s: &mut TcpStream) -> std::io::Result<Response> {
     s.read_exact(&mut body)?;
     raw.extend_from_slice(&body);
     parse_response(&raw)
+}
+
+/// Whether the server has neither answered on nor closed `s` yet (a peek that does not wait).
+pub fn nothing_from_server(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: recv(2) into a 1-byte stack buffer on our own open socket.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
+/// A connection that has sent `bytes` and nothing more.
+pub fn connect_and_send(port: u16, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(bytes).expect("send");
+    s
+}
+
+/// The largest number of worker processes (named `vf-worker-*`: the template and its spare
+/// are not workers) seen by sampling /proc until stopped.
+pub struct WorkerCountMonitor {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl WorkerCountMonitor {
+    pub fn start(master: u32) -> WorkerCountMonitor {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || {
+            let mut max = 0;
+            while !s.load(std::sync::atomic::Ordering::SeqCst) {
+                let n = children(master)
+                    .iter()
+                    .filter(|(_, c)| c.starts_with("vf-worker"))
+                    .count();
+                max = max.max(n);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            max
+        });
+        WorkerCountMonitor {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn finish(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.handle.take().unwrap().join().unwrap()
+    }
 }

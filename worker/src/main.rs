@@ -53,6 +53,7 @@ pub fn boot(
 ) -> Result<i32, (i32, String)> {
     let config_err = |m: String| (worker_exit::CONFIG, m);
     vramfork::logging::init(cfg.log_json);
+    process::set_allocator_thresholds();
     let span = tracing::info_span!(
         "worker",
         slot = cfg.slot,

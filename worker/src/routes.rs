@@ -239,8 +239,9 @@ fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
 /// Bodies larger than this are parsed on a blocking thread, so that the worker's event loop
 /// (heartbeats, other connections) never waits for a parse.
 const PARSE_INLINE_MAX: usize = 64 << 10;
-/// After a request whose body was larger than this, freed memory is handed back to the
-/// system at once.
+/// After a request whose body was larger than this, free memory scattered in the heaps is
+/// handed back to the system too (`process::trim_memory`; large blocks go back anyway, see
+/// `process::set_allocator_thresholds`).
 const TRIM_AFTER: usize = 1 << 20;
 
 async fn infer_counted(

@@ -111,6 +111,13 @@ fn every_bad_request_gets_its_status_and_the_worker_keeps_serving() {
             "shape [1, 3], the model expects [-1, 4]",
         ),
         ("POST", "/", r#"{"inputs": [1, 2, 3, 4]}"#, 400, "shape [4]"),
+        (
+            "POST",
+            "/",
+            r#"{"inputs": [[1, 2, 3, 1e39]]}"#,
+            400,
+            "inputs[0][3] is 1e39, out of range for dtype float32",
+        ),
         ("GET", "/?hwFetch=maybe", "", 400, "`hwFetch`"),
         ("POST", "/?hwFetch=maybe", good, 400, "accepted: true"),
         ("GET", "/nope", "", 404, "no route for GET /nope"),

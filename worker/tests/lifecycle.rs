@@ -293,3 +293,39 @@ fn a_silent_client_neither_stalls_the_worker_nor_outlives_the_header_deadline() 
     // The worker takes new connections again.
     assert_eq!(w.post("/", MLP_REQ).status, 200);
 }
+
+#[test]
+fn a_request_waiting_for_the_model_past_max_queue_wait_is_refused_at_once() {
+    let mut w = Worker::ready(config("slow", |c| c["max_queue_wait_ms"] = json!(300)));
+    // Two keep-alive connections, both taken while the worker was idle.
+    let mut a = w.connect();
+    assert_eq!(a.request("GET", "/healthz", "").status, 200);
+    let mut b = w.connect();
+    assert_eq!(b.request("GET", "/healthz", "").status, 200);
+    // A keeps the model busy for seconds; B waits behind it for the model.
+    a.send("POST", "/", &[], slow(150_000).as_bytes());
+    w.wait_in_flight(1);
+    let r = b.request("POST", "/", &slow(1));
+    assert_eq!(r.status, 503, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.error().contains("--max-queue-wait"), "{}", r.error());
+    // At once: A is still running when B is refused.
+    assert!(!a.has_data_now(), "B was answered only after A");
+    let ra = a.read_response();
+    assert_eq!(ra.status, 200);
+}
+
+#[test]
+fn an_idle_keep_alive_connection_outlives_the_header_deadline() {
+    let w = Worker::ready(config("mlp", |_| {}));
+    let mut c = w.connect();
+    assert_eq!(c.request("POST", "/", MLP_REQ).status, 200);
+    // Idle past the 10 s a request head may take: still open (idle limit 60 s)…
+    assert!(
+        !c.closed_by_server(Duration::from_secs(12)),
+        "an idle kept-alive connection was closed at the header deadline"
+    );
+    // …and it serves the next request.
+    let r = c.request("POST", "/", MLP_REQ);
+    assert_eq!((r.status, r.pid()), (200, w.pid()));
+}

@@ -202,10 +202,19 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
             // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
         }
-        let _ = job.started.send(());
-        let result = catch_unwind(AssertUnwindSafe(|| forward(&module, device, &job.input)))
+        let Job {
+            input,
+            started,
+            reply,
+            ..
+        } = job;
+        let _ = started.send(());
+        let result = catch_unwind(AssertUnwindSafe(|| forward(&module, device, &input)))
             .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
-        let _ = job.reply.send(result);
+        // Free the input before answering, so that what the request used is gone by the
+        // time its answer is out (and a trim after it can give the memory back).
+        drop(input);
+        let _ = reply.send(result);
     }
 }
 
