@@ -465,6 +465,30 @@ mod tests {
     }
 
     #[test]
+    fn max_queue_wait_is_seconds_or_0_for_off() {
+        let e = Env::new();
+        let c = e.run(&["--max-queue-wait", "2.5"]).unwrap();
+        assert_eq!(c.max_queue_wait, Some(Duration::from_millis(2500)));
+        assert_eq!(
+            e.run(&["--max-queue-wait", "0"]).unwrap().max_queue_wait,
+            None
+        );
+        assert_eq!(
+            e.run(&["--max-queue-wait", "0.0"]).unwrap().max_queue_wait,
+            None
+        );
+        for bad in ["-1", "soon", "inf"] {
+            let err = e.run(&["--max-queue-wait", bad]).unwrap_err();
+            assert!(
+                err.contains("--max-queue-wait")
+                    && err.contains(bad)
+                    && err.contains("0 = no limit"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn modes() {
         let e = Env::new();
         assert_eq!(e.run(&["--production"]).unwrap().mode, Mode::Production);

@@ -210,11 +210,14 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     };
     // Our own deadlines (above) replace hyper's header timer, which would also close an
     // idle kept-alive connection after the header deadline.
+    // A client may shut its sending side once its request is out (half-close) and still
+    // wait for the answer: without `half_close` hyper drops such a request unanswered.
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
+        .half_close(true)
         .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    let mut stop_rx = shared.subscribe();
+    let mut stop_rx = shared.subscribe_stop();
     let mut retiring = false;
     let mut closing = false;
     loop {
@@ -243,7 +246,7 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
                 }
             }
             // Retiring shortens the idle deadline: look again.
-            _ = stop_rx.wait_for(|c| c.stopping()), if !retiring => retiring = true,
+            _ = stop_rx.wait_for(|stopping| *stopping), if !retiring => retiring = true,
         }
     }
     let awaiting = state.awaiting.swap(false, Ordering::SeqCst);

@@ -62,6 +62,9 @@ impl Counters {
 
 pub struct Shared {
     tx: watch::Sender<Counters>,
+    /// Whether the worker is stopping, on its own channel: every connection waits for this,
+    /// and must not be woken by every change of the counters.
+    stop_tx: watch::Sender<bool>,
     pub control: Control,
     pub max_requests: u64,
     /// The shared listening socket while this worker accepts on it (for
@@ -73,6 +76,7 @@ impl Shared {
     pub fn new(control: Control, max_requests: u64) -> Shared {
         Shared {
             tx: watch::Sender::new(Counters::default()),
+            stop_tx: watch::Sender::new(false),
             control,
             max_requests,
             listen_fd: std::sync::Mutex::new(None),
@@ -93,8 +97,19 @@ impl Shared {
 
     pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
         let mut out = None;
-        self.tx.send_modify(|c| out = Some(f(c)));
+        let mut stopping = false;
+        self.tx.send_modify(|c| {
+            out = Some(f(c));
+            stopping = c.stopping();
+        });
+        self.stop_tx
+            .send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
         out.expect("send_modify runs the closure")
+    }
+
+    /// A receiver that changes only when the worker starts stopping.
+    pub fn subscribe_stop(&self) -> watch::Receiver<bool> {
+        self.stop_tx.subscribe()
     }
 
     pub fn get(&self) -> Counters {
