@@ -126,6 +126,14 @@ fn comm(pid: u32) -> String {
         .to_string()
 }
 
+/// Waits until the one worker `old` has retired for `reason` and another is ready in its
+/// place; returns the new worker's pid.
+fn replaced(s: &Server, old: u32, reason: &str) -> u32 {
+    let retiring = s.wait_event("worker_retiring", |e| e.u64("pid") == Some(old.into()));
+    assert_eq!(retiring.str("reason"), Some(reason), "{retiring:?}");
+    s.wait_workers_where(1, |p| p != [old])[0]
+}
+
 fn mlp() -> App {
     App::new("mlp.pt", r#""input": {"shape": [-1, 4]}"#)
 }
@@ -342,16 +350,12 @@ fn killing_the_master_takes_every_worker_down() {
     let s = Server::start(&app, &["--production", "--workers", "2"]);
     s.wait_workers(2);
     // Workers, the template and its spare: every child must go with the master.
-    let deadline = Instant::now() + PATIENCE;
-    let all = loop {
+    let all = s.poll("the template and its spare", || {
         let kids = children(s.pid());
         let names: Vec<&str> = kids.iter().map(|(_, c)| c.as_str()).collect();
-        if names.contains(&"vf-template") && names.contains(&"vf-spare") {
-            break kids.into_iter().map(|(p, _)| p).collect::<Vec<u32>>();
-        }
-        assert!(Instant::now() < deadline, "no template and spare: {kids:?}");
-        thread::sleep(Duration::from_millis(20));
-    };
+        (names.contains(&"vf-template") && names.contains(&"vf-spare"))
+            .then(|| kids.into_iter().map(|(p, _)| p).collect::<Vec<u32>>())
+    });
     assert_eq!(all.len(), 4, "{all:?}");
     s.signal(libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -492,16 +496,10 @@ fn a_request_past_the_timeout_gets_504_and_its_worker_is_replaced() {
             .contains("request-timeout"),
         "{r:?}"
     );
-    let retiring = s.wait_event("worker_retiring", |e| e.u64("pid") == Some(first[0].into()));
-    assert_eq!(
-        retiring.str("reason"),
-        Some("request_timeout"),
-        "{retiring:?}"
-    );
-    let now = s.wait_workers_where(1, |p| p != first);
+    let now = replaced(&s, first[0], "request_timeout");
     let r = s.post("/", r#"{"inputs": [[1]]}"#);
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.pid(), now[0]);
+    assert_eq!(r.pid(), now);
 }
 
 #[test]
@@ -509,15 +507,11 @@ fn development_mode_serves_in_one_process() {
     let app = mlp();
     let s = Server::start(&app, &[]);
     // The worker itself (no master in development mode) reports that it is ready.
-    let deadline = Instant::now() + PATIENCE;
-    while !s
-        .all_events()
-        .iter()
-        .any(|e| e.name == "ready" && e.target.starts_with("app_worker"))
-    {
-        assert!(Instant::now() < deadline, "never ready:\n{}", s.log_text());
-        thread::sleep(Duration::from_millis(20));
-    }
+    s.poll("the worker's ready event", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "ready" && e.target.starts_with("app_worker"))
+    });
     let r = s.post("/", MLP_INPUT);
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -562,18 +556,12 @@ fn cuda_out_of_memory_answers_507_and_the_worker_is_replaced() {
     assert_eq!(r.pid(), first[0]);
     let msg = r.json()["error"].as_str().unwrap().to_string();
     assert!(msg.contains("CUDA out of memory"), "{msg}");
-    let retiring = s.wait_event("worker_retiring", |e| e.u64("pid") == Some(first[0].into()));
-    assert_eq!(
-        retiring.str("reason"),
-        Some("out_of_memory"),
-        "{retiring:?}"
-    );
-    let now = s.wait_workers_where(1, |p| p != first);
+    let now = replaced(&s, first[0], "out_of_memory");
     let r = s.post("/", r#"{"inputs": [[-1.0]]}"#);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(
         r.pid(),
-        now[0],
+        now,
         "the worker that ran out of memory kept serving"
     );
 }

@@ -209,24 +209,16 @@ impl Server {
         name: &str,
         pred: impl Fn(&Event) -> bool,
     ) -> (usize, Event) {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let found = self
-                .events()
-                .into_iter()
-                .enumerate()
-                .skip(after)
-                .find(|(_, e)| e.name == name && pred(e));
-            if let Some(found) = found {
-                return found;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {name:?} event (from #{after}) as wanted within {PATIENCE:?}:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.poll(
+            &format!("a {name:?} event (from #{after}) as wanted"),
+            || {
+                self.events()
+                    .into_iter()
+                    .enumerate()
+                    .skip(after)
+                    .find(|(_, e)| e.name == name && pred(e))
+            },
+        )
     }
 
     /// Waits for the first master event named `name` for which `pred` holds.
@@ -265,19 +257,10 @@ impl Server {
     /// Waits until the master's latest `pool` event (its pool as it is now) satisfies
     /// `pred`; returns it.
     pub fn wait_pool(&self, pred: impl Fn(&Event) -> bool) -> Event {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        self.poll("the pool as wanted", || {
             let pool = self.events().into_iter().rev().find(|e| e.name == "pool");
-            if let Some(p) = pool.filter(|p| pred(p)) {
-                return p;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the pool never became as wanted:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            pool.filter(|p| pred(p))
+        })
     }
 
     /// The pids of the workers the master has reported ready and not since retiring or
@@ -294,24 +277,33 @@ impl Server {
 
     /// [`Server::wait_workers`], until the ready pids also satisfy `pred`.
     pub fn wait_workers_where(&self, n: usize, pred: impl Fn(&[u32]) -> bool) -> Vec<u32> {
+        self.poll(
+            &format!("{n} ready workers, none booting or retiring"),
+            || {
+                let events = self.events();
+                let pool = events.iter().rev().find(|e| e.name == "pool");
+                let settled = pool.is_some_and(|p| {
+                    p.u64("workers") == Some(n as u64)
+                        && p.u64("ready") == Some(n as u64)
+                        && p.u64("booting") == Some(0)
+                        && p.u64("retiring") == Some(0)
+                });
+                let pids = ready_pids(&events);
+                (settled && pids.len() == n && pred(&pids)).then_some(pids)
+            },
+        )
+    }
+
+    /// Polls `check` until it gives a value; fails the test with the log after [`PATIENCE`].
+    pub fn poll<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let events = self.events();
-            let pool = events.iter().rev().find(|e| e.name == "pool");
-            let settled = pool.is_some_and(|p| {
-                p.u64("workers") == Some(n as u64)
-                    && p.u64("ready") == Some(n as u64)
-                    && p.u64("booting") == Some(0)
-                    && p.u64("retiring") == Some(0)
-            });
-            let pids = ready_pids(&events);
-            if settled && pids.len() == n && pred(&pids) {
-                return pids;
+            if let Some(v) = check() {
+                return v;
             }
             assert!(
                 Instant::now() < deadline,
-                "expected {n} ready workers; last pool event {:?}, ready pids {pids:?}:\n{}",
-                pool.map(|p| &p.fields),
+                "never saw {what} within {PATIENCE:?}:\n{}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
