@@ -32,6 +32,9 @@ pub struct Config {
     pub model_override: Option<PathBuf>,
     pub host: String,
     pub port: u16,
+    /// `--host` or `--port` was given (flag or environment): worth a word in the log when a
+    /// socket handed over by systemd makes them unused.
+    pub address_given: bool,
     pub workers_override: Option<WorkerOverride>,
     pub max_requests: u64,
     pub max_requests_jitter: u64,
@@ -180,6 +183,7 @@ impl Config {
             )));
         }
 
+        let address_given = cli.host.is_some() || cli.port.is_some();
         let host = cli.host.unwrap_or_else(|| "127.0.0.1".to_string());
         if host.trim().is_empty() || host.contains(char::is_whitespace) {
             return Err(c.bad(
@@ -286,6 +290,7 @@ impl Config {
             model_override,
             host,
             port,
+            address_given,
             workers_override,
             max_requests,
             max_requests_jitter,

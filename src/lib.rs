@@ -5,6 +5,7 @@
 //! worker plan, the master↔worker protocol and the supervisor. The worker binary
 //! (`worker/`) depends on it for the protocol and the metadata types.
 
+pub mod activation;
 pub mod cli;
 pub mod config;
 pub mod develop;

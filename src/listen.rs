@@ -43,17 +43,9 @@ pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
         match TcpListener::bind(addr) {
             Ok(l) => {
                 // SAFETY: `l` owns a valid listening socket; listen() on it again only
-                // raises the backlog, and setsockopt reads one int from the stack.
-                unsafe {
-                    libc::listen(l.as_raw_fd(), BACKLOG);
-                    libc::setsockopt(
-                        l.as_raw_fd(),
-                        libc::IPPROTO_TCP,
-                        libc::TCP_DEFER_ACCEPT,
-                        (&DEFER_ACCEPT_S as *const i32).cast(),
-                        std::mem::size_of::<i32>() as libc::socklen_t,
-                    );
-                }
+                // raises the backlog.
+                unsafe { libc::listen(l.as_raw_fd(), BACKLOG) };
+                defer_accept(&l);
                 return Ok(l);
             }
             Err(e) => last = Some((addr, e)),
@@ -66,4 +58,19 @@ pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
         Some((addr, e)) => ConfigError(format!("cannot listen on {addr}: {e}")),
         None => ConfigError(format!("--host '{host}' resolved to no address")),
     })
+}
+
+/// Sets `TCP_DEFER_ACCEPT` ([`DEFER_ACCEPT_S`]) on a listening TCP socket: on the one this
+/// process bound, and on one handed over by systemd, so both behave the same. Best effort.
+pub fn defer_accept(l: &TcpListener) {
+    // SAFETY: setsockopt on a descriptor `l` owns reads one int from the stack.
+    unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&DEFER_ACCEPT_S as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        );
+    }
 }

@@ -11,7 +11,7 @@ use vramfork::config::{Config, ConfigError, Mode};
 use vramfork::exit;
 use vramfork::master::signals::Signals;
 use vramfork::master::supervisor::Supervisor;
-use vramfork::{develop, listen, logging, plan, resources};
+use vramfork::{activation, develop, listen, logging, plan, resources};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -33,6 +33,11 @@ fn fail(e: ConfigError) -> i32 {
 }
 
 fn run(cfg: Config) -> i32 {
+    // Before anything else (no thread exists yet): it takes LISTEN_* out of the environment.
+    let inherited = match activation::inherited() {
+        Ok(i) => i,
+        Err(e) => return fail(e),
+    };
     logging::init(cfg.log_json);
     let (res, gpus) = match resources::probe(cfg.nvml_library.as_deref()) {
         Ok(r) => r,
@@ -57,9 +62,32 @@ fn run(cfg: Config) -> i32 {
         tracing::warn!(event = "plan_warning", "{w}");
     }
     listen::raise_open_files_limit();
-    let listener = match listen::bind(&cfg.host, cfg.port) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
+    let (listener, socket) = match inherited {
+        Some(i) => {
+            tracing::info!(
+                event = "socket_activation",
+                fd = i.fd,
+                name = i.name,
+                "serving on the socket systemd handed over (fd {}, name '{}')",
+                i.fd,
+                i.name
+            );
+            if cfg.address_given {
+                tracing::warn!(
+                    event = "address_unused",
+                    host = cfg.host,
+                    port = cfg.port,
+                    "--host/--port ({}:{}) are unused: the socket handed over by systemd decides the address",
+                    cfg.host,
+                    cfg.port
+                );
+            }
+            (i.listener, "systemd")
+        }
+        None => match listen::bind(&cfg.host, cfg.port) {
+            Ok(l) => (l, "bound"),
+            Err(e) => return fail(e),
+        },
     };
     let addr = listener
         .local_addr()
@@ -69,6 +97,7 @@ fn run(cfg: Config) -> i32 {
         tracing::info!(
             event = "listening",
             addr,
+            socket,
             workers = 1,
             "listening on http://{addr} (development mode: one process)"
         );
@@ -85,6 +114,7 @@ fn run(cfg: Config) -> i32 {
     tracing::info!(
         event = "listening",
         addr,
+        socket,
         workers = plan.workers,
         "listening on http://{addr} with {} workers ({})",
         plan.workers,

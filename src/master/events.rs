@@ -4,7 +4,10 @@
 //!
 //! | event | level | fields | when |
 //! |---|---|---|---|
-//! | `listening` | info | `addr`, `workers` | the socket is bound (development mode: `workers` = 1) |
+//! | `listening` | info | `addr`, `socket` (`bound`, `systemd`), `workers` | the socket is bound or was handed over (development mode: `workers` = 1) |
+//! | `socket_activation` | info | `fd`, `name` | systemd handed over the listening socket (`LISTEN_FDS`) |
+//! | `address_unused` | warn | `host`, `port` | `--host`/`--port` were given but systemd's socket is used |
+//! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
 //! | `template_ready` | info | `pid`, `ms` | the template process has loaded the model |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |

@@ -4,6 +4,7 @@
 
 pub mod decide;
 pub mod events;
+pub mod notify;
 pub mod signals;
 pub mod slot;
 pub mod spawn;

@@ -79,12 +79,16 @@ pub fn worker_config(
     }
 }
 
-/// The environment every worker gets on top of the master's: its GPU only, and
+/// The environment every worker gets on top of the master's (less the master's own
+/// addresses: socket activation, systemd notify): its GPU only, and
 /// `expandable_segments` unless the user chose an allocator configuration.
 pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("VRAMFORK_") && k != "VRAMFORK_LOG" || k.starts_with("LISTEN_") {
+        if k.starts_with("VRAMFORK_") && k != "VRAMFORK_LOG"
+            || k.starts_with("LISTEN_")
+            || super::notify::ENV.contains(&k.as_ref())
+        {
             cmd.env_remove(k.as_ref());
         }
     }

@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 
 use super::decide::{decide, Action, KillReason, Limits, Stopping, View, WaitReason};
 use super::events::{phase_name, Pool};
+use super::notify::Notifier;
 use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
 use super::spawn::{launch, worker_config, Launched, WorkerSpec};
@@ -61,6 +62,8 @@ pub struct Supervisor {
     wait_logged: HashMap<u32, (Instant, WaitReason)>,
     /// The pool as last reported (`pool` event).
     reported: Pool,
+    /// Readiness, status and reloads for systemd (`Type=notify`).
+    notify: Notifier,
     /// The template process that forks workers, when in use.
     template: Option<Template>,
     /// Templates stopped on purpose (after a reload), not yet reaped.
@@ -118,6 +121,7 @@ impl Supervisor {
             rng: seed | 1,
             wait_logged: HashMap::new(),
             reported: Pool::default(),
+            notify: Notifier::from_env(),
             template: None,
             old_templates: Vec::new(),
             template_failures: 0,
@@ -145,6 +149,7 @@ impl Supervisor {
                 return code;
             }
             self.report_pool();
+            self.notify.tick(Instant::now());
         }
     }
 
@@ -155,6 +160,7 @@ impl Supervisor {
             now.report();
             self.reported = now;
         }
+        self.notify.pool(&now);
     }
 
     fn wait(&mut self) {
@@ -181,6 +187,7 @@ impl Supervisor {
                         self.cfg.graceful_timeout
                     );
                     self.stopping = Some(Stopping::Graceful(now));
+                    self.notify.stopping(&self.reported);
                     self.listener = None;
                     self.retire_template();
                 }
@@ -189,6 +196,7 @@ impl Supervisor {
                 if !matches!(self.stopping, Some(Stopping::Quick(_))) {
                     tracing::info!(event = "stopping", how = "quick", "INT/QUIT: stopping now");
                     self.stopping = Some(Stopping::Quick(now));
+                    self.notify.stopping(&self.reported);
                     self.listener = None;
                     self.retire_template();
                     for w in &mut self.workers {
@@ -245,6 +253,7 @@ impl Supervisor {
                     self.fallback = Some((old, self.cfg_gen));
                 }
                 self.reloading = true;
+                self.notify.reloading(&self.reported);
                 self.cfg_gen += 1;
                 self.gen_proven = false;
             }
@@ -555,6 +564,8 @@ impl Supervisor {
             );
             self.reloading = false;
             self.fallback = None;
+            let pool = Pool::of(self.target, self.workers.iter().map(|w| &w.state));
+            self.notify.reload_done(&pool);
         }
     }
 

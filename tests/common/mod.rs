@@ -97,27 +97,61 @@ impl Server {
     /// Starts `app` without waiting for anything. It logs JSON lines, so that the tests read
     /// the master's events (`src/master/events.rs`) rather than its wording.
     pub fn spawn(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(app_bin());
-        cmd.arg("--metadata")
-            .arg(app.metadata())
-            .args(["--port", "0"])
-            .args(args)
+        Self::spawn_under(&[], app, args, env)
+    }
+
+    /// [`Server::spawn`] through `launcher` (a program and its arguments that end by
+    /// executing `app`, such as `systemd-socket-activate -l ADDR`): the launcher's process
+    /// becomes the master. It gets the app's environment as `--setenv=NAME=VALUE` arguments (the
+    /// way `systemd-socket-activate` passes one on) and decides the address, so no `--port`.
+    pub fn spawn_under(
+        launcher: &[&str],
+        app: &App,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut vars: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| {
+                !k.starts_with("VRAMFORK_")
+                    && !k.starts_with("LISTEN_")
+                    && ![
+                        "CLAMS_GUNICORN_WORKERS",
+                        "NOTIFY_SOCKET",
+                        "WATCHDOG_USEC",
+                        "WATCHDOG_PID",
+                    ]
+                    .contains(&k.as_str())
+            })
+            .collect();
+        vars.push(("VRAMFORK_LOG".into(), LOG_FILTER.into()));
+        vars.push(("VRAMFORK_LOG_FORMAT".into(), "json".into()));
+        vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut cmd = match launcher.split_first() {
+            None => {
+                let mut c = Command::new(app_bin());
+                c.arg("--metadata")
+                    .arg(app.metadata())
+                    .args(["--port", "0"]);
+                c
+            }
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest);
+                for (k, v) in &vars {
+                    c.arg(format!("--setenv={k}={v}"));
+                }
+                c.arg(app_bin()).arg("--metadata").arg(app.metadata());
+                c
+            }
+        };
+        cmd.args(args)
             .current_dir(app.dir.path())
-            .env_remove("CLAMS_GUNICORN_WORKERS")
+            .env_clear()
+            .envs(vars)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("VRAMFORK_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("VRAMFORK_LOG", LOG_FILTER)
-            .env("VRAMFORK_LOG_FORMAT", "json");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let mut child = cmd.spawn().expect("start app");
         let log = Arc::new(Mutex::new(String::new()));
         let closed = Arc::new((Mutex::new(0usize), Condvar::new()));
