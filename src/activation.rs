@@ -60,31 +60,12 @@ pub fn inherited() -> Result<Option<Inherited>, ConfigError> {
 
 /// Why `fd` is not a listening TCP stream socket, if it is not one.
 pub fn check(fd: BorrowedFd<'_>) -> Result<(), String> {
-    let int_opt = |level: i32, name: i32| -> Result<i32, String> {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `v`, which lives on the stack.
-        let r = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                level,
-                name,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        if r == 0 {
-            Ok(v)
-        } else {
-            Err(format!(
-                "not a socket ({})",
-                std::io::Error::last_os_error()
-            ))
-        }
+    let int_opt = |opt: i32| -> Result<i32, String> {
+        crate::listen::socket_option(fd.as_raw_fd(), opt).map_err(|e| e.to_string())
     };
-    let domain = int_opt(libc::SOL_SOCKET, libc::SO_DOMAIN)?;
-    let kind = int_opt(libc::SOL_SOCKET, libc::SO_TYPE)?;
-    let listening = int_opt(libc::SOL_SOCKET, libc::SO_ACCEPTCONN)? != 0;
+    let domain = int_opt(libc::SO_DOMAIN)?;
+    let kind = int_opt(libc::SO_TYPE)?;
+    let listening = int_opt(libc::SO_ACCEPTCONN)? != 0;
     let family = match domain {
         libc::AF_INET => "IPv4",
         libc::AF_INET6 => "IPv6",

@@ -3,7 +3,6 @@
 //! to tokio. Also the small fd helpers the control channel shares.
 
 use std::io;
-use std::mem::size_of;
 use std::os::fd::{FromRawFd, RawFd};
 
 use vramfork::protocol::{ENV_LISTEN_FDS, LISTEN_FD};
@@ -33,31 +32,7 @@ pub fn inherit() -> Result<std::net::TcpListener, String> {
 }
 
 fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    let mut val: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `val` and `len` are valid for writes and `len` holds the size of `val`;
-    // getsockopt only reads/writes within them, and fails cleanly on a bad fd.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&mut val as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(val)
-    } else {
-        let e = io::Error::last_os_error();
-        Err(match e.raw_os_error() {
-            Some(libc::EBADF) => {
-                io::Error::new(io::ErrorKind::NotFound, "not an open file descriptor")
-            }
-            Some(libc::ENOTSOCK) => io::Error::new(io::ErrorKind::InvalidInput, "not a socket"),
-            _ => e,
-        })
-    }
+    vramfork::listen::socket_option(fd, opt)
 }
 
 fn socket_domain(fd: RawFd) -> io::Result<libc::c_int> {
