@@ -72,7 +72,7 @@ pub fn defer_accept(l: &TcpListener) {
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
             (&DEFER_ACCEPT_S as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
+            size_of::<i32>() as libc::socklen_t,
         );
     }
 }

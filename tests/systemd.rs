@@ -249,16 +249,21 @@ fn has_lines(msg: &str, lines: &[&str]) -> bool {
     })
 }
 
+/// Starts `app --production --workers 1` with `NOTIFY_SOCKET` at a socket of the test's
+/// (plus `env`).
+fn start_notified(app: &App, env: &[(&str, &str)]) -> (NotifySocket, Server) {
+    let notify = NotifySocket::bind();
+    let path = notify.env();
+    let mut all = vec![("NOTIFY_SOCKET", path.as_str())];
+    all.extend_from_slice(env);
+    let s = Server::start_env(app, &["--production", "--workers", "1"], &all);
+    (notify, s)
+}
+
 #[test]
 fn notify_reports_ready_status_reload_and_stop_in_order() {
     let app = mlp();
-    let notify = NotifySocket::bind();
-    let path = notify.env();
-    let mut s = Server::start_env(
-        &app,
-        &["--production", "--workers", "1"],
-        &[("NOTIFY_SOCKET", &path)],
-    );
+    let (notify, mut s) = start_notified(&app, &[]);
     let pid = format!("MAINPID={}", s.pid());
     let ready = notify.wait(&s, 0, &["READY=1", &pid, "STATUS=1/1 workers ready"]);
     let before: Vec<String> = notify.all()[..ready].to_vec();
@@ -308,13 +313,7 @@ fn notify_reports_ready_status_reload_and_stop_in_order() {
 #[test]
 fn watchdog_usec_gets_watchdog_messages_from_the_supervisor_loop() {
     let app = mlp();
-    let notify = NotifySocket::bind();
-    let path = notify.env();
-    let mut s = Server::start_env(
-        &app,
-        &["--production", "--workers", "1"],
-        &[("NOTIFY_SOCKET", &path), ("WATCHDOG_USEC", "400000")],
-    );
+    let (notify, mut s) = start_notified(&app, &[("WATCHDOG_USEC", "400000")]);
     let on = s.wait_event("systemd_notify", |_| true);
     assert_eq!(on.u64("watchdog_ms"), Some(400), "{on:?}");
     // Petted from the start, and on after READY while the loop runs.
@@ -332,18 +331,9 @@ fn watchdog_usec_gets_watchdog_messages_from_the_supervisor_loop() {
 #[test]
 fn watchdog_for_another_pid_is_not_ours() {
     let app = mlp();
-    let notify = NotifySocket::bind();
-    let path = notify.env();
     // WATCHDOG_PID names another process (pid 1): this one must not pet the watchdog.
-    let mut s = Server::start_env(
-        &app,
-        &["--production", "--workers", "1"],
-        &[
-            ("NOTIFY_SOCKET", &path),
-            ("WATCHDOG_USEC", "400000"),
-            ("WATCHDOG_PID", "1"),
-        ],
-    );
+    let (notify, mut s) =
+        start_notified(&app, &[("WATCHDOG_USEC", "400000"), ("WATCHDOG_PID", "1")]);
     let on = s.wait_event("systemd_notify", |_| true);
     assert_eq!(on.u64("watchdog_ms"), None, "{on:?}");
     notify.wait(&s, 0, &["READY=1"]);

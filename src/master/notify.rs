@@ -121,28 +121,24 @@ impl Notifier {
         if !self.enabled || self.phase == Phase::Stopping {
             return;
         }
-        let was_starting = self.phase == Phase::Starting;
         self.phase = Phase::Reloading;
         let status = self.status_line(pool.ready, pool.target);
         match NotifyState::monotonic_usec_now() {
             Ok(now) => self.send(&[NotifyState::Reloading, now, NotifyState::Status(&status)]),
             Err(_) => self.send(&[NotifyState::Reloading, NotifyState::Status(&status)]),
         }
-        if was_starting {
-            // READY was never sent: the reload's end sends the first one.
-            self.sent = None;
-        }
     }
 
-    /// Every worker runs the new configuration.
-    pub fn reload_done(&mut self, pool: &Pool) {
-        if !self.enabled || self.phase != Phase::Reloading {
-            return;
+    /// Every worker runs the new configuration: READY goes out with the next [`pool`]
+    /// report once the planned workers are ready (as at start; a reload during the start
+    /// sends the first READY this way).
+    ///
+    /// [`pool`]: Notifier::pool
+    pub fn reload_done(&mut self) {
+        if self.enabled && self.phase == Phase::Reloading {
+            self.phase = Phase::Starting;
+            self.sent = None;
         }
-        // Back to "starting" so that READY goes out once the planned workers are ready.
-        self.phase = Phase::Starting;
-        self.sent = None;
-        self.pool(pool);
     }
 
     /// TERM, INT or QUIT.

@@ -564,8 +564,7 @@ impl Supervisor {
             );
             self.reloading = false;
             self.fallback = None;
-            let pool = Pool::of(self.target, self.workers.iter().map(|w| &w.state));
-            self.notify.reload_done(&pool);
+            self.notify.reload_done();
         }
     }
 
