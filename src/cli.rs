@@ -38,6 +38,16 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_PORT")]
     pub port: Option<String>,
 
+    /// Serve Prometheus metrics at GET /metrics on this port (same host as --host); 0 picks
+    /// a free one. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_METRICS_PORT",
+        value_name = "PORT"
+    )]
+    pub metrics_port: Option<String>,
+
     /// Fixed worker count, overriding the plan (also VRAMFORK_WORKERS, then
     /// CLAMS_GUNICORN_WORKERS).
     #[arg(long, global = true, env = "VRAMFORK_WORKERS", value_name = "N")]
@@ -169,6 +179,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--model", "VRAMFORK_MODEL"),
     ("--host", "VRAMFORK_HOST"),
     ("--port", "VRAMFORK_PORT"),
+    ("--metrics-port", "VRAMFORK_METRICS_PORT"),
     ("--workers", "VRAMFORK_WORKERS"),
     ("--max-requests", "VRAMFORK_MAX_REQUESTS"),
     ("--max-requests-jitter", "VRAMFORK_MAX_REQUESTS_JITTER"),

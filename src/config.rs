@@ -32,6 +32,8 @@ pub struct Config {
     pub model_override: Option<PathBuf>,
     pub host: String,
     pub port: u16,
+    /// `--metrics-port`: serve `/metrics` there (0 = any free port); `None` = no metrics.
+    pub metrics_port: Option<u16>,
     /// `--host` or `--port` was given (flag or environment): worth a word in the log when a
     /// socket handed over by systemd makes them unused.
     pub address_given: bool,
@@ -203,6 +205,21 @@ impl Config {
             })?,
         };
 
+        let metrics_port = match cli.metrics_port.as_deref() {
+            None => None,
+            Some(p) => Some(p.trim().parse::<u16>().map_err(|_| {
+                c.bad(
+                    "--metrics-port",
+                    p,
+                    "expected a port number 0..65535 (0 = any free port)",
+                )
+            })?),
+        };
+        if metrics_port.is_some_and(|m| m != 0 && m == port) {
+            return Err(ConfigError(format!(
+                "--metrics-port {port} is the serving port (--port): give metrics a port of their own"
+            )));
+        }
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
         let max_requests_jitter = c.uint(
@@ -290,6 +307,7 @@ impl Config {
             model_override,
             host,
             port,
+            metrics_port,
             address_given,
             workers_override,
             max_requests,

@@ -10,12 +10,22 @@ use std::process::Command;
 use crate::config::Config;
 use crate::master::spawn::worker_config;
 use crate::plan::Plan;
-use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD};
+use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, METRICS_FD};
 
-/// Execs the worker binary in place of this process; returns only on failure.
-pub fn exec_worker(cfg: &Config, plan: &Plan, listener: TcpListener) -> std::io::Error {
+/// Execs the worker binary in place of this process; returns only on failure. With a
+/// metrics listener, the worker serves `/metrics` on it (fd 5).
+pub fn exec_worker(
+    cfg: &Config,
+    plan: &Plan,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+) -> std::io::Error {
     let mut wc = worker_config(cfg, plan, 0, 0, 0);
     wc.has_control = false;
+    if let Some(m) = wc.metrics.as_mut() {
+        m.serve = metrics.is_some();
+    }
+    let metrics_fd = metrics.as_ref().map(|m| m.as_raw_fd());
     let json = serde_json::to_string(&wc).expect("worker config serializes");
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new(&cfg.worker_binary);
@@ -34,6 +44,12 @@ pub fn exec_worker(cfg: &Config, plan: &Plan, listener: TcpListener) -> std::io:
                 return Err(std::io::Error::last_os_error());
             }
             libc::fcntl(LISTEN_FD, libc::F_SETFD, 0);
+            if let Some(m) = metrics_fd {
+                if m != METRICS_FD && libc::dup2(m, METRICS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::fcntl(METRICS_FD, libc::F_SETFD, 0);
+            }
             Ok(())
         });
     }

@@ -15,6 +15,7 @@ pub mod listen;
 pub mod logging;
 pub mod master;
 pub mod metadata;
+pub mod metrics;
 pub mod plan;
 pub mod protocol;
 pub mod resources;

@@ -36,6 +36,17 @@ pub fn raise_open_files_limit() {
 }
 
 pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
+    let l = bind_plain(host, port, "--port")?;
+    // SAFETY: `l` owns a valid listening socket; listen() on it again only raises the
+    // backlog.
+    unsafe { libc::listen(l.as_raw_fd(), BACKLOG) };
+    defer_accept(&l);
+    Ok(l)
+}
+
+/// Binds `host:port` with the standard library's defaults; errors name `flag` (the option
+/// that chose the port).
+pub fn bind_plain(host: &str, port: u16, flag: &str) -> Result<TcpListener, ConfigError> {
     let addrs: Vec<_> = (host, port)
         .to_socket_addrs()
         .map_err(|e| ConfigError(format!("cannot resolve --host '{host}': {e}")))?
@@ -43,21 +54,15 @@ pub fn bind(host: &str, port: u16) -> Result<TcpListener, ConfigError> {
     let mut last = None;
     for addr in addrs {
         match TcpListener::bind(addr) {
-            Ok(l) => {
-                // SAFETY: `l` owns a valid listening socket; listen() on it again only
-                // raises the backlog.
-                unsafe { libc::listen(l.as_raw_fd(), BACKLOG) };
-                defer_accept(&l);
-                return Ok(l);
-            }
+            Ok(l) => return Ok(l),
             Err(e) => last = Some((addr, e)),
         }
     }
     Err(match last {
         Some((addr, e)) if e.kind() == std::io::ErrorKind::AddrInUse => ConfigError(format!(
-            "cannot listen on {addr}: the port is already in use (choose another with --port)"
+            "cannot listen on {addr}: the port is already in use (choose another with {flag})"
         )),
-        Some((addr, e)) => ConfigError(format!("cannot listen on {addr}: {e}")),
+        Some((addr, e)) => ConfigError(format!("cannot listen on {addr} ({flag}): {e}")),
         None => ConfigError(format!("--host '{host}' resolved to no address")),
     })
 }

@@ -9,9 +9,10 @@ use clap::Parser;
 use vramfork::cli::Cli;
 use vramfork::config::{Config, ConfigError, Mode};
 use vramfork::exit;
+use vramfork::master::metrics::MasterMetrics;
 use vramfork::master::signals::Signals;
 use vramfork::master::supervisor::Supervisor;
-use vramfork::{activation, develop, listen, logging, plan, resources};
+use vramfork::{activation, develop, listen, logging, metrics, plan, resources};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -93,6 +94,21 @@ fn run(cfg: Config) -> i32 {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let metrics_listener = match cfg.metrics_port {
+        None => None,
+        Some(port) => match listen::bind_plain(&cfg.host, port, "--metrics-port") {
+            Ok(l) => {
+                let maddr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                tracing::info!(
+                    event = "metrics_listening",
+                    addr = maddr,
+                    "metrics at http://{maddr}/metrics"
+                );
+                Some(l)
+            }
+            Err(e) => return fail(e),
+        },
+    };
     if cfg.mode == Mode::Develop {
         tracing::info!(
             event = "listening",
@@ -101,7 +117,7 @@ fn run(cfg: Config) -> i32 {
             workers = 1,
             "listening on http://{addr} (development mode: one process)"
         );
-        let e = develop::exec_worker(&cfg, &plan, listener);
+        let e = develop::exec_worker(&cfg, &plan, listener, metrics_listener);
         return fail(ConfigError(format!(
             "cannot run the worker {}: {e}",
             cfg.worker_binary.display()
@@ -120,5 +136,17 @@ fn run(cfg: Config) -> i32 {
         plan.workers,
         plan.source
     );
-    Supervisor::new(cfg, plan, listener, signals, gpus).run()
+    let metrics = match metrics_listener {
+        None => None,
+        Some(l) => {
+            let m = MasterMetrics::new(&plan, cfg.nvml_library.clone());
+            if let Err(e) = metrics::endpoint::spawn_thread(l, m.source()) {
+                return fail(ConfigError(format!(
+                    "cannot start the metrics listener: {e}"
+                )));
+            }
+            Some(m)
+        }
+    };
+    Supervisor::new(cfg, plan, listener, signals, gpus, metrics).run()
 }

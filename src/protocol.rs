@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 pub const LISTEN_FD: i32 = 3;
 /// The worker's end of its control channel, when it has one.
 pub const CONTROL_FD: i32 = 4;
+/// The `/metrics` listener a development-mode worker serves (`--metrics-port`).
+pub const METRICS_FD: i32 = 5;
 
 /// Environment: number of inherited listening sockets (always 1), systemd style.
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
@@ -86,6 +88,20 @@ pub struct WorkerConfig {
     pub has_control: bool,
     /// Log as JSON lines.
     pub log_json: bool,
+    /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
+    #[serde(default)]
+    pub metrics: Option<WorkerMetrics>,
+}
+
+/// What a worker does for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerMetrics {
+    /// Serve `/metrics` itself on [`METRICS_FD`] (development mode: no master).
+    pub serve: bool,
+    /// The plan's numbers, for the families a development-mode worker serves.
+    pub cpu_bound: u32,
+    pub gpu_bound: Option<u32>,
+    pub planned: u32,
 }
 
 /// Why a worker retires by itself.
@@ -129,6 +145,13 @@ pub enum ControlMsg {
     },
     /// Sent every `heartbeat_ms` by the worker's event loop.
     Heartbeat { served: u64, in_flight: u32 },
+    /// What it has answered so far (cumulative), sent with a heartbeat when it changed
+    /// and once more before it exits.
+    Metrics {
+        traffic: crate::metrics::traffic::Traffic,
+        /// The CUDA caching allocator's peak reserved bytes (CUDA workers).
+        allocator_peak: Option<u64>,
+    },
     /// The worker stopped accepting and will exit once its in-flight requests are done.
     Retiring {
         reason: RetireReason,

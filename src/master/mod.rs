@@ -4,6 +4,7 @@
 
 pub mod decide;
 pub mod events;
+pub mod metrics;
 pub mod notify;
 pub mod signals;
 pub mod slot;

@@ -12,7 +12,8 @@ use std::process::{Command, Stdio};
 use crate::config::Config;
 use crate::plan::Plan;
 use crate::protocol::{
-    Device, GpuAssignment, WorkerConfig, CONTROL_FD, ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD,
+    Device, GpuAssignment, WorkerConfig, WorkerMetrics, CONTROL_FD, ENV_LISTEN_FDS,
+    ENV_WORKER_CONFIG, LISTEN_FD,
 };
 
 /// Milliseconds between worker heartbeats.
@@ -76,6 +77,12 @@ pub fn worker_config(
         nvml_library: cfg.nvml_library.as_ref().map(|p| p.display().to_string()),
         has_control: true,
         log_json: cfg.log_json,
+        metrics: cfg.metrics_port.map(|_| WorkerMetrics {
+            serve: false,
+            cpu_bound: plan.cpu_bound,
+            gpu_bound: plan.gpu_bound,
+            planned: plan.workers,
+        }),
     }
 }
 

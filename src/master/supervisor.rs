@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 
 use super::decide::{decide, Action, KillReason, Limits, Stopping, View, WaitReason};
 use super::events::{phase_name, Pool};
+use super::metrics::{exit_reason, MasterMetrics};
 use super::notify::Notifier;
 use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
@@ -72,6 +73,8 @@ pub struct Supervisor {
     template_failures: u32,
     /// No template for this configuration generation (it failed twice or cannot fork).
     template_off_gen: Option<u64>,
+    /// What `/metrics` shows, when `--metrics-port` is given.
+    metrics: Option<MasterMetrics>,
 }
 
 /// Templates that die before they are ready, per configuration, before exec takes over.
@@ -84,6 +87,7 @@ impl Supervisor {
         listener: TcpListener,
         signals: Signals,
         gpus: Option<NvmlProbe>,
+        metrics: Option<MasterMetrics>,
     ) -> Supervisor {
         let mut slots: Vec<Slot> = plan
             .placement
@@ -126,6 +130,7 @@ impl Supervisor {
             old_templates: Vec::new(),
             template_failures: 0,
             template_off_gen: None,
+            metrics,
         }
     }
 
@@ -161,6 +166,9 @@ impl Supervisor {
             self.reported = now;
         }
         self.notify.pool(&now);
+        if let Some(m) = &self.metrics {
+            m.pool(self.target, self.workers.iter().map(|w| &w.state));
+        }
     }
 
     fn wait(&mut self) {
@@ -329,6 +337,9 @@ impl Supervisor {
         let msgs = read_lines(&mut w);
         self.absorb(&mut w.state, msgs, now);
         let st = &w.state;
+        if let Some(m) = &self.metrics {
+            m.exited(pid, exit_reason(st, code, sig));
+        }
         let status = match (code, sig) {
             (Some(c), _) => format!("exit status {c}"),
             (_, Some(s)) => format!("signal {s}"),
@@ -584,6 +595,9 @@ impl Supervisor {
                         s.succeeded();
                     }
                     let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
+                    if let Some(m) = &self.metrics {
+                        m.ready(st.pid, ms / 1e3);
+                    }
                     tracing::info!(
                         event = "worker_ready",
                         slot = st.slot,
@@ -598,6 +612,14 @@ impl Supervisor {
                         boot_ms.model_ms,
                         boot_ms.warmup_ms
                     );
+                }
+                ControlMsg::Metrics {
+                    traffic,
+                    allocator_peak,
+                } => {
+                    if let Some(m) = &self.metrics {
+                        m.report(st.pid, traffic, allocator_peak);
+                    }
                 }
                 ControlMsg::Heartbeat { served, in_flight } => {
                     st.last_heartbeat = now;
@@ -820,8 +842,12 @@ impl Supervisor {
                     "worker {slot} (pid {}, generation {generation}) started by {method}",
                     l.pid
                 );
+                let state = WorkerState::new(l.pid, slot, generation, self.cfg_gen, gpu, now);
+                if let Some(m) = &self.metrics {
+                    m.started(&state, method);
+                }
                 self.workers.push(Live {
-                    state: WorkerState::new(l.pid, slot, generation, self.cfg_gen, gpu, now),
+                    state,
                     control: l.control,
                     buf: Vec::new(),
                 });

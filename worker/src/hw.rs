@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 use vramfork::hwline::{parse_meminfo, parse_vm_hwm, HwInfo};
+use vramfork::metrics::exposition::GpuRow;
 
 use crate::cuda;
 
@@ -51,6 +52,34 @@ impl Hw {
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// The CUDA caching allocator's peak reserved bytes, on CUDA.
+    pub fn allocator_peak(&self) -> Option<u64> {
+        let (cuda_index, _) = self.gpu?;
+        cuda::memory_stats(cuda_index).ok().map(|s| s.peak_reserved)
+    }
+
+    /// This worker's GPU as NVML reports it now (`/metrics` in development mode).
+    pub fn gpu_row(&self) -> Option<GpuRow> {
+        let (_, index) = self.gpu?;
+        let dev = self.nvml().ok()?.device_by_index(index).ok()?;
+        let mem = dev.memory_info().ok()?;
+        Some(GpuRow {
+            index,
+            uuid: dev.uuid().ok()?,
+            name: dev.name().ok()?,
+            total: mem.total,
+            free: mem.free,
+            used: mem.used,
+        })
+    }
+
+    /// What NVML says this process uses on its GPU.
+    pub fn process_gpu_used(&self) -> Option<u64> {
+        let (_, index) = self.gpu?;
+        let dev = self.nvml().ok()?.device_by_index(index).ok()?;
+        nvml_process_used(&dev)
     }
 
     fn gpu_info(&self, cuda_index: usize, nvml_index: u32) -> Result<HwInfo, String> {

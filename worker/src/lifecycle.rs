@@ -1,15 +1,21 @@
-//! The worker's life once its model is loaded: tell the master it is ready, send heartbeats,
-//! turn signals into retirement (TERM) or an immediate exit (INT, QUIT), serve until
-//! retired and drained, and pick the exit status.
+//! The worker's life once its model is loaded: tell the master it is ready, send heartbeats
+//! (with the metrics figures when they changed), turn signals into retirement (TERM) or an
+//! immediate exit (INT, QUIT), serve until retired and drained, report the final figures,
+//! and pick the exit status.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, SignalKind};
-use vramfork::protocol::{BootTimes, ControlMsg, RetireReason};
+use vramfork::protocol::{BootTimes, ControlMsg, RetireReason, WorkerMetrics};
 
 use crate::routes::App;
-use crate::state::Shared;
+
+/// `/metrics` served by this worker itself (development mode).
+pub struct ServeMetrics {
+    pub listener: std::net::TcpListener,
+    pub config: WorkerMetrics,
+}
 
 pub struct Plan {
     pub listener: std::net::TcpListener,
@@ -17,6 +23,7 @@ pub struct Plan {
     pub boot: BootTimes,
     pub heartbeat: Duration,
     pub graceful: Duration,
+    pub metrics: Option<ServeMetrics>,
 }
 
 /// Runs the worker to its end; returns the exit status.
@@ -26,7 +33,8 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         .thread_name("vf-http")
         .build()?;
     rt.block_on(async move {
-        let shared = plan.app.shared.clone();
+        let app = plan.app.clone();
+        let shared = app.shared.clone();
         let listener = tokio::net::TcpListener::from_std(plan.listener)?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
@@ -42,26 +50,41 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             model_ms = plan.boot.model_ms,
             "ready"
         );
-        tokio::spawn(heartbeats(shared.clone(), plan.heartbeat));
+        tokio::spawn(heartbeats(app.clone(), plan.heartbeat));
+        if let Some(m) = plan.metrics {
+            let b = plan.boot;
+            let boot_s = (b.process_ms + b.model_ms + b.warmup_ms) / 1e3;
+            let source = crate::metrics::source(app.clone(), m.config, boot_s);
+            m.listener.set_nonblocking(true)?;
+            let l = tokio::net::TcpListener::from_std(m.listener)?;
+            tokio::spawn(vramfork::metrics::endpoint::serve(l, source));
+        }
 
-        let server = crate::server::serve(listener, plan.app.clone(), plan.graceful);
+        let server = crate::server::serve(listener, app.clone(), plan.graceful);
         tokio::pin!(server);
-        loop {
+        let quick = loop {
             tokio::select! {
-                _ = &mut server => break,
+                _ = &mut server => break false,
                 _ = term.recv() => shared.retire(RetireReason::Asked),
-                _ = int.recv() => return Ok(vramfork::protocol::worker_exit::OK),
-                _ = quit.recv() => return Ok(vramfork::protocol::worker_exit::OK),
+                _ = int.recv() => break true,
+                _ = quit.recv() => break true,
             }
+        };
+        // The last figures: what a recycled worker answered is not lost.
+        crate::metrics::report(&app, &mut None);
+        if quick {
+            return Ok(vramfork::protocol::worker_exit::OK);
         }
         Ok(shared.get().exit_code)
     })
 }
 
-async fn heartbeats(shared: Arc<Shared>, every: Duration) {
+async fn heartbeats(app: Arc<App>, every: Duration) {
+    let shared = app.shared.clone();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut reported = None;
     loop {
         tick.tick().await;
         let c = shared.get();
@@ -69,5 +92,6 @@ async fn heartbeats(shared: Arc<Shared>, every: Duration) {
             served: c.served,
             in_flight: c.in_flight,
         });
+        crate::metrics::report(&app, &mut reported);
     }
 }

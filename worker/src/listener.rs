@@ -5,7 +5,7 @@
 use std::io;
 use std::os::fd::{FromRawFd, RawFd};
 
-use vramfork::protocol::{ENV_LISTEN_FDS, LISTEN_FD};
+use vramfork::protocol::{ENV_LISTEN_FDS, LISTEN_FD, METRICS_FD};
 
 /// Takes over fd 3 as the worker's listener (hand it to tokio inside the runtime).
 pub fn inherit() -> Result<std::net::TcpListener, String> {
@@ -29,6 +29,17 @@ pub fn inherit() -> Result<std::net::TcpListener, String> {
         format!("listening socket fd {LISTEN_FD}: cannot make it non-blocking: {e}")
     })?;
     Ok(std_listener)
+}
+
+/// Takes over fd 5 as the `/metrics` listener of a development-mode worker.
+pub fn inherit_metrics() -> Result<std::net::TcpListener, String> {
+    let fd = METRICS_FD;
+    let domain = socket_domain(fd).map_err(|e| format!("metrics socket fd {fd}: {e}"))?;
+    check_socket(fd, domain, true).map_err(|e| format!("metrics socket fd {fd}: {e}"))?;
+    set_cloexec(fd).map_err(|e| format!("metrics socket fd {fd}: {e}"))?;
+    // SAFETY: fd 5 was checked above to be an open, listening stream socket inherited for
+    // this purpose; from here on the listener owns it.
+    Ok(unsafe { std::net::TcpListener::from_raw_fd(fd) })
 }
 
 fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {

@@ -10,6 +10,7 @@ mod hw;
 mod input;
 mod lifecycle;
 mod listener;
+mod metrics;
 mod process;
 mod queue;
 mod routes;
@@ -64,6 +65,13 @@ pub fn boot(
     process::set_name(cfg.slot);
     let listener = listener::inherit().map_err(config_err)?;
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
+    let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
+        Some(config) => Some(lifecycle::ServeMetrics {
+            listener: listener::inherit_metrics().map_err(config_err)?,
+            config,
+        }),
+        None => None,
+    };
     if preloaded.is_none() {
         process::set_torch_threads(cfg.torch_threads);
     } else {
@@ -94,6 +102,7 @@ pub fn boot(
         },
         heartbeat: Duration::from_millis(cfg.heartbeat_ms),
         graceful: Duration::from_millis(cfg.graceful_timeout_ms),
+        metrics: serve_metrics,
     };
     lifecycle::run(plan).map_err(|e| (worker_exit::CONFIG, format!("{e:#}")))
 }

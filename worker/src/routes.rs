@@ -19,6 +19,7 @@ use vramfork::protocol::RetireReason;
 use crate::error::ApiError;
 use crate::hw::Hw;
 use crate::input::parse_body;
+use crate::metrics::{Endpoint, Recorder};
 use crate::runner::{RunError, Runner};
 use crate::state::Shared;
 use crate::timeouts::BODY_READ;
@@ -42,6 +43,8 @@ pub struct App {
     pub max_queue_wait: Option<Duration>,
     /// Retire after a request that leaves the allocator above this many bytes.
     pub max_gpu_bytes: Option<u64>,
+    /// What `/metrics` counts, when it is on.
+    pub metrics: Option<Recorder>,
     pid: HeaderValue,
 }
 
@@ -63,7 +66,17 @@ impl App {
             max_queue_wait: (cfg.max_queue_wait_ms > 0)
                 .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            metrics: cfg.metrics.is_some().then(Recorder::default),
             pid: HeaderValue::from(std::process::id()),
+        }
+    }
+}
+
+impl App {
+    /// Counts a model request's body bytes for `/metrics`.
+    fn count_bytes_in(&self, n: usize) {
+        if let Some(m) = &self.metrics {
+            m.bytes_in(Endpoint::Infer, n);
         }
     }
 }
@@ -107,7 +120,17 @@ impl From<ApiError> for Answer {
 
 /// The hyper service: never fails, every outcome is an HTTP answer.
 pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
+    let endpoint = endpoint_of(req.method(), req.uri().path());
+    let arrived = arrival(&req);
     let answer = route(req, &app).await.unwrap_or_else(Answer::from);
+    if let Some(m) = &app.metrics {
+        m.answered(
+            endpoint,
+            answer.status.as_u16(),
+            answer.body.len(),
+            arrived.elapsed(),
+        );
+    }
     let mut resp = Response::new(Full::new(Bytes::from(answer.body)));
     *resp.status_mut() = answer.status;
     let h = resp.headers_mut();
@@ -123,6 +146,23 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
         h.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(resp)
+}
+
+/// The `endpoint` label an answer is counted under.
+fn endpoint_of(method: &Method, path: &str) -> Endpoint {
+    match (path, method) {
+        ("/", &Method::POST) => Endpoint::Infer,
+        ("/", &Method::GET) => Endpoint::Metadata,
+        ("/healthz", &Method::GET) => Endpoint::Health,
+        _ => Endpoint::Other,
+    }
+}
+
+/// When the request arrived (set by the connection), else now.
+fn arrival(req: &Request<Incoming>) -> Instant {
+    req.extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |a| a.0)
 }
 
 async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
@@ -191,13 +231,12 @@ fn with_hw(mut body: Value, hw: Option<String>) -> Value {
 async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let arrived = req
-        .extensions()
-        .get::<Arrived>()
-        .map_or_else(Instant::now, |a| a.0);
+    let arrived = arrival(&req);
     if let Some(refused) = queue_wait_refusal(app, arrived) {
         // Read the (small, usually) body so the refusal is not lost to a reset.
-        let _ = read_body(req, app.max_body_bytes).await;
+        if let Ok(body) = read_body(req, app.max_body_bytes).await {
+            app.count_bytes_in(body.len());
+        }
         return Err(refused);
     }
     let last = app.shared.claim_model_request();
@@ -250,6 +289,7 @@ async fn infer_counted(
     arrived: Instant,
 ) -> Result<Vec<u8>, ApiError> {
     let body = read_body(req, app.max_body_bytes).await?;
+    app.count_bytes_in(body.len());
     // From here on the request is work: this worker takes no new connection until it is
     // answered (a body still arriving did not count).
     let _work = Working::enter(&app.shared);
@@ -319,6 +359,9 @@ async fn run(
             Err(ApiError::Run(e))
         }
         Ok(Ok(out)) => {
+            if let Some(m) = &app.metrics {
+                m.forward(out.forward);
+            }
             if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
                 if used > limit {
                     app.shared.retire(RetireReason::GpuMemory);

@@ -51,6 +51,8 @@ pub struct RunOutput {
     pub outputs: Vec<u8>,
     /// The CUDA allocator's reserved bytes after the pass (None on CPU).
     pub gpu_reserved: Option<u64>,
+    /// The input's move to the device, the forward pass and the outputs' copy into JSON.
+    pub forward: std::time::Duration,
 }
 
 /// A job's claim: who gets it first, the model thread or a withdrawal.
@@ -236,10 +238,13 @@ fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOu
         Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),
         _ => None,
     };
-    tracing::debug!(ms = start.elapsed().as_secs_f64() * 1e3, "forward");
+    // On CUDA the pass is only known to be over once its outputs are copied out.
+    let forward = start.elapsed();
+    tracing::debug!(ms = forward.as_secs_f64() * 1e3, "forward");
     Ok(RunOutput {
         outputs,
         gpu_reserved,
+        forward,
     })
 }
 

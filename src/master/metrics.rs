@@ -1,0 +1,380 @@
+//! What the master knows for `/metrics`: the totals of workers that are gone, the last
+//! report of each live worker, starts, boot durations and exits, the pool and the plan. The
+//! supervisor records into it (a lock and a few additions per event); the metrics thread
+//! turns it into a [`Snapshot`] at scrape time, reading NVML and `/proc` outside the lock.
+//!
+//! Counters never go backwards: a worker's figures are cumulative, the master keeps its
+//! last report while it lives and adds that to the totals of gone workers when it is reaped
+//! (after reading the final report it sent before exiting). What a worker killed with
+//! SIGKILL answered since its last report (at most one heartbeat, 1 s) is lost.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use nix::sys::signal::Signal;
+
+use super::decide::KillReason;
+use super::slot::{Phase, WorkerState};
+use crate::metrics::endpoint::Source;
+use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
+use crate::metrics::histogram::Hist;
+use crate::metrics::traffic::Traffic;
+use crate::plan::Plan;
+use crate::protocol::{worker_exit, Device, RetireReason};
+use crate::resources::NvmlProbe;
+
+#[derive(Debug, Clone)]
+struct LiveWorker {
+    slot: u32,
+    generation: u64,
+    method: &'static str,
+    phase: Phase,
+    gpu: Option<u32>,
+    served: u64,
+    in_flight: u32,
+    traffic: Traffic,
+    allocator_peak: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    gone: Traffic,
+    live: HashMap<u32, LiveWorker>,
+    starts: BTreeMap<String, u64>,
+    boot: BTreeMap<String, Hist>,
+    exits: BTreeMap<String, u64>,
+    planned: u32,
+    plan: PlanGauges,
+}
+
+/// Shared between the supervisor (writes) and the metrics thread (reads).
+#[derive(Clone)]
+pub struct MasterMetrics {
+    state: Arc<Mutex<State>>,
+    /// NVML for the GPU families, opened by the metrics thread at its first scrape.
+    nvml: Arc<OnceLock<Option<NvmlProbe>>>,
+    nvml_library: Option<PathBuf>,
+    on_gpu: bool,
+}
+
+impl MasterMetrics {
+    pub fn new(plan: &Plan, nvml_library: Option<PathBuf>) -> MasterMetrics {
+        let state = State {
+            planned: plan.workers,
+            plan: PlanGauges {
+                cpu_bound: plan.cpu_bound,
+                gpu_bound: plan.gpu_bound,
+                workers: plan.workers,
+            },
+            ..State::default()
+        };
+        MasterMetrics {
+            state: Arc::new(Mutex::new(state)),
+            nvml: Arc::new(OnceLock::new()),
+            nvml_library,
+            on_gpu: plan.device == Device::Cuda,
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A worker process exists (`method`: `fork` or `exec`).
+    pub fn started(&self, st: &WorkerState, method: &'static str) {
+        self.with(|s| {
+            *s.starts.entry(method.into()).or_default() += 1;
+            s.live.insert(
+                st.pid,
+                LiveWorker {
+                    slot: st.slot,
+                    generation: st.generation,
+                    method,
+                    phase: st.phase,
+                    gpu: st.gpu,
+                    served: 0,
+                    in_flight: 0,
+                    traffic: Traffic::default(),
+                    allocator_peak: None,
+                },
+            );
+        });
+    }
+
+    /// A worker became ready `secs` after it was started.
+    pub fn ready(&self, pid: u32, secs: f64) {
+        self.with(|s| {
+            if let Some(w) = s.live.get(&pid) {
+                s.boot.entry(w.method.into()).or_default().observe(secs);
+            }
+        });
+    }
+
+    /// A worker's cumulative report.
+    pub fn report(&self, pid: u32, traffic: Traffic, allocator_peak: Option<u64>) {
+        self.with(|s| {
+            if let Some(w) = s.live.get_mut(&pid) {
+                w.traffic = traffic;
+                w.allocator_peak = allocator_peak.or(w.allocator_peak);
+            }
+        });
+    }
+
+    /// The pool as the supervisor sees it now.
+    pub fn pool<'a>(&self, planned: u32, workers: impl IntoIterator<Item = &'a WorkerState>) {
+        self.with(|s| {
+            s.planned = planned;
+            for st in workers {
+                if let Some(w) = s.live.get_mut(&st.pid) {
+                    w.phase = st.phase;
+                    w.served = st.served;
+                    w.in_flight = st.in_flight;
+                }
+            }
+        });
+    }
+
+    /// A worker was reaped: its last report joins the totals, its exit is counted.
+    pub fn exited(&self, pid: u32, reason: &'static str) {
+        self.with(|s| {
+            if let Some(w) = s.live.remove(&pid) {
+                s.gone.add(&w.traffic);
+            }
+            *s.exits.entry(reason.into()).or_default() += 1;
+        });
+    }
+
+    /// What a scrape answers.
+    pub fn snapshot(&self) -> Snapshot {
+        let (mut snap, live) = self.with(|s| {
+            let mut traffic = s.gone.clone();
+            let mut workers = [0u32; 3];
+            let mut in_flight = 0u64;
+            for w in s.live.values() {
+                traffic.add(&w.traffic);
+                workers[phase_index(w.phase)] += 1;
+                in_flight += u64::from(w.in_flight);
+            }
+            let snap = Snapshot {
+                traffic,
+                in_flight,
+                workers,
+                planned: s.planned,
+                starts: s.starts.clone(),
+                boot: s.boot.clone(),
+                exits: s.exits.clone(),
+                plan: s.plan,
+                ..Snapshot::default()
+            };
+            let live: Vec<(u32, LiveWorker)> =
+                s.live.iter().map(|(p, w)| (*p, w.clone())).collect();
+            (snap, live)
+        });
+        // One row per slot: its newest worker (a retiring one may still share the slot).
+        let mut newest: BTreeMap<u32, (u32, LiveWorker)> = BTreeMap::new();
+        for (pid, w) in live {
+            if newest
+                .get(&w.slot)
+                .is_none_or(|(_, n)| w.generation > n.generation)
+            {
+                newest.insert(w.slot, (pid, w));
+            }
+        }
+        let nvml = self.nvml();
+        snap.per_worker = newest
+            .into_values()
+            .map(|(pid, w)| WorkerRow {
+                slot: w.slot,
+                gpu_used: w
+                    .gpu
+                    .zip(nvml)
+                    .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
+                allocator_peak: w.allocator_peak,
+                rss: resident_bytes(pid),
+                served: w.served,
+            })
+            .collect();
+        if let Some(n) = nvml {
+            snap.gpus = gpu_rows(n);
+        }
+        snap
+    }
+
+    fn nvml(&self) -> Option<&NvmlProbe> {
+        if !self.on_gpu {
+            return None;
+        }
+        self.nvml
+            .get_or_init(|| match NvmlProbe::open(self.nvml_library.as_deref()) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!("metrics: no GPU figures: {e}");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// The scrape source for [`crate::metrics::endpoint`].
+    pub fn source(&self) -> Source {
+        let me = self.clone();
+        Arc::new(move || me.snapshot())
+    }
+}
+
+fn phase_index(p: Phase) -> usize {
+    match p {
+        Phase::Booting => 0,
+        Phase::Ready => 1,
+        Phase::Retiring => 2,
+    }
+}
+
+/// Every GPU NVML sees, now.
+pub fn gpu_rows(n: &NvmlProbe) -> Vec<GpuRow> {
+    (0..n.count().unwrap_or(0))
+        .filter_map(|i| n.gpu(i).ok())
+        .map(|g| GpuRow {
+            index: g.index,
+            uuid: g.uuid,
+            name: g.name,
+            total: g.total_bytes,
+            free: g.free_bytes,
+            used: g.used_bytes,
+        })
+        .collect()
+}
+
+/// A process's resident set size from `/proc/<pid>/statm`.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+/// The `reason` label of an exit: why the master killed it, else how it ended, else why it
+/// retired.
+pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> &'static str {
+    if let Some(k) = st.killed {
+        return match k {
+            KillReason::BootTimeout => "boot-timeout",
+            KillReason::Heartbeat => "heartbeat",
+            KillReason::GracefulTimeout => "graceful-timeout",
+            KillReason::StopTimeout => "stop-timeout",
+            KillReason::Superseded => "superseded",
+        };
+    }
+    if sig.is_some() {
+        return "signal";
+    }
+    match code {
+        Some(worker_exit::CUDA_FATAL) => return "cuda-fatal",
+        Some(c) if c != 0 && st.phase == Phase::Booting => return "boot-failure",
+        Some(c) if c != 0 => return "crash",
+        _ => {}
+    }
+    match st.retire_reason {
+        Some(RetireReason::MaxRequests) => "max-requests",
+        Some(RetireReason::GpuMemory) => "gpu-memory",
+        Some(RetireReason::OutOfMemory) => "cuda-oom",
+        Some(RetireReason::RequestTimeout) => "request-timeout",
+        Some(RetireReason::Asked) | None => "asked",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn cpu_plan() -> Plan {
+        let meta = crate::metadata::AppMetadata::parse(
+            std::path::Path::new("/apps/t/app-metadata.json"),
+            r#"{"name": "t"}"#,
+        )
+        .unwrap();
+        let res = crate::resources::Resources {
+            cpus: 1,
+            gpus: vec![],
+            gpu_note: None,
+        };
+        crate::plan::plan(&res, &meta, &crate::plan::Policy::default()).unwrap()
+    }
+
+    fn worker(pid: u32, slot: u32, generation: u64) -> WorkerState {
+        WorkerState::new(pid, slot, generation, 0, None, Instant::now())
+    }
+
+    fn answered(n: u64) -> Traffic {
+        let mut t = Traffic::default();
+        t.endpoints
+            .entry("infer".into())
+            .or_default()
+            .codes
+            .insert(200, n);
+        t
+    }
+
+    #[test]
+    fn counters_keep_the_totals_of_gone_workers() {
+        let plan = cpu_plan();
+        let m = MasterMetrics::new(&plan, None);
+        let (a, b) = (worker(10, 0, 0), worker(11, 1, 0));
+        m.started(&a, "exec");
+        m.started(&b, "fork");
+        m.ready(10, 0.3);
+        m.report(10, answered(4), None);
+        m.report(11, answered(2), None);
+        assert_eq!(m.snapshot().traffic.answers(), 6);
+        m.report(10, answered(5), None);
+        m.exited(10, "max-requests");
+        let s = m.snapshot();
+        assert_eq!(s.traffic.answers(), 7, "gone 5 + live 2");
+        assert_eq!(s.exits["max-requests"], 1);
+        assert_eq!(s.starts["exec"] + s.starts["fork"], 2);
+        assert_eq!(s.boot["exec"].count(), 1);
+        // The replacement in slot 0 starts from zero; the total does not go back.
+        m.started(&worker(12, 0, 1), "fork");
+        m.report(12, answered(1), None);
+        assert_eq!(m.snapshot().traffic.answers(), 8);
+        // A report from a pid the master no longer knows is ignored.
+        m.report(10, answered(100), None);
+        assert_eq!(m.snapshot().traffic.answers(), 8);
+    }
+
+    #[test]
+    fn one_row_per_slot_from_its_newest_worker() {
+        let plan = cpu_plan();
+        let m = MasterMetrics::new(&plan, None);
+        let mut old = worker(std::process::id(), 0, 3);
+        m.started(&old, "exec");
+        old.phase = Phase::Retiring;
+        old.served = 9;
+        let new = worker(u32::MAX - 1, 0, 4);
+        m.started(&new, "fork");
+        m.pool(1, [&old, &new]);
+        let s = m.snapshot();
+        assert_eq!(s.workers, [1, 0, 1]);
+        assert_eq!(s.per_worker.len(), 1);
+        assert_eq!(s.per_worker[0].served, 0, "the newest worker's count");
+    }
+
+    #[test]
+    fn exit_reasons() {
+        let mut st = worker(1, 0, 0);
+        assert_eq!(exit_reason(&st, Some(3), None), "boot-failure");
+        st.phase = Phase::Ready;
+        assert_eq!(exit_reason(&st, Some(1), None), "crash");
+        assert_eq!(exit_reason(&st, None, Some(Signal::SIGKILL)), "signal");
+        assert_eq!(exit_reason(&st, Some(5), None), "cuda-fatal");
+        st.retire_reason = Some(RetireReason::MaxRequests);
+        assert_eq!(exit_reason(&st, Some(0), None), "max-requests");
+        st.retire_reason = Some(RetireReason::OutOfMemory);
+        assert_eq!(exit_reason(&st, Some(0), None), "cuda-oom");
+        st.killed = Some(KillReason::Heartbeat);
+        assert_eq!(exit_reason(&st, None, Some(Signal::SIGKILL)), "heartbeat");
+    }
+}

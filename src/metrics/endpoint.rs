@@ -1,0 +1,131 @@
+//! The `/metrics` listener: `GET`/`HEAD /metrics` answers the snapshot its source builds,
+//! in the format the scraper's `Accept` asks for. The master runs it on a thread of its own
+//! (a single-threaded runtime beside the supervisor loop, which it never blocks); the
+//! development-mode worker runs it on its event loop. Snapshots are built on a blocking
+//! thread: they may read NVML and `/proc`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use super::exposition::{encode, Format, Snapshot};
+
+/// Builds the snapshot a scrape answers.
+pub type Source = Arc<dyn Fn() -> Snapshot + Send + Sync>;
+
+/// How long a scraper may take to send its request head.
+const HEADER_READ: Duration = Duration::from_secs(10);
+
+/// Serves scrapes on `listener` until the runtime is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, source: Source) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("metrics listener: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let source = source.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| answer(req, source.clone()));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ)
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!("metrics connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// Runs [`serve`] on a thread of its own (the master's way).
+pub fn spawn_thread(listener: std::net::TcpListener, source: Source) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("vf-metrics".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => serve(l, source).await,
+                    Err(e) => tracing::error!("metrics listener: {e}"),
+                }
+            })
+        })?;
+    Ok(())
+}
+
+fn plain(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "error": msg }).to_string();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    source: Source,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path();
+    if path != "/metrics" {
+        return Ok(plain(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{} {path}: not found; metrics are at GET /metrics",
+                req.method()
+            ),
+        ));
+    }
+    let head = req.method() == Method::HEAD;
+    if req.method() != Method::GET && !head {
+        let mut r = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} /metrics: method not allowed (GET, HEAD)", req.method()),
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return Ok(r);
+    }
+    let format = Format::from_accept(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
+    let text = tokio::task::spawn_blocking(move || encode(&source(), format))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+    Ok(match text {
+        Ok(text) => {
+            let body = if head {
+                Bytes::new()
+            } else {
+                Bytes::from(text)
+            };
+            let mut r = Response::new(Full::new(body));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            );
+            r
+        }
+        Err(e) => {
+            tracing::error!("metrics: cannot encode: {e}");
+            plain(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the metrics: {e}"),
+            )
+        }
+    })
+}

@@ -1,0 +1,122 @@
+//! What workers count of the requests they answer, cumulative since the worker started:
+//! answers by endpoint and status, bytes in and out, request and forward-pass durations.
+//! Workers send it to the master over the control channel ([`ControlMsg::Metrics`]); the
+//! master adds up the last figures of live workers and the final figures of gone ones.
+//!
+//! [`ControlMsg::Metrics`]: crate::protocol::ControlMsg::Metrics
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::histogram::Hist;
+
+/// The endpoints requests are counted under (`endpoint` label).
+pub const ENDPOINTS: [&str; 4] = ["infer", "metadata", "health", "other"];
+
+/// One endpoint's answers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EndpointTraffic {
+    /// Answers by HTTP status code (on the wire as `[[code, answers], …]`: the control
+    /// messages are an internally tagged enum, whose maps cannot have number keys).
+    #[serde(with = "pairs")]
+    pub codes: BTreeMap<u16, u64>,
+    /// Request body bytes read.
+    pub bytes_in: u64,
+    /// Response body bytes written.
+    pub bytes_out: u64,
+    /// From the request's arrival (the listen queue, for a connection's first request) to
+    /// its answer.
+    pub duration: Hist,
+}
+
+impl EndpointTraffic {
+    pub fn answers(&self) -> u64 {
+        self.codes.values().sum()
+    }
+
+    pub fn add(&mut self, o: &EndpointTraffic) {
+        for (code, n) in &o.codes {
+            *self.codes.entry(*code).or_default() += n;
+        }
+        self.bytes_in += o.bytes_in;
+        self.bytes_out += o.bytes_out;
+        self.duration.add(&o.duration);
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    /// By endpoint name ([`ENDPOINTS`]).
+    pub endpoints: BTreeMap<String, EndpointTraffic>,
+    /// Forward passes that produced an answer.
+    pub forward: Hist,
+}
+
+impl Traffic {
+    pub fn add(&mut self, o: &Traffic) {
+        for (name, t) in &o.endpoints {
+            self.endpoints.entry(name.clone()).or_default().add(t);
+        }
+        self.forward.add(&o.forward);
+    }
+
+    /// Answers of every endpoint.
+    pub fn answers(&self) -> u64 {
+        self.endpoints.values().map(EndpointTraffic::answers).sum()
+    }
+
+    /// Answers with this status, whatever the endpoint.
+    pub fn with_code(&self, code: u16) -> u64 {
+        self.endpoints
+            .values()
+            .filter_map(|t| t.codes.get(&code))
+            .sum()
+    }
+}
+
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &BTreeMap<u16, u64>, s: S) -> Result<S::Ok, S::Error> {
+        m.iter().collect::<Vec<_>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u16, u64>, D::Error> {
+        Ok(Vec::<(u16, u64)>::deserialize(d)?.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_adds_up_and_survives_the_control_channel() {
+        let mut a = Traffic::default();
+        let infer = a.endpoints.entry("infer".into()).or_default();
+        infer.codes.insert(200, 3);
+        infer.codes.insert(507, 1);
+        infer.bytes_in = 10;
+        infer.duration.observe(0.002);
+        a.forward.observe(0.001);
+        let msg = crate::protocol::ControlMsg::Metrics {
+            traffic: a.clone(),
+            allocator_peak: Some(1),
+        };
+        let crate::protocol::ControlMsg::Metrics { traffic: b, .. } =
+            crate::protocol::ControlMsg::from_line(msg.to_line().trim_end()).unwrap()
+        else {
+            panic!("not a metrics message");
+        };
+        assert_eq!(a, b);
+        let mut sum = a.clone();
+        sum.add(&b);
+        assert_eq!(sum.answers(), 8);
+        assert_eq!(sum.with_code(507), 2);
+        assert_eq!(sum.endpoints["infer"].bytes_in, 20);
+        assert_eq!(sum.forward.count(), 2);
+    }
+}

@@ -1,0 +1,169 @@
+//! What this worker counts for `/metrics` (when `--metrics-port` is given): answers by
+//! endpoint and status, bytes, request and forward-pass durations. Recording is a few
+//! relaxed atomic adds and one uncontended lock per answer; the figures leave the process
+//! with the heartbeat (only when they changed) and once more before it exits. In
+//! development mode the worker also builds the whole snapshot and serves it itself.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vramfork::metrics::endpoint::Source;
+use vramfork::metrics::exposition::{PlanGauges, Snapshot, WorkerRow};
+use vramfork::metrics::histogram::{AtomicHist, Hist};
+use vramfork::metrics::traffic::{EndpointTraffic, Traffic, ENDPOINTS};
+use vramfork::protocol::{ControlMsg, WorkerMetrics};
+
+use crate::routes::App;
+
+/// The `endpoint` label of an answer (index into [`ENDPOINTS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Infer = 0,
+    Metadata = 1,
+    Health = 2,
+    Other = 3,
+}
+
+#[derive(Default)]
+struct Counts {
+    /// `(status, answers)`; a handful of statuses, so a short vector.
+    codes: Mutex<Vec<(u16, u64)>>,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    duration: AtomicHist,
+}
+
+#[derive(Default)]
+pub struct Recorder {
+    endpoints: [Counts; ENDPOINTS.len()],
+    forward: AtomicHist,
+}
+
+impl Recorder {
+    /// An answer: its status, body size and time since the request arrived.
+    pub fn answered(&self, ep: Endpoint, code: u16, bytes_out: usize, took: Duration) {
+        let c = &self.endpoints[ep as usize];
+        {
+            let mut codes = c.codes.lock().unwrap_or_else(|p| p.into_inner());
+            match codes.iter_mut().find(|(k, _)| *k == code) {
+                Some((_, n)) => *n += 1,
+                None => codes.push((code, 1)),
+            }
+        }
+        c.bytes_out.fetch_add(bytes_out as u64, Ordering::Relaxed);
+        c.duration.observe(took);
+    }
+
+    /// Request body bytes read.
+    pub fn bytes_in(&self, ep: Endpoint, n: usize) {
+        self.endpoints[ep as usize]
+            .bytes_in
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A forward pass that produced an answer.
+    pub fn forward(&self, took: Duration) {
+        self.forward.observe(took);
+    }
+
+    /// Everything so far.
+    pub fn traffic(&self) -> Traffic {
+        let mut t = Traffic {
+            forward: self.forward.load(),
+            ..Traffic::default()
+        };
+        for (name, c) in ENDPOINTS.iter().zip(&self.endpoints) {
+            let codes = c.codes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if codes.is_empty() {
+                continue;
+            }
+            t.endpoints.insert(
+                name.to_string(),
+                EndpointTraffic {
+                    codes: codes.into_iter().collect(),
+                    bytes_in: c.bytes_in.load(Ordering::Relaxed),
+                    bytes_out: c.bytes_out.load(Ordering::Relaxed),
+                    duration: c.duration.load(),
+                },
+            );
+        }
+        t
+    }
+}
+
+/// Sends the figures to the master when they changed since `last`.
+pub fn report(app: &App, last: &mut Option<Traffic>) {
+    let Some(rec) = app.metrics.as_ref() else {
+        return;
+    };
+    let traffic = rec.traffic();
+    if last.as_ref() == Some(&traffic) {
+        return;
+    }
+    *last = Some(traffic.clone());
+    app.shared.control.send(&ControlMsg::Metrics {
+        traffic,
+        allocator_peak: app.hw.allocator_peak(),
+    });
+}
+
+/// The development-mode snapshot: this one worker is the whole server.
+pub fn source(app: Arc<App>, cfg: WorkerMetrics, boot_secs: f64) -> Source {
+    let mut boot = Hist::default();
+    boot.observe(boot_secs);
+    Arc::new(move || {
+        let rec = app.metrics.as_ref();
+        let c = app.shared.get();
+        let retiring = c.stopping();
+        let pid = std::process::id();
+        Snapshot {
+            traffic: rec.map(|r| r.traffic()).unwrap_or_default(),
+            in_flight: u64::from(c.in_flight),
+            workers: if retiring { [0, 0, 1] } else { [0, 1, 0] },
+            planned: 1,
+            starts: [("exec".to_string(), 1)].into(),
+            boot: [("exec".to_string(), boot.clone())].into(),
+            exits: Default::default(),
+            gpus: app.hw.gpu_row().into_iter().collect(),
+            per_worker: vec![WorkerRow {
+                slot: 0,
+                gpu_used: app.hw.process_gpu_used(),
+                allocator_peak: app.hw.allocator_peak(),
+                rss: vramfork::master::metrics::resident_bytes(pid),
+                served: c.served,
+            }],
+            plan: PlanGauges {
+                cpu_bound: cfg.cpu_bound,
+                gpu_bound: cfg.gpu_bound,
+                workers: cfg.planned,
+            },
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_counts_by_endpoint_and_status() {
+        let r = Recorder::default();
+        let ms = Duration::from_millis(1);
+        r.answered(Endpoint::Infer, 200, 10, ms);
+        r.answered(Endpoint::Infer, 200, 10, ms);
+        r.answered(Endpoint::Infer, 400, 5, ms);
+        r.bytes_in(Endpoint::Infer, 7);
+        r.answered(Endpoint::Health, 200, 2, ms);
+        r.forward(ms);
+        let t = r.traffic();
+        assert_eq!(t.endpoints["infer"].codes[&200], 2);
+        assert_eq!(t.endpoints["infer"].codes[&400], 1);
+        assert_eq!(t.endpoints["infer"].bytes_out, 25);
+        assert_eq!(t.endpoints["infer"].bytes_in, 7);
+        assert_eq!(t.endpoints["infer"].duration.count(), 3);
+        assert_eq!(t.endpoints["health"].answers(), 1);
+        assert!(!t.endpoints.contains_key("metadata"));
+        assert_eq!(t.forward.count(), 1);
+    }
+}
