@@ -188,8 +188,10 @@ impl<const KIND: u8> EncodeMetric for Rows<KIND> {
         Ok(())
     }
 
+    /// A family is declared (`# HELP`, `# TYPE`) even with no rows yet (no GPU, no CUDA
+    /// worker), so that every scrape lists every family.
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        false
     }
 }
 
