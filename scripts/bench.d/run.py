@@ -83,8 +83,9 @@ def post_once(port, body, timeout=5.0):
 class Server:
     """`app --production` in its own process group, JSON logs to a file."""
 
-    def __init__(self, model, workers, max_requests=0, tag="run"):
+    def __init__(self, model, workers, max_requests=0, tag="run", metrics=False):
         self.port = free_port()
+        self.metrics_port = free_port() if metrics else None
         self.model = model
         self.workers = workers
         self.log_path = os.path.join(TMP, f"log-{tag}.jsonl")
@@ -98,6 +99,8 @@ class Server:
             "--port", str(self.port), "--workers", str(workers),
             "--max-requests", str(max_requests), "--log-format", "json",
         ]
+        if metrics:
+            cmd += ["--metrics-port", str(self.metrics_port)]
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
@@ -302,6 +305,64 @@ def measure_serving(cfg):
             finally:
                 srv.stop()
     return results, mem
+
+
+def scrape_ms(port):
+    """One GET /metrics on a fresh connection: (milliseconds to the whole body, body bytes)."""
+    t = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    ms = (time.perf_counter() - t) * 1e3
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"scrape failed: {head[:80]!r}")
+    return ms, len(body)
+
+
+def measure_metrics(cfg):
+    """Metrics off vs on: small-model throughput, 2 workers, concurrency 8, the two servers'
+    runs interleaved so they share the same stretch of time (the idle one costs a heartbeat
+    a second); and the time of a scrape with 2 and 32 workers (while idle, after traffic)."""
+    out = {"throughput": {}, "scrape": {}}
+    body = MODELS["mlp"]["body"]
+    srvs = {"off": Server("mlp", 2, tag="metrics-off"),
+            "on": Server("mlp", 2, tag="metrics-on", metrics=True)}
+    try:
+        for srv in srvs.values():
+            srv.wait_ready()
+            wrk(srv.port, body, 2, 1)  # warm-up
+        runs = {k: [] for k in srvs}
+        for _ in range(cfg["reps"] + 2):
+            for k, srv in srvs.items():
+                runs[k].append(wrk(srv.port, body, 8, cfg["load_s"]))
+        for k in srvs:
+            out["throughput"][k] = summarize(runs[k])
+        log(f"metrics off {out['throughput']['off']['rps']:.0f} req/s, "
+            f"on {out['throughput']['on']['rps']:.0f} req/s")
+    finally:
+        for srv in srvs.values():
+            srv.stop()
+    for workers in (2, 32):
+        srv = Server("mlp", workers, tag=f"metrics-scrape-w{workers}", metrics=True)
+        try:
+            srv.wait_ready(deadline_s=180)
+            wrk(srv.port, body, 8, 1)
+            time.sleep(1.5)  # every worker's report has reached the master
+            samples = [scrape_ms(srv.metrics_port) for _ in range(cfg["scrapes"])]
+            ms = sorted(x[0] for x in samples)
+            out["scrape"][str(workers)] = {
+                "p50_ms": median(ms), "max_ms": ms[-1], "bytes": samples[-1][1], "n": len(ms)}
+            log(f"scrape with {workers} workers: p50 {median(ms):.2f} ms, "
+                f"{samples[-1][1]} bytes")
+        finally:
+            srv.stop()
+    return out
 
 
 def turnover(entries):
@@ -649,7 +710,28 @@ def markdown(res):
     for model, procs in res["memory"].items():
         for p in procs:
             L.append(f"| {model} | {p['role']} | {fmt(p['rss_mb'])} | {fmt(p['pss_mb'])} |")
+    if "metrics" in res:
+        L.append(metrics_markdown(res["metrics"]))
     L.append("\n![throughput and latency](results.svg)\n")
+    return "\n".join(L) + "\n"
+
+
+def metrics_markdown(mt):
+    L = []
+    L.append("\n## Metrics (`--metrics-port`) on vs off (small MLP, 2 workers, concurrency 8)\n")
+    L.append(f"The two servers' runs interleaved, {mt['throughput']['on']['reps']} each.\n")
+    L.append("| metrics | req/s (runs) | p50 (ms) | p99 (ms) | failed |")
+    L.append("|---|---|---|---|---|")
+    for k in ("off", "on"):
+        t = mt["throughput"][k]
+        L.append(f"| {k} | {fmt(t['rps'], 0)} ({', '.join(fmt(x, 0) for x in t['rps_all'])}) | "
+                 f"{fmt(t['p50_ms'], 3)} | {fmt(t['p99_ms'], 3)} | {t['failed']} |")
+    on, off = mt["throughput"]["on"]["rps"], mt["throughput"]["off"]["rps"]
+    L.append(f"\non ÷ off: {fmt(on / off, 3)}\n")
+    L.append("| workers | scrape p50 (ms) | slowest (ms) | body (bytes) | scrapes |")
+    L.append("|---|---|---|---|---|")
+    for w, v in mt["scrape"].items():
+        L.append(f"| {w} | {fmt(v['p50_ms'], 2)} | {fmt(v['max_ms'], 2)} | {v['bytes']} | {v['n']} |")
     return "\n".join(L) + "\n"
 
 
@@ -773,6 +855,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
+    ap.add_argument("--only", choices=["metrics"],
+                    help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
     a = ap.parse_args()
@@ -788,19 +872,33 @@ def main():
         return 0
     if a.quick:
         cfg = {"reps": 1, "load_s": 2, "limit_s": 2, "boot_n": 3, "cold_n": 3,
-               "recycle_c": [2]}
+               "recycle_c": [2], "scrapes": 10}
     else:
         cfg = {"reps": 3, "load_s": 4, "limit_s": 3, "boot_n": 5, "cold_n": 5,
-               "recycle_c": [2, 8]}
+               "recycle_c": [2, 8], "scrapes": 50}
     os.makedirs(TMP, exist_ok=True)
     t0 = time.monotonic()
     res = {"quick": a.quick, "config": cfg, "command": a.command, "machine": machine(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if a.only == "metrics":
+        res["metrics"] = measure_metrics(cfg)
+        res["elapsed_s"] = time.monotonic() - t0
+        with open(os.path.join(a.out, "metrics.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        m = res["machine"]
+        with open(os.path.join(a.out, "metrics.md"), "w") as f:
+            f.write(f"# Metrics cost ({'quick' if a.quick else 'full'} run)\n\n"
+                    f"Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB; load generator "
+                    f"{m['wrk']} (`-t 1`) on the same cores. Command: `{a.command}`.\n"
+                    + metrics_markdown(res["metrics"]))
+        log(f"done in {res['elapsed_s']:.0f} s: {a.out}/metrics.json, metrics.md")
+        return 0
     res["limit"] = measure_limits(cfg)
     res["boot"] = measure_boot(cfg)
     res["cold_start"] = measure_cold(cfg)
     res["serving"], res["memory"] = measure_serving(cfg)
     res["recycling"] = measure_recycling(cfg)
+    res["metrics"] = measure_metrics(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0

@@ -7,6 +7,7 @@
 //! | `listening` | info | `addr`, `socket` (`bound`, `systemd`), `workers` | the socket is bound or was handed over (development mode: `workers` = 1) |
 //! | `socket_activation` | info | `fd`, `name` | systemd handed over the listening socket (`LISTEN_FDS`) |
 //! | `address_unused` | warn | `host`, `port` | `--host`/`--port` were given but systemd's socket is used |
+//! | `metrics_listening` | info | `addr` | `--metrics-port` is bound (`/metrics` is served there) |
 //! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
 //! | `template_ready` | info | `pid`, `ms` | the template process has loaded the model |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
