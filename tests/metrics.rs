@@ -32,7 +32,9 @@ fn metrics_port(s: &Server) -> u16 {
 fn scrape_with(port: u16, method: &str, path: &str, accept: Option<&str>) -> common::Response {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{accept}Connection: close\r\n\r\n"
@@ -55,8 +57,8 @@ fn scrape(port: u16) -> String {
 fn parse(scrapes: &[(&str, &str)]) -> Vec<Value> {
     let python = std::env::var("VRAMFORK_PYTHON")
         .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/support/parse_metrics.py");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/parse_metrics.py");
     let input: Vec<Value> = scrapes
         .iter()
         .map(|(f, t)| json!({"format": f, "text": t}))
@@ -200,14 +202,21 @@ fn counts_across_recycles(max_requests: &str, n: usize) {
     let end = parsed.last().unwrap();
     let infer = [("endpoint", "infer")];
     assert_eq!(
-        sum(end, "vramfork_requests_total", &[("endpoint", "infer"), ("code", "200")]),
+        sum(
+            end,
+            "vramfork_requests_total",
+            &[("endpoint", "infer"), ("code", "200")]
+        ),
         n_f
     );
     assert_eq!(
         sum(end, "vramfork_request_duration_seconds_count", &infer),
         n_f
     );
-    assert_eq!(sum(end, "vramfork_forward_duration_seconds_count", &[]), n_f);
+    assert_eq!(
+        sum(end, "vramfork_forward_duration_seconds_count", &[]),
+        n_f
+    );
     let bytes_in = sum(end, "vramfork_request_bytes_total", &infer);
     assert_eq!(bytes_in, (n * INPUT.len()) as f64);
     assert!(sum(end, "vramfork_response_bytes_total", &infer) > 0.0);
@@ -215,8 +224,11 @@ fn counts_across_recycles(max_requests: &str, n: usize) {
     // over two workers, and every start is a worker that exited or one that lives.
     let per: usize = max_requests.parse().unwrap();
     let retired = wait_metrics(&s, mport, "the recycled workers reaped", |f| {
-        sum(f, "vramfork_worker_exits_total", &[("reason", "max-requests")])
-            >= ((n - 2 * (per - 1)) / per) as f64
+        sum(
+            f,
+            "vramfork_worker_exits_total",
+            &[("reason", "max-requests")],
+        ) >= ((n - 2 * (per - 1)) / per) as f64
     });
     let exits = sum(&retired, "vramfork_worker_exits_total", &[]);
     let starts = sum(&retired, "vramfork_worker_starts_total", &[]);
@@ -227,7 +239,11 @@ fn counts_across_recycles(max_requests: &str, n: usize) {
     assert_eq!(starts, exits + live, "starts = exits + live workers");
     if per == 1 {
         let all = wait_metrics(&s, mport, "one exit per request", |f| {
-            sum(f, "vramfork_worker_exits_total", &[("reason", "max-requests")]) == n_f
+            sum(
+                f,
+                "vramfork_worker_exits_total",
+                &[("reason", "max-requests")],
+            ) == n_f
         });
         never_backwards(end, &all, "after the load");
     }
@@ -253,8 +269,11 @@ fn kill_9_of_a_worker_does_not_make_a_counter_go_down() {
         sum(f, "vramfork_requests_total", &[("endpoint", "infer")]) == 20.0
     });
     let mark = s.mark();
+    // SAFETY: kill(2) on a worker pid of this test's server; no memory is involved.
     unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) };
-    s.wait_event_after(mark, "worker_exited", |e| e.u64("pid") == Some(pids[0] as u64));
+    s.wait_event_after(mark, "worker_exited", |e| {
+        e.u64("pid") == Some(pids[0] as u64)
+    });
     let after = wait_metrics(&s, mport, "the kill counted", |f| {
         sum(f, "vramfork_worker_exits_total", &[("reason", "signal")]) == 1.0
     });
@@ -294,7 +313,11 @@ fn worker_gauges_match_the_processes_ps_sees() {
     );
     // One resident-memory row per slot, each a live process's size.
     for slot in ["0", "1", "2"] {
-        let rss = sum(&f, "vramfork_worker_resident_memory_bytes", &[("slot", slot)]);
+        let rss = sum(
+            &f,
+            "vramfork_worker_resident_memory_bytes",
+            &[("slot", slot)],
+        );
         assert!(rss > 10e6, "slot {slot}: {rss} bytes resident");
     }
     // Served per worker follows the requests.
@@ -345,17 +368,42 @@ fn formats_follow_accept_and_promtool_accepts_the_text() {
     );
     assert!(om.body.ends_with("# EOF\n"), "{}", om.body);
     let both = parse(&[("prometheus", &plain.body), ("openmetrics", &om.body)]);
-    let names = |f: &Value| f.as_object().unwrap().keys().cloned().collect::<BTreeSet<_>>();
-    assert_eq!(names(&both[0]), names(&both[1]), "the same families in both formats");
+    let names = |f: &Value| {
+        f.as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+    };
     assert_eq!(
-        sum(&both[1], "vramfork_requests_total", &[("endpoint", "infer")]),
+        names(&both[0]),
+        names(&both[1]),
+        "the same families in both formats"
+    );
+    assert_eq!(
+        sum(
+            &both[1],
+            "vramfork_requests_total",
+            &[("endpoint", "infer")]
+        ),
         3.0
     );
     assert_eq!(
-        sum(&both[0], "vramfork_requests_total", &[("endpoint", "other"), ("code", "404")]),
+        sum(
+            &both[0],
+            "vramfork_requests_total",
+            &[("endpoint", "other"), ("code", "404")]
+        ),
         1.0
     );
-    assert_eq!(sum(&both[0], "vramfork_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    assert_eq!(
+        sum(
+            &both[0],
+            "vramfork_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
     // Wrong method, wrong path, HEAD.
     let post = scrape_with(mport, "POST", "/metrics", None);
     assert_eq!(post.status, 405);
@@ -371,7 +419,9 @@ fn formats_follow_accept_and_promtool_accepts_the_text() {
         .stderr(Stdio::piped())
         .spawn()
     {
-        Err(e) => eprintln!("promtool not found ({e}): install Debian's prometheus package to run this check"),
+        Err(e) => eprintln!(
+            "promtool not found ({e}): install Debian's prometheus package to run this check"
+        ),
         Ok(mut child) => {
             child
                 .stdin
@@ -409,12 +459,19 @@ fn development_mode_serves_the_same_families() {
     let f = parse_one(&scrape(port));
     assert_eq!(family_names(&f), family_names(&production));
     assert_eq!(
-        sum(&f, "vramfork_requests_total", &[("endpoint", "infer"), ("code", "200")]),
+        sum(
+            &f,
+            "vramfork_requests_total",
+            &[("endpoint", "infer"), ("code", "200")]
+        ),
         2.0,
         "the worker counts as it answers"
     );
     assert_eq!(states(&f), [0.0, 1.0, 0.0]);
-    assert_eq!(sum(&f, "vramfork_worker_requests_served", &[("slot", "0")]), 2.0);
+    assert_eq!(
+        sum(&f, "vramfork_worker_requests_served", &[("slot", "0")]),
+        2.0
+    );
 }
 
 #[test]
@@ -455,7 +512,10 @@ fn simulated_gpus_show_per_gpu_and_per_worker_memory() {
     });
     let uuid = sim.uuid_of(0);
     let g = [("index", "0"), ("uuid", uuid.as_str())];
-    assert_eq!(sum(&f, "vramfork_gpu_memory_total_bytes", &g), 40_960.0 * mb);
+    assert_eq!(
+        sum(&f, "vramfork_gpu_memory_total_bytes", &g),
+        40_960.0 * mb
+    );
     assert_eq!(sum(&f, "vramfork_gpu_memory_free_bytes", &g), 30_000.0 * mb);
     assert_eq!(sum(&f, "vramfork_gpu_memory_used_bytes", &g), 10_960.0 * mb);
     let named = f["vramfork_gpu_memory_total_bytes"]["samples"][0][1]["name"].clone();
@@ -508,7 +568,10 @@ fn the_grafana_dashboard_refers_only_to_exported_metrics() {
         }
     }
     let unknown: Vec<_> = used.difference(&exported).collect();
-    assert!(unknown.is_empty(), "the dashboard uses {unknown:?}; the server exports {exported:?}");
+    assert!(
+        unknown.is_empty(),
+        "the dashboard uses {unknown:?}; the server exports {exported:?}"
+    );
     for family in [
         "vramfork_requests_total",
         "vramfork_request_duration_seconds_bucket",
