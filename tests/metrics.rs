@@ -600,3 +600,105 @@ fn collect_exprs(v: &Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// A probe: (status, body as JSON).
+fn probe(port: u16, path: &str) -> (u16, Value) {
+    let r = scrape_with(port, "GET", path, None);
+    let v = serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{path}: {e}: {r:?}"));
+    (r.status, v)
+}
+
+#[test]
+fn probes_stay_ready_while_the_only_worker_recycles_after_every_request() {
+    let app = App::new("mlp.pt", "");
+    let (s, mport) = start(&app, &["--workers", "1", "--max-requests", "1"]);
+    s.wait_workers(1);
+    let port = s.port;
+    let loader = std::thread::spawn(move || load(port, 1, 30));
+    let mut probes = 0;
+    while !loader.is_finished() {
+        for path in ["/health/ready", "/health/live"] {
+            let (status, v) = probe(mport, path);
+            assert_eq!(status, 200, "{path} while recycling: {v}");
+            assert_eq!(v["status"], "ok");
+            probes += 1;
+        }
+    }
+    loader.join().unwrap();
+    assert!(probes >= 4, "{probes} probes during the load");
+    // Every request recycled the worker, so the probes ran through the gaps.
+    wait_metrics(&s, mport, "30 recycles", |f| {
+        sum(
+            f,
+            "vramfork_worker_exits_total",
+            &[("reason", "max-requests")],
+        ) == 30.0
+    });
+}
+
+#[test]
+fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
+    // Stopping: a request in flight keeps the master in its graceful stop.
+    let app = App::new("slow.pt", "");
+    let (mut s, mport) = start(&app, &["--workers", "1"]);
+    s.wait_workers(1);
+    assert_eq!(probe(mport, "/health/ready").0, 200);
+    let port = s.port;
+    let slow =
+        std::thread::spawn(move || http(port, "POST", "/", Some(r#"{"inputs": [[200000]]}"#)));
+    s.wait_event("pool", |e| e.u64("in_flight") == Some(1));
+    s.signal(libc::SIGTERM);
+    let (status, v) = s.poll("readiness to fail while stopping", || {
+        Some(probe(mport, "/health/ready")).filter(|(st, _)| *st == 503)
+    });
+    assert_eq!((status, v["error"].as_str()), (503, Some("stopping")));
+    assert_eq!(probe(mport, "/health/live").0, 200, "alive while it stops");
+    assert_eq!(slow.join().unwrap().status, 200);
+    assert!(s.wait_exit(Duration::from_secs(60)).success());
+
+    // No worker can start: the only one is killed and GPU memory (as NVML reports it) is
+    // too short for its replacement. Alive all along; ready until the grace runs out.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpus.json");
+    let mut sim = nvml_sim::SimGpus::new(vec![nvml_sim::SimGpu::a100_40gb().free_mb(30_000)]);
+    sim.write(&file);
+    let app = App::new(
+        "mlp.pt",
+        r#""est_gpu_mem_min": 1000, "est_gpu_mem_typ": 2000"#,
+    );
+    let lib = nvml_sim::mock_library();
+    let s = Server::start_env(
+        &app,
+        &[
+            "--production",
+            "--metrics-port",
+            "0",
+            "--workers",
+            "1",
+            "--nvml-library",
+            lib.to_str().unwrap(),
+        ],
+        &[(nvml_sim::ENV_FILE, file.to_str().unwrap())],
+    );
+    let mport = metrics_port(&s);
+    let pid = s.wait_workers(1)[0];
+    sim.gpus[0].free_mb = 100;
+    sim.write(&file);
+    let mark = s.mark();
+    // SAFETY: kill(2) on a worker pid of this test's server; no memory is involved.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    s.wait_event_after(mark, "worker_waits", |e| e.str("why") == Some("gpu_memory"));
+    let (status, v) = s.poll("readiness to fail once the grace has passed", || {
+        Some(probe(mport, "/health/ready")).filter(|(st, _)| *st == 503)
+    });
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("no worker ready for "),
+        "{status} {v}"
+    );
+    assert_eq!(probe(mport, "/health/live").0, 200);
+    let (status, v) = probe(mport, "/health/nope");
+    assert_eq!(status, 404, "{v}");
+}

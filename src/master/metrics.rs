@@ -11,12 +11,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
 use super::decide::KillReason;
 use super::slot::{Phase, WorkerState};
-use crate::metrics::endpoint::Source;
+use crate::metrics::endpoint::{SharedSource, Source};
 use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
 use crate::metrics::histogram::Hist;
 use crate::metrics::traffic::Traffic;
@@ -46,6 +47,12 @@ struct State {
     exits: BTreeMap<String, u64>,
     planned: u32,
     plan: PlanGauges,
+    /// When the supervisor loop last reported the pool (it does on every turn).
+    last_turn: Option<Instant>,
+    ready: u32,
+    /// When a worker was last seen ready.
+    last_ready: Option<Instant>,
+    stopping: bool,
 }
 
 /// Shared between the supervisor (writes) and the metrics thread (reads).
@@ -103,7 +110,7 @@ impl MasterMetrics {
     }
 
     /// A worker became ready `secs` after it was started.
-    pub fn ready(&self, pid: u32, secs: f64) {
+    pub fn worker_ready(&self, pid: u32, secs: f64) {
         self.with(|s| {
             if let Some(w) = s.live.get(&pid) {
                 s.boot.entry(w.method.into()).or_default().observe(secs);
@@ -121,11 +128,23 @@ impl MasterMetrics {
         });
     }
 
-    /// The pool as the supervisor sees it now.
-    pub fn pool<'a>(&self, planned: u32, workers: impl IntoIterator<Item = &'a WorkerState>) {
+    /// The pool as the supervisor sees it now (called on every turn of its loop).
+    pub fn pool<'a>(
+        &self,
+        planned: u32,
+        stopping: bool,
+        workers: impl IntoIterator<Item = &'a WorkerState>,
+    ) {
         self.with(|s| {
             s.planned = planned;
+            s.stopping = stopping;
+            s.last_turn = Some(Instant::now());
+            s.ready = 0;
             for st in workers {
+                s.ready += u32::from(st.phase == Phase::Ready);
+                if st.phase == Phase::Ready {
+                    s.last_ready = s.last_turn;
+                }
                 if let Some(w) = s.live.get_mut(&st.pid) {
                     w.phase = st.phase;
                     w.served = st.served;
@@ -146,7 +165,7 @@ impl MasterMetrics {
     }
 
     /// What a scrape answers.
-    pub fn snapshot(&self) -> Snapshot {
+    fn build_snapshot(&self) -> Snapshot {
         let (mut snap, live) = self.with(|s| {
             let mut traffic = s.gone.clone();
             let mut workers = [0u32; 3];
@@ -216,10 +235,60 @@ impl MasterMetrics {
             .as_ref()
     }
 
-    /// The scrape source for [`crate::metrics::endpoint`].
-    pub fn source(&self) -> Source {
-        let me = self.clone();
-        Arc::new(move || me.snapshot())
+    /// The source [`crate::metrics::endpoint`] answers from.
+    pub fn source(&self) -> SharedSource {
+        Arc::new(self.clone())
+    }
+}
+
+/// The master's loop turns at least every 100 ms; this long without a turn, it is stuck.
+const LOOP_STALE: Duration = Duration::from_secs(10);
+/// Readiness survives this long without a ready worker: the gap while the only workers
+/// recycle (milliseconds; requests wait in the listen queue meanwhile) is not an outage.
+pub const READY_GRACE: Duration = Duration::from_secs(5);
+
+impl Source for MasterMetrics {
+    fn snapshot(&self) -> Snapshot {
+        self.build_snapshot()
+    }
+
+    fn live(&self) -> Result<String, String> {
+        let last = self.with(|s| s.last_turn);
+        match last.map(|t| t.elapsed()) {
+            Some(ago) if ago <= LOOP_STALE => Ok(format!(
+                "the supervisor loop turned {} ms ago",
+                ago.as_millis()
+            )),
+            Some(ago) => Err(format!(
+                "the supervisor loop has not turned for {:.1} s",
+                ago.as_secs_f64()
+            )),
+            None => Err("the supervisor loop has not started".into()),
+        }
+    }
+
+    fn ready(&self) -> Result<String, String> {
+        let (ready, planned, stopping, last) =
+            self.with(|s| (s.ready, s.planned, s.stopping, s.last_ready));
+        let since = last.map(|t| t.elapsed());
+        if stopping {
+            Err("stopping".into())
+        } else if ready > 0 {
+            Ok(format!("{ready} of {planned} workers ready"))
+        } else if let Some(ago) = since.filter(|a| *a <= READY_GRACE) {
+            Ok(format!(
+                "0 of {planned} workers ready, replacements booting (one was ready {} ms ago)",
+                ago.as_millis()
+            ))
+        } else {
+            Err(match since {
+                Some(ago) => format!(
+                    "no worker ready for {:.1} s (0 of {planned})",
+                    ago.as_secs_f64()
+                ),
+                None => format!("no worker ready yet (0 of {planned})"),
+            })
+        }
     }
 }
 
@@ -288,7 +357,6 @@ pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     fn cpu_plan() -> Plan {
         let meta = crate::metadata::AppMetadata::parse(
@@ -325,13 +393,13 @@ mod tests {
         let (a, b) = (worker(10, 0, 0), worker(11, 1, 0));
         m.started(&a, "exec");
         m.started(&b, "fork");
-        m.ready(10, 0.3);
+        m.worker_ready(10, 0.3);
         m.report(10, answered(4), None);
         m.report(11, answered(2), None);
-        assert_eq!(m.snapshot().traffic.answers(), 6);
+        assert_eq!(m.build_snapshot().traffic.answers(), 6);
         m.report(10, answered(5), None);
         m.exited(10, "max-requests");
-        let s = m.snapshot();
+        let s = m.build_snapshot();
         assert_eq!(s.traffic.answers(), 7, "gone 5 + live 2");
         assert_eq!(s.exits["max-requests"], 1);
         assert_eq!(s.starts["exec"] + s.starts["fork"], 2);
@@ -339,10 +407,38 @@ mod tests {
         // The replacement in slot 0 starts from zero; the total does not go back.
         m.started(&worker(12, 0, 1), "fork");
         m.report(12, answered(1), None);
-        assert_eq!(m.snapshot().traffic.answers(), 8);
+        assert_eq!(m.build_snapshot().traffic.answers(), 8);
         // A report from a pid the master no longer knows is ignored.
         m.report(10, answered(100), None);
-        assert_eq!(m.snapshot().traffic.answers(), 8);
+        assert_eq!(m.build_snapshot().traffic.answers(), 8);
+    }
+
+    #[test]
+    fn probes_follow_the_loop_and_the_ready_workers() {
+        let m = MasterMetrics::new(&cpu_plan(), None);
+        assert!(m.live().is_err(), "no turn of the loop yet");
+        assert!(m.ready().is_err());
+        let mut w = worker(1, 0, 0);
+        m.pool(1, false, [&w]);
+        assert!(m.live().is_ok());
+        assert_eq!(m.ready(), Err("no worker ready yet (0 of 1)".into()));
+        w.phase = Phase::Ready;
+        m.pool(1, false, [&w]);
+        assert_eq!(m.ready(), Ok("1 of 1 workers ready".into()));
+        // It recycles: its replacement boots; still ready within the grace.
+        let booting = worker(2, 0, 1);
+        m.pool(1, false, [&booting]);
+        assert!(m
+            .ready()
+            .unwrap()
+            .starts_with("0 of 1 workers ready, replacements booting"));
+        m.with(|s| s.last_ready = Some(Instant::now() - READY_GRACE - Duration::from_secs(1)));
+        assert!(m.ready().unwrap_err().starts_with("no worker ready for 6"));
+        m.pool(1, false, [&w]);
+        m.pool(1, true, [&w]);
+        assert_eq!(m.ready(), Err("stopping".into()));
+        m.with(|s| s.last_turn = Some(Instant::now() - LOOP_STALE - Duration::from_secs(1)));
+        assert!(m.live().unwrap_err().contains("has not turned"));
     }
 
     #[test]
@@ -355,8 +451,8 @@ mod tests {
         old.served = 9;
         let new = worker(u32::MAX - 1, 0, 4);
         m.started(&new, "fork");
-        m.pool(1, [&old, &new]);
-        let s = m.snapshot();
+        m.pool(1, false, [&old, &new]);
+        let s = m.build_snapshot();
         assert_eq!(s.workers, [1, 0, 1]);
         assert_eq!(s.per_worker.len(), 1);
         assert_eq!(s.per_worker[0].served, 0, "the newest worker's count");

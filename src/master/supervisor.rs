@@ -167,7 +167,8 @@ impl Supervisor {
         }
         self.notify.pool(&now);
         if let Some(m) = &self.metrics {
-            m.pool(self.target, self.workers.iter().map(|w| &w.state));
+            let stopping = self.stopping.is_some();
+            m.pool(self.target, stopping, self.workers.iter().map(|w| &w.state));
         }
     }
 
@@ -596,7 +597,7 @@ impl Supervisor {
                     }
                     let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
                     if let Some(m) = &self.metrics {
-                        m.ready(st.pid, ms / 1e3);
+                        m.worker_ready(st.pid, ms / 1e3);
                     }
                     tracing::info!(
                         event = "worker_ready",

@@ -1,5 +1,7 @@
 //! The `/metrics` listener: `GET`/`HEAD /metrics` answers the snapshot its source builds,
-//! in the format the scraper's `Accept` asks for. The master runs it on a thread of its own
+//! in the format the scraper's `Accept` asks for; `/health/live` and `/health/ready` answer
+//! 200 or 503 from what the source knows (for Kubernetes probes: they are answered by the
+//! master, never by whichever worker a connection to the serving port lands on). The master runs it on a thread of its own
 //! (a single-threaded runtime beside the supervisor loop, which it never blocks); the
 //! development-mode worker runs it on its event loop. Snapshots are built on a blocking
 //! thread: they may read NVML and `/proc`.
@@ -18,14 +20,25 @@ use hyper_util::rt::TokioIo;
 
 use super::exposition::{encode, Format, Snapshot};
 
-/// Builds the snapshot a scrape answers.
-pub type Source = Arc<dyn Fn() -> Snapshot + Send + Sync>;
+/// What the listener answers from.
+pub trait Source: Send + Sync + 'static {
+    /// What a scrape shows.
+    fn snapshot(&self) -> Snapshot;
+    /// `Ok(detail)` while the process behind the port does its work (the master's loop
+    /// runs); `Err(why)` otherwise.
+    fn live(&self) -> Result<String, String>;
+    /// `Ok(detail)` when a request to the serving port would be answered now (a worker is
+    /// ready and the server is not stopping); `Err(why)` otherwise.
+    fn ready(&self) -> Result<String, String>;
+}
+
+pub type SharedSource = Arc<dyn Source>;
 
 /// How long a scraper may take to send its request head.
 const HEADER_READ: Duration = Duration::from_secs(10);
 
 /// Serves scrapes on `listener` until the runtime is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, source: Source) {
+pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -50,7 +63,7 @@ pub async fn serve(listener: tokio::net::TcpListener, source: Source) {
 }
 
 /// Runs [`serve`] on a thread of its own (the master's way).
-pub fn spawn_thread(listener: std::net::TcpListener, source: Source) -> std::io::Result<()> {
+pub fn spawn_thread(listener: std::net::TcpListener, source: SharedSource) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -69,8 +82,11 @@ pub fn spawn_thread(listener: std::net::TcpListener, source: Source) -> std::io:
 }
 
 fn plain(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({ "error": msg }).to_string();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    json(status, serde_json::json!({ "error": msg }))
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -79,14 +95,14 @@ fn plain(status: StatusCode, msg: String) -> Response<Full<Bytes>> {
 
 async fn answer(
     req: Request<Incoming>,
-    source: Source,
+    source: SharedSource,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
-    if path != "/metrics" {
+    if !matches!(path, "/metrics" | "/health/live" | "/health/ready") {
         return Ok(plain(
             StatusCode::NOT_FOUND,
             format!(
-                "{} {path}: not found; metrics are at GET /metrics",
+                "{} {path}: not found; this port serves GET /metrics, /health/live and /health/ready",
                 req.method()
             ),
         ));
@@ -95,14 +111,31 @@ async fn answer(
     if req.method() != Method::GET && !head {
         let mut r = plain(
             StatusCode::METHOD_NOT_ALLOWED,
-            format!("{} /metrics: method not allowed (GET, HEAD)", req.method()),
+            format!("{} {path}: method not allowed (GET, HEAD)", req.method()),
         );
         r.headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return Ok(r);
     }
+    if path != "/metrics" {
+        let check = if path == "/health/live" {
+            source.live()
+        } else {
+            source.ready()
+        };
+        return Ok(match check {
+            Ok(detail) => json(
+                StatusCode::OK,
+                serde_json::json!({"status": "ok", "detail": detail}),
+            ),
+            Err(why) => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"status": "unavailable", "error": why}),
+            ),
+        });
+    }
     let format = Format::from_accept(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
-    let text = tokio::task::spawn_blocking(move || encode(&source(), format))
+    let text = tokio::task::spawn_blocking(move || encode(&source.snapshot(), format))
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);

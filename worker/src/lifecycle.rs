@@ -54,7 +54,11 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         if let Some(m) = plan.metrics {
             let b = plan.boot;
             let boot_s = (b.process_ms + b.model_ms + b.warmup_ms) / 1e3;
-            let source = crate::metrics::source(app.clone(), m.config, boot_s);
+            let source = Arc::new(crate::metrics::DevSource::new(
+                app.clone(),
+                m.config,
+                boot_s,
+            ));
             m.listener.set_nonblocking(true)?;
             let l = tokio::net::TcpListener::from_std(m.listener)?;
             tokio::spawn(vramfork::metrics::endpoint::serve(l, source));

@@ -108,38 +108,67 @@ pub fn report(app: &App, last: &mut Option<Traffic>) {
     });
 }
 
-/// The development-mode snapshot: this one worker is the whole server.
-pub fn source(app: Arc<App>, cfg: WorkerMetrics, boot_secs: f64) -> Source {
-    let mut boot = Hist::default();
-    boot.observe(boot_secs);
-    Arc::new(move || {
-        let rec = app.metrics.as_ref();
+/// What a development-mode worker's `/metrics` listener answers from: this one worker is
+/// the whole server.
+pub struct DevSource {
+    pub app: Arc<App>,
+    pub cfg: WorkerMetrics,
+    /// Boot durations (one: this worker's).
+    pub boot: Hist,
+}
+
+impl DevSource {
+    pub fn new(app: Arc<App>, cfg: WorkerMetrics, boot_secs: f64) -> DevSource {
+        let mut boot = Hist::default();
+        boot.observe(boot_secs);
+        DevSource { app, cfg, boot }
+    }
+}
+
+impl Source for DevSource {
+    fn snapshot(&self) -> Snapshot {
+        let app = &self.app;
         let c = app.shared.get();
-        let retiring = c.stopping();
-        let pid = std::process::id();
         Snapshot {
-            traffic: rec.map(|r| r.traffic()).unwrap_or_default(),
+            traffic: app
+                .metrics
+                .as_ref()
+                .map(Recorder::traffic)
+                .unwrap_or_default(),
             in_flight: u64::from(c.in_flight),
-            workers: if retiring { [0, 0, 1] } else { [0, 1, 0] },
+            workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,
             starts: [("exec".to_string(), 1)].into(),
-            boot: [("exec".to_string(), boot.clone())].into(),
+            boot: [("exec".to_string(), self.boot.clone())].into(),
             exits: Default::default(),
             gpus: app.hw.gpu_row().into_iter().collect(),
             per_worker: vec![WorkerRow {
                 slot: 0,
                 gpu_used: app.hw.process_gpu_used(),
                 allocator_peak: app.hw.allocator_peak(),
-                rss: vramfork::master::metrics::resident_bytes(pid),
+                rss: vramfork::master::metrics::resident_bytes(std::process::id()),
                 served: c.served,
             }],
             plan: PlanGauges {
-                cpu_bound: cfg.cpu_bound,
-                gpu_bound: cfg.gpu_bound,
-                workers: cfg.planned,
+                cpu_bound: self.cfg.cpu_bound,
+                gpu_bound: self.cfg.gpu_bound,
+                workers: self.cfg.planned,
             },
         }
-    })
+    }
+
+    fn live(&self) -> Result<String, String> {
+        // Answered by the worker's own event loop: that it answers is the proof.
+        Ok("the worker's event loop answers".into())
+    }
+
+    fn ready(&self) -> Result<String, String> {
+        if self.app.shared.get().stopping() {
+            Err("stopping".into())
+        } else {
+            Ok("1 of 1 workers ready".into())
+        }
+    }
 }
 
 #[cfg(test)]
