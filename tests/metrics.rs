@@ -474,6 +474,31 @@ fn development_mode_serves_the_same_families() {
     );
 }
 
+/// `app --production --metrics-port 0 --workers N` on the simulated GPUs described in `file`,
+/// for a model declaring 1000 MB minimum, 2000 MB typical.
+fn start_on_sim(file: &std::path::Path, workers: &str) -> (App, Server, u16) {
+    let app = App::new(
+        "mlp.pt",
+        r#""est_gpu_mem_min": 1000, "est_gpu_mem_typ": 2000"#,
+    );
+    let lib = nvml_sim::mock_library();
+    let s = Server::start_env(
+        &app,
+        &[
+            "--production",
+            "--metrics-port",
+            "0",
+            "--workers",
+            workers,
+            "--nvml-library",
+            lib.to_str().unwrap(),
+        ],
+        &[(nvml_sim::ENV_FILE, file.to_str().unwrap())],
+    );
+    let port = metrics_port(&s);
+    (app, s, port)
+}
+
 #[test]
 fn simulated_gpus_show_per_gpu_and_per_worker_memory() {
     let dir = tempfile::tempdir().unwrap();
@@ -482,26 +507,7 @@ fn simulated_gpus_show_per_gpu_and_per_worker_memory() {
     gpu.free_mb = 30_000;
     let mut sim = nvml_sim::SimGpus::new(vec![gpu]);
     sim.write(&file);
-    let app = App::new(
-        "mlp.pt",
-        r#""est_gpu_mem_min": 1000, "est_gpu_mem_typ": 2000"#,
-    );
-    let lib = nvml_sim::mock_library();
-    let lib = lib.to_str().unwrap();
-    let s = Server::start_env(
-        &app,
-        &[
-            "--production",
-            "--metrics-port",
-            "0",
-            "--workers",
-            "2",
-            "--nvml-library",
-            lib,
-        ],
-        &[(nvml_sim::ENV_FILE, file.to_str().unwrap())],
-    );
-    let mport = metrics_port(&s);
+    let (_app, s, mport) = start_on_sim(&file, "2");
     let pids = s.wait_workers(2);
     // NVML reports 1500 MB and 700 MB for the two worker processes.
     sim.gpus[0].processes = vec![(pids[0], Some(1500)), (pids[1], Some(700))];
@@ -638,14 +644,15 @@ fn probes_stay_ready_while_the_only_worker_recycles_after_every_request() {
 
 #[test]
 fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
-    // Stopping: a request in flight keeps the master in its graceful stop.
+    // Stopping: a request in flight (about 2 s of slow.pt) keeps the master in its graceful
+    // stop.
     let app = App::new("slow.pt", "");
     let (mut s, mport) = start(&app, &["--workers", "1"]);
     s.wait_workers(1);
     assert_eq!(probe(mport, "/health/ready").0, 200);
     let port = s.port;
     let slow =
-        std::thread::spawn(move || http(port, "POST", "/", Some(r#"{"inputs": [[200000]]}"#)));
+        std::thread::spawn(move || http(port, "POST", "/", Some(r#"{"inputs": [[100000]]}"#)));
     s.wait_event("pool", |e| e.u64("in_flight") == Some(1));
     s.signal(libc::SIGTERM);
     let (status, v) = s.poll("readiness to fail while stopping", || {
@@ -662,25 +669,7 @@ fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
     let file = dir.path().join("gpus.json");
     let mut sim = nvml_sim::SimGpus::new(vec![nvml_sim::SimGpu::a100_40gb().free_mb(30_000)]);
     sim.write(&file);
-    let app = App::new(
-        "mlp.pt",
-        r#""est_gpu_mem_min": 1000, "est_gpu_mem_typ": 2000"#,
-    );
-    let lib = nvml_sim::mock_library();
-    let s = Server::start_env(
-        &app,
-        &[
-            "--production",
-            "--metrics-port",
-            "0",
-            "--workers",
-            "1",
-            "--nvml-library",
-            lib.to_str().unwrap(),
-        ],
-        &[(nvml_sim::ENV_FILE, file.to_str().unwrap())],
-    );
-    let mport = metrics_port(&s);
+    let (_app, s, mport) = start_on_sim(&file, "1");
     let pid = s.wait_workers(1)[0];
     sim.gpus[0].free_mb = 100;
     sim.write(&file);

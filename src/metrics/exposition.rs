@@ -143,6 +143,9 @@ impl Format {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A family read off rows of `R`: name, help, and the value of one row.
+type Family<R, V> = (&'static str, &'static str, fn(&R) -> V);
+
 #[derive(Debug, Clone)]
 enum Value {
     Counter(u64),
@@ -401,42 +404,44 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
             })
             .collect()
     };
-    f.gauge_bytes(
-        "gpu_memory_total_bytes",
-        "GPU memory (NVML).",
-        gpu_rows(|g| g.total),
-    );
-    f.gauge_bytes(
-        "gpu_memory_free_bytes",
-        "Free GPU memory (NVML).",
-        gpu_rows(|g| g.free),
-    );
-    f.gauge_bytes(
-        "gpu_memory_used_bytes",
-        "Used GPU memory (NVML).",
-        gpu_rows(|g| g.used),
-    );
+    let per_gpu: [Family<GpuRow, u64>; 3] = [
+        ("gpu_memory_total_bytes", "GPU memory (NVML).", |g| g.total),
+        ("gpu_memory_free_bytes", "Free GPU memory (NVML).", |g| {
+            g.free
+        }),
+        ("gpu_memory_used_bytes", "Used GPU memory (NVML).", |g| {
+            g.used
+        }),
+    ];
+    for (name, help, get) in per_gpu {
+        f.gauge_bytes(name, help, gpu_rows(get));
+    }
     let worker_rows = |get: fn(&WorkerRow) -> Option<u64>| -> Vec<(Labels, f64)> {
         s.per_worker
             .iter()
             .filter_map(|w| get(w).map(|v| (l(&[("slot", &w.slot.to_string())]), v as f64)))
             .collect()
     };
-    f.gauge_bytes(
-        "worker_gpu_memory_used_bytes",
-        "GPU memory NVML reports for the worker's process.",
-        worker_rows(|w| w.gpu_used),
-    );
-    f.gauge_bytes(
-        "worker_gpu_allocator_peak_bytes",
-        "Peak bytes reserved by the worker's CUDA caching allocator.",
-        worker_rows(|w| w.allocator_peak),
-    );
-    f.gauge_bytes(
-        "worker_resident_memory_bytes",
-        "Resident memory of the worker's process.",
-        worker_rows(|w| w.rss),
-    );
+    let per_worker: [Family<WorkerRow, Option<u64>>; 3] = [
+        (
+            "worker_gpu_memory_used_bytes",
+            "GPU memory NVML reports for the worker's process.",
+            |w| w.gpu_used,
+        ),
+        (
+            "worker_gpu_allocator_peak_bytes",
+            "Peak bytes reserved by the worker's CUDA caching allocator.",
+            |w| w.allocator_peak,
+        ),
+        (
+            "worker_resident_memory_bytes",
+            "Resident memory of the worker's process.",
+            |w| w.rss,
+        ),
+    ];
+    for (name, help, get) in per_worker {
+        f.gauge_bytes(name, help, worker_rows(get));
+    }
     f.gauge(
         "worker_requests_served",
         "Model requests the slot's current worker has taken (resets when it is recycled).",
