@@ -647,7 +647,8 @@ fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
     // Stopping: a request in flight (about 2 s of slow.pt) keeps the master in its graceful
     // stop.
     let app = App::new("slow.pt", "");
-    let (mut s, mport) = start(&app, &["--workers", "1"]);
+    // A graceful timeout no busy machine can make the slow request outlast.
+    let (mut s, mport) = start(&app, &["--workers", "1", "--graceful-timeout", "300"]);
     s.wait_workers(1);
     assert_eq!(probe(mport, "/health/ready").0, 200);
     let port = s.port;
