@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 4] = ["infer", "metadata", "health", "other"];
+pub const ENDPOINTS: [&str; 6] = ["infer", "metadata", "health", "other", "v2-infer", "v2"];
 
 /// One endpoint's answers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

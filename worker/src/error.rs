@@ -11,8 +11,12 @@ pub enum ApiError {
     /// a bad query parameter.
     #[error("{0}")]
     BadRequest(String),
-    #[error("no route for {0}; this server answers GET / (metadata), POST / (inference) and GET /healthz")]
+    #[error("no route for {0}; this server answers GET / (metadata), POST / (inference), GET /healthz and the v2 protocol under /v2")]
     NotFound(String),
+    /// A v2 path naming a model or version this server does not have (the message says
+    /// what it has).
+    #[error("{0}")]
+    NoSuchModel(String),
     #[error("method {method} is not allowed on {path}; allowed: {allow}")]
     MethodNotAllowed {
         method: String,
@@ -44,12 +48,13 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::NoSuchModel(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Run(RunError::OutOfMemory(_)) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Run(RunError::Gone) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Run(RunError::Request(_)) => StatusCode::BAD_REQUEST,
             ApiError::Run(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable | ApiError::ModelStuck | ApiError::QueueWait { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -97,6 +102,7 @@ mod tests {
         let cases = [
             (ApiError::BadRequest("x".into()), 400),
             (ApiError::NotFound("/x".into()), 404),
+            (ApiError::NoSuchModel("m".into()), 404),
             (
                 ApiError::MethodNotAllowed {
                     method: "PUT".into(),
@@ -109,6 +115,7 @@ mod tests {
             (ApiError::BodyTimeout(30), 408),
             (ApiError::Run(RunError::Model("boom".into())), 500),
             (ApiError::Run(RunError::Unsupported("x".into())), 500),
+            (ApiError::Run(RunError::Request("x".into())), 400),
             (ApiError::Run(RunError::CudaFatal("x".into())), 500),
             (ApiError::Run(RunError::OutOfMemory("x".into())), 507),
             (ApiError::Unavailable, 503),

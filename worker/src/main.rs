@@ -19,6 +19,7 @@ mod server;
 mod state;
 mod template;
 mod timeouts;
+mod v2;
 
 use std::sync::Arc;
 use std::time::Duration;

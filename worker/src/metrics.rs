@@ -23,6 +23,10 @@ pub enum Endpoint {
     Metadata = 1,
     Health = 2,
     Other = 3,
+    /// `POST /v2/models/…/infer`.
+    V2Infer = 4,
+    /// The other v2 endpoints (health, metadata).
+    V2 = 5,
 }
 
 #[derive(Default)]

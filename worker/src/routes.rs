@@ -18,13 +18,17 @@ use vramfork::protocol::RetireReason;
 
 use crate::error::ApiError;
 use crate::hw::Hw;
-use crate::input::parse_body;
+use crate::input::{parse_body, InputArray};
 use crate::metrics::{Endpoint, Recorder};
-use crate::runner::{RunError, Runner};
+use crate::runner::{Encoding, RunError, RunOutput, Runner};
 use crate::state::Shared;
 use crate::timeouts::BODY_READ;
 
 pub type Body = Full<Bytes>;
+
+/// Triton's binary tensor data extension: the length of the JSON header of a body that goes
+/// on with raw tensor data.
+pub const INFERENCE_HEADER: &str = "inference-header-content-length";
 
 /// When a request arrived (a request extension set by the connection): for a connection's
 /// first request, when it entered the listen queue; else its first byte.
@@ -74,31 +78,39 @@ impl App {
 
 impl App {
     /// Counts a model request's body bytes for `/metrics`.
-    fn count_bytes_in(&self, n: usize) {
+    fn count_bytes_in(&self, endpoint: Endpoint, n: usize) {
         if let Some(m) = &self.metrics {
-            m.bytes_in(Endpoint::Infer, n);
+            m.bytes_in(endpoint, n);
         }
     }
 }
 
-/// A JSON answer plus whether the connection must close after it.
-struct Answer {
-    status: StatusCode,
-    /// JSON text.
-    body: Vec<u8>,
-    close: bool,
-    allow: Option<&'static str>,
-    retry_after: Option<u32>,
+/// An answer plus whether the connection must close after it.
+pub struct Answer {
+    pub status: StatusCode,
+    /// JSON text (for a v2 answer with binary outputs: the JSON header, then the data).
+    pub body: Vec<u8>,
+    pub close: bool,
+    pub allow: Option<&'static str>,
+    pub retry_after: Option<u32>,
+    /// `Inference-Header-Content-Length`: the length of the JSON header of a v2 answer
+    /// whose body goes on with binary data.
+    pub header_len: Option<usize>,
 }
 
 impl Answer {
-    fn ok(body: Value) -> Answer {
+    pub fn ok(body: Value) -> Answer {
+        Answer::with(StatusCode::OK, json_bytes(&body))
+    }
+
+    pub fn with(status: StatusCode, body: Vec<u8>) -> Answer {
         Answer {
-            status: StatusCode::OK,
-            body: json_bytes(&body),
+            status,
+            body,
             close: false,
             allow: None,
             retry_after: None,
+            header_len: None,
         }
     }
 }
@@ -114,6 +126,7 @@ impl From<ApiError> for Answer {
                 _ => None,
             },
             retry_after: e.retry_after(),
+            header_len: None,
         }
     }
 }
@@ -134,7 +147,16 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
     let mut resp = Response::new(Full::new(Bytes::from(answer.body)));
     *resp.status_mut() = answer.status;
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    match answer.header_len {
+        None => h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json")),
+        Some(n) => {
+            h.insert(INFERENCE_HEADER, HeaderValue::from(n));
+            h.insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            )
+        }
+    };
     h.insert("x-worker-pid", app.pid.clone());
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
@@ -150,6 +172,13 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
 
 /// The `endpoint` label an answer is counted under.
 fn endpoint_of(method: &Method, path: &str) -> Endpoint {
+    if path == "/v2" || path.starts_with("/v2/") {
+        return if method == Method::POST && path.ends_with("/infer") {
+            Endpoint::V2Infer
+        } else {
+            Endpoint::V2
+        };
+    }
     match (path, method) {
         ("/", &Method::POST) => Endpoint::Infer,
         ("/", &Method::GET) => Endpoint::Metadata,
@@ -159,7 +188,7 @@ fn endpoint_of(method: &Method, path: &str) -> Endpoint {
 }
 
 /// When the request arrived (set by the connection), else now.
-fn arrival(req: &Request<Incoming>) -> Instant {
+pub fn arrival(req: &Request<Incoming>) -> Instant {
     req.extensions()
         .get::<Arrived>()
         .map_or_else(Instant::now, |a| a.0)
@@ -178,17 +207,18 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         }
         ("/", &Method::POST) => infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(health(app)),
+        (p, _) if p == "/v2" || p.starts_with("/v2/") => crate::v2::route(req, app).await,
         ("/", _) => Err(not_allowed(&method, &path, "GET, POST")),
         ("/healthz", _) => Err(not_allowed(&method, &path, "GET")),
         _ => Err(ApiError::NotFound(format!("{method} {path}"))),
     }
 }
 
-fn json_bytes(v: &Value) -> Vec<u8> {
+pub fn json_bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
 }
 
-fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError {
+pub fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError {
     ApiError::MethodNotAllowed {
         method: method.to_string(),
         path: path.to_string(),
@@ -198,20 +228,20 @@ fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError {
 
 fn health(app: &App) -> Answer {
     if app.shared.get().stopping() {
-        Answer {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            body: json_bytes(&serde_json::json!({"status": "retiring"})),
-            close: true,
-            allow: None,
-            retry_after: Some(0),
-        }
+        let mut a = Answer::with(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json_bytes(&serde_json::json!({"status": "retiring"})),
+        );
+        a.close = true;
+        a.retry_after = Some(0);
+        a
     } else {
         Answer::ok(serde_json::json!({"status": "ok"}))
     }
 }
 
 /// `Some(line)` when the query asks for hwFetch.
-fn hw_fetch(query: Option<&str>, app: &App) -> Result<Option<String>, ApiError> {
+pub fn hw_fetch(query: Option<&str>, app: &App) -> Result<Option<String>, ApiError> {
     if !wants_hw_fetch(query).map_err(|e| ApiError::BadRequest(e.to_string()))? {
         return Ok(None);
     }
@@ -231,22 +261,14 @@ fn with_hw(mut body: Value, hw: Option<String>) -> Value {
 async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let arrived = arrival(&req);
-    if let Some(refused) = queue_wait_refusal(app, arrived) {
-        // Read the (small, usually) body so the refusal is not lost to a reset.
-        if let Ok(body) = read_body(req, app.max_body_bytes).await {
-            app.count_bytes_in(body.len());
-        }
-        return Err(refused);
-    }
-    let last = app.shared.claim_model_request();
-    if last {
-        // Retire now, not after the answer: the master starts the replacement while this
-        // request runs, and a client that gives up mid-request cannot leave the worker
-        // counted out but never retired.
-        app.shared.retire(RetireReason::MaxRequests);
-    }
-    let outputs = infer_counted(req, app, arrived).await?;
+    let spec = app.metadata.input.clone();
+    let (out, (), last) = model_request(req, app, move |body| {
+        parse_body(&body, spec.as_ref())
+            .map(|input| (input, Encoding::Json, ()))
+            .map_err(|e| ApiError::BadRequest(e.to_string()))
+    })
+    .await?;
+    let outputs = out.outputs;
     // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
     let mut body = Vec::with_capacity(outputs.len() + 64);
     body.extend_from_slice(b"{\"outputs\":");
@@ -259,10 +281,57 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         }
     }
     body.push(b'}');
-    let mut answer = Answer::ok(Value::Null);
-    answer.body = body;
+    let mut answer = Answer::with(StatusCode::OK, body);
     answer.close = last;
     Ok(answer)
+}
+
+/// A model request, whatever its protocol (`POST /`, v2 infer): refused at once when it
+/// waited past `--max-queue-wait`; counted towards `--max-requests` (retiring the worker
+/// when it is the last); its body read and counted as work; parsed by `parse` (on a
+/// blocking thread when large) into the model's input, the outputs' encoding and whatever
+/// the caller needs to answer; run. Returns the outputs, that extra, and whether this was
+/// the worker's last request.
+pub async fn model_request<T: Send + 'static>(
+    req: Request<Incoming>,
+    app: &App,
+    parse: impl FnOnce(Vec<u8>) -> Result<(InputArray, Encoding, T), ApiError> + Send + 'static,
+) -> Result<(RunOutput, T, bool), ApiError> {
+    let arrived = arrival(&req);
+    let endpoint = endpoint_of(req.method(), req.uri().path());
+    if let Some(refused) = queue_wait_refusal(app, arrived) {
+        // Read the (small, usually) body so the refusal is not lost to a reset.
+        if let Ok(body) = read_body(req, app.max_body_bytes).await {
+            app.count_bytes_in(endpoint, body.len());
+        }
+        return Err(refused);
+    }
+    let last = app.shared.claim_model_request();
+    if last {
+        // Retire now, not after the answer: the master starts the replacement while this
+        // request runs, and a client that gives up mid-request cannot leave the worker
+        // counted out but never retired.
+        app.shared.retire(RetireReason::MaxRequests);
+    }
+    let body = read_body(req, app.max_body_bytes).await?;
+    app.count_bytes_in(endpoint, body.len());
+    // From here on the request is work: this worker takes no new connection until it is
+    // answered (a body still arriving did not count).
+    let _work = Working::enter(&app.shared);
+    let size = body.len();
+    let parse = move || parse(body);
+    let (input, encoding, extra) = if size <= PARSE_INLINE_MAX {
+        parse()
+    } else {
+        tokio::task::spawn_blocking(parse)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
+    }?;
+    let out = run(app, input, encoding, arrived).await;
+    if size > TRIM_AFTER {
+        crate::process::trim_memory();
+    }
+    Ok((out?, extra, last))
 }
 
 /// The refusal for a request that has waited past `--max-queue-wait`, if it has.
@@ -283,48 +352,25 @@ const PARSE_INLINE_MAX: usize = 64 << 10;
 /// `process::set_allocator_thresholds`).
 const TRIM_AFTER: usize = 1 << 20;
 
-async fn infer_counted(
-    req: Request<Incoming>,
-    app: &App,
-    arrived: Instant,
-) -> Result<Vec<u8>, ApiError> {
-    let body = read_body(req, app.max_body_bytes).await?;
-    app.count_bytes_in(body.len());
-    // From here on the request is work: this worker takes no new connection until it is
-    // answered (a body still arriving did not count).
-    let _work = Working::enter(&app.shared);
-    let size = body.len();
-    let spec = app.metadata.input.clone();
-    let parse = move || parse_body(&body, spec.as_ref());
-    let input = if size <= PARSE_INLINE_MAX {
-        parse()
-    } else {
-        tokio::task::spawn_blocking(parse)
-            .await
-            .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
-    }
-    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let out = run(app, input, arrived).await;
-    if size > TRIM_AFTER {
-        crate::process::trim_memory();
-    }
-    out
-}
-
 /// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
 /// (counted from the request's arrival) and by the model becoming unusable; then for the
 /// pass, bounded by `--request-timeout`. A request that never reached the model is refused
 /// with 503 and `Retry-After`, never 504.
 async fn run(
     app: &App,
-    input: crate::input::InputArray,
+    input: InputArray,
+    encoding: Encoding,
     arrived: Instant,
-) -> Result<Vec<u8>, ApiError> {
+) -> Result<RunOutput, ApiError> {
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
         return Err(unusable(app));
     }
-    let mut ticket = app.runner.submit(input).await.map_err(ApiError::Run)?;
+    let mut ticket = app
+        .runner
+        .submit(input, encoding)
+        .await
+        .map_err(ApiError::Run)?;
     let mut watch = app.shared.subscribe();
     let queue_deadline = app.max_queue_wait.map(|m| arrived + m);
     tokio::select! {
@@ -367,7 +413,7 @@ async fn run(
                     app.shared.retire(RetireReason::GpuMemory);
                 }
             }
-            Ok(out.outputs)
+            Ok(out)
         }
     }
 }

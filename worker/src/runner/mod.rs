@@ -8,6 +8,7 @@
 
 mod load;
 mod tensors;
+pub mod v2out;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -34,6 +35,9 @@ pub enum RunError {
     Model(String),
     #[error("{0}")]
     Unsupported(String),
+    /// The request asked for something the model's answer does not have (an output name).
+    #[error("{0}")]
+    Request(String),
     #[error("CUDA out of memory while running the model: {0}")]
     OutOfMemory(String),
     /// Any other CUDA error: the context is unusable and the worker must exit.
@@ -44,11 +48,23 @@ pub enum RunError {
     Gone,
 }
 
+/// How the outputs are written.
+#[derive(Debug, Clone, Default)]
+pub enum Encoding {
+    /// `POST /`: the outputs as one JSON value (see `tensors.rs`).
+    #[default]
+    Json,
+    /// The Open Inference Protocol: named output tensors (see `v2out.rs`).
+    V2(v2out::Wanted),
+}
+
 /// A successful forward pass.
 #[derive(Debug)]
 pub struct RunOutput {
-    /// The outputs as JSON text.
+    /// The outputs as JSON text (for v2: the array of output objects).
     pub outputs: Vec<u8>,
+    /// v2 outputs asked for as binary data, one after the other.
+    pub binary: Vec<u8>,
     /// The CUDA allocator's reserved bytes after the pass (None on CPU).
     pub gpu_reserved: Option<u64>,
     /// The input's move to the device, the forward pass and the outputs' copy into JSON.
@@ -62,6 +78,7 @@ const WITHDRAWN: u8 = 2;
 
 struct Job {
     input: InputArray,
+    encoding: Encoding,
     claim: Arc<AtomicU8>,
     started: oneshot::Sender<()>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
@@ -172,13 +189,14 @@ impl Runner {
     }
 
     /// Queues one forward pass (waiting for a queue slot when many are queued).
-    pub async fn submit(&self, input: InputArray) -> Result<Ticket, RunError> {
+    pub async fn submit(&self, input: InputArray, encoding: Encoding) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
         let (started, started_rx) = oneshot::channel();
         let claim = Arc::new(AtomicU8::new(QUEUED));
         self.tx
             .send(Job {
                 input,
+                encoding,
                 claim: claim.clone(),
                 started,
                 reply,
@@ -206,13 +224,16 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
         }
         let Job {
             input,
+            encoding,
             started,
             reply,
             ..
         } = job;
         let _ = started.send(());
-        let result = catch_unwind(AssertUnwindSafe(|| forward(&module, device, &input)))
-            .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            forward(&module, device, &input, &encoding)
+        }))
+        .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
         // Free the input before answering, so that what the request used is gone by the
         // time its answer is out (and a trim after it can give the memory back).
         drop(input);
@@ -220,7 +241,12 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOutput, RunError> {
+fn forward(
+    module: &CModule,
+    device: Device,
+    input: &InputArray,
+    encoding: &Encoding,
+) -> Result<RunOutput, RunError> {
     let start = Instant::now();
     let x = tensors::to_device(input, device).map_err(|e| classify(&e.to_string()))?;
     let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)])).map_err(|e| {
@@ -232,7 +258,11 @@ fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOu
         err
     })?;
     let mut outputs = Vec::new();
-    tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported)?;
+    let mut binary = Vec::new();
+    match encoding {
+        Encoding::Json => tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported),
+        Encoding::V2(wanted) => v2out::write(&out, wanted, &mut outputs, &mut binary),
+    }?;
     drop(out);
     let gpu_reserved = match device {
         Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),
@@ -243,6 +273,7 @@ fn forward(module: &CModule, device: Device, input: &InputArray) -> Result<RunOu
     tracing::debug!(ms = forward.as_secs_f64() * 1e3, "forward");
     Ok(RunOutput {
         outputs,
+        binary,
         gpu_reserved,
         forward,
     })

@@ -87,7 +87,7 @@ fn write_list<T>(
     Ok(())
 }
 
-fn type_name(v: &IValue) -> &'static str {
+pub(super) fn type_name(v: &IValue) -> &'static str {
     match v {
         IValue::None => "None",
         IValue::String(_) => "str",
@@ -99,11 +99,11 @@ fn type_name(v: &IValue) -> &'static str {
     }
 }
 
-fn write_int(i: i64, out: &mut Vec<u8>) {
+pub(super) fn write_int(i: i64, out: &mut Vec<u8>) {
     out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
-fn write_f64(f: f64, out: &mut Vec<u8>) {
+pub(super) fn write_f64(f: f64, out: &mut Vec<u8>) {
     if f.is_finite() {
         out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
     } else {
@@ -111,7 +111,7 @@ fn write_f64(f: f64, out: &mut Vec<u8>) {
     }
 }
 
-fn write_f32(f: f32, out: &mut Vec<u8>) {
+pub(super) fn write_f32(f: f32, out: &mut Vec<u8>) {
     if f.is_finite() {
         out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
     } else {
@@ -157,7 +157,7 @@ fn write_tensor(t: &Tensor, out: &mut Vec<u8>) -> Result<(), String> {
 }
 
 /// The elements of a contiguous CPU tensor of kind `T::KIND`, borrowed from its memory.
-fn elements<T: tch::kind::Element>(t: &Tensor, n: usize) -> &[T] {
+pub(super) fn elements<T: tch::kind::Element>(t: &Tensor, n: usize) -> &[T] {
     assert_eq!(t.kind(), T::KIND);
     assert!(t.is_contiguous() && t.device() == Device::Cpu);
     if n == 0 {

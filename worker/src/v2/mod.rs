@@ -1,0 +1,205 @@
+//! The Open Inference Protocol (KServe v2 REST), beside `POST /` on the same port: server
+//! and model metadata, health and readiness, and inference with JSON or binary tensor data.
+//! The model is the app: its name is the metadata's `name`, its one version the metadata's
+//! `version` (else `1`); its input is `input__0` (the metadata's `input`, when declared), its
+//! outputs `output__0…` (see `runner/v2out.rs`). Inference runs through the same path as
+//! `POST /` (`routes::model_request`): recycling, timeouts, 503/504/507 and hwFetch behave
+//! the same.
+
+pub mod request;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
+use serde_json::{json, Value};
+use vramfork::hwline::wants_hw_fetch;
+
+use crate::error::ApiError;
+use crate::routes::{
+    hw_fetch, json_bytes, model_request, not_allowed, Answer, App, INFERENCE_HEADER,
+};
+use crate::runner::Encoding;
+
+/// What this server says of itself at `GET /v2`.
+pub const EXTENSIONS: [&str; 1] = ["binary_tensor_data"];
+
+/// The model's name and version, as v2 paths and answers use them.
+fn model_id(app: &App) -> (String, String) {
+    let version = match app.metadata.raw.get("version") {
+        Some(Value::String(v)) => v.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => "1".to_string(),
+    };
+    (app.metadata.name.clone(), version)
+}
+
+/// Percent-decodes a path segment (model names may hold spaces and such).
+fn decode(seg: &str) -> Result<String, ApiError> {
+    let bytes = seg.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = seg
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| ApiError::BadRequest(format!("bad percent-encoding in '{seg}'")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ApiError::BadRequest(format!("'{seg}' is not UTF-8")))
+}
+
+/// What a v2 path asks for.
+enum Target {
+    Server,
+    Live,
+    Ready,
+    Model,
+    ModelReady,
+    Infer,
+}
+
+fn target(path: &str, app: &App) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(2).collect();
+    let not_found = || ApiError::NotFound(path.to_string());
+    let (model, rest) = match segs.as_slice() {
+        [] => return Ok(Target::Server),
+        ["health", "live"] => return Ok(Target::Live),
+        ["health", "ready"] => return Ok(Target::Ready),
+        ["models", name, rest @ ..] => (decode(name)?, rest),
+        _ => return Err(not_found()),
+    };
+    let (name, version) = model_id(app);
+    if model != name {
+        return Err(ApiError::NoSuchModel(format!(
+            "unknown model '{model}': this server serves one model, '{name}' (version {version})"
+        )));
+    }
+    let rest = match rest {
+        ["versions", v, rest @ ..] => {
+            let v = decode(v)?;
+            if v != version {
+                return Err(ApiError::NoSuchModel(format!(
+                    "unknown version '{v}' of model '{name}': its only version is '{version}'"
+                )));
+            }
+            rest
+        }
+        rest => rest,
+    };
+    match rest {
+        [] => Ok(Target::Model),
+        ["ready"] => Ok(Target::ModelReady),
+        ["infer"] => Ok(Target::Infer),
+        _ => Err(not_found()),
+    }
+}
+
+/// Answers a request under `/v2`.
+pub async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let t = target(&path, app)?;
+    let (get, post) = (method == Method::GET, method == Method::POST);
+    match t {
+        Target::Infer if post => infer(req, app).await,
+        Target::Infer => Err(not_allowed(&method, &path, "POST")),
+        _ if !get => Err(not_allowed(&method, &path, "GET")),
+        Target::Server => Ok(Answer::ok(json!({
+            "name": "vramfork",
+            "version": env!("CARGO_PKG_VERSION"),
+            "extensions": EXTENSIONS,
+        }))),
+        Target::Live => Ok(Answer::ok(json!({"live": true}))),
+        Target::Ready | Target::ModelReady => Ok(ready(app)),
+        Target::Model => Ok(Answer::ok(model_metadata(app))),
+    }
+}
+
+fn ready(app: &App) -> Answer {
+    let c = app.shared.get();
+    if c.stopping() || c.model_unusable {
+        let mut a = Answer::with(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json_bytes(&json!({"ready": false, "error": "this worker is retiring"})),
+        );
+        a.close = true;
+        a.retry_after = Some(0);
+        a
+    } else {
+        Answer::ok(json!({"ready": true}))
+    }
+}
+
+fn model_metadata(app: &App) -> Value {
+    let (name, version) = model_id(app);
+    let input = match &app.metadata.input {
+        Some(spec) => json!({
+            "name": request::INPUT,
+            "datatype": request::datatype_of(spec.dtype),
+            "shape": spec.shape.clone().unwrap_or_else(|| vec![-1]),
+        }),
+        None => json!({"name": request::INPUT, "datatype": "FP32", "shape": [-1]}),
+    };
+    json!({
+        "name": name,
+        "versions": [version],
+        "platform": "pytorch_torchscript",
+        "inputs": [input],
+        // Known only once the model has answered: output__0… with the tensors' datatypes.
+        "outputs": [],
+    })
+}
+
+async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let query_hw =
+        wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let header_len = match req.headers().get(INFERENCE_HEADER) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "Inference-Header-Content-Length must be a byte count, not {v:?}"
+                    ))
+                })?,
+        ),
+    };
+    let spec = app.metadata.input.clone();
+    let (out, (id, hw), last) = model_request(req, app, move |body| {
+        let r = request::parse(&body, header_len, spec.as_ref()).map_err(ApiError::BadRequest)?;
+        Ok((r.input, Encoding::V2(r.wanted), (r.id, r.hw_fetch)))
+    })
+    .await?;
+    let (name, version) = model_id(app);
+    let mut head = serde_json::Map::new();
+    head.insert("model_name".into(), Value::String(name));
+    head.insert("model_version".into(), Value::String(version));
+    if let Some(id) = id {
+        head.insert("id".into(), Value::String(id));
+    }
+    if query_hw || hw {
+        if let Some(line) = hw_fetch(Some("hwFetch"), app)? {
+            head.insert("parameters".into(), json!({ "hwFetch": line }));
+        }
+    }
+    // {…, "outputs": <written by the runner>}
+    let mut body = json_bytes(&Value::Object(head));
+    body.pop();
+    body.extend_from_slice(b",\"outputs\":");
+    body.extend_from_slice(&out.outputs);
+    body.push(b'}');
+    let mut answer = Answer::with(StatusCode::OK, body);
+    if !out.binary.is_empty() || out.outputs.windows(16).any(|w| w == b"binary_data_size") {
+        answer.header_len = Some(answer.body.len());
+        answer.body.extend_from_slice(&out.binary);
+    }
+    answer.close = last;
+    Ok(answer)
+}
