@@ -45,18 +45,12 @@ fn validate(files: &[PathBuf]) -> (bool, String) {
 
 /// Every document of the manifests, as JSON.
 fn documents() -> Vec<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/yaml_to_json.py");
-    let out = Command::new(venv_tool("python"))
-        .arg(script)
-        .args(manifests())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let files: Vec<String> = manifests()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let args: Vec<&str> = files.iter().map(String::as_str).collect();
+    serde_json::from_value(common::python_json("yaml_to_json.py", &args, b"")).unwrap()
 }
 
 fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {

@@ -55,33 +55,16 @@ fn scrape(port: u16) -> String {
 /// Parses scrapes (`(format, text)`) with the Prometheus project's parsers; one map of
 /// families per scrape.
 fn parse(scrapes: &[(&str, &str)]) -> Vec<Value> {
-    let python = std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/parse_metrics.py");
     let input: Vec<Value> = scrapes
         .iter()
         .map(|(f, t)| json!({"format": f, "text": t}))
         .collect();
-    let mut child = Command::new(python)
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let body = serde_json::to_vec(&input).unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(&body));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(
-        out.status.success(),
-        "the Prometheus parser rejected a scrape: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        scrapes.last().map_or("", |s| s.1)
+    let out = common::python_json(
+        "parse_metrics.py",
+        &[],
+        &serde_json::to_vec(&input).unwrap(),
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_value(out).unwrap()
 }
 
 fn parse_one(text: &str) -> Value {

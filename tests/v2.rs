@@ -8,8 +8,6 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{fixtures, App, Server};
@@ -27,20 +25,7 @@ fn app() -> App {
 const MODEL: &str = "test%20app";
 
 fn triton(args: &[&str]) -> Value {
-    let python = std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/triton_client.py");
-    let out = Command::new(python)
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "triton_client.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::python_json("triton_client.py", args, b"")
 }
 
 fn close(a: &Value, b: &Value) -> bool {
@@ -174,28 +159,11 @@ fn raw(port: u16, method: &str, path: &str, extra: &str, body: &[u8]) -> Raw {
     s.write_all(body).unwrap();
     let mut all = Vec::new();
     s.read_to_end(&mut all).unwrap();
-    let end = all
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a header end");
-    let text = String::from_utf8_lossy(&all[..end]).to_string();
-    let mut lines = text.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
+    let (status, headers, body) = common::parse_raw(&all).unwrap();
     Raw {
         status,
         headers,
-        body: all[end + 4..].to_vec(),
+        body: body.to_vec(),
     }
 }
 

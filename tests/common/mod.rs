@@ -556,11 +556,25 @@ pub fn try_http(
 }
 
 pub fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
+    let (status, headers, body) = parse_raw(raw)?;
+    Ok(Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(body).to_string(),
+    })
+}
+
+/// Header lines as (name, value).
+pub type Headers = Vec<(String, String)>;
+
+/// A raw HTTP/1.1 answer split into status, headers and the body's bytes.
+pub fn parse_raw(raw: &[u8]) -> std::io::Result<(u16, Headers, &[u8])> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| bad("no header end (connection reset?)"))?;
+    let head = String::from_utf8_lossy(&raw[..end]);
     let mut lines = head.split("\r\n");
     let status_line = lines.next().ok_or_else(|| bad("empty response"))?;
     let status = status_line
@@ -572,11 +586,37 @@ pub fn parse_response(raw: &[u8]) -> std::io::Result<Response> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
-    Ok(Response {
-        status,
-        headers,
-        body: body.to_string(),
-    })
+    Ok((status, headers, &raw[end + 4..]))
+}
+
+/// Runs a Python script of `tests/support/` with the test environment's Python (the torch
+/// venv, where `scripts/setup-torch` installs the tests' packages), `stdin` on its standard
+/// input; its standard output is JSON. Fails the test with its standard error otherwise.
+pub fn python_json(script: &str, args: &[&str], stdin: &[u8]) -> serde_json::Value {
+    let python = std::env::var("VRAMFORK_PYTHON")
+        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/support")
+        .join(script);
+    let mut child = Command::new(python)
+        .arg(path)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let body = stdin.to_vec();
+    let writer = std::thread::spawn(move || input.write_all(&body));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 pub const MLP_INPUT: &str = r#"{"inputs": [[1.0, 2.0, 3.0, 4.0]]}"#;
