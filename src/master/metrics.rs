@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::decide::KillReason;
+use super::events::Pool;
 use super::slot::{Phase, WorkerState};
 use crate::metrics::endpoint::{SharedSource, Source};
 use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
@@ -30,10 +31,8 @@ struct LiveWorker {
     slot: u32,
     generation: u64,
     method: &'static str,
-    phase: Phase,
     gpu: Option<u32>,
     served: u64,
-    in_flight: u32,
     traffic: Traffic,
     allocator_peak: Option<u64>,
 }
@@ -45,11 +44,11 @@ struct State {
     starts: BTreeMap<String, u64>,
     boot: BTreeMap<String, Hist>,
     exits: BTreeMap<String, u64>,
-    planned: u32,
+    /// The pool as the supervisor last reported it (workers by phase, in flight, planned).
+    pool: Pool,
     plan: PlanGauges,
     /// When the supervisor loop last reported the pool (it does on every turn).
     last_turn: Option<Instant>,
-    ready: u32,
     /// When a worker was last seen ready.
     last_ready: Option<Instant>,
     stopping: bool,
@@ -68,7 +67,10 @@ pub struct MasterMetrics {
 impl MasterMetrics {
     pub fn new(plan: &Plan, nvml_library: Option<PathBuf>) -> MasterMetrics {
         let state = State {
-            planned: plan.workers,
+            pool: Pool {
+                target: plan.workers,
+                ..Pool::default()
+            },
             plan: PlanGauges {
                 cpu_bound: plan.cpu_bound,
                 gpu_bound: plan.gpu_bound,
@@ -98,10 +100,8 @@ impl MasterMetrics {
                     slot: st.slot,
                     generation: st.generation,
                     method,
-                    phase: st.phase,
                     gpu: st.gpu,
                     served: 0,
-                    in_flight: 0,
                     traffic: Traffic::default(),
                     allocator_peak: None,
                 },
@@ -128,27 +128,24 @@ impl MasterMetrics {
         });
     }
 
-    /// The pool as the supervisor sees it now (called on every turn of its loop).
+    /// The pool as the supervisor sees it now (`pool` is what it reports of `workers`;
+    /// called on every turn of its loop).
     pub fn pool<'a>(
         &self,
-        planned: u32,
+        pool: Pool,
         stopping: bool,
         workers: impl IntoIterator<Item = &'a WorkerState>,
     ) {
         self.with(|s| {
-            s.planned = planned;
+            s.pool = pool;
             s.stopping = stopping;
             s.last_turn = Some(Instant::now());
-            s.ready = 0;
+            if pool.ready > 0 {
+                s.last_ready = s.last_turn;
+            }
             for st in workers {
-                s.ready += u32::from(st.phase == Phase::Ready);
-                if st.phase == Phase::Ready {
-                    s.last_ready = s.last_turn;
-                }
                 if let Some(w) = s.live.get_mut(&st.pid) {
-                    w.phase = st.phase;
                     w.served = st.served;
-                    w.in_flight = st.in_flight;
                 }
             }
         });
@@ -168,18 +165,15 @@ impl MasterMetrics {
     fn build_snapshot(&self) -> Snapshot {
         let (mut snap, live) = self.with(|s| {
             let mut traffic = s.gone.clone();
-            let mut workers = [0u32; 3];
-            let mut in_flight = 0u64;
             for w in s.live.values() {
                 traffic.add(&w.traffic);
-                workers[phase_index(w.phase)] += 1;
-                in_flight += u64::from(w.in_flight);
             }
+            let p = s.pool;
             let snap = Snapshot {
                 traffic,
-                in_flight,
-                workers,
-                planned: s.planned,
+                in_flight: u64::from(p.in_flight),
+                workers: [p.booting, p.ready, p.retiring],
+                planned: p.target,
                 starts: s.starts.clone(),
                 boot: s.boot.clone(),
                 exits: s.exits.clone(),
@@ -210,7 +204,7 @@ impl MasterMetrics {
                     .zip(nvml)
                     .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
                 allocator_peak: w.allocator_peak,
-                rss: resident_bytes(pid),
+                rss: crate::metrics::resident_bytes(pid),
                 served: w.served,
             })
             .collect();
@@ -269,7 +263,7 @@ impl Source for MasterMetrics {
 
     fn ready(&self) -> Result<String, String> {
         let (ready, planned, stopping, last) =
-            self.with(|s| (s.ready, s.planned, s.stopping, s.last_ready));
+            self.with(|s| (s.pool.ready, s.pool.target, s.stopping, s.last_ready));
         let since = last.map(|t| t.elapsed());
         if stopping {
             Err("stopping".into())
@@ -292,14 +286,6 @@ impl Source for MasterMetrics {
     }
 }
 
-fn phase_index(p: Phase) -> usize {
-    match p {
-        Phase::Booting => 0,
-        Phase::Ready => 1,
-        Phase::Retiring => 2,
-    }
-}
-
 /// Every GPU NVML sees, now.
 pub fn gpu_rows(n: &NvmlProbe) -> Vec<GpuRow> {
     (0..n.count().unwrap_or(0))
@@ -313,15 +299,6 @@ pub fn gpu_rows(n: &NvmlProbe) -> Vec<GpuRow> {
             used: g.used_bytes,
         })
         .collect()
-}
-
-/// A process's resident set size from `/proc/<pid>/statm`.
-pub fn resident_bytes(pid: u32) -> Option<u64> {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok()?)
 }
 
 /// The `reason` label of an exit: why the master killed it, else how it ended, else why it
@@ -419,23 +396,23 @@ mod tests {
         assert!(m.live().is_err(), "no turn of the loop yet");
         assert!(m.ready().is_err());
         let mut w = worker(1, 0, 0);
-        m.pool(1, false, [&w]);
+        m.pool(Pool::of(1, [&w]), false, [&w]);
         assert!(m.live().is_ok());
         assert_eq!(m.ready(), Err("no worker ready yet (0 of 1)".into()));
         w.phase = Phase::Ready;
-        m.pool(1, false, [&w]);
+        m.pool(Pool::of(1, [&w]), false, [&w]);
         assert_eq!(m.ready(), Ok("1 of 1 workers ready".into()));
         // It recycles: its replacement boots; still ready within the grace.
         let booting = worker(2, 0, 1);
-        m.pool(1, false, [&booting]);
+        m.pool(Pool::of(1, [&booting]), false, [&booting]);
         assert!(m
             .ready()
             .unwrap()
             .starts_with("0 of 1 workers ready, replacements booting"));
         m.with(|s| s.last_ready = Some(Instant::now() - READY_GRACE - Duration::from_secs(1)));
         assert!(m.ready().unwrap_err().starts_with("no worker ready for 6"));
-        m.pool(1, false, [&w]);
-        m.pool(1, true, [&w]);
+        m.pool(Pool::of(1, [&w]), false, [&w]);
+        m.pool(Pool::of(1, [&w]), true, [&w]);
         assert_eq!(m.ready(), Err("stopping".into()));
         m.with(|s| s.last_turn = Some(Instant::now() - LOOP_STALE - Duration::from_secs(1)));
         assert!(m.live().unwrap_err().contains("has not turned"));
@@ -451,7 +428,7 @@ mod tests {
         old.served = 9;
         let new = worker(u32::MAX - 1, 0, 4);
         m.started(&new, "fork");
-        m.pool(1, false, [&old, &new]);
+        m.pool(Pool::of(1, [&old, &new]), false, [&old, &new]);
         let s = m.build_snapshot();
         assert_eq!(s.workers, [1, 0, 1]);
         assert_eq!(s.per_worker.len(), 1);

@@ -168,7 +168,7 @@ impl Supervisor {
         self.notify.pool(&now);
         if let Some(m) = &self.metrics {
             let stopping = self.stopping.is_some();
-            m.pool(self.target, stopping, self.workers.iter().map(|w| &w.state));
+            m.pool(now, stopping, self.workers.iter().map(|w| &w.state));
         }
     }
 

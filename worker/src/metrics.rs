@@ -150,7 +150,7 @@ impl Source for DevSource {
                 slot: 0,
                 gpu_used: app.hw.process_gpu_used(),
                 allocator_peak: app.hw.allocator_peak(),
-                rss: vramfork::master::metrics::resident_bytes(std::process::id()),
+                rss: vramfork::metrics::resident_bytes(std::process::id()),
                 served: c.served,
             }],
             plan: PlanGauges {

@@ -103,6 +103,15 @@ impl Answer {
         Answer::with(StatusCode::OK, json_bytes(&body))
     }
 
+    /// A health check's answer from a worker that retires (or stops): 503, try another
+    /// worker at once, and this connection closes.
+    pub fn retiring(body: Value) -> Answer {
+        let mut a = Answer::with(StatusCode::SERVICE_UNAVAILABLE, json_bytes(&body));
+        a.close = true;
+        a.retry_after = Some(0);
+        a
+    }
+
     pub fn with(status: StatusCode, body: Vec<u8>) -> Answer {
         Answer {
             status,
@@ -228,13 +237,7 @@ pub fn not_allowed(method: &Method, path: &str, allow: &'static str) -> ApiError
 
 fn health(app: &App) -> Answer {
     if app.shared.get().stopping() {
-        let mut a = Answer::with(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json_bytes(&serde_json::json!({"status": "retiring"})),
-        );
-        a.close = true;
-        a.retry_after = Some(0);
-        a
+        Answer::retiring(serde_json::json!({"status": "retiring"}))
     } else {
         Answer::ok(serde_json::json!({"status": "ok"}))
     }

@@ -63,8 +63,8 @@ pub enum Encoding {
 pub struct RunOutput {
     /// The outputs as JSON text (for v2: the array of output objects).
     pub outputs: Vec<u8>,
-    /// v2 outputs asked for as binary data, one after the other.
-    pub binary: Vec<u8>,
+    /// v2 outputs asked for as binary data, one after the other; `None` when none was.
+    pub binary: Option<Vec<u8>>,
     /// The CUDA allocator's reserved bytes after the pass (None on CPU).
     pub gpu_reserved: Option<u64>,
     /// The input's move to the device, the forward pass and the outputs' copy into JSON.
@@ -258,11 +258,16 @@ fn forward(
         err
     })?;
     let mut outputs = Vec::new();
-    let mut binary = Vec::new();
-    match encoding {
-        Encoding::Json => tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported),
-        Encoding::V2(wanted) => v2out::write(&out, wanted, &mut outputs, &mut binary),
-    }?;
+    let binary = match encoding {
+        Encoding::Json => {
+            tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported)?;
+            None
+        }
+        Encoding::V2(wanted) => {
+            let mut tail = Vec::new();
+            v2out::write(&out, wanted, &mut outputs, &mut tail)?.then_some(tail)
+        }
+    };
     drop(out);
     let gpu_reserved = match device {
         Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),

@@ -103,7 +103,7 @@ pub(super) fn write_int(i: i64, out: &mut Vec<u8>) {
     out.extend_from_slice(itoa::Buffer::new().format(i).as_bytes());
 }
 
-pub(super) fn write_f64(f: f64, out: &mut Vec<u8>) {
+fn write_f64(f: f64, out: &mut Vec<u8>) {
     if f.is_finite() {
         out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
     } else {
@@ -111,7 +111,7 @@ pub(super) fn write_f64(f: f64, out: &mut Vec<u8>) {
     }
 }
 
-pub(super) fn write_f32(f: f32, out: &mut Vec<u8>) {
+fn write_f32(f: f32, out: &mut Vec<u8>) {
     if f.is_finite() {
         out.extend_from_slice(ryu::Buffer::new().format_finite(f).as_bytes());
     } else {
@@ -120,8 +120,13 @@ pub(super) fn write_f32(f: f32, out: &mut Vec<u8>) {
 }
 
 fn write_tensor(t: &Tensor, out: &mut Vec<u8>) -> Result<(), String> {
+    write_tensor_as(t, &t.size(), out)
+}
+
+/// Writes `t`'s elements as the nested array of `shape` (its own shape, or `[numel]` for a
+/// flat row-major array).
+pub(super) fn write_tensor_as(t: &Tensor, shape: &[i64], out: &mut Vec<u8>) -> Result<(), String> {
     let err = |e: tch::TchError| format!("cannot read the model's output tensor: {e}");
-    let shape = t.size();
     let cpu = t.f_to_device(Device::Cpu).map_err(err)?;
     // Narrow floats are written as float32, small integers as int64.
     let cpu = match t.kind() {
@@ -140,16 +145,16 @@ fn write_tensor(t: &Tensor, out: &mut Vec<u8>) -> Result<(), String> {
     let n = flat.numel();
     out.reserve(n * 8);
     match flat.kind() {
-        Kind::Float => write_nested(&shape, elements::<f32>(&flat, n), out, |v, o| {
+        Kind::Float => write_nested(shape, elements::<f32>(&flat, n), out, |v, o| {
             write_f32(*v, o)
         }),
-        Kind::Double => write_nested(&shape, elements::<f64>(&flat, n), out, |v, o| {
+        Kind::Double => write_nested(shape, elements::<f64>(&flat, n), out, |v, o| {
             write_f64(*v, o)
         }),
-        Kind::Int64 => write_nested(&shape, elements::<i64>(&flat, n), out, |v, o| {
+        Kind::Int64 => write_nested(shape, elements::<i64>(&flat, n), out, |v, o| {
             write_int(*v, o)
         }),
-        _ => write_nested(&shape, elements::<bool>(&flat, n), out, |v, o| {
+        _ => write_nested(shape, elements::<bool>(&flat, n), out, |v, o| {
             o.extend_from_slice(if *v { b"true" } else { b"false" })
         }),
     }

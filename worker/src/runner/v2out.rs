@@ -6,7 +6,7 @@
 
 use tch::{Device, IValue, Kind, Tensor};
 
-use super::tensors::{elements, type_name, write_f32, write_f64, write_int};
+use super::tensors::{type_name, write_int, write_tensor_as};
 use super::RunError;
 
 /// Which outputs the request wants, and how.
@@ -56,14 +56,16 @@ fn tensors(v: &IValue) -> Result<Vec<Tensor>, String> {
     }
 }
 
-/// Writes the JSON array of output objects to `json` and the binary data to `binary`. An
-/// output the request names that the model did not return is the request's error.
+/// Writes the JSON array of output objects to `json` and the binary data to `binary`;
+/// returns whether any output went binary (the answer then carries a binary tail, even an
+/// empty one). An output the request names that the model did not return is the request's
+/// error.
 pub fn write(
     v: &IValue,
     wanted: &Wanted,
     json: &mut Vec<u8>,
     binary: &mut Vec<u8>,
-) -> Result<(), RunError> {
+) -> Result<bool, RunError> {
     let all = tensors(v).map_err(RunError::Unsupported)?;
     let names: Vec<String> = (0..all.len()).map(|i| format!("output__{i}")).collect();
     let picked: Vec<(usize, bool)> = match &wanted.outputs {
@@ -84,6 +86,7 @@ pub fn write(
             })
             .collect::<Result<_, _>>()?,
     };
+    let any_binary = picked.iter().any(|(_, bin)| *bin);
     json.push(b'[');
     for (n, (i, bin)) in picked.into_iter().enumerate() {
         if n > 0 {
@@ -92,7 +95,7 @@ pub fn write(
         write_one(&names[i], &all[i], bin, json, binary).map_err(RunError::Unsupported)?;
     }
     json.push(b']');
-    Ok(())
+    Ok(any_binary)
 }
 
 fn write_one(
@@ -140,50 +143,9 @@ fn write_one(
         json.extend_from_slice(b"}}");
         return Ok(());
     }
-    json.extend_from_slice(b",\"data\":[");
-    // Narrow floats as float32, small integers as int64 (JSON numbers either way).
-    let wide = match cpu.kind() {
-        Kind::Half | Kind::BFloat16 => cpu.f_to_kind(Kind::Float).map_err(err)?,
-        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int => {
-            cpu.f_to_kind(Kind::Int64).map_err(err)?
-        }
-        _ => cpu,
-    };
-    let sep = |i: usize, json: &mut Vec<u8>| {
-        if i > 0 {
-            json.push(b',');
-        }
-    };
-    match wide.kind() {
-        Kind::Float => elements::<f32>(&wide, n)
-            .iter()
-            .enumerate()
-            .for_each(|(i, v)| {
-                sep(i, json);
-                write_f32(*v, json)
-            }),
-        Kind::Double => elements::<f64>(&wide, n)
-            .iter()
-            .enumerate()
-            .for_each(|(i, v)| {
-                sep(i, json);
-                write_f64(*v, json)
-            }),
-        Kind::Int64 => elements::<i64>(&wide, n)
-            .iter()
-            .enumerate()
-            .for_each(|(i, v)| {
-                sep(i, json);
-                write_int(*v, json)
-            }),
-        _ => elements::<bool>(&wide, n)
-            .iter()
-            .enumerate()
-            .for_each(|(i, v)| {
-                sep(i, json);
-                json.extend_from_slice(if *v { b"true" } else { b"false" })
-            }),
-    }
-    json.extend_from_slice(b"]}");
+    // The data as a flat row-major array, written as `POST /` writes a tensor.
+    json.extend_from_slice(b",\"data\":");
+    write_tensor_as(&cpu, &[n as i64], json)?;
+    json.push(b'}');
     Ok(())
 }

@@ -123,13 +123,7 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
 fn ready(app: &App) -> Answer {
     let c = app.shared.get();
     if c.stopping() || c.model_unusable {
-        let mut a = Answer::with(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json_bytes(&json!({"ready": false, "error": "this worker is retiring"})),
-        );
-        a.close = true;
-        a.retry_after = Some(0);
-        a
+        Answer::retiring(json!({"ready": false, "error": "this worker is retiring"}))
     } else {
         Answer::ok(json!({"ready": true}))
     }
@@ -196,9 +190,9 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     body.extend_from_slice(&out.outputs);
     body.push(b'}');
     let mut answer = Answer::with(StatusCode::OK, body);
-    if !out.binary.is_empty() || out.outputs.windows(16).any(|w| w == b"binary_data_size") {
+    if let Some(tail) = out.binary {
         answer.header_len = Some(answer.body.len());
-        answer.body.extend_from_slice(&out.binary);
+        answer.body.extend_from_slice(&tail);
     }
     answer.close = last;
     Ok(answer)
