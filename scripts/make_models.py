@@ -91,6 +91,32 @@ class Scalars(torch.nn.Module):
         return [x, x * 0], int(x.numel()), float(x.sum().item()), bool(x.numel() > 0)
 
 
+class Pair(torch.nn.Module):
+    """Two inputs, two outputs: forward(features [-1, 3] float32, scale [-1] int64) returns
+    (features scaled row by row, each row's sum plus its scale as float64)."""
+
+    def forward(self, features: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        scaled = features * scale.unsqueeze(1).to(features.dtype)
+        total = features.sum(dim=1).to(torch.float64) + scale.to(torch.float64)
+        return scaled, total
+
+
+class Docs(torch.nn.Module):
+    """A text-document model: forward(docs: List[str]) returns, per document, its length in
+    characters and in words ([n, 2] int64), and its first word in upper case (List[str])."""
+
+    def forward(self, docs: List[str]) -> Tuple[torch.Tensor, List[str]]:
+        counts: List[List[int]] = []
+        firsts: List[str] = []
+        for d in docs:
+            words = d.split()
+            counts.append([len(d), len(words)])
+            firsts.append(words[0].upper() if len(words) > 0 else "")
+        if len(counts) == 0:
+            return torch.zeros(0, 2, dtype=torch.int64), firsts
+        return torch.tensor(counts, dtype=torch.int64), firsts
+
+
 def save(module: torch.nn.Module, name: str, written: List[str]) -> None:
     path = os.path.join(OUT, name)
     torch.jit.script(module).save(path)
@@ -120,6 +146,39 @@ def main() -> None:
     with torch.no_grad():
         cases = [{"inputs": x, "outputs": mlp(torch.tensor(x)).tolist()} for x in inputs]
     write_json("mlp_expected.json", {"cases": cases}, written)
+
+    pair = torch.jit.script(Pair())
+    pair.save(os.path.join(OUT, "pair.pt"))
+    written.append(os.path.join(OUT, "pair.pt"))
+    docs = torch.jit.script(Docs())
+    docs.save(os.path.join(OUT, "docs.pt"))
+    written.append(os.path.join(OUT, "docs.pt"))
+    features = [[1.0, 2.0, 3.0], [-0.5, 0.25, 4.0]]
+    scale = [3, -2]
+    texts = ["The quick brown fox", "naïve café, déjà vu", "", "  spaced   out  ", "日本語 テキスト"]
+    with torch.no_grad():
+        scaled, total = pair(torch.tensor(features), torch.tensor(scale))
+        counts, firsts = docs(texts)
+    write_json("pair_expected.json", {
+        "features": features, "scale": scale,
+        "scaled": scaled.tolist(), "total": total.tolist(),
+    }, written)
+    write_json("docs_expected.json", {
+        "docs": texts, "lengths": counts.tolist(), "first_word": firsts,
+    }, written)
+    write_json("pair.json", {
+        "name": "pair-fixture", "model": "pair.pt",
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]},
+                   {"name": "scale", "datatype": "INT64", "shape": [-1]}],
+        "outputs": [{"name": "scaled", "datatype": "FP32", "shape": [-1, 3]},
+                    {"name": "total", "datatype": "FP64", "shape": [-1]}],
+    }, written)
+    write_json("docs.json", {
+        "name": "docs-fixture", "model": "docs.pt",
+        "inputs": [{"name": "docs", "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": "lengths", "datatype": "INT64", "shape": [-1, 2]},
+                    {"name": "first_word", "datatype": "BYTES", "shape": [-1]}],
+    }, written)
 
     save(Slow(), "slow.pt", written)
     save(Fail(), "fail.pt", written)

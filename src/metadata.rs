@@ -60,6 +60,22 @@ impl Dtype {
         }
     }
 
+    /// The Open Inference Protocol (KServe v2) name: `FP32`, `INT64`, `BOOL`…
+    pub fn v2_name(self) -> &'static str {
+        match self {
+            Dtype::Float32 => "FP32",
+            Dtype::Float64 => "FP64",
+            Dtype::Float16 => "FP16",
+            Dtype::BFloat16 => "BF16",
+            Dtype::Int64 => "INT64",
+            Dtype::Int32 => "INT32",
+            Dtype::Int16 => "INT16",
+            Dtype::Int8 => "INT8",
+            Dtype::UInt8 => "UINT8",
+            Dtype::Bool => "BOOL",
+        }
+    }
+
     pub fn is_integer(self) -> bool {
         matches!(
             self,
@@ -74,6 +90,83 @@ impl fmt::Display for Dtype {
     }
 }
 
+/// A tensor's element type as the Open Inference Protocol names it: a numeric or boolean
+/// dtype, or `BYTES` (strings: a TorchScript `List[str]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datatype {
+    Tensor(Dtype),
+    Bytes,
+}
+
+impl Datatype {
+    /// Every v2 name, for error messages.
+    pub const V2_NAMES: &'static str =
+        "BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64, BYTES";
+
+    pub fn from_v2(name: &str) -> Option<Datatype> {
+        Some(Datatype::Tensor(match name {
+            "FP32" => Dtype::Float32,
+            "FP64" => Dtype::Float64,
+            "FP16" => Dtype::Float16,
+            "BF16" => Dtype::BFloat16,
+            "INT64" => Dtype::Int64,
+            "INT32" => Dtype::Int32,
+            "INT16" => Dtype::Int16,
+            "INT8" => Dtype::Int8,
+            "UINT8" => Dtype::UInt8,
+            "BOOL" => Dtype::Bool,
+            "BYTES" => return Some(Datatype::Bytes),
+            _ => return None,
+        }))
+    }
+
+    pub fn v2_name(self) -> &'static str {
+        match self {
+            Datatype::Tensor(d) => d.v2_name(),
+            Datatype::Bytes => "BYTES",
+        }
+    }
+}
+
+impl fmt::Display for Datatype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.v2_name())
+    }
+}
+
+/// One named input or output of the model's signature (`inputs` / `outputs` in the
+/// metadata; the older single `input` is the input `input__0`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: Datatype,
+    /// `-1` accepts any size in that dimension. `None` (only from the older `input` without
+    /// a shape): any shape.
+    pub shape: Option<Vec<i64>>,
+}
+
+impl TensorSpec {
+    /// The dtype and shape check `POST /` uses for a numeric input.
+    pub fn input_spec(&self) -> Option<InputSpec> {
+        match self.datatype {
+            Datatype::Tensor(dtype) => Some(InputSpec {
+                shape: self.shape.clone(),
+                dtype,
+            }),
+            Datatype::Bytes => None,
+        }
+    }
+
+    /// Checks a request's shape against this spec.
+    pub fn check_shape(&self, got: &[i64]) -> Result<(), String> {
+        check_shape(self.shape.as_deref(), got)
+    }
+}
+
+/// The name the single input of a model without declared `inputs` has (Triton's
+/// PyTorch-backend naming, as are `output__0…` for undeclared outputs).
+pub const SINGLE_INPUT: &str = "input__0";
+
 /// The optional `input` field: what a request's `inputs` must look like.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InputSpec {
@@ -85,23 +178,23 @@ pub struct InputSpec {
 impl InputSpec {
     /// Checks a request's shape; the error says what was expected.
     pub fn check_shape(&self, got: &[i64]) -> Result<(), String> {
-        let Some(want) = &self.shape else {
-            return Ok(());
-        };
-        let fits = want.len() == got.len() && want.iter().zip(got).all(|(w, g)| *w == -1 || w == g);
-        if fits {
-            Ok(())
-        } else {
-            Err(format!(
-                "inputs have shape {got:?}, the model expects {} (-1 = any size)",
-                fmt_shape(want)
-            ))
-        }
+        check_shape(self.shape.as_deref(), got)
     }
 }
 
-fn fmt_shape(s: &[i64]) -> String {
-    format!("{s:?}")
+/// Checks a request's shape against the expected one; the error says what was expected.
+fn check_shape(want: Option<&[i64]>, got: &[i64]) -> Result<(), String> {
+    let Some(want) = want else {
+        return Ok(());
+    };
+    let fits = want.len() == got.len() && want.iter().zip(got).all(|(w, g)| *w == -1 || w == g);
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "inputs have shape {got:?}, the model expects {want:?} (-1 = any size)"
+        ))
+    }
 }
 
 /// Parsed and validated app metadata.
@@ -118,7 +211,13 @@ pub struct AppMetadata {
     pub est_gpu_mem_min: u64,
     /// MB one worker typically uses on a GPU; sizes the pool.
     pub est_gpu_mem_typ: u64,
-    pub input: Option<InputSpec>,
+    /// The model's inputs, in `forward`'s argument order: the declared `inputs`, or the
+    /// older `input` as one input named `input__0`; `None` when neither is declared (one
+    /// input of any shape: float32 on `POST /`, the request's datatype on v2).
+    pub inputs: Option<Vec<TensorSpec>>,
+    /// The declared `outputs`, in the order the model returns them; `None`: named
+    /// `output__0…`, datatypes from the tensors.
+    pub outputs: Option<Vec<TensorSpec>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +326,25 @@ impl AppMetadata {
             None | Some(Value::Null) => None,
             Some(v) => Some(parse_input(v).map_err(field)?),
         };
+        let declared = |key: &str| match raw.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => parse_signature(key, v).map(Some).map_err(field),
+        };
+        let inputs = match (input, declared("inputs")?) {
+            (Some(_), Some(_)) => {
+                return Err(field(
+                    "declare either `input` (one input) or `inputs` (named inputs), not both"
+                        .into(),
+                ))
+            }
+            (Some(spec), None) => Some(vec![TensorSpec {
+                name: SINGLE_INPUT.into(),
+                datatype: Datatype::Tensor(spec.dtype),
+                shape: spec.shape,
+            }]),
+            (None, inputs) => inputs,
+        };
+        let outputs = declared("outputs")?;
         Ok(AppMetadata {
             path: path.to_path_buf(),
             raw,
@@ -234,7 +352,8 @@ impl AppMetadata {
             model,
             est_gpu_mem_min,
             est_gpu_mem_typ,
-            input,
+            inputs,
+            outputs,
         })
     }
 
@@ -288,6 +407,95 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
     Ok(InputSpec { shape, dtype })
 }
 
+/// `inputs` or `outputs`: a non-empty array of `{name, datatype, shape}` with unique names.
+fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
+    let items = match v {
+        Value::Array(items) if !items.is_empty() => items,
+        _ => {
+            return Err(format!(
+                "field `{key}` must be a non-empty array of {{\"name\", \"datatype\", \"shape\"}} objects, found {}",
+                if v.is_array() { "an empty array" } else { kind(v) }
+            ))
+        }
+    };
+    let mut specs: Vec<TensorSpec> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        let Value::Object(o) = item else {
+            return Err(format!(
+                "field `{at}` must be an object with `name`, `datatype` and `shape`, found {}",
+                kind(item)
+            ));
+        };
+        let name = match o.get("name") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(v) => {
+                return Err(format!(
+                    "field `{at}.name` must be a non-empty string, found {}",
+                    kind(v)
+                ))
+            }
+            None => return Err(format!("field `{at}.name` is missing")),
+        };
+        if specs.iter().any(|s| s.name == name) {
+            return Err(format!("field `{at}.name`: '{name}' is declared twice"));
+        }
+        let datatype = match o.get("datatype") {
+            Some(Value::String(s)) => Datatype::from_v2(s).ok_or_else(|| {
+                format!(
+                    "field `{at}.datatype` is \"{s}\"; accepted: {}",
+                    Datatype::V2_NAMES
+                )
+            })?,
+            Some(v) => {
+                return Err(format!(
+                    "field `{at}.datatype` must be a string, found {}",
+                    kind(v)
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "field `{at}.datatype` is missing ({})",
+                    Datatype::V2_NAMES
+                ))
+            }
+        };
+        let shape = match o.get("shape") {
+            Some(Value::Array(dims)) => {
+                let mut shape = Vec::with_capacity(dims.len());
+                for (j, d) in dims.iter().enumerate() {
+                    match d.as_i64() {
+                        Some(n) if n == -1 || n >= 0 => shape.push(n),
+                        _ => {
+                            return Err(format!(
+                                "field `{at}.shape[{j}]` must be a size ≥ 0 or -1 (any size), found {d}"
+                            ))
+                        }
+                    }
+                }
+                shape
+            }
+            Some(v) => {
+                return Err(format!(
+                    "field `{at}.shape` must be an array of sizes (-1 = any), found {}",
+                    kind(v)
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "field `{at}.shape` is missing (an array of sizes, -1 = any)"
+                ))
+            }
+        };
+        specs.push(TensorSpec {
+            name,
+            datatype,
+            shape: Some(shape),
+        });
+    }
+    Ok(specs)
+}
+
 fn bad_dim(i: usize, d: &Value) -> String {
     format!("field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}")
 }
@@ -331,7 +539,8 @@ mod tests {
         assert_eq!(m.est_gpu_mem_min, 0);
         assert_eq!(m.est_gpu_mem_typ, 0);
         assert!(m.model.is_none());
-        assert!(m.input.is_none());
+        assert!(m.inputs.is_none());
+        assert!(m.outputs.is_none());
     }
 
     #[test]
@@ -344,11 +553,50 @@ mod tests {
         .unwrap();
         assert_eq!(m.model.as_deref(), Some(Path::new("/apps/demo/m.pt")));
         assert_eq!((m.est_gpu_mem_min, m.est_gpu_mem_typ), (100, 250));
-        let input = m.input.clone().unwrap();
-        assert_eq!(input.shape, Some(vec![-1, 4]));
-        assert_eq!(input.dtype, Dtype::Float64);
+        let inputs = m.inputs.clone().unwrap();
+        assert_eq!(
+            inputs,
+            vec![TensorSpec {
+                name: "input__0".into(),
+                datatype: Datatype::Tensor(Dtype::Float64),
+                shape: Some(vec![-1, 4]),
+            }]
+        );
+        assert_eq!(
+            inputs[0].input_spec(),
+            Some(InputSpec {
+                shape: Some(vec![-1, 4]),
+                dtype: Dtype::Float64
+            })
+        );
         assert_eq!(m.raw["app_license"], "MIT");
         assert!(m.to_json().contains("\"parameters\":[{\"name\":\"x\"}]"));
+    }
+
+    #[test]
+    fn a_signature_of_named_inputs_and_outputs() {
+        let m = parse(
+            r#"{"name": "pair", "inputs": [
+                   {"name": "features", "datatype": "FP32", "shape": [-1, 3]},
+                   {"name": "docs", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": "total", "datatype": "FP64", "shape": [-1]}]}"#,
+        )
+        .unwrap();
+        let inputs = m.inputs.unwrap();
+        assert_eq!(
+            inputs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["features", "docs"]
+        );
+        assert_eq!(inputs[0].datatype, Datatype::Tensor(Dtype::Float32));
+        assert_eq!(inputs[1].datatype, Datatype::Bytes);
+        assert_eq!(inputs[1].input_spec(), None);
+        assert!(inputs[0].check_shape(&[5, 3]).is_ok());
+        assert!(inputs[0].check_shape(&[5, 4]).is_err());
+        let outputs = m.outputs.unwrap();
+        assert_eq!(outputs[0].datatype.to_string(), "FP64");
+        for name in Datatype::V2_NAMES.split(", ") {
+            assert_eq!(Datatype::from_v2(name).unwrap().v2_name(), name);
+        }
     }
 
     #[test]
@@ -407,6 +655,42 @@ mod tests {
             (
                 r#"{"name": "a", "input": {"dtype": "complex"}}"#,
                 "`input.dtype` is \"complex\"; accepted: float32",
+            ),
+            (
+                r#"{"name": "a", "input": {}, "inputs": [{"name": "x", "datatype": "FP32", "shape": []}]}"#,
+                "either `input` (one input) or `inputs`",
+            ),
+            (
+                r#"{"name": "a", "inputs": []}"#,
+                "`inputs` must be a non-empty array",
+            ),
+            (
+                r#"{"name": "a", "outputs": {}}"#,
+                "`outputs` must be a non-empty array",
+            ),
+            (
+                r#"{"name": "a", "inputs": [3]}"#,
+                "`inputs[0]` must be an object",
+            ),
+            (
+                r#"{"name": "a", "inputs": [{"datatype": "FP32", "shape": []}]}"#,
+                "`inputs[0].name` is missing",
+            ),
+            (
+                r#"{"name": "a", "inputs": [{"name": "x", "datatype": "FP32", "shape": []}, {"name": "x", "datatype": "FP32", "shape": []}]}"#,
+                "`inputs[1].name`: 'x' is declared twice",
+            ),
+            (
+                r#"{"name": "a", "inputs": [{"name": "x", "datatype": "float32", "shape": []}]}"#,
+                "`inputs[0].datatype` is \"float32\"; accepted: BOOL",
+            ),
+            (
+                r#"{"name": "a", "outputs": [{"name": "y", "datatype": "FP32"}]}"#,
+                "`outputs[0].shape` is missing",
+            ),
+            (
+                r#"{"name": "a", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, -3]}]}"#,
+                "`inputs[0].shape[1]` must be a size",
             ),
         ];
         for (text, want) in cases {

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{fixtures, App, Server};
+use common::{binary, fixtures, raw, App, Server};
 use serde_json::Value;
 
 /// The MLP with its declared input and a version; the model's v2 name is the metadata's.
@@ -126,59 +126,8 @@ fn tritonclient_concurrent_run_with_max_requests_1_has_no_errors() {
     });
 }
 
-/// A raw answer: status, headers, body bytes.
-struct Raw {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Raw {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-}
-
-/// One request with `extra` header lines and a byte body, on a fresh connection.
-fn raw(port: u16, method: &str, path: &str, extra: &str, body: &[u8]) -> Raw {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).unwrap();
-    let (status, headers, body) = common::parse_raw(&all).unwrap();
-    Raw {
-        status,
-        headers,
-        body: body.to_vec(),
-    }
-}
-
 fn infer_path() -> String {
     format!("/v2/models/{MODEL}/versions/3/infer")
-}
-
-/// A binary request: JSON header plus raw bytes.
-fn binary(header: &str, data: &[u8]) -> (String, Vec<u8>) {
-    let mut body = header.as_bytes().to_vec();
-    body.extend_from_slice(data);
-    (
-        format!("Inference-Header-Content-Length: {}\r\n", header.len()),
-        body,
-    )
 }
 
 #[test]

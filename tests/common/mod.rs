@@ -747,3 +747,54 @@ impl WorkerCountMonitor {
         self.handle.take().unwrap().join().unwrap()
     }
 }
+
+/// A raw answer: status, headers, body bytes.
+pub struct Raw {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Raw {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+/// One request with `extra` header lines and a byte body, on a fresh connection.
+pub fn raw(port: u16, method: &str, path: &str, extra: &str, body: &[u8]) -> Raw {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let (status, headers, body) = parse_raw(&all).unwrap();
+    Raw {
+        status,
+        headers,
+        body: body.to_vec(),
+    }
+}
+
+/// A binary request: JSON header plus raw bytes.
+pub fn binary(header: &str, data: &[u8]) -> (String, Vec<u8>) {
+    let mut body = header.as_bytes().to_vec();
+    body.extend_from_slice(data);
+    (
+        format!("Inference-Header-Content-Length: {}\r\n", header.len()),
+        body,
+    )
+}

@@ -5,6 +5,7 @@
 mod config;
 mod control;
 mod cuda;
+mod elements;
 mod error;
 mod hw;
 mod input;

@@ -18,7 +18,7 @@ use vramfork::protocol::RetireReason;
 
 use crate::error::ApiError;
 use crate::hw::Hw;
-use crate::input::{parse_body, InputArray};
+use crate::input::{parse_request, Inputs};
 use crate::metrics::{Endpoint, Recorder};
 use crate::runner::{Encoding, RunError, RunOutput, Runner};
 use crate::state::Shared;
@@ -264,9 +264,9 @@ fn with_hw(mut body: Value, hw: Option<String>) -> Value {
 async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let spec = app.metadata.input.clone();
+    let specs = app.metadata.inputs.clone();
     let (out, (), last) = model_request(req, app, move |body| {
-        parse_body(&body, spec.as_ref())
+        parse_request(&body, specs.as_deref())
             .map(|input| (input, Encoding::Json, ()))
             .map_err(|e| ApiError::BadRequest(e.to_string()))
     })
@@ -298,7 +298,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
 pub async fn model_request<T: Send + 'static>(
     req: Request<Incoming>,
     app: &App,
-    parse: impl FnOnce(Vec<u8>) -> Result<(InputArray, Encoding, T), ApiError> + Send + 'static,
+    parse: impl FnOnce(Vec<u8>) -> Result<(Inputs, Encoding, T), ApiError> + Send + 'static,
 ) -> Result<(RunOutput, T, bool), ApiError> {
     let arrived = arrival(&req);
     let endpoint = endpoint_of(req.method(), req.uri().path());
@@ -361,7 +361,7 @@ const TRIM_AFTER: usize = 1 << 20;
 /// with 503 and `Retry-After`, never 504.
 async fn run(
     app: &App,
-    input: InputArray,
+    input: Inputs,
     encoding: Encoding,
     arrived: Instant,
 ) -> Result<RunOutput, ApiError> {

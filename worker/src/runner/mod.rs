@@ -22,7 +22,7 @@ pub use load::{configure_executor, load_cpu, LoadError};
 pub use tensors::kind_of;
 
 use crate::cuda;
-use crate::input::InputArray;
+use crate::input::Inputs;
 
 /// How many requests may wait for the model thread.
 const QUEUE: usize = 64;
@@ -77,7 +77,7 @@ const STARTED: u8 = 1;
 const WITHDRAWN: u8 = 2;
 
 struct Job {
-    input: InputArray,
+    input: Inputs,
     encoding: Encoding,
     claim: Arc<AtomicU8>,
     started: oneshot::Sender<()>,
@@ -189,7 +189,7 @@ impl Runner {
     }
 
     /// Queues one forward pass (waiting for a queue slot when many are queued).
-    pub async fn submit(&self, input: InputArray, encoding: Encoding) -> Result<Ticket, RunError> {
+    pub async fn submit(&self, input: Inputs, encoding: Encoding) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
         let (started, started_rx) = oneshot::channel();
         let claim = Arc::new(AtomicU8::new(QUEUED));
@@ -244,12 +244,17 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
 fn forward(
     module: &CModule,
     device: Device,
-    input: &InputArray,
+    input: &Inputs,
     encoding: &Encoding,
 ) -> Result<RunOutput, RunError> {
     let start = Instant::now();
-    let x = tensors::to_device(input, device).map_err(|e| classify(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward_is(&[IValue::Tensor(x)])).map_err(|e| {
+    let args = input
+        .args
+        .iter()
+        .map(|a| tensors::to_ivalue(a, device))
+        .collect::<Result<Vec<IValue>, _>>()
+        .map_err(|e| classify(&e.to_string()))?;
+    let out = tch::no_grad(|| module.forward_is(&args)).map_err(|e| {
         let err = classify(&e.to_string());
         if matches!(err, RunError::OutOfMemory(_)) {
             // Hand the cached blocks back so the answer (and other processes) can proceed.

@@ -6,12 +6,13 @@
 //! floats as numbers in their shortest exact form (float32 and narrower as float32) with NaN
 //! and ±Inf as `null` (JSON has no such numbers), integers as integers, bools as bools; a
 //! tuple or list becomes an array of its outputs; int, float and bool scalars become numbers
-//! and bools. Anything else (strings, dicts, objects, None) is "unsupported output type".
+//! and bools; strings (a text model's `str` or `List[str]`) become JSON strings. Anything
+//! else (dicts, objects, None) is "unsupported output type".
 
 use tch::{Device, IValue, Kind, Tensor};
 use vramfork::metadata::Dtype;
 
-use crate::input::InputArray;
+use crate::input::Arg;
 
 pub fn kind_of(d: Dtype) -> Kind {
     match d {
@@ -28,14 +29,14 @@ pub fn kind_of(d: Dtype) -> Kind {
     }
 }
 
-/// The request's input on `device` (already of the metadata's dtype and the request's
-/// shape; on the CPU this is the same tensor).
-pub fn to_device(input: &InputArray, device: Device) -> Result<Tensor, tch::TchError> {
-    if device == Device::Cpu {
-        Ok(input.tensor.shallow_clone())
-    } else {
-        input.tensor.f_to_device(device)
-    }
+/// A model argument as the model takes it: a tensor on `device` (already of the declared
+/// dtype and the request's shape; on the CPU this is the same tensor), or a `List[str]`.
+pub fn to_ivalue(arg: &Arg, device: Device) -> Result<IValue, tch::TchError> {
+    Ok(match arg {
+        Arg::Tensor(t) if device == Device::Cpu => IValue::Tensor(t.shallow_clone()),
+        Arg::Tensor(t) => IValue::Tensor(t.f_to_device(device)?),
+        Arg::Strings(s) => IValue::StringList(s.clone()),
+    })
 }
 
 /// Writes the model's output as JSON to `out` (see the module doc for the rules).
@@ -45,6 +46,12 @@ pub fn write_json(v: &IValue, out: &mut Vec<u8>) -> Result<(), String> {
         IValue::Double(f) => write_f64(*f, out),
         IValue::Int(i) => write_int(*i, out),
         IValue::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        IValue::String(s) => {
+            serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail")
+        }
+        IValue::StringList(v) => {
+            serde_json::to_writer(&mut *out, v).expect("writing to a Vec cannot fail")
+        }
         IValue::Tuple(items) | IValue::GenericList(items) => {
             write_list(items, out, write_json)?;
         }
@@ -63,7 +70,7 @@ pub fn write_json(v: &IValue, out: &mut Vec<u8>) -> Result<(), String> {
         })?,
         other => {
             return Err(format!(
-                "model returned unsupported output type {}; supported: tensors, tuples and lists of them, int, float, bool",
+                "model returned unsupported output type {}; supported: tensors, tuples and lists of them, int, float, bool, str",
                 type_name(other)
             ))
         }
@@ -229,11 +236,7 @@ mod tests {
     fn tensor_for(v: Value, dtype: Dtype) -> Tensor {
         let spec = InputSpec { shape: None, dtype };
         let body = json!({ "inputs": v }).to_string();
-        to_device(
-            &parse_body(body.as_bytes(), Some(&spec)).unwrap(),
-            Device::Cpu,
-        )
-        .unwrap()
+        parse_body(body.as_bytes(), Some(&spec)).unwrap().tensor
     }
 
     #[test]
@@ -326,9 +329,25 @@ mod tests {
     }
 
     #[test]
+    fn strings_are_json_strings() {
+        let v = IValue::Tuple(vec![
+            IValue::GenericList(vec![
+                IValue::String("naïve \"quoted\"".into()),
+                IValue::String("".into()),
+            ]),
+            IValue::String("one".into()),
+            IValue::StringList(vec!["a\nb".into()]),
+        ]);
+        assert_eq!(
+            to_json(&v).unwrap(),
+            json!([["naïve \"quoted\"", ""], "one", ["a\nb"]])
+        );
+    }
+
+    #[test]
     fn unsupported_outputs_are_named() {
-        let e = to_json(&IValue::String("hi".into())).unwrap_err();
-        assert!(e.contains("unsupported output type str"), "{e}");
+        let e = to_json(&IValue::GenericDict(vec![])).unwrap_err();
+        assert!(e.contains("unsupported output type Dict"), "{e}");
         let e = to_json(&IValue::Tuple(vec![IValue::None])).unwrap_err();
         assert!(e.contains("unsupported output type None"), "{e}");
     }

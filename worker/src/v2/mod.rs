@@ -1,8 +1,9 @@
 //! The Open Inference Protocol (KServe v2 REST), beside `POST /` on the same port: server
 //! and model metadata, health and readiness, and inference with JSON or binary tensor data.
 //! The model is the app: its name is the metadata's `name`, its one version the metadata's
-//! `version` (else `1`); its input is `input__0` (the metadata's `input`, when declared), its
-//! outputs `output__0…` (see `runner/v2out.rs`). Inference runs through the same path as
+//! `version` (else `1`); its inputs and outputs are the metadata's `inputs` and `outputs`
+//! when declared, else `input__0` (the older `input`, when declared) and `output__0…` (see
+//! `request.rs` and `runner/v2out.rs`). Inference runs through the same path as
 //! `POST /` (`routes::model_request`): recycling, timeouts, 503/504/507 and hwFetch behave
 //! the same.
 
@@ -12,6 +13,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use vramfork::hwline::wants_hw_fetch;
+use vramfork::metadata::{TensorSpec, SINGLE_INPUT};
 
 use crate::error::ApiError;
 use crate::routes::{
@@ -129,23 +131,32 @@ fn ready(app: &App) -> Answer {
     }
 }
 
+/// A declared input or output as v2 metadata lists it (a shape left open by the older
+/// `input` is `[-1]`).
+fn tensor_metadata(spec: &TensorSpec) -> Value {
+    json!({
+        "name": spec.name,
+        "datatype": spec.datatype.v2_name(),
+        "shape": spec.shape.clone().unwrap_or_else(|| vec![-1]),
+    })
+}
+
 fn model_metadata(app: &App) -> Value {
     let (name, version) = model_id(app);
-    let input = match &app.metadata.input {
-        Some(spec) => json!({
-            "name": request::INPUT,
-            "datatype": request::datatype_of(spec.dtype),
-            "shape": spec.shape.clone().unwrap_or_else(|| vec![-1]),
-        }),
-        None => json!({"name": request::INPUT, "datatype": "FP32", "shape": [-1]}),
+    let m = &app.metadata;
+    let inputs: Vec<Value> = match &m.inputs {
+        Some(specs) => specs.iter().map(tensor_metadata).collect(),
+        None => vec![json!({"name": SINGLE_INPUT, "datatype": "FP32", "shape": [-1]})],
     };
+    // Undeclared outputs are known only once the model has answered (output__0… with the
+    // tensors' datatypes): listed empty.
+    let outputs: Vec<Value> = m.outputs.iter().flatten().map(tensor_metadata).collect();
     json!({
         "name": name,
         "versions": [version],
         "platform": "pytorch_torchscript",
-        "inputs": [input],
-        // Known only once the model has answered: output__0… with the tensors' datatypes.
-        "outputs": [],
+        "inputs": inputs,
+        "outputs": outputs,
     })
 }
 
@@ -165,10 +176,13 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
                 })?,
         ),
     };
-    let spec = app.metadata.input.clone();
+    let specs = app.metadata.inputs.clone();
+    let declared = app.metadata.outputs.clone();
     let (out, (id, hw), last) = model_request(req, app, move |body| {
-        let r = request::parse(&body, header_len, spec.as_ref()).map_err(ApiError::BadRequest)?;
-        Ok((r.input, Encoding::V2(r.wanted), (r.id, r.hw_fetch)))
+        let mut r =
+            request::parse(&body, header_len, specs.as_deref()).map_err(ApiError::BadRequest)?;
+        r.wanted.declared = declared;
+        Ok((r.inputs, Encoding::V2(r.wanted), (r.id, r.hw_fetch)))
     })
     .await?;
     let (name, version) = model_id(app);

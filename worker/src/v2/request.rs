@@ -8,14 +8,12 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use tch::Tensor;
-use vramfork::metadata::{Dtype, InputSpec};
+use vramfork::metadata::{Datatype, TensorSpec, SINGLE_INPUT};
 
-use crate::input::InputArray;
+use crate::elements::{element_count, strings_from_bytes, strings_from_json, tensor_from_json};
+use crate::input::{Arg, Inputs};
 use crate::runner::kind_of;
 use crate::runner::v2out::Wanted;
-
-/// The one input a single-input model takes (Triton's PyTorch-backend naming).
-pub const INPUT: &str = "input__0";
 
 #[derive(Deserialize)]
 struct Header {
@@ -46,42 +44,10 @@ struct OutputHeader {
 /// A parsed request.
 pub struct Infer {
     pub id: Option<String>,
-    pub input: InputArray,
+    pub inputs: Inputs,
     pub wanted: Wanted,
     /// `parameters.hwFetch: true`.
     pub hw_fetch: bool,
-}
-
-/// The v2 datatype name of a dtype.
-pub fn datatype_of(d: Dtype) -> &'static str {
-    match d {
-        Dtype::Float32 => "FP32",
-        Dtype::Float64 => "FP64",
-        Dtype::Float16 => "FP16",
-        Dtype::BFloat16 => "BF16",
-        Dtype::Int64 => "INT64",
-        Dtype::Int32 => "INT32",
-        Dtype::Int16 => "INT16",
-        Dtype::Int8 => "INT8",
-        Dtype::UInt8 => "UINT8",
-        Dtype::Bool => "BOOL",
-    }
-}
-
-fn dtype_named(name: &str) -> Option<Dtype> {
-    Some(match name {
-        "FP32" => Dtype::Float32,
-        "FP64" => Dtype::Float64,
-        "FP16" => Dtype::Float16,
-        "BF16" => Dtype::BFloat16,
-        "INT64" => Dtype::Int64,
-        "INT32" => Dtype::Int32,
-        "INT16" => Dtype::Int16,
-        "INT8" => Dtype::Int8,
-        "UINT8" => Dtype::UInt8,
-        "BOOL" => Dtype::Bool,
-        _ => return None,
-    })
 }
 
 fn flag(params: &Map<String, Value>, key: &str) -> Result<bool, String> {
@@ -94,11 +60,25 @@ fn flag(params: &Map<String, Value>, key: &str) -> Result<bool, String> {
     }
 }
 
-/// Parses a request body; `header_len` is `Inference-Header-Content-Length` when sent.
+/// The model's inputs as v2 requests must name them: the declared ones, or `input__0`
+/// of whatever numeric datatype the request sends when none is declared.
+fn names(specs: Option<&[TensorSpec]>) -> String {
+    match specs {
+        Some(specs) => specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => SINGLE_INPUT.to_string(),
+    }
+}
+
+/// Parses a request body; `header_len` is `Inference-Header-Content-Length` when sent,
+/// `specs` the model's declared inputs.
 pub fn parse(
     body: &[u8],
     header_len: Option<usize>,
-    spec: Option<&InputSpec>,
+    specs: Option<&[TensorSpec]>,
 ) -> Result<Infer, String> {
     let (head, mut tail) = match header_len {
         None => (body, &[][..]),
@@ -119,87 +99,34 @@ pub fn parse(
     };
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
     let binary_default = flag(&h.parameters, "binary_data_output")?;
-    let [input] = <[InputHeader; 1]>::try_from(h.inputs).map_err(|inputs| {
-        format!(
-            "the request has {} inputs; this model takes one, {INPUT}",
-            inputs.len()
-        )
-    })?;
-    if input.name != INPUT {
+    let wanted_count = specs.map_or(1, <[TensorSpec]>::len);
+    if h.inputs.len() != wanted_count {
         return Err(format!(
-            "unknown input '{}'; this model takes one input, {INPUT}",
-            input.name
+            "the request has {} inputs; this model takes {wanted_count}: {}",
+            h.inputs.len(),
+            names(specs)
         ));
     }
-    let name = &input.name;
-    let dtype = match dtype_named(&input.datatype) {
-        Some(d) => d,
-        None if input.datatype == "BYTES" => {
-            return Err(format!("input {name}: BYTES is not supported by this model"))
+    // The arguments in the declared order; binary data is taken in the request's order.
+    let mut args: Vec<Option<Arg>> = (0..wanted_count).map(|_| None).collect();
+    for input in h.inputs {
+        let at = match specs {
+            Some(specs) => specs.iter().position(|s| s.name == input.name),
+            None => (input.name == SINGLE_INPUT).then_some(0),
         }
-        None => {
-            return Err(format!(
-                "input {name}: unknown datatype '{}' (BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64)",
-                input.datatype
-            ))
+        .ok_or_else(|| {
+            format!(
+                "unknown input '{}'; this model takes {}",
+                input.name,
+                names(specs)
+            )
+        })?;
+        if args[at].is_some() {
+            return Err(format!("input {} is given twice", input.name));
         }
-    };
-    if let Some(spec) = spec {
-        if spec.dtype != dtype {
-            return Err(format!(
-                "input {name} has datatype {}; the model takes {}",
-                input.datatype,
-                datatype_of(spec.dtype)
-            ));
-        }
-        spec.check_shape(&input.shape)
-            .map_err(|e| format!("input {name}: {e}"))?;
+        let spec = specs.map(|s| &s[at]);
+        args[at] = Some(one_input(input, spec, &mut tail)?);
     }
-    if let Some(d) = input.shape.iter().find(|d| **d < 0) {
-        return Err(format!(
-            "input {name}: shape {:?} has a negative size {d}",
-            input.shape
-        ));
-    }
-    let count = input
-        .shape
-        .iter()
-        .try_fold(1usize, |acc, d| acc.checked_mul(*d as usize))
-        .filter(|n| n.checked_mul(8).is_some())
-        .ok_or_else(|| format!("input {name}: shape {:?} is too large", input.shape))?;
-    let kind = kind_of(dtype);
-    let binary_size = match input.parameters.get("binary_data_size") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
-            format!("input {name}: binary_data_size must be a non-negative integer, not {v}")
-        })? as usize),
-    };
-    let tensor = match (binary_size, &input.data) {
-        (Some(_), Some(_)) => {
-            return Err(format!("input {name} has both `data` and binary_data_size"))
-        }
-        (None, None) => return Err(format!("input {name} has no `data` and no binary data")),
-        (Some(size), None) => {
-            let want = count * kind.elt_size_in_bytes();
-            if size != want {
-                return Err(format!(
-                    "input {name}: binary_data_size is {size} bytes; shape {:?} of {} takes {want}",
-                    input.shape, input.datatype
-                ));
-            }
-            if size > tail.len() {
-                return Err(format!(
-                    "input {name}: binary_data_size is {size} bytes, but only {} follow the header",
-                    tail.len()
-                ));
-            }
-            let (bytes, rest) = tail.split_at(size);
-            tail = rest;
-            Tensor::f_from_data_size(bytes, &input.shape, kind)
-                .map_err(|e| format!("input {name}: {e}"))?
-        }
-        (None, Some(data)) => from_json(name, data, &input.shape, count, dtype)?,
-    };
     if !tail.is_empty() {
         return Err(format!(
             "{} bytes of binary data follow the header that no input claims",
@@ -221,88 +148,94 @@ pub fn parse(
             ),
         },
         binary_default,
+        declared: None,
     };
     Ok(Infer {
         id,
-        input: InputArray { tensor },
+        inputs: Inputs {
+            // Every slot is filled: as many inputs as slots, none twice.
+            args: args.into_iter().flatten().collect(),
+        },
         wanted,
         hw_fetch,
     })
 }
 
-/// `data` (flat row-major or nested) as a tensor of `shape` and `dtype`.
-fn from_json(
-    name: &str,
-    data: &Value,
-    shape: &[i64],
-    count: usize,
-    dtype: Dtype,
-) -> Result<Tensor, String> {
-    let mut leaves = Vec::with_capacity(count.min(1 << 20));
-    flatten(data, &mut leaves);
-    if leaves.len() != count {
-        return Err(format!(
-            "input {name}: `data` has {} elements; shape {shape:?} takes {count}",
-            leaves.len()
-        ));
+/// One request input, checked against its declaration (`None`: the undeclared single
+/// input), its binary data (if any) taken from the front of `tail`.
+fn one_input(
+    input: InputHeader,
+    spec: Option<&TensorSpec>,
+    tail: &mut &[u8],
+) -> Result<Arg, String> {
+    let name = &input.name;
+    let datatype = Datatype::from_v2(&input.datatype).ok_or_else(|| {
+        format!(
+            "input {name}: unknown datatype '{}' ({})",
+            input.datatype,
+            Datatype::V2_NAMES
+        )
+    })?;
+    match spec {
+        Some(spec) if spec.datatype != datatype => {
+            return Err(format!(
+                "input {name} has datatype {datatype}; the model takes {}",
+                spec.datatype
+            ))
+        }
+        Some(spec) => spec
+            .check_shape(&input.shape)
+            .map_err(|e| format!("input {name}: {e}"))?,
+        None if datatype == Datatype::Bytes => {
+            return Err(format!(
+                "input {name} has datatype BYTES; this model declares no BYTES input (declare it in the metadata's `inputs`)"
+            ))
+        }
+        None => {}
     }
-    let bad =
-        |i: usize, v: &Value, what: &str| format!("input {name}: element {i} ({v}) is not {what}");
-    let t = match dtype {
-        Dtype::Bool => {
-            let v: Vec<bool> = leaves
-                .iter()
-                .enumerate()
-                .map(|(i, v)| v.as_bool().ok_or_else(|| bad(i, v, "true or false")))
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
-        }
-        Dtype::Float32 | Dtype::Float64 | Dtype::Float16 | Dtype::BFloat16 => {
-            let max = match dtype {
-                Dtype::Float64 => f64::MAX,
-                Dtype::Float16 => 65504.0,
-                _ => f32::MAX as f64,
-            };
-            let v: Vec<f64> = leaves
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_f64().filter(|f| f.abs() <= max).ok_or_else(|| {
-                        bad(i, v, &format!("a number the type holds (|x| ≤ {max:e})"))
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
-        }
-        _ => {
-            let (lo, hi) = match dtype {
-                Dtype::Int32 => (i32::MIN as i64, i32::MAX as i64),
-                Dtype::Int16 => (i16::MIN as i64, i16::MAX as i64),
-                Dtype::Int8 => (i8::MIN as i64, i8::MAX as i64),
-                Dtype::UInt8 => (0, 255),
-                _ => (i64::MIN, i64::MAX),
-            };
-            let v: Vec<i64> = leaves
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_i64()
-                        .filter(|n| (lo..=hi).contains(n))
-                        .ok_or_else(|| bad(i, v, &format!("an integer in {lo}..={hi}")))
-                })
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
-        }
+    let count = element_count(name, &input.shape)?;
+    let binary_size = match input.parameters.get("binary_data_size") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            format!("input {name}: binary_data_size must be a non-negative integer, not {v}")
+        })? as usize),
     };
-    t.f_to_kind(kind_of(dtype))
-        .and_then(|t| t.f_reshape(shape))
-        .map_err(|e| format!("input {name}: {e}"))
-}
-
-fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
-    match v {
-        Value::Array(items) => items.iter().for_each(|x| flatten(x, out)),
-        other => out.push(other),
+    match (binary_size, &input.data) {
+        (Some(_), Some(_)) => Err(format!("input {name} has both `data` and binary_data_size")),
+        (None, None) => Err(format!("input {name} has no `data` and no binary data")),
+        (Some(size), None) => {
+            if let Datatype::Tensor(dtype) = datatype {
+                let want = count * kind_of(dtype).elt_size_in_bytes();
+                if size != want {
+                    return Err(format!(
+                        "input {name}: binary_data_size is {size} bytes; shape {:?} of {} takes {want}",
+                        input.shape, input.datatype
+                    ));
+                }
+            }
+            if size > tail.len() {
+                return Err(format!(
+                    "input {name}: binary_data_size is {size} bytes, but only {} follow the header",
+                    tail.len()
+                ));
+            }
+            let (bytes, rest) = tail.split_at(size);
+            *tail = rest;
+            match datatype {
+                Datatype::Bytes => strings_from_bytes(name, bytes, count),
+                Datatype::Tensor(dtype) => {
+                    Tensor::f_from_data_size(bytes, &input.shape, kind_of(dtype))
+                        .map(Arg::Tensor)
+                        .map_err(|e| format!("input {name}: {e}"))
+                }
+            }
+        }
+        (None, Some(data)) => match datatype {
+            Datatype::Bytes => strings_from_json(name, data, &input.shape),
+            Datatype::Tensor(dtype) => {
+                tensor_from_json(name, data, &input.shape, dtype).map(Arg::Tensor)
+            }
+        },
     }
 }
 
@@ -310,10 +243,20 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
 mod tests {
     use super::*;
 
-    fn spec() -> InputSpec {
-        InputSpec {
+    use vramfork::metadata::Dtype;
+
+    fn spec() -> Vec<TensorSpec> {
+        vec![TensorSpec {
+            name: SINGLE_INPUT.into(),
+            datatype: Datatype::Tensor(Dtype::Float32),
             shape: Some(vec![-1, 4]),
-            dtype: Dtype::Float32,
+        }]
+    }
+
+    fn tensor(i: &Infer, at: usize) -> &Tensor {
+        match &i.inputs.args[at] {
+            Arg::Tensor(t) => t,
+            Arg::Strings(_) => panic!("strings"),
         }
     }
 
@@ -328,18 +271,20 @@ mod tests {
             body.extend_from_slice(&f.to_le_bytes());
         }
         let b = parse(&body, Some(head.len()), Some(&spec())).unwrap();
-        assert!(a.input.tensor.equal(&b.input.tensor));
+        assert!(tensor(&a, 0).equal(tensor(&b, 0)));
         assert_eq!(b.wanted.outputs, Some(vec![("output__0".into(), true)]));
     }
 
     #[test]
     fn every_malformed_request_names_its_problem() {
-        let s = Some(spec());
+        let s = spec();
+        let s = Some(s.as_slice());
         let cases: &[(&[u8], Option<usize>, &str)] = &[
             (b"{", None, "not a valid v2 request"),
-            (br#"{"inputs":[]}"#, None, "has 0 inputs"),
+            (br#"{"inputs":[]}"#, None, "has 0 inputs; this model takes 1: input__0"),
             (br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#, None, "unknown input 'x'"),
-            (br#"{"inputs":[{"name":"input__0","shape":[1,4],"datatype":"INT64","data":[1,2,3,4]}]}"#, None, "the model takes FP32"),
+            (br#"{"inputs":[{"name":"input__0","shape":[1,4],"datatype":"INT64","data":[1,2,3,4]}]}"#, None, "input input__0 has datatype INT64; the model takes FP32"),
+            (br#"{"inputs":[{"name":"input__0","shape":[4],"datatype":"BYTES","data":["a","b","c","d"]}]}"#, None, "has datatype BYTES; the model takes FP32"),
             (br#"{"inputs":[{"name":"input__0","shape":[1,4],"datatype":"FP33","data":[1,2,3,4]}]}"#, None, "unknown datatype"),
             (br#"{"inputs":[{"name":"input__0","shape":[2,4],"datatype":"FP32","data":[1,2,3,4]}]}"#, None, "has 4 elements"),
             (br#"{"inputs":[{"name":"input__0","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}"#, None, "the model expects"),
@@ -352,7 +297,7 @@ mod tests {
         ];
         for (body, hl, want) in cases {
             let hl = hl.map(|n| n.min(body.len()));
-            let e = parse(body, hl, s.as_ref())
+            let e = parse(body, hl, s)
                 .err()
                 .unwrap_or_else(|| panic!("accepted {}", String::from_utf8_lossy(body)));
             assert!(e.contains(want), "{e:?} lacks {want:?}");
@@ -370,5 +315,70 @@ mod tests {
             .err()
             .unwrap()
             .contains("no input claims"));
+        // BYTES to a model that declares no inputs.
+        let bytes =
+            br#"{"inputs":[{"name":"input__0","shape":[1],"datatype":"BYTES","data":["a"]}]}"#;
+        assert!(parse(bytes, None, None)
+            .err()
+            .unwrap()
+            .contains("declares no BYTES input"));
+    }
+
+    fn pair() -> Vec<TensorSpec> {
+        vec![
+            TensorSpec {
+                name: "features".into(),
+                datatype: Datatype::Tensor(Dtype::Float32),
+                shape: Some(vec![-1, 3]),
+            },
+            TensorSpec {
+                name: "docs".into(),
+                datatype: Datatype::Bytes,
+                shape: Some(vec![-1]),
+            },
+        ]
+    }
+
+    #[test]
+    fn named_inputs_come_in_declared_order_whatever_the_request_order() {
+        // docs first in the request, and binary: its bytes come first in the tail.
+        let head = br#"{"inputs":[{"name":"docs","shape":[2],"datatype":"BYTES","parameters":{"binary_data_size":15}},{"name":"features","shape":[1,3],"datatype":"FP32","parameters":{"binary_data_size":12}}]}"#;
+        let mut body = head.to_vec();
+        for d in ["ab", "café"] {
+            body.extend_from_slice(&(d.len() as u32).to_le_bytes());
+            body.extend_from_slice(d.as_bytes());
+        }
+        for f in [1f32, 2.0, 3.0] {
+            body.extend_from_slice(&f.to_le_bytes());
+        }
+        let p = pair();
+        let r = parse(&body, Some(head.len()), Some(&p)).unwrap();
+        assert_eq!(tensor(&r, 0).size(), [1, 3]);
+        match &r.inputs.args[1] {
+            Arg::Strings(s) => assert_eq!(s, &["ab", "café"]),
+            Arg::Tensor(_) => panic!("a tensor"),
+        }
+        let json = br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"docs","shape":[1],"datatype":"BYTES","data":["x"]}]}"#;
+        assert!(parse(json, None, Some(&p)).is_ok());
+    }
+
+    #[test]
+    fn named_inputs_missing_twice_unknown_or_mistyped_are_named() {
+        let p = pair();
+        let cases: &[(&[u8], &str)] = &[
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}"#, "has 1 inputs; this model takes 2: features, docs"),
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}"#, "input features is given twice"),
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"doc","shape":[1],"datatype":"BYTES","data":["x"]}]}"#, "unknown input 'doc'; this model takes features, docs"),
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"docs","shape":[1],"datatype":"FP32","data":[1]}]}"#, "input docs has datatype FP32; the model takes BYTES"),
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"BYTES","data":["a","b","c"]},{"name":"docs","shape":[1],"datatype":"BYTES","data":["x"]}]}"#, "input features has datatype BYTES; the model takes FP32"),
+            (br#"{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]},{"name":"docs","shape":[1],"datatype":"BYTES","data":["x"]}]}"#, "input features: inputs have shape [1, 4], the model expects [-1, 3]"),
+            (br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"docs","shape":[2],"datatype":"BYTES","data":["x", 3]}]}"#, "input docs is BYTES: element 1 (3) is not a string"),
+        ];
+        for (body, want) in cases {
+            let e = parse(body, None, Some(&p))
+                .err()
+                .unwrap_or_else(|| panic!("accepted {}", String::from_utf8_lossy(body)));
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
     }
 }
