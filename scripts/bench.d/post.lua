@@ -1,9 +1,25 @@
--- wrk script: POST the body in $BENCH_BODY and print one JSON line (prefix BENCHJSON) with
--- the request count, errors (socket errors and non-2xx/3xx statuses) and latency
--- percentiles in microseconds.
+-- wrk script: POST a body and print one JSON line (prefix BENCHJSON) with the request
+-- count, errors (socket errors and non-2xx/3xx statuses), bytes read and latency
+-- percentiles in microseconds. The body is $BENCH_BODY, or the bytes of the file
+-- $BENCH_BODY_FILE (binary bodies: environment variables cannot hold NUL bytes). With
+-- $BENCH_HEADER_LEN set, the body is a v2 binary request: Inference-Header-Content-Length
+-- is sent and the content type is application/octet-stream.
 wrk.method = "POST"
-wrk.body = os.getenv("BENCH_BODY")
-wrk.headers["Content-Type"] = "application/json"
+local file = os.getenv("BENCH_BODY_FILE")
+if file then
+  local f = assert(io.open(file, "rb"))
+  wrk.body = f:read("*a")
+  f:close()
+else
+  wrk.body = os.getenv("BENCH_BODY")
+end
+local header_len = os.getenv("BENCH_HEADER_LEN")
+if header_len then
+  wrk.headers["Inference-Header-Content-Length"] = header_len
+  wrk.headers["Content-Type"] = "application/octet-stream"
+else
+  wrk.headers["Content-Type"] = "application/json"
+end
 
 done = function(summary, latency, requests)
   local e = summary.errors

@@ -38,6 +38,11 @@ MODELS = {
     },
 }
 CONCURRENCY = [1, 2, 4, 8]
+# The v2 encoding benchmark's model (not in MODELS: the serving and recycling sweeps skip it).
+IMAGE = {
+    "metadata": os.path.join(TMP, "image.json"),
+    "model": os.path.join(TMP, "image.pt"),
+}
 
 
 def log(msg):
@@ -93,9 +98,10 @@ class Server:
         env = dict(os.environ)
         # Master debug lines (worker started / retiring) without the worker's per-request ones.
         env["VRAMFORK_LOG"] = "info,vramfork::master=debug"
+        meta = IMAGE["metadata"] if model == "image" else MODELS[model]["metadata"]
         cmd = [
             os.path.join(BIN, "app"), "--production",
-            "--metadata", MODELS[model]["metadata"],
+            "--metadata", meta,
             "--port", str(self.port), "--workers", str(workers),
             "--max-requests", str(max_requests), "--log-format", "json",
         ]
@@ -107,15 +113,17 @@ class Server:
             start_new_session=True, cwd=ROOT, env=env,
         )
 
-    def wait_ready(self, deadline_s=60):
-        """Until every worker has logged ready and a POST answers 200."""
+    def wait_ready(self, deadline_s=60, body=None):
+        """Until every worker has logged ready and a POST (of `body`, else the model's)
+        answers 200."""
+        body = body or MODELS[self.model]["body"]
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log_path}")
             ready = sum(1 for e in read_log(self.log_path) if " ready in " in e["msg"]
                         and e["msg"].startswith("worker "))
-            if ready >= self.workers and post_once(self.port, MODELS[self.model]["body"]) == 200:
+            if ready >= self.workers and post_once(self.port, body) == 200:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"app not ready in {deadline_s} s; see {self.log_path}")
@@ -189,10 +197,21 @@ def read_log(path):
 # ---------------------------------------------------------------- load generator
 
 
-def wrk(port, body, conns, seconds):
+def wrk(port, body, conns, seconds, path="/", header_len=None):
+    """wrk POSTing `body` (str or bytes) to `path`; `header_len` makes it a v2 binary request
+    (Inference-Header-Content-Length)."""
     cmd = ["wrk", "-t", "1", "-c", str(conns), "-d", f"{seconds}s", "--timeout", "10s",
-           "-s", os.path.join(HERE, "post.lua"), f"http://127.0.0.1:{port}/"]
-    env = dict(os.environ, BENCH_BODY=body)
+           "-s", os.path.join(HERE, "post.lua"), f"http://127.0.0.1:{port}{path}"]
+    env = dict(os.environ)
+    if isinstance(body, bytes) or len(body) > 64 << 10:
+        # A file: binary bodies cannot travel in the environment, nor can large ones.
+        env["BENCH_BODY_FILE"] = os.path.join(TMP, f"body-{port}.bin")
+        with open(env["BENCH_BODY_FILE"], "wb") as f:
+            f.write(body if isinstance(body, bytes) else body.encode())
+    else:
+        env["BENCH_BODY"] = body
+    if header_len is not None:
+        env["BENCH_HEADER_LEN"] = str(header_len)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 30)
     for line in p.stdout.splitlines():
         if line.startswith("BENCHJSON "):
@@ -203,6 +222,7 @@ def wrk(port, body, conns, seconds):
             return {
                 "rps": r["requests"] / secs if secs else 0.0,
                 "requests": r["requests"],
+                "resp_bytes": r["bytes"] / r["requests"] if r["requests"] else 0.0,
                 "p50_ms": r["lat_us"]["pct"]["50"] / 1e3,
                 "p99_ms": r["lat_us"]["pct"]["99"] / 1e3,
                 "pct_ms": {k: v / 1e3 for k, v in r["lat_us"]["pct"].items()},
@@ -363,6 +383,117 @@ def measure_metrics(cfg):
         finally:
             srv.stop()
     return out
+
+
+def cpu_seconds(server):
+    """utime + stime of the master and its children (template, workers), in seconds."""
+    total = 0
+    for pid in server.pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+            fields = st[st.rfind(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def v2_bodies(model, shape, values):
+    """The same input as a `POST /` body, a v2 JSON body and a v2 binary body (binary answer
+    asked for too), each with its path and Inference-Header-Content-Length."""
+    import struct
+
+    def nested(flat, dims):
+        if len(dims) == 1:
+            return flat
+        step = len(flat) // dims[0]
+        return [nested(flat[i * step:(i + 1) * step], dims[1:]) for i in range(dims[0])]
+
+    path = f"/v2/models/{model}/infer"
+    inp = {"name": "input__0", "shape": shape, "datatype": "FP32"}
+    head = json.dumps({"inputs": [dict(inp, parameters={"binary_data_size": 4 * len(values)})],
+                       "parameters": {"binary_data_output": True}}).encode()
+    raw = struct.pack(f"<{len(values)}f", *values)
+    return {
+        "post": {"path": "/", "body": json.dumps({"inputs": nested(values, shape)}),
+                 "header_len": None},
+        "v2-json": {"path": path, "body": json.dumps({"inputs": [dict(inp, data=values)]}),
+                    "header_len": None},
+        "v2-binary": {"path": path, "body": head + raw, "header_len": len(head)},
+    }
+
+
+def measure_v2(cfg):
+    """POST / vs v2 JSON vs v2 binary on the same server, runs interleaved: the small MLP at
+    concurrency 8 and a [1, 3, 224, 224] float32 image at concurrency 2 (2 workers). Per
+    request: bytes sent (body), bytes read (answer with headers, from wrk) and the server's
+    CPU time (master + workers, from /proc, over the run)."""
+    import random
+    import struct
+    rnd = random.Random(7)
+    n = 3 * 224 * 224
+    # float32 values written as clients write them (numpy float32 -> Python float -> JSON).
+    image = [struct.unpack("<f", struct.pack("<f", rnd.random()))[0] for _ in range(n)]
+    cases = {
+        "mlp": {"server": "mlp", "name": "mlp-fixture", "shape": [1, 4],
+                "values": [1.0, 2.0, 3.0, 4.0], "c": 8},
+        "image": {"server": "image", "name": "bench-image", "shape": [1, 3, 224, 224],
+                  "values": image, "c": 2},
+    }
+    out = {}
+    for case, spec in cases.items():
+        bodies = v2_bodies(spec["name"], spec["shape"], spec["values"])
+        srv = Server(spec["server"], 2, tag=f"v2-{case}")
+        try:
+            srv.wait_ready(body=bodies["post"]["body"])
+            runs = {k: [] for k in bodies}
+            cpu = {k: [] for k in bodies}
+            for k, b in bodies.items():  # warm-up
+                wrk(srv.port, b["body"], 2, 1, b["path"], b["header_len"])
+            for _ in range(cfg["reps"]):
+                for k, b in bodies.items():
+                    before = cpu_seconds(srv)
+                    r = wrk(srv.port, b["body"], spec["c"], cfg["load_s"], b["path"],
+                            b["header_len"])
+                    used = cpu_seconds(srv) - before
+                    runs[k].append(r)
+                    cpu[k].append(used / r["requests"] * 1e6 if r["requests"] else 0.0)
+            out[case] = {"concurrency": spec["c"], "shape": spec["shape"], "rows": {}}
+            for k, b in bodies.items():
+                body = b["body"]
+                row = dict(summarize(runs[k]),
+                           req_bytes=len(body if isinstance(body, bytes) else body.encode()),
+                           resp_bytes=median([r["resp_bytes"] for r in runs[k]]),
+                           cpu_us_per_req=median(cpu[k]))
+                out[case]["rows"][k] = row
+                log(f"v2 {case} {k}: {row['rps']:.0f} req/s p50 {row['p50_ms']:.3f} ms "
+                    f"{row['req_bytes']} B in, {row['resp_bytes']:.0f} B out, "
+                    f"{row['cpu_us_per_req']:.0f} µs CPU/request, failed {row['failed']}")
+        finally:
+            srv.stop()
+    return out
+
+
+def v2_markdown(v2):
+    L = ["\n## v2 (Open Inference Protocol) beside `POST /`: JSON vs binary tensors\n"]
+    L.append("Same server, same input, the three bodies' runs interleaved (2 workers). Bytes in: "
+             "the request body; bytes out: the answer with its headers (wrk); CPU: the master's "
+             "and workers' user + system time over the runs ÷ requests.\n")
+    for case, v in v2.items():
+        L.append(f"\n### {case}: input {v['shape']} float32, concurrency {v['concurrency']}\n")
+        L.append("| request | req/s (runs) | p50 (ms) | p99 (ms) | bytes in | bytes out | "
+                 "server CPU/request (µs) | failed |")
+        L.append("|---|---|---|---|---|---|---|---|")
+        for k, r in v["rows"].items():
+            L.append(f"| {k} | {fmt(r['rps'], 0)} ({', '.join(fmt(x, 0) for x in r['rps_all'])}) "
+                     f"| {fmt(r['p50_ms'], 3)} | {fmt(r['p99_ms'], 3)} | {r['req_bytes']} | "
+                     f"{fmt(r['resp_bytes'], 0)} | {fmt(r['cpu_us_per_req'], 0)} | {r['failed']} |")
+        j, b = v["rows"]["v2-json"], v["rows"]["v2-binary"]
+        L.append(f"\nv2 binary ÷ v2 JSON: bytes in {fmt(b['req_bytes'] / j['req_bytes'], 3)}, "
+                 f"CPU/request {fmt(b['cpu_us_per_req'] / j['cpu_us_per_req'], 3)}, "
+                 f"req/s {fmt(b['rps'] / j['rps'], 2)}\n")
+    return "\n".join(L) + "\n"
 
 
 def turnover(entries):
@@ -712,6 +843,8 @@ def markdown(res):
             L.append(f"| {model} | {p['role']} | {fmt(p['rss_mb'])} | {fmt(p['pss_mb'])} |")
     if "metrics" in res:
         L.append(metrics_markdown(res["metrics"]))
+    if "v2" in res:
+        L.append(v2_markdown(res["v2"]))
     L.append("\n![throughput and latency](results.svg)\n")
     return "\n".join(L) + "\n"
 
@@ -855,7 +988,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics"],
+    ap.add_argument("--only", choices=["metrics", "v2"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -880,18 +1013,22 @@ def main():
     t0 = time.monotonic()
     res = {"quick": a.quick, "config": cfg, "command": a.command, "machine": machine(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if a.only == "metrics":
-        res["metrics"] = measure_metrics(cfg)
+    if a.only:
+        measure, render, title = {
+            "metrics": (measure_metrics, metrics_markdown, "Metrics cost"),
+            "v2": (measure_v2, v2_markdown, "v2 encodings"),
+        }[a.only]
+        res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
-        with open(os.path.join(a.out, "metrics.json"), "w") as f:
+        with open(os.path.join(a.out, f"{a.only}.json"), "w") as f:
             json.dump(res, f, indent=1)
         m = res["machine"]
-        with open(os.path.join(a.out, "metrics.md"), "w") as f:
-            f.write(f"# Metrics cost ({'quick' if a.quick else 'full'} run)\n\n"
+        with open(os.path.join(a.out, f"{a.only}.md"), "w") as f:
+            f.write(f"# {title} ({'quick' if a.quick else 'full'} run)\n\n"
                     f"Machine: {m['nproc']} cores ({m['cpu']}), {m['mem_gib']} GiB; load generator "
                     f"{m['wrk']} (`-t 1`) on the same cores. Command: `{a.command}`.\n"
-                    + metrics_markdown(res["metrics"]))
-        log(f"done in {res['elapsed_s']:.0f} s: {a.out}/metrics.json, metrics.md")
+                    + render(res[a.only]))
+        log(f"done in {res['elapsed_s']:.0f} s: {a.out}/{a.only}.json, {a.only}.md")
         return 0
     res["limit"] = measure_limits(cfg)
     res["boot"] = measure_boot(cfg)
@@ -899,6 +1036,7 @@ def main():
     res["serving"], res["memory"] = measure_serving(cfg)
     res["recycling"] = measure_recycling(cfg)
     res["metrics"] = measure_metrics(cfg)
+    res["v2"] = measure_v2(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0
