@@ -297,7 +297,12 @@ fn max_requests_one_recycles_after_every_request() {
     let pids = assert_all_ok(&results);
     assert_eq!(pids.len(), 20, "every request had its own worker");
     let log = s.log_text();
-    assert_eq!(s.events_named("template_ready").len(), 1, "{log}");
+    let template = s.events_named("template_ready");
+    assert_eq!(template.len(), 1, "{log}");
+    // The declared input shape gave the template a warm-up pass (and it stayed
+    // single-threaded: every worker below is still forked from it).
+    let warmup = template[0].f64("warmup_ms").unwrap_or_default();
+    assert!(warmup > 0.0, "warm-up pass: {log}");
     let started = s.events_named("worker_started");
     assert!(started.len() >= 20, "{log}");
     assert!(
@@ -305,6 +310,30 @@ fn max_requests_one_recycles_after_every_request() {
         "every worker forked from the template: {log}"
     );
     assert!(!log.contains("could not set torch"), "{log}");
+    assert_no_failed_boot(&s);
+}
+
+#[test]
+fn a_failing_warm_up_pass_leaves_the_template_forking_cold_workers() {
+    // The declared shape is not one the model takes (4 features): the warm-up pass raises.
+    let app = App::new("mlp.pt", r#""input": {"shape": [-1, 5]}"#);
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    s.wait_workers(1);
+    let template = s.wait_event("template_ready", |_| true);
+    assert_eq!(template.f64("warmup_ms"), Some(0.0));
+    let log = s.log_text();
+    assert!(
+        log.contains("the warm-up pass on the declared input shape failed"),
+        "{log}"
+    );
+    let started = s.events_named("worker_started");
+    assert!(
+        started.iter().all(|e| e.str("method") == Some("fork")),
+        "{log}"
+    );
+    // The worker answers; the request's shape is the declared one, which the model refuses.
+    let r = s.post("/", r#"{"inputs": [[1, 2, 3, 4, 5]]}"#);
+    assert_eq!(r.status, 500, "{}", r.body);
     assert_no_failed_boot(&s);
 }
 

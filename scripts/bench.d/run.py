@@ -496,6 +496,59 @@ def v2_markdown(v2):
     return "\n".join(L) + "\n"
 
 
+def measure_warm(cfg):
+    """The template's warm-up pass: the medium model with persistent workers, with
+    `--max-requests 1` (a fresh forked worker per request) from a warmed template, and with
+    `--max-requests 1` from a cold one (the same model with no declared input shape, so the
+    template has nothing to warm up on); 2 workers, concurrency 4, the three servers' runs
+    interleaved."""
+    meta = MODELS["medium"]["metadata"]
+    with open(meta) as f:
+        doc = json.load(f)
+    doc.pop("input", None)
+    cold = os.path.join(TMP, "medium-cold.json")
+    with open(cold, "w") as f:
+        json.dump(dict(doc, model=os.path.join(TMP, "medium.pt")), f)
+    MODELS["medium-cold"] = dict(MODELS["medium"], metadata=cold)
+    body = MODELS["medium"]["body"]
+    setups = {"persistent": ("medium", 0), "max-requests 1, warm template": ("medium", 1),
+              "max-requests 1, cold template": ("medium-cold", 1)}
+    runs = {k: [] for k in setups}
+    warmup = {}
+    for _ in range(cfg["reps"]):
+        for k, (model, mr) in setups.items():
+            srv = Server(model, 2, max_requests=mr, tag=f"warm-{model}-{mr}")
+            try:
+                srv.wait_ready()
+                wrk(srv.port, body, 2, 1)
+                runs[k].append(wrk(srv.port, body, 4, cfg["load_s"]))
+                for e in read_log(srv.log_path):
+                    if e["msg"].startswith("template process"):
+                        warmup[k] = e["fields"].get("warmup_ms")
+            finally:
+                srv.stop()
+    out = {k: dict(summarize(v), template_warmup_ms=warmup.get(k)) for k, v in runs.items()}
+    base = out["persistent"]["rps"]
+    for k, v in out.items():
+        v["ratio_to_persistent"] = v["rps"] / base if base else 0.0
+        log(f"warm {k}: {v['rps']:.1f} req/s ({v['ratio_to_persistent']:.3f} of persistent) "
+            f"p50 {v['p50_ms']:.2f} ms failed {v['failed']}")
+    return out
+
+
+def warm_markdown(w):
+    L = ["\n## The template's warm-up pass (medium model, 2 workers, concurrency 4)\n"]
+    L.append("| workers | req/s (runs) | ÷ persistent | p50 (ms) | p99 (ms) | template warm-up (ms) "
+             "| failed |")
+    L.append("|---|---|---|---|---|---|---|")
+    for k, v in w.items():
+        L.append(f"| {k} | {fmt(v['rps'], 1)} ({', '.join(fmt(x, 1) for x in v['rps_all'])}) | "
+                 f"{fmt(v['ratio_to_persistent'], 3)} | {fmt(v['p50_ms'], 2)} | "
+                 f"{fmt(v['p99_ms'], 2)} | {fmt(v['template_warmup_ms'] or 0, 1)} | "
+                 f"{v['failed']} |")
+    return "\n".join(L) + "\n"
+
+
 def turnover(entries):
     """From the master's log: per retirement, retiring -> replacement started -> ready (ms)."""
     ret = re.compile(r"^worker (\d+) \(pid (\d+)\) retiring")
@@ -845,6 +898,8 @@ def markdown(res):
         L.append(metrics_markdown(res["metrics"]))
     if "v2" in res:
         L.append(v2_markdown(res["v2"]))
+    if "warm" in res:
+        L.append(warm_markdown(res["warm"]))
     L.append("\n![throughput and latency](results.svg)\n")
     return "\n".join(L) + "\n"
 
@@ -988,7 +1043,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1017,6 +1072,7 @@ def main():
         measure, render, title = {
             "metrics": (measure_metrics, metrics_markdown, "Metrics cost"),
             "v2": (measure_v2, v2_markdown, "v2 encodings"),
+            "warm": (measure_warm, warm_markdown, "Template warm-up"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
@@ -1037,6 +1093,7 @@ def main():
     res["recycling"] = measure_recycling(cfg)
     res["metrics"] = measure_metrics(cfg)
     res["v2"] = measure_v2(cfg)
+    res["warm"] = measure_warm(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0

@@ -9,7 +9,7 @@
 //! | `address_unused` | warn | `host`, `port` | `--host`/`--port` were given but systemd's socket is used |
 //! | `metrics_listening` | info | `addr` | `--metrics-port` is bound (`/metrics` is served there) |
 //! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
-//! | `template_ready` | info | `pid`, `ms` | the template process has loaded the model |
+//! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |
 //! | `worker_ready` | info | `slot`, `pid`, `generation`, `ms`, `model_ms`, `warmup_ms` | it accepts connections |

@@ -544,13 +544,15 @@ impl Supervisor {
     fn read_control(&mut self) {
         let now = Instant::now();
         if let Some(t) = self.template.as_mut() {
-            if t.poll_ready() {
+            if let Some(boot) = t.poll_ready() {
                 let ms = t.started.elapsed().as_secs_f64() * 1e3;
+                let warmup_ms = boot.warmup_ms;
                 tracing::info!(
                     event = "template_ready",
                     pid = t.pid,
                     ms,
-                    "template process (pid {}) ready in {ms:.0} ms: workers are forked from it",
+                    warmup_ms,
+                    "template process (pid {}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it",
                     t.pid
                 );
             }

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::spawn::{launch_with, Launched, WorkerSpec};
-use crate::protocol::{ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, ENV_TEMPLATE};
+use crate::protocol::{
+    BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, ENV_TEMPLATE,
+};
 
 /// How long the master waits for the template to answer one request.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,9 +58,9 @@ impl Template {
     }
 
     /// Reads what arrived; returns true when the template has just become ready.
-    pub fn poll_ready(&mut self) -> bool {
+    pub fn poll_ready(&mut self) -> Option<BootTimes> {
         if self.ready {
-            return false;
+            return None;
         }
         let mut chunk = [0u8; 1024];
         while let Ok(n) = (&self.control).read(&mut chunk) {
@@ -68,12 +70,12 @@ impl Template {
             self.buf.extend_from_slice(&chunk[..n]);
         }
         if let Some(line) = take_line(&mut self.buf) {
-            if matches!(ControlMsg::from_line(&line), Ok(ControlMsg::Ready { .. })) {
+            if let Ok(ControlMsg::Ready { boot_ms, .. }) = ControlMsg::from_line(&line) {
                 self.ready = true;
-                return true;
+                return Some(boot_ms);
             }
         }
-        false
+        None
     }
 
     /// Asks the template for a worker with `config`.

@@ -408,6 +408,10 @@ impl Event {
         self.fields.get(k)?.as_i64()
     }
 
+    pub fn f64(&self, k: &str) -> Option<f64> {
+        self.fields.get(k)?.as_f64()
+    }
+
     pub fn str(&self, k: &str) -> Option<&str> {
         self.fields.get(k)?.as_str()
     }

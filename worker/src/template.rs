@@ -1,7 +1,8 @@
-//! The template process (`vf-template`): loads libtorch and the model on the CPU once, stays
-//! single-threaded, and forks ready-to-serve workers on the master's request
-//! ([`TemplateRequest`]). It never runs a forward pass, never touches CUDA and never starts a
-//! thread, so a `fork()` of it is safe; each worker starts its own threads (and, on a GPU,
+//! The template process (`vf-template`): loads libtorch and the model on the CPU once, warms
+//! it with one forward pass on the declared input shape (`runner/warmup.rs`, one intra-op
+//! thread), stays single-threaded, and forks ready-to-serve workers on the master's request
+//! ([`TemplateRequest`]). It never touches CUDA and never starts a thread (checked after the
+//! warm-up), so a `fork()` of it is safe; each worker starts its own threads (and, on a GPU,
 //! its own CUDA context) after the fork.
 //!
 //! Double fork: the template forks a short-lived child that forks the worker and exits, so
@@ -27,7 +28,7 @@ use crate::process;
 
 /// Runs the template until the master closes its channel; returns the exit status.
 pub fn run(process_ms: f64) -> i32 {
-    let (cfg, _metadata) = match crate::config::from_env() {
+    let (cfg, metadata) = match crate::config::from_env() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("app-worker (template): {e}");
@@ -49,6 +50,22 @@ pub fn run(process_ms: f64) -> i32 {
         }
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    // The warm-up pass runs on this thread alone: one intra-op thread (each worker sets its
+    // own count after the fork), so no thread pool starts here.
+    process::set_intra_threads(1);
+    let warmup_ms = match crate::runner::warm_up(&module, metadata.inputs.as_deref()) {
+        Ok(Some(ms)) => {
+            tracing::debug!(ms, "template warm-up pass");
+            ms
+        }
+        Ok(None) => 0.0,
+        Err(e) => {
+            tracing::warn!(
+                "template: the warm-up pass on the declared input shape failed ({e}); workers start cold"
+            );
+            0.0
+        }
+    };
     process::collapse_anonymous_memory();
     let threads = process::thread_count();
     if threads != Some(1) {
@@ -65,7 +82,7 @@ pub fn run(process_ms: f64) -> i32 {
         boot_ms: BootTimes {
             process_ms,
             model_ms,
-            warmup_ms: 0.0,
+            warmup_ms,
         },
     };
     if control.write_all(ready.to_line().as_bytes()).is_err() {

@@ -9,6 +9,7 @@
 mod load;
 mod tensors;
 pub mod v2out;
+mod warmup;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -20,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use tensors::kind_of;
+pub use warmup::warm_up;
 
 use crate::cuda;
 use crate::input::Inputs;

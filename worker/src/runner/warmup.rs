@@ -1,0 +1,47 @@
+//! The template's warm-up: one forward pass on an input the metadata's declared `inputs`
+//! allow (`-1` dimensions as 1; zeros, or one empty string for a `BYTES` input), run on the
+//! template's one thread before it forks workers. What a model's first passes cost — the
+//! TorchScript executor building its plan, the allocator growing its heaps, oneDNN choosing
+//! and generating kernels — is then paid once, in memory every forked worker inherits,
+//! instead of by the first request of every worker (which with `--max-requests 1` is every
+//! request).
+
+use std::time::Instant;
+
+use tch::{CModule, Device, IValue, Tensor};
+use vramfork::metadata::{Datatype, TensorSpec};
+
+use super::{kind_of, useful_line};
+
+/// Runs the warm-up pass; `Ok(None)` when the metadata declares no input shape to make one
+/// from, `Ok(Some(ms))` when it ran, `Err` with the model's message when the pass failed.
+pub fn warm_up(module: &CModule, inputs: Option<&[TensorSpec]>) -> Result<Option<f64>, String> {
+    let Some(specs) = inputs else {
+        return Ok(None);
+    };
+    let mut args = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let Some(shape) = &spec.shape else {
+            return Ok(None);
+        };
+        let shape: Vec<i64> = shape.iter().map(|d| if *d < 0 { 1 } else { *d }).collect();
+        args.push(match spec.datatype {
+            Datatype::Tensor(dtype) => {
+                IValue::Tensor(Tensor::zeros(&shape, (kind_of(dtype), Device::Cpu)))
+            }
+            Datatype::Bytes => {
+                let n: i64 = shape.iter().product();
+                IValue::StringList(vec![String::new(); n.max(0) as usize])
+            }
+        });
+    }
+    let start = Instant::now();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tch::no_grad(|| module.forward_is(&args))
+    }));
+    match run {
+        Ok(Ok(_)) => Ok(Some(start.elapsed().as_secs_f64() * 1e3)),
+        Ok(Err(e)) => Err(useful_line(&e.to_string())),
+        Err(_) => Err("the model panicked".into()),
+    }
+}
