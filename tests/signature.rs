@@ -213,13 +213,7 @@ fn a_text_document_model_is_served_through_v2_and_post() {
     let (h, body) = binary(&head, &data);
     let r = raw(s.port, "POST", INFER, &h, &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let n: usize = r
-        .header("inference-header-content-length")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let head: Value = serde_json::from_slice(&r.body[..n]).unwrap();
-    let tail = &r.body[n..];
+    let (head, tail) = r.binary_parts();
     assert_eq!(
         head["outputs"][0],
         json!({"name": "first_word", "datatype": "BYTES", "shape": [2],

@@ -206,15 +206,10 @@ fn every_v2_error_has_its_status_and_the_worker_survives_a_fuzz() {
     );
     let r = raw(port, "POST", &infer_path(), &h, &body);
     assert_eq!(r.status, 200);
-    let n: usize = r
-        .header("inference-header-content-length")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let head: Value = serde_json::from_slice(&r.body[..n]).unwrap();
+    let (head, tail) = r.binary_parts();
     assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 12);
-    assert_eq!(r.body.len(), n + 12);
-    let first = f32::from_le_bytes(r.body[n..n + 4].try_into().unwrap());
+    assert_eq!(tail.len(), 12);
+    let first = f32::from_le_bytes(tail[..4].try_into().unwrap());
     assert!((first - -0.11241218).abs() < 1e-6, "{first}");
 
     // The fuzz: every malformed request is a 400 from the same worker.

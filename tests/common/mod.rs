@@ -767,6 +767,18 @@ impl Raw {
             .map(|(_, v)| v.as_str())
     }
 
+    /// A v2 answer with binary data: its JSON header (`Inference-Header-Content-Length`
+    /// bytes) and the raw bytes after it.
+    pub fn binary_parts(&self) -> (serde_json::Value, &[u8]) {
+        let n: usize = self
+            .header("inference-header-content-length")
+            .expect("an Inference-Header-Content-Length header")
+            .parse()
+            .unwrap();
+        let head = serde_json::from_slice(&self.body[..n]).unwrap();
+        (head, &self.body[n..])
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
