@@ -372,22 +372,7 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
     };
     let shape = match o.get("shape") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(dims)) => {
-            let mut shape = Vec::with_capacity(dims.len());
-            for (i, d) in dims.iter().enumerate() {
-                match d.as_i64() {
-                    Some(n) if n == -1 || n >= 0 => shape.push(n),
-                    _ => return Err(bad_dim(i, d)),
-                }
-            }
-            Some(shape)
-        }
-        Some(other) => {
-            return Err(format!(
-                "field `input.shape` must be an array of sizes (-1 = any), found {}",
-                kind(other)
-            ))
-        }
+        Some(v) => Some(parse_shape("input.shape", v)?),
     };
     let dtype = match o.get("dtype") {
         None | Some(Value::Null) => Dtype::Float32,
@@ -461,26 +446,7 @@ fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
             }
         };
         let shape = match o.get("shape") {
-            Some(Value::Array(dims)) => {
-                let mut shape = Vec::with_capacity(dims.len());
-                for (j, d) in dims.iter().enumerate() {
-                    match d.as_i64() {
-                        Some(n) if n == -1 || n >= 0 => shape.push(n),
-                        _ => {
-                            return Err(format!(
-                                "field `{at}.shape[{j}]` must be a size ≥ 0 or -1 (any size), found {d}"
-                            ))
-                        }
-                    }
-                }
-                shape
-            }
-            Some(v) => {
-                return Err(format!(
-                    "field `{at}.shape` must be an array of sizes (-1 = any), found {}",
-                    kind(v)
-                ))
-            }
+            Some(v) => parse_shape(&format!("{at}.shape"), v)?,
             None => {
                 return Err(format!(
                     "field `{at}.shape` is missing (an array of sizes, -1 = any)"
@@ -496,8 +462,23 @@ fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
     Ok(specs)
 }
 
-fn bad_dim(i: usize, d: &Value) -> String {
-    format!("field `input.shape[{i}]` must be a size ≥ 0 or -1 (any size), found {d}")
+/// A shape field (`field` names it in errors): an array of sizes ≥ 0, or -1 for any size.
+fn parse_shape(field: &str, v: &Value) -> Result<Vec<i64>, String> {
+    let Value::Array(dims) = v else {
+        return Err(format!(
+            "field `{field}` must be an array of sizes (-1 = any), found {}",
+            kind(v)
+        ));
+    };
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| match d.as_i64() {
+            Some(n) if n == -1 || n >= 0 => Ok(n),
+            _ => Err(format!(
+                "field `{field}[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
+            )),
+        })
+        .collect()
 }
 
 /// A JSON value's kind, for messages.

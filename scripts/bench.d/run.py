@@ -9,10 +9,12 @@ group and stopped (TERM, then KILL of that group) before the next one starts.
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -38,11 +40,9 @@ MODELS = {
     },
 }
 CONCURRENCY = [1, 2, 4, 8]
-# The v2 encoding benchmark's model (not in MODELS: the serving and recycling sweeps skip it).
-IMAGE = {
-    "metadata": os.path.join(TMP, "image.json"),
-    "model": os.path.join(TMP, "image.pt"),
-}
+# The v2 encoding benchmark's model's metadata (not in MODELS: the serving, recycling and
+# limit sweeps skip it).
+IMAGE_METADATA = os.path.join(TMP, "image.json")
 
 
 def log(msg):
@@ -88,7 +88,9 @@ def post_once(port, body, timeout=5.0):
 class Server:
     """`app --production` in its own process group, JSON logs to a file."""
 
-    def __init__(self, model, workers, max_requests=0, tag="run", metrics=False):
+    def __init__(self, model, workers, max_requests=0, tag="run", metrics=False, metadata=None):
+        """`model` names an entry of MODELS (its request body); `metadata` replaces its
+        metadata file when given."""
         self.port = free_port()
         self.metrics_port = free_port() if metrics else None
         self.model = model
@@ -98,7 +100,7 @@ class Server:
         env = dict(os.environ)
         # Master debug lines (worker started / retiring) without the worker's per-request ones.
         env["VRAMFORK_LOG"] = "info,vramfork::master=debug"
-        meta = IMAGE["metadata"] if model == "image" else MODELS[model]["metadata"]
+        meta = metadata or MODELS[model]["metadata"]
         cmd = [
             os.path.join(BIN, "app"), "--production",
             "--metadata", meta,
@@ -402,7 +404,6 @@ def cpu_seconds(server):
 def v2_bodies(model, shape, values):
     """The same input as a `POST /` body, a v2 JSON body and a v2 binary body (binary answer
     asked for too), each with its path and Inference-Header-Content-Length."""
-    import struct
 
     def nested(flat, dims):
         if len(dims) == 1:
@@ -429,22 +430,20 @@ def measure_v2(cfg):
     concurrency 8 and a [1, 3, 224, 224] float32 image at concurrency 2 (2 workers). Per
     request: bytes sent (body), bytes read (answer with headers, from wrk) and the server's
     CPU time (master + workers, from /proc, over the run)."""
-    import random
-    import struct
     rnd = random.Random(7)
     n = 3 * 224 * 224
     # float32 values written as clients write them (numpy float32 -> Python float -> JSON).
     image = [struct.unpack("<f", struct.pack("<f", rnd.random()))[0] for _ in range(n)]
     cases = {
-        "mlp": {"server": "mlp", "name": "mlp-fixture", "shape": [1, 4],
+        "mlp": {"metadata": None, "name": "mlp-fixture", "shape": [1, 4],
                 "values": [1.0, 2.0, 3.0, 4.0], "c": 8},
-        "image": {"server": "image", "name": "bench-image", "shape": [1, 3, 224, 224],
+        "image": {"metadata": IMAGE_METADATA, "name": "bench-image", "shape": [1, 3, 224, 224],
                   "values": image, "c": 2},
     }
     out = {}
     for case, spec in cases.items():
         bodies = v2_bodies(spec["name"], spec["shape"], spec["values"])
-        srv = Server(spec["server"], 2, tag=f"v2-{case}")
+        srv = Server("mlp", 2, tag=f"v2-{case}", metadata=spec["metadata"])
         try:
             srv.wait_ready(body=bodies["post"]["body"])
             runs = {k: [] for k in bodies}
@@ -509,15 +508,14 @@ def measure_warm(cfg):
     cold = os.path.join(TMP, "medium-cold.json")
     with open(cold, "w") as f:
         json.dump(dict(doc, model=os.path.join(TMP, "medium.pt")), f)
-    MODELS["medium-cold"] = dict(MODELS["medium"], metadata=cold)
     body = MODELS["medium"]["body"]
-    setups = {"persistent": ("medium", 0), "max-requests 1, warm template": ("medium", 1),
-              "max-requests 1, cold template": ("medium-cold", 1)}
+    setups = {"persistent": (None, 0), "max-requests 1, warm template": (None, 1),
+              "max-requests 1, cold template": (cold, 1)}
     runs = {k: [] for k in setups}
     warmup = {}
     for _ in range(cfg["reps"]):
-        for k, (model, mr) in setups.items():
-            srv = Server(model, 2, max_requests=mr, tag=f"warm-{model}-{mr}")
+        for i, (k, (metadata, mr)) in enumerate(setups.items()):
+            srv = Server("medium", 2, max_requests=mr, tag=f"warm-{i}", metadata=metadata)
             try:
                 srv.wait_ready()
                 wrk(srv.port, body, 2, 1)

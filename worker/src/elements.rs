@@ -7,7 +7,7 @@ use serde_json::Value;
 use tch::Tensor;
 use vramfork::metadata::Dtype;
 
-use crate::input::Arg;
+use crate::input::{int_range, Arg};
 use crate::runner::kind_of;
 
 /// The number of elements of `shape`, refusing negative sizes and products a buffer of
@@ -139,13 +139,7 @@ pub fn tensor_from_json(
             Tensor::from_slice(&v)
         }
         _ => {
-            let (lo, hi) = match dtype {
-                Dtype::Int32 => (i32::MIN as i64, i32::MAX as i64),
-                Dtype::Int16 => (i16::MIN as i64, i16::MAX as i64),
-                Dtype::Int8 => (i8::MIN as i64, i8::MAX as i64),
-                Dtype::UInt8 => (0, 255),
-                _ => (i64::MIN, i64::MAX),
-            };
+            let (lo, hi) = int_range(dtype);
             let v: Vec<i64> = leaves
                 .iter()
                 .enumerate()

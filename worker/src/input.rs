@@ -55,9 +55,10 @@ impl From<InputArray> for Inputs {
 pub fn parse_request(body: &[u8], inputs: Option<&[TensorSpec]>) -> Result<Inputs, BodyError> {
     match inputs {
         None => parse_body(body, None).map(Inputs::from),
-        Some([one]) if one.input_spec().is_some() => {
-            parse_body(body, one.input_spec().as_ref()).map(Inputs::from)
-        }
+        Some([one]) => match one.input_spec() {
+            Some(spec) => parse_body(body, Some(&spec)).map(Inputs::from),
+            None => parse_named(body, std::slice::from_ref(one)),
+        },
         Some(specs) => parse_named(body, specs),
     }
 }
@@ -289,7 +290,8 @@ fn float_overflow(d: Dtype) -> f64 {
     }
 }
 
-fn int_range(d: Dtype) -> (i64, i64) {
+/// The values an integer dtype holds.
+pub(crate) fn int_range(d: Dtype) -> (i64, i64) {
     match d {
         Dtype::Int8 => (i8::MIN.into(), i8::MAX.into()),
         Dtype::UInt8 => (0, u8::MAX.into()),
