@@ -102,6 +102,21 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_MAX_QUEUE_WAIT", value_name = "S")]
     pub max_queue_wait: Option<String>,
 
+    /// Rows a worker may stack into one forward pass (dynamic batching); 0 = one request per
+    /// pass. Overrides the metadata's `max_batch_size`. [default: the metadata's, else 0]
+    #[arg(long, global = true, env = "VRAMFORK_MAX_BATCH_SIZE", value_name = "N")]
+    pub max_batch_size: Option<String>,
+
+    /// With batching, how long (ms) the model thread may wait for more requests to fill a
+    /// batch; 0 = run what is queued now. [default: 0]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_BATCH_TIMEOUT_MS",
+        value_name = "MS"
+    )]
+    pub batch_timeout_ms: Option<String>,
+
     /// Where the model runs: auto, cpu or cuda. [default: auto]
     #[arg(long, global = true, env = "VRAMFORK_DEVICE")]
     pub device: Option<String>,
@@ -188,6 +203,8 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--graceful-timeout", "VRAMFORK_GRACEFUL_TIMEOUT"),
     ("--request-timeout", "VRAMFORK_REQUEST_TIMEOUT"),
     ("--max-queue-wait", "VRAMFORK_MAX_QUEUE_WAIT"),
+    ("--max-batch-size", "VRAMFORK_MAX_BATCH_SIZE"),
+    ("--batch-timeout-ms", "VRAMFORK_BATCH_TIMEOUT_MS"),
     ("--device", "VRAMFORK_DEVICE"),
     ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
     (

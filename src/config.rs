@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::{Cli, Command, OPTION_ENV};
-use crate::metadata::AppMetadata;
+use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
 use crate::plan::{Policy, WorkerOverride};
 use crate::protocol::Device;
 
@@ -46,6 +46,12 @@ pub struct Config {
     pub request_timeout: Duration,
     /// `None`: requests wait without bound (`--max-queue-wait 0`).
     pub max_queue_wait: Option<Duration>,
+    /// Rows per forward pass (`--max-batch-size`, else the metadata's); 0 = no batching.
+    pub max_batch_size: u32,
+    /// `--max-batch-size`, when given: a reload keeps it instead of the metadata's.
+    pub max_batch_size_override: Option<u32>,
+    /// How long the model thread may wait to fill a batch.
+    pub batch_timeout: Duration,
     pub device: Device,
     pub max_body_bytes: u64,
     pub gpu_memory_utilization: Option<f64>,
@@ -236,6 +242,32 @@ impl Config {
             c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
         let max_queue_wait =
             c.seconds_or_off("--max-queue-wait", cli.max_queue_wait.as_deref(), 10.0)?;
+        let max_batch_size_override = match cli.max_batch_size.as_deref() {
+            None => None,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if n <= MAX_BATCH_SIZE_LIMIT => Some(n),
+                _ => {
+                    return Err(c.bad(
+                        "--max-batch-size",
+                        v,
+                        &format!(
+                            "expected a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching)"
+                        ),
+                    ))
+                }
+            },
+        };
+        let batch_timeout_ms =
+            c.uint("--batch-timeout-ms", cli.batch_timeout_ms.as_deref(), 0, 0)?;
+        if batch_timeout_ms > 60_000 {
+            return Err(c.bad(
+                "--batch-timeout-ms",
+                &batch_timeout_ms.to_string(),
+                "at most 60000 ms",
+            ));
+        }
+        let batch_timeout = Duration::from_millis(batch_timeout_ms);
+        let max_batch_size = batching(&metadata, max_batch_size_override, batch_timeout, &c)?;
         let device = match cli.device.as_deref() {
             None | Some("auto") => Device::Auto,
             Some("cpu") => Device::Cpu,
@@ -317,6 +349,9 @@ impl Config {
             graceful_timeout,
             request_timeout,
             max_queue_wait,
+            max_batch_size,
+            max_batch_size_override,
+            batch_timeout,
             device,
             max_body_bytes: max_body_mb << 20,
             gpu_memory_utilization,
@@ -343,9 +378,20 @@ impl Config {
                 self.metadata.path.display()
             )));
         }
+        let c = Checker {
+            env: &|_| None,
+            args: &[],
+        };
+        let max_batch_size = batching(
+            &metadata,
+            self.max_batch_size_override,
+            self.batch_timeout,
+            &c,
+        )?;
         Ok(Config {
             metadata,
             model_path,
+            max_batch_size,
             ..self.clone()
         })
     }
@@ -360,6 +406,32 @@ impl Config {
             torch_threads: self.torch_threads,
         }
     }
+}
+
+/// The rows per forward pass: `--max-batch-size` over the metadata's `max_batch_size`,
+/// checked against the declared inputs and `--batch-timeout-ms`.
+fn batching(
+    metadata: &AppMetadata,
+    flag: Option<u32>,
+    timeout: Duration,
+    c: &Checker<'_>,
+) -> Result<u32, ConfigError> {
+    let size = flag.unwrap_or(metadata.max_batch_size);
+    if let Some(msg) = crate::metadata::unbatchable_input(metadata.inputs.as_deref(), size) {
+        return Err(ConfigError(format!(
+            "{}: {msg}",
+            c.name("--max-batch-size")
+        )));
+    }
+    if size == 0 && !timeout.is_zero() {
+        return Err(ConfigError(format!(
+            "{} {} has no effect without batching: set `max_batch_size` in {} or pass --max-batch-size N",
+            c.name("--batch-timeout-ms"),
+            timeout.as_millis(),
+            metadata.path.display()
+        )));
+    }
+    Ok(size)
 }
 
 /// `--workers` > `VRAMFORK_WORKERS` > `CLAMS_GUNICORN_WORKERS` > the plan. Zero, negative,
@@ -465,6 +537,8 @@ mod tests {
             "--port" => cli.port = Some(v),
             "--device" => cli.device = Some(v),
             "--timeout" => cli.timeout = Some(v),
+            "--max-batch-size" => cli.max_batch_size = Some(v),
+            "--batch-timeout-ms" => cli.batch_timeout_ms = Some(v),
             _ => {}
         }
     }
@@ -485,6 +559,64 @@ mod tests {
         assert_eq!(c.gpu_reserve_mb, 500);
         assert!(c.workers_override.is_none() && c.max_worker_gpu_mb.is_none());
         assert!(c.model_path.unwrap().ends_with("m.pt"));
+    }
+
+    #[test]
+    fn batching_comes_from_the_metadata_or_the_flag() {
+        let e = Env::new();
+        let c = e.run(&[]).unwrap();
+        assert_eq!((c.max_batch_size, c.batch_timeout), (0, Duration::ZERO));
+        std::fs::write(
+            e.dir.path().join("meta.json"),
+            r#"{"name": "t", "model": "m.pt", "max_batch_size": 8, "input": {"shape": [-1, 4]}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.run(&[]).unwrap().max_batch_size, 8);
+        let c = e
+            .run(&["--max-batch-size", "32", "--batch-timeout-ms", "5"])
+            .unwrap();
+        assert_eq!(
+            (c.max_batch_size, c.batch_timeout),
+            (32, Duration::from_millis(5))
+        );
+        assert_eq!(e.run(&["--max-batch-size", "0"]).unwrap().max_batch_size, 0);
+        for (args, want) in [
+            (
+                &["--max-batch-size", "-1"][..],
+                "invalid value '-1' for --max-batch-size: expected a whole number 0..=4096",
+            ),
+            (
+                &["--max-batch-size", "5000"][..],
+                "'5000' for --max-batch-size",
+            ),
+            (
+                &["--batch-timeout-ms", "0.5"][..],
+                "invalid value '0.5' for --batch-timeout-ms",
+            ),
+            (
+                &["--batch-timeout-ms", "60001"][..],
+                "'60001' for --batch-timeout-ms: at most 60000 ms",
+            ),
+            (
+                &["--max-batch-size", "0", "--batch-timeout-ms", "5"][..],
+                "--batch-timeout-ms 5 has no effect without batching",
+            ),
+        ] {
+            let err = e.run(args).unwrap_err();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+        std::fs::write(
+            e.dir.path().join("meta.json"),
+            r#"{"name": "t", "model": "m.pt", "input": {"shape": []}}"#,
+        )
+        .unwrap();
+        let err = e.run(&["--max-batch-size", "4"]).unwrap_err();
+        assert!(
+            err.contains(
+                "--max-batch-size: batching (max_batch_size 4) needs a leading batch dimension"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -218,7 +218,12 @@ pub struct AppMetadata {
     /// The declared `outputs`, in the order the model returns them; `None`: named
     /// `output__0…`, datatypes from the tensors.
     pub outputs: Option<Vec<TensorSpec>>,
+    /// Rows a worker may stack into one forward pass (`max_batch_size`); 0 = no batching.
+    pub max_batch_size: u32,
 }
+
+/// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
+pub const MAX_BATCH_SIZE_LIMIT: u32 = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {
@@ -345,6 +350,26 @@ impl AppMetadata {
             (None, inputs) => inputs,
         };
         let outputs = declared("outputs")?;
+        let max_batch_size = match raw.get("max_batch_size") {
+            None | Some(Value::Null) => 0,
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .filter(|n| *n <= u64::from(MAX_BATCH_SIZE_LIMIT))
+                .ok_or_else(|| {
+                    field(format!(
+                        "field `max_batch_size` must be a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching), found {n}"
+                    ))
+                })? as u32,
+            Some(v) => {
+                return Err(field(format!(
+                    "field `max_batch_size` must be a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching), found {}",
+                    kind(v)
+                )))
+            }
+        };
+        if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
+            return Err(field(spec));
+        }
         Ok(AppMetadata {
             path: path.to_path_buf(),
             raw,
@@ -354,6 +379,7 @@ impl AppMetadata {
             est_gpu_mem_typ,
             inputs,
             outputs,
+            max_batch_size,
         })
     }
 
@@ -361,6 +387,21 @@ impl AppMetadata {
     pub fn to_json(&self) -> String {
         serde_json::to_string(&self.raw).expect("a JSON map always serializes")
     }
+}
+
+/// With batching on (`max_batch_size` > 0), a declared input must have a leading batch
+/// dimension: a scalar (`shape: []`) cannot be stacked. The message when one has none.
+pub fn unbatchable_input(inputs: Option<&[TensorSpec]>, max_batch_size: u32) -> Option<String> {
+    if max_batch_size == 0 {
+        return None;
+    }
+    let spec = inputs?
+        .iter()
+        .find(|s| s.shape.as_ref().is_some_and(Vec::is_empty))?;
+    Some(format!(
+        "batching (max_batch_size {max_batch_size}) needs a leading batch dimension on every input, but input `{}` is declared with shape [] (a scalar)",
+        spec.name
+    ))
 }
 
 fn parse_input(v: &Value) -> Result<InputSpec, String> {
@@ -511,6 +552,25 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn max_batch_size_is_checked() {
+        assert_eq!(parse(r#"{"name": "a"}"#).unwrap().max_batch_size, 0);
+        let m = parse(r#"{"name": "a", "max_batch_size": 16, "input": {"shape": [-1, 4]}}"#);
+        assert_eq!(m.unwrap().max_batch_size, 16);
+        for (text, want) in [
+            (r#"{"name": "a", "max_batch_size": -1}"#, "`max_batch_size` must be a whole number 0..=4096 (0 = no batching), found -1"),
+            (r#"{"name": "a", "max_batch_size": "8"}"#, "`max_batch_size` must be a whole number 0..=4096 (0 = no batching), found a string"),
+            (r#"{"name": "a", "max_batch_size": 4097}"#, "found 4097"),
+            (r#"{"name": "a", "max_batch_size": 2.5}"#, "found 2.5"),
+            (r#"{"name": "a", "max_batch_size": 4, "input": {"shape": []}}"#, "input `input__0` is declared with shape [] (a scalar)"),
+        ] {
+            let e = err(text);
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        // A scalar input is fine without batching.
+        assert!(parse(r#"{"name": "a", "max_batch_size": 0, "input": {"shape": []}}"#).is_ok());
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub struct WorkerConfig {
     /// 0 = no limit.
     #[serde(default)]
     pub max_queue_wait_ms: u64,
+    /// Rows the model thread may stack into one forward pass; 0 = one request per pass.
+    #[serde(default)]
+    pub max_batch_size: u32,
+    /// How long the model thread may wait for more requests to fill a batch (ms).
+    #[serde(default)]
+    pub batch_timeout_ms: u64,
     /// Seconds between heartbeats on the control channel.
     pub heartbeat_ms: u64,
     /// On a graceful retire, how long in-flight requests may still take.

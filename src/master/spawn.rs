@@ -71,6 +71,8 @@ pub fn worker_config(
         max_queue_wait_ms: cfg
             .max_queue_wait
             .map_or(0, |d| d.as_millis().max(1) as u64),
+        max_batch_size: cfg.max_batch_size,
+        batch_timeout_ms: cfg.batch_timeout.as_millis() as u64,
         heartbeat_ms: HEARTBEAT_MS,
         graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,

@@ -266,6 +266,26 @@ fn l(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }
 
+/// Forward passes by rows, gathered into power-of-two ranges (`1`, `2`, `3-4`, `5-8`, …):
+/// a bounded set of label values whatever `max_batch_size` is.
+pub fn batch_sizes(batches: &BTreeMap<u32, u64>) -> Vec<(String, u64)> {
+    let mut ranges: BTreeMap<u32, u64> = BTreeMap::new();
+    for (rows, n) in batches {
+        *ranges.entry(rows.max(&1).next_power_of_two()).or_default() += n;
+    }
+    ranges
+        .into_iter()
+        .map(|(top, n)| {
+            let label = if top <= 2 {
+                top.to_string()
+            } else {
+                format!("{}-{top}", top / 2 + 1)
+            };
+            (label, n)
+        })
+        .collect()
+}
+
 /// Encodes a snapshot in the given format.
 pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
     let reg = Registry::builder()
@@ -324,6 +344,19 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         "forward_duration",
         "Model forward passes that produced an answer.",
         vec![(vec![], t.forward.clone())],
+    );
+    f.counter(
+        "batches",
+        "With batching on: forward passes by the rows stacked into them (size: 1, 2, 3-4, 5-8, ...).",
+        batch_sizes(&t.batches)
+            .into_iter()
+            .map(|(size, n)| (l(&[("size", &size)]), n))
+            .collect(),
+    );
+    f.counter(
+        "batch_rows",
+        "With batching on: rows run in the passes counted in vramfork_batches_total.",
+        vec![(vec![], t.batch_rows())],
     );
     f.gauge(
         "requests_in_flight",
@@ -489,5 +522,30 @@ impl Families {
         let unit = Unit::Bytes;
         let base = unit_name(name, &unit);
         self.gauge(&base, help, Some(unit), rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_sizes_gather_into_power_of_two_ranges() {
+        let batches: BTreeMap<u32, u64> =
+            [(1, 5), (2, 4), (3, 1), (4, 2), (5, 3), (16, 1), (17, 1)]
+                .into_iter()
+                .collect();
+        let want: Vec<(String, u64)> = [
+            ("1", 5),
+            ("2", 4),
+            ("3-4", 3),
+            ("5-8", 3),
+            ("9-16", 1),
+            ("17-32", 1),
+        ]
+        .into_iter()
+        .map(|(s, n)| (s.to_string(), n))
+        .collect();
+        assert_eq!(batch_sizes(&batches), want);
     }
 }

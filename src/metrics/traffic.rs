@@ -51,6 +51,9 @@ pub struct Traffic {
     pub endpoints: BTreeMap<String, EndpointTraffic>,
     /// Forward passes that produced an answer.
     pub forward: Hist,
+    /// With batching on: forward passes of the model thread by the rows stacked into them.
+    #[serde(default, with = "pairs")]
+    pub batches: BTreeMap<u32, u64>,
 }
 
 impl Traffic {
@@ -59,6 +62,14 @@ impl Traffic {
             self.endpoints.entry(name.clone()).or_default().add(t);
         }
         self.forward.add(&o.forward);
+        for (rows, n) in &o.batches {
+            *self.batches.entry(*rows).or_default() += n;
+        }
+    }
+
+    /// Rows run in the passes counted in `batches`.
+    pub fn batch_rows(&self) -> u64 {
+        self.batches.iter().map(|(r, n)| u64::from(*r) * n).sum()
     }
 
     /// Answers of every endpoint.
@@ -80,12 +91,17 @@ mod pairs {
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub fn serialize<S: Serializer>(m: &BTreeMap<u16, u64>, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<K: Serialize, S: Serializer>(
+        m: &BTreeMap<K, u64>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         m.iter().collect::<Vec<_>>().serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u16, u64>, D::Error> {
-        Ok(Vec::<(u16, u64)>::deserialize(d)?.into_iter().collect())
+    pub fn deserialize<'de, K: Deserialize<'de> + Ord, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<K, u64>, D::Error> {
+        Ok(Vec::<(K, u64)>::deserialize(d)?.into_iter().collect())
     }
 }
 
@@ -102,6 +118,8 @@ mod tests {
         infer.bytes_in = 10;
         infer.duration.observe(0.002);
         a.forward.observe(0.001);
+        a.batches.insert(1, 2);
+        a.batches.insert(7, 1);
         let msg = crate::protocol::ControlMsg::Metrics {
             traffic: a.clone(),
             allocator_peak: Some(1),
@@ -118,5 +136,7 @@ mod tests {
         assert_eq!(sum.with_code(507), 2);
         assert_eq!(sum.endpoints["infer"].bytes_in, 20);
         assert_eq!(sum.forward.count(), 2);
+        assert_eq!(sum.batches[&7], 2);
+        assert_eq!(sum.batch_rows(), 2 * (2 + 7));
     }
 }

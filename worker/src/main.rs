@@ -82,15 +82,31 @@ pub fn boot(
     }
 
     let fraction = cfg.gpu.as_ref().and_then(|g| g.memory_fraction);
-    let (runner, info) = runner::Runner::start(&cfg.model_path, cfg.device, fraction, preloaded)
-        .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    let batching = (cfg.max_batch_size > 0).then(|| runner::Batching {
+        max_rows: cfg.max_batch_size as usize,
+        timeout: Duration::from_millis(cfg.batch_timeout_ms),
+    });
+    let (runner, info) =
+        runner::Runner::start(&cfg.model_path, cfg.device, fraction, preloaded, batching)
+            .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    if let Some(b) = batching {
+        tracing::info!(
+            max_batch_size = b.max_rows,
+            batch_timeout_ms = cfg.batch_timeout_ms,
+            "batching on"
+        );
+    }
     tracing::info!(
         device = if info.cuda.is_some() { "cuda" } else { "cpu" },
         model_ms = info.model_ms,
         "model loaded"
     );
 
-    let shared = Arc::new(state::Shared::new(control, cfg.max_requests));
+    let shared = Arc::new(state::Shared::new(
+        control,
+        cfg.max_requests,
+        cfg.max_batch_size.max(1),
+    ));
     let nvml_index = cfg.gpu.as_ref().map_or(0, |g| g.index);
     let hw = hw::Hw::new(info.cuda, nvml_index, cfg.nvml_library.clone());
     let app = Arc::new(routes::App::new(shared, runner, metadata, hw, &cfg));

@@ -96,12 +96,25 @@ impl Recorder {
     }
 }
 
+impl App {
+    /// What this worker counted: its answers, and its batches from the model thread.
+    pub fn traffic(&self) -> Traffic {
+        let mut t = self
+            .metrics
+            .as_ref()
+            .map(Recorder::traffic)
+            .unwrap_or_default();
+        t.batches = self.runner.batches();
+        t
+    }
+}
+
 /// Sends the figures to the master when they changed since `last`.
 pub fn report(app: &App, last: &mut Option<Traffic>) {
-    let Some(rec) = app.metrics.as_ref() else {
+    if app.metrics.is_none() {
         return;
-    };
-    let traffic = rec.traffic();
+    }
+    let traffic = app.traffic();
     if last.as_ref() == Some(&traffic) {
         return;
     }
@@ -134,11 +147,7 @@ impl Source for DevSource {
         let app = &self.app;
         let c = app.shared.get();
         Snapshot {
-            traffic: app
-                .metrics
-                .as_ref()
-                .map(Recorder::traffic)
-                .unwrap_or_default(),
+            traffic: app.traffic(),
             in_flight: u64::from(c.in_flight),
             workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,

@@ -1,8 +1,8 @@
 //! The accept loop and the connections.
 //!
-//! A new connection is accepted only while no request is being worked on here (see
-//! [`Counters::can_accept`]), so that an idle sibling sharing the listening socket takes it
-//! instead; connections still sending their request, or idle between requests, do not count.
+//! A new connection is accepted only while no request is being worked on here (with
+//! batching: fewer than `max_batch_size`; see [`Counters::can_accept`]), so that an idle
+//! sibling sharing the listening socket takes it instead; connections still sending their request, or idle between requests, do not count.
 //! After each accept the loop lets the new connection read what it has before deciding on
 //! the next one. When connections wait in the listen queue, answers carry `Connection: close`
 //! (`Shared::must_close`), so that a keep-alive client goes to the back of the queue rather
@@ -41,9 +41,12 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
     let shared = app.shared.clone();
     shared.set_listener(Some(listener.as_raw_fd()));
     let mut rx = shared.subscribe();
-    let max = shared.max_requests;
+    let (max, concurrency) = (shared.max_requests, shared.concurrency);
     loop {
-        let stop = match rx.wait_for(|c| c.stopping() || c.can_accept(max)).await {
+        let stop = match rx
+            .wait_for(|c| c.stopping() || c.can_accept(max, concurrency))
+            .await
+        {
             Ok(c) => c.stopping(),
             Err(_) => true,
         };
@@ -67,7 +70,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max)) => {}
+            _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max, concurrency)) => {}
         }
     }
     shared.set_listener(None);

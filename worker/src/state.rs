@@ -44,12 +44,13 @@ impl Counters {
         self.retiring.is_some() || self.fatal
     }
 
-    /// Whether the accept loop may take a new connection: no request is being worked on
-    /// (so an idle sibling is not passed over), fewer than [`MAX_AWAITING`] connections wait
-    /// for their request head, and no more connections than requests left before
-    /// `max_requests`.
-    pub fn can_accept(&self, max_requests: u64) -> bool {
-        if self.stopping() || self.working > 0 || self.awaiting >= MAX_AWAITING {
+    /// Whether the accept loop may take a new connection: fewer than `concurrency` requests
+    /// are being worked on (1 without batching, so an idle sibling is not passed over;
+    /// `max_batch_size` with it, so concurrent requests can meet in one batch), fewer than
+    /// [`MAX_AWAITING`] connections wait for their request head, and no more connections
+    /// than requests left before `max_requests`.
+    pub fn can_accept(&self, max_requests: u64, concurrency: u32) -> bool {
+        if self.stopping() || self.working >= concurrency || self.awaiting >= MAX_AWAITING {
             return false;
         }
         max_requests == 0 || u64::from(self.open) < max_requests.saturating_sub(self.served)
@@ -67,18 +68,22 @@ pub struct Shared {
     stop_tx: watch::Sender<bool>,
     pub control: Control,
     pub max_requests: u64,
+    /// Requests worked on at once below which the worker accepts (see
+    /// [`Counters::can_accept`]).
+    pub concurrency: u32,
     /// The shared listening socket while this worker accepts on it (for
     /// [`Shared::others_waiting`]); `None` once it stopped accepting and closed its copy.
     listen_fd: std::sync::Mutex<Option<std::os::fd::RawFd>>,
 }
 
 impl Shared {
-    pub fn new(control: Control, max_requests: u64) -> Shared {
+    pub fn new(control: Control, max_requests: u64, concurrency: u32) -> Shared {
         Shared {
             tx: watch::Sender::new(Counters::default()),
             stop_tx: watch::Sender::new(false),
             control,
             max_requests,
+            concurrency: concurrency.max(1),
             listen_fd: std::sync::Mutex::new(None),
         }
     }
@@ -184,39 +189,43 @@ mod tests {
     #[test]
     fn accepts_only_when_no_work_and_within_budget() {
         let mut c = Counters::default();
-        assert!(c.can_accept(0));
+        assert!(c.can_accept(0, 1));
         // Connections still sending their request cost nothing…
         c.awaiting = 10;
         c.in_flight = 2;
-        assert!(c.can_accept(0));
+        assert!(c.can_accept(0, 1));
         // …up to a limit.
         c.awaiting = MAX_AWAITING;
-        assert!(!c.can_accept(0));
+        assert!(!c.can_accept(0, 1));
         c.awaiting = 0;
         c.in_flight = 0;
-        // Work does.
+        // Work does: one request without batching, max_batch_size with it.
         c.working = 1;
-        assert!(!c.can_accept(0));
+        assert!(!c.can_accept(0, 1));
+        assert!(c.can_accept(0, 8));
+        c.working = 8;
+        assert!(!c.can_accept(0, 8));
         c.working = 0;
         c.open = 2;
         c.served = 1;
-        assert!(c.can_accept(0));
-        assert!(c.can_accept(4), "2 open, 3 requests left");
-        assert!(!c.can_accept(3), "2 open, 2 requests left");
+        assert!(c.can_accept(0, 1));
+        assert!(c.can_accept(4, 1), "2 open, 3 requests left");
+        assert!(!c.can_accept(3, 1), "2 open, 2 requests left");
+        assert!(!c.can_accept(3, 8), "2 open, 2 requests left");
         c.retiring = Some(RetireReason::Asked);
-        assert!(!c.can_accept(0));
+        assert!(!c.can_accept(0, 1));
     }
 
     #[test]
     fn connections_are_closed_when_the_budget_cannot_cover_them() {
-        let s = Shared::new(Control::none(), 3);
+        let s = Shared::new(Control::none(), 3, 1);
         s.update(|c| c.open = 2);
         assert!(!s.must_close(), "3 requests left for 2 connections");
         s.claim_model_request();
         assert!(!s.must_close(), "2 left for 2");
         s.claim_model_request();
         assert!(s.must_close(), "1 left for 2");
-        let unlimited = Shared::new(Control::none(), 0);
+        let unlimited = Shared::new(Control::none(), 0, 1);
         unlimited.update(|c| c.open = 50);
         assert!(!unlimited.must_close());
         unlimited.retire(RetireReason::Asked);
@@ -225,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_request_that_reaches_the_limit_is_flagged_once() {
-        let s = Shared::new(Control::none(), 2);
+        let s = Shared::new(Control::none(), 2, 1);
         assert!(!s.claim_model_request());
         assert!(s.claim_model_request());
         assert!(!s.claim_model_request());

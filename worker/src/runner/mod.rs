@@ -6,11 +6,14 @@
 //! one atomic decides, so a withdrawn job never runs and a started one is never withdrawn —
 //! which is what lets the HTTP side tell a client "this request never ran, retry it".
 
+pub mod batch;
+mod batcher;
 mod load;
 mod tensors;
 pub mod v2out;
 mod warmup;
 
+use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -19,12 +22,14 @@ use std::time::Instant;
 use tch::{CModule, Device, IValue};
 use tokio::sync::{mpsc, oneshot};
 
+pub use batch::Batching;
+pub use batcher::BatchCounts;
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use tensors::kind_of;
 pub use warmup::warm_up;
 
 use crate::cuda;
-use crate::input::Inputs;
+use crate::input::{Arg, Inputs};
 
 /// How many requests may wait for the model thread.
 const QUEUE: usize = 64;
@@ -86,6 +91,41 @@ struct Job {
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
 }
 
+/// A job the model thread has claimed: it runs.
+struct Taken {
+    input: Inputs,
+    encoding: Encoding,
+    /// Its rows, when it is part of a batch.
+    rows: usize,
+    reply: oneshot::Sender<Result<RunOutput, RunError>>,
+}
+
+impl Job {
+    /// Whether it may still run: not withdrawn, and its client still waits.
+    fn live(&self) -> bool {
+        self.claim.load(Ordering::SeqCst) == QUEUED && !self.reply.is_closed()
+    }
+
+    /// Claims the job for the model (telling its ticket it started); `None` when it was
+    /// withdrawn or its client is gone: it never runs.
+    fn take(self) -> Option<Taken> {
+        let taken = self
+            .claim
+            .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if !taken || self.reply.is_closed() {
+            return None;
+        }
+        let _ = self.started.send(());
+        Some(Taken {
+            input: self.input,
+            encoding: self.encoding,
+            rows: 0,
+            reply: self.reply,
+        })
+    }
+}
+
 /// A submitted job, as the HTTP side holds it.
 pub struct Ticket {
     claim: Arc<AtomicU8>,
@@ -130,19 +170,26 @@ pub struct ModelInfo {
 #[derive(Clone)]
 pub struct Runner {
     tx: mpsc::Sender<Job>,
+    /// With batching on: forward passes by rows.
+    batches: BatchCounts,
 }
 
 impl Runner {
     /// Starts the model thread and loads the model there; returns once it is loaded. A
     /// `preloaded` module (the template's, on the CPU) is used as is when the model runs on
-    /// the CPU; on a GPU the model is loaded from the file onto the device.
+    /// the CPU; on a GPU the model is loaded from the file onto the device. With
+    /// `batching`, queued requests that can be stacked share forward passes (`batcher.rs`).
     pub fn start(
         path: &str,
         wanted: vramfork::protocol::Device,
         memory_fraction: Option<f64>,
         preloaded: Option<CModule>,
+        batching: Option<Batching>,
     ) -> Result<(Runner, ModelInfo), LoadError> {
-        let (tx, rx) = mpsc::channel::<Job>(QUEUE);
+        let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
+        let (tx, rx) = mpsc::channel::<Job>(queue);
+        let batches = BatchCounts::default();
+        let counts = batches.clone();
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
         let path = path.to_string();
         let spawned = std::thread::Builder::new()
@@ -167,7 +214,10 @@ impl Runner {
                             model_ms: l.model_ms,
                         };
                         let _ = loaded_tx.send(Ok(info));
-                        serve(l.module, l.device, rx);
+                        match batching {
+                            Some(b) => batcher::serve(l.module, l.device, rx, b, counts),
+                            None => serve(l.module, l.device, rx),
+                        }
                     }
                     Err(e) => {
                         let _ = loaded_tx.send(Err(e));
@@ -181,13 +231,21 @@ impl Runner {
             });
         }
         match loaded_rx.recv() {
-            Ok(Ok(info)) => Ok((Runner { tx }, info)),
+            Ok(Ok(info)) => Ok((Runner { tx, batches }, info)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LoadError::Model {
                 path: String::new(),
                 reason: "the model thread died while loading (a panic in libtorch?)".into(),
             }),
         }
+    }
+
+    /// With batching on: forward passes so far, by rows.
+    pub fn batches(&self) -> BTreeMap<u32, u64> {
+        self.batches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Queues one forward pass (waiting for a queue slot when many are queued).
@@ -216,30 +274,65 @@ impl Runner {
 /// The model thread's loop: one job at a time until every sender is gone.
 fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
     while let Some(job) = rx.blocking_recv() {
-        let taken = job
-            .claim
-            .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok();
-        if !taken || job.reply.is_closed() {
+        let Some(taken) = job.take() else {
             // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
-        }
-        let Job {
+        };
+        let Taken {
             input,
             encoding,
-            started,
             reply,
             ..
-        } = job;
-        let _ = started.send(());
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            forward(&module, device, &input, &encoding)
-        }))
-        .unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))));
+        } = taken;
+        let result = guarded(|| forward(&module, device, &input, &encoding));
         // Free the input before answering, so that what the request used is gone by the
         // time its answer is out (and a trim after it can give the memory back).
         drop(input);
         let _ = reply.send(result);
+    }
+}
+
+/// The input's move to the device and the forward pass, under `no_grad`.
+fn pass(module: &CModule, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
+    let args = args
+        .iter()
+        .map(|a| tensors::to_ivalue(a, device))
+        .collect::<Result<Vec<IValue>, _>>()
+        .map_err(|e| classify(&e.to_string()))?;
+    tch::no_grad(|| module.forward_is(&args)).map_err(|e| {
+        let err = classify(&e.to_string());
+        if matches!(err, RunError::OutOfMemory(_)) {
+            // Hand the cached blocks back so the answer (and other processes) can proceed.
+            let _ = cuda::empty_cache();
+        }
+        err
+    })
+}
+
+/// Outputs as JSON text, and v2's binary data if any was asked for.
+type Written = (Vec<u8>, Option<Vec<u8>>);
+
+/// The outputs written as the request asked.
+fn encode(out: &IValue, encoding: &Encoding) -> Result<Written, RunError> {
+    let mut outputs = Vec::new();
+    let binary = match encoding {
+        Encoding::Json => {
+            tensors::write_json(out, &mut outputs).map_err(RunError::Unsupported)?;
+            None
+        }
+        Encoding::V2(wanted) => {
+            let mut tail = Vec::new();
+            v2out::write(out, wanted, &mut outputs, &mut tail)?.then_some(tail)
+        }
+    };
+    Ok((outputs, binary))
+}
+
+/// The CUDA allocator's reserved bytes now (None on the CPU).
+fn reserved(device: Device) -> Option<u64> {
+    match device {
+        Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),
+        _ => None,
     }
 }
 
@@ -250,36 +343,10 @@ fn forward(
     encoding: &Encoding,
 ) -> Result<RunOutput, RunError> {
     let start = Instant::now();
-    let args = input
-        .args
-        .iter()
-        .map(|a| tensors::to_ivalue(a, device))
-        .collect::<Result<Vec<IValue>, _>>()
-        .map_err(|e| classify(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward_is(&args)).map_err(|e| {
-        let err = classify(&e.to_string());
-        if matches!(err, RunError::OutOfMemory(_)) {
-            // Hand the cached blocks back so the answer (and other processes) can proceed.
-            let _ = cuda::empty_cache();
-        }
-        err
-    })?;
-    let mut outputs = Vec::new();
-    let binary = match encoding {
-        Encoding::Json => {
-            tensors::write_json(&out, &mut outputs).map_err(RunError::Unsupported)?;
-            None
-        }
-        Encoding::V2(wanted) => {
-            let mut tail = Vec::new();
-            v2out::write(&out, wanted, &mut outputs, &mut tail)?.then_some(tail)
-        }
-    };
+    let out = pass(module, device, &input.args)?;
+    let (outputs, binary) = encode(&out, encoding)?;
     drop(out);
-    let gpu_reserved = match device {
-        Device::Cuda(i) => cuda::memory_stats(i).ok().map(|s| s.reserved),
-        _ => None,
-    };
+    let gpu_reserved = reserved(device);
     // On CUDA the pass is only known to be over once its outputs are copied out.
     let forward = start.elapsed();
     tracing::debug!(ms = forward.as_secs_f64() * 1e3, "forward");
@@ -289,6 +356,11 @@ fn forward(
         gpu_reserved,
         forward,
     })
+}
+
+/// Runs `f`, turning a panic into the model's error.
+fn guarded<T>(f: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(RunError::Model(panic_message(&p))))
 }
 
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {

@@ -1,0 +1,245 @@
+//! The model thread's loop with batching on: it takes the oldest queued request, adds the
+//! queued requests that can be stacked with it (oldest first, while the rows fit), waits up
+//! to the batch timeout for more, runs them as one forward pass and cuts the outputs back.
+//! Requests of another shape stay queued in order; the oldest of them leads the next batch,
+//! so none waits forever.
+//!
+//! One request's failure never fails the others: when a batched pass raises (or its output
+//! cannot be cut), the requests run again one by one and each gets its own outcome. Running
+//! out of GPU memory is the exception: every request of the batch gets the 507, and the
+//! worker recycles as it does without batching.
+//!
+//! A request is claimed (and its ticket told it started) only when its pass begins, so a
+//! request waiting in a forming batch can still be withdrawn (`--max-queue-wait`, a stuck
+//! model) and then never runs.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tch::{CModule, Device};
+use tokio::sync::mpsc;
+
+use super::batch::{self, ArgKey, Batching};
+use super::{encode, guarded, pass, reserved, Job, RunError, RunOutput, Taken, Written};
+use crate::input::Inputs;
+
+/// Forward passes by rows, as `/metrics` reports them.
+pub type BatchCounts = Arc<Mutex<BTreeMap<u32, u64>>>;
+
+/// A job taken off the channel, not yet claimed.
+struct Queued {
+    job: Job,
+    /// Its stacking key and rows (`None`: it runs alone).
+    key: Option<(Vec<ArgKey>, usize)>,
+}
+
+impl Queued {
+    fn new(job: Job) -> Queued {
+        let key = batch::key_of(&job.input);
+        Queued { job, key }
+    }
+
+    fn rows(&self) -> usize {
+        self.key.as_ref().map_or(0, |k| k.1)
+    }
+
+    fn joins(&self, key: &[ArgKey], rows: usize, max: usize) -> bool {
+        self.key
+            .as_ref()
+            .is_some_and(|(k, r)| k.as_slice() == key && rows + r <= max)
+    }
+}
+
+pub fn serve(
+    module: CModule,
+    device: Device,
+    mut rx: mpsc::Receiver<Job>,
+    b: Batching,
+    counts: BatchCounts,
+) {
+    // Waiting for more requests with a deadline needs a timer: a small runtime of this
+    // thread's own (the channel is tokio's).
+    let timer = if b.timeout.is_zero() {
+        None
+    } else {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => Some(rt),
+            Err(e) => {
+                tracing::warn!("batching: no timer ({e}); batches take what is queued");
+                None
+            }
+        }
+    };
+    let cap = b.max_rows.max(super::QUEUE);
+    let mut pending: VecDeque<Queued> = VecDeque::new();
+    loop {
+        if pending.is_empty() {
+            match rx.blocking_recv() {
+                Some(job) => pending.push_back(Queued::new(job)),
+                None => return,
+            }
+        }
+        while pending.len() < cap {
+            match rx.try_recv() {
+                Ok(job) => pending.push_back(Queued::new(job)),
+                Err(_) => break,
+            }
+        }
+        pending.retain(|q| q.job.live());
+        let Some(head) = pending.pop_front() else {
+            continue;
+        };
+        let mut rows = head.rows();
+        let key = head.key.as_ref().map(|k| k.0.clone());
+        let mut members = vec![head];
+        if let Some(key) = key {
+            let mut i = 0;
+            while i < pending.len() && rows < b.max_rows {
+                if pending[i].joins(&key, rows, b.max_rows) {
+                    let q = pending.remove(i).expect("index checked");
+                    rows += q.rows();
+                    members.push(q);
+                } else {
+                    i += 1;
+                }
+            }
+            if let Some(rt) = &timer {
+                let deadline = tokio::time::Instant::now() + b.timeout;
+                while rows < b.max_rows {
+                    let next =
+                        rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await });
+                    match next {
+                        Ok(Some(job)) => {
+                            let q = Queued::new(job);
+                            if q.joins(&key, rows, b.max_rows) {
+                                rows += q.rows();
+                                members.push(q);
+                            } else {
+                                pending.push_back(q);
+                            }
+                        }
+                        // Every sender gone, or the timeout: run what there is.
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+            }
+        }
+        let taken: Vec<Taken> = members
+            .into_iter()
+            .filter_map(|q| {
+                let rows = q.rows();
+                q.job.take().map(|t| Taken { rows, ..t })
+            })
+            .collect();
+        run(&module, device, taken, &counts);
+    }
+}
+
+fn count(counts: &BatchCounts, rows: usize) {
+    let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+    *c.entry(rows.max(1) as u32).or_default() += 1;
+}
+
+/// Runs claimed requests: as one pass when there are several, each answered.
+fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+    match jobs.len() {
+        0 => {}
+        1 => {
+            let mut jobs = jobs;
+            one(module, device, jobs.pop().expect("one job"), counts);
+        }
+        _ => together(module, device, jobs, counts),
+    }
+}
+
+/// One request on its own pass.
+fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
+    count(counts, job.rows);
+    let result = guarded(|| super::forward(module, device, &job.input, &job.encoding));
+    let Taken { input, reply, .. } = job;
+    drop(input);
+    let _ = reply.send(result);
+}
+
+/// Several requests stacked into one pass; run one by one when the pass fails or its
+/// output cannot be cut.
+fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+    let start = Instant::now();
+    let rows: Vec<usize> = jobs.iter().map(|j| j.rows).collect();
+    count(counts, rows.iter().sum());
+    let out = guarded(|| {
+        let inputs: Vec<&Inputs> = jobs.iter().map(|j| &j.input).collect();
+        let args = batch::stack(&inputs).map_err(RunError::Model)?;
+        pass(module, device, &args)
+    });
+    let out = match out {
+        Ok(out) => out,
+        Err(e @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_))) => {
+            tracing::warn!(requests = jobs.len(), "a batched pass failed: {e}");
+            for job in jobs {
+                let Taken { input, reply, .. } = job;
+                drop(input);
+                let _ = reply.send(Err(e.clone()));
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(
+                requests = jobs.len(),
+                "a batched pass failed ({e}); running its requests one by one"
+            );
+            return each(module, device, jobs, counts);
+        }
+    };
+    let parts = match batch::split(&out, &rows) {
+        Ok(parts) => parts,
+        Err(why) => {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "batching: the model's output cannot be cut into requests ({why}); such batches run one request at a time. Does the model return its outputs with the batch as their first dimension?"
+                );
+            }
+            drop(out);
+            return each(module, device, jobs, counts);
+        }
+    };
+    let written: Vec<Result<Written, RunError>> = jobs
+        .iter()
+        .zip(&parts)
+        .map(|(job, part)| guarded(|| encode(part, &job.encoding)))
+        .collect();
+    drop(parts);
+    drop(out);
+    let gpu_reserved = reserved(device);
+    let forward = start.elapsed();
+    tracing::debug!(
+        ms = forward.as_secs_f64() * 1e3,
+        requests = jobs.len(),
+        rows = rows.iter().sum::<usize>(),
+        "batched forward"
+    );
+    for (job, w) in jobs.into_iter().zip(written) {
+        let Taken { input, reply, .. } = job;
+        drop(input);
+        let _ = reply.send(w.map(|(outputs, binary)| RunOutput {
+            outputs,
+            binary,
+            gpu_reserved,
+            forward,
+        }));
+    }
+}
+
+/// The requests of a failed batch, each on its own pass: only the one that causes the
+/// error gets it.
+fn each(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+    for job in jobs {
+        one(module, device, job, counts);
+    }
+}
