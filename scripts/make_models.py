@@ -117,6 +117,16 @@ class Docs(torch.nn.Module):
         return torch.tensor(counts, dtype=torch.int64), firsts
 
 
+class RowFail(torch.nn.Module):
+    """[-1, 4] float32: raises when any element is 13, else returns x * 2 + 1, so that a test
+    can check each row of a batched answer and fail one request of a batch on purpose."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x == 13).any()):
+            raise ValueError("row value 13 is refused by rowfail.pt")
+        return x * 2 + 1
+
+
 def save(module: torch.nn.Module, name: str, written: List[str]) -> None:
     path = os.path.join(OUT, name)
     torch.jit.script(module).save(path)
@@ -186,6 +196,7 @@ def main() -> None:
     save(Alloc(), "alloc.pt", written)
     save(Scalars(), "scalars.pt", written)
     save(FakeCudaOom(), "oom.pt", written)
+    save(RowFail(), "rowfail.pt", written)
 
     write_json("mlp.json", {
         "name": "mlp-fixture",
@@ -203,6 +214,9 @@ def main() -> None:
                               "est_gpu_mem_min": 100, "est_gpu_mem_typ": 200,
                               "input": {"shape": [1, 1], "dtype": "float32"}}, written)
     write_json("scalars.json", {"name": "scalars-fixture", "model": "scalars.pt"}, written)
+    write_json("rowfail.json", {"name": "rowfail-fixture", "model": "rowfail.pt",
+                                "input": {"shape": [-1, 4], "dtype": "float32"},
+                                "max_batch_size": 8}, written)
     write_json("not-a-model.json", {"name": "broken", "model": "not-a-model.pt"}, written)
 
     path = os.path.join(OUT, "not-a-model.pt")
