@@ -43,6 +43,22 @@ CONCURRENCY = [1, 2, 4, 8]
 # The v2 encoding benchmark's model's metadata (not in MODELS: the serving, recycling and
 # limit sweeps skip it).
 IMAGE_METADATA = os.path.join(TMP, "image.json")
+# The batching benchmark's models: the two above and a memory-bound one (make_model.py's
+# Wide: four 4096x4096 linear layers), each with its row width; a request is one row.
+WIDE = 4096
+BATCH_MODELS = {
+    "mlp": dict(MODELS["mlp"], width=4),
+    "medium": dict(MODELS["medium"], width=16),
+    "wide": {
+        "metadata": os.path.join(TMP, "wide.json"),
+        "model": os.path.join(TMP, "wide.pt"),
+        "width": WIDE,
+        "body": json.dumps({"inputs": [[round(((i * 37) % 101) / 100 - 0.5, 2)
+                                        for i in range(WIDE)]]}),
+    },
+}
+BATCH_CONCURRENCY = [1, 4, 16, 64]
+BATCH_MAX = 16  # --max-batch-size for "batching on"
 
 
 def log(msg):
@@ -88,9 +104,10 @@ def post_once(port, body, timeout=5.0):
 class Server:
     """`app --production` in its own process group, JSON logs to a file."""
 
-    def __init__(self, model, workers, max_requests=0, tag="run", metrics=False, metadata=None):
+    def __init__(self, model, workers, max_requests=0, tag="run", metrics=False, metadata=None,
+                 extra=()):
         """`model` names an entry of MODELS (its request body); `metadata` replaces its
-        metadata file when given."""
+        metadata file when given; `extra`: more `app` arguments."""
         self.port = free_port()
         self.metrics_port = free_port() if metrics else None
         self.model = model
@@ -109,6 +126,7 @@ class Server:
         ]
         if metrics:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        cmd += list(extra)
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
@@ -547,6 +565,244 @@ def warm_markdown(w):
     return "\n".join(L) + "\n"
 
 
+# ---------------------------------------------------------------- dynamic batching
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+
+
+def scrape_text(port):
+    """GET /metrics on a fresh connection: the body (Prometheus text format)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"scrape failed: {head[:80]!r}")
+    return body.decode()
+
+
+def batch_counts(port):
+    """{"batches": {size range: forward passes}, "rows": rows in them} from
+    vramfork_batches_total{size=...} and vramfork_batch_rows_total (summed over any other
+    labels; empty while batching is off)."""
+    batches, rows = {}, 0
+    for line in scrape_text(port).splitlines():
+        m = METRIC_LINE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        if name == "vramfork_batches_total":
+            size = re.search(r'size="([^"]*)"', labels)
+            if size:
+                batches[size.group(1)] = batches.get(size.group(1), 0) + int(float(value))
+        elif name == "vramfork_batch_rows_total":
+            rows += int(float(value))
+    return {"batches": batches, "rows": rows}
+
+
+def settled_counts(port, quiet_s=1.6, deadline_s=10.0):
+    """Workers report their counts with their heartbeat (about once a second): scrapes until
+    the counts have not changed for `quiet_s` (longer than one heartbeat), or the deadline."""
+    t0 = time.monotonic()
+    last = batch_counts(port)
+    changed = t0
+    while time.monotonic() - t0 < deadline_s:
+        time.sleep(0.25)
+        now = batch_counts(port)
+        if now != last:
+            last, changed = now, time.monotonic()
+        elif time.monotonic() - changed >= quiet_s:
+            break
+    return last
+
+
+def size_lower(label):
+    """The first row count of a size range ("3-4" -> 3)."""
+    try:
+        return int(label.split("-")[0])
+    except ValueError:
+        return 1 << 30
+
+
+def count_diff(before, after):
+    sizes = sorted(set(before["batches"]) | set(after["batches"]), key=size_lower)
+    batches = {k: after["batches"].get(k, 0) - before["batches"].get(k, 0) for k in sizes}
+    return {"batches": {k: v for k, v in batches.items() if v}, "passes": sum(batches.values()),
+            "rows": after["rows"] - before["rows"]}
+
+
+def forward_limit_at(model_path, width, rows, procs, seconds):
+    """`procs` concurrent forward-loop processes (1 torch thread each) at shape [rows, width]:
+    passes/s summed, and rows/s = passes/s x rows."""
+    cmd = [os.path.join(BIN, "forward-loop"), model_path, f"{rows},{width}", "1", str(seconds)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    res = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in ps]
+    per_s = sum(r["per_s"] for r in res)
+    return {"rows": rows, "passes_per_s": per_s, "rows_per_s": per_s * rows,
+            "pass_p50_ms": median([r["p50_ms"] for r in res])}
+
+
+def measure_batching(cfg):
+    """Batching off vs on (`--max-batch-size 16`, `--batch-timeout-ms 0`) for the small MLP,
+    the medium model and the memory-bound wide model: 2 workers, 1 torch thread each,
+    concurrency 1/4/16/64 from wrk. The two servers of a model are up together and their
+    runs interleaved (the idle one costs a heartbeat a second). Around each (mode,
+    concurrency) group of runs, /metrics is scraped once the workers' reports have settled:
+    the difference of vramfork_batches_total by size and of vramfork_batch_rows_total is the
+    batches the workers formed in those runs. Then, servers stopped, the model's own limit
+    (2 forward-loop processes x 1 thread) at shape [B, width], B = the mean rows per pass the
+    run formed, rounded (1 with batching off): limit rows/s = passes/s x B."""
+    out = {"max_batch_size": BATCH_MAX, "batch_timeout_ms": 0, "workers": 2,
+           "torch_threads": 1, "concurrency": BATCH_CONCURRENCY, "reps": cfg["batch_reps"],
+           "load_s": cfg["batch_load_s"], "limit_s": cfg["limit_s"],
+           "started": time.strftime("%Y-%m-%d %H:%M %Z"), "models": {}}
+    modes = {
+        "off": ["--torch-threads", "1"],
+        "on": ["--torch-threads", "1", "--max-batch-size", str(BATCH_MAX),
+               "--batch-timeout-ms", "0"],
+    }
+    for model, spec in BATCH_MODELS.items():
+        with open(spec["metadata"]) as f:
+            declared = json.load(f).get("max_batch_size") or 0
+        body = spec["body"]
+        srvs = {}
+        try:
+            for mode, args in modes.items():
+                if mode == "off" and declared:
+                    args = args + ["--max-batch-size", "0"]
+                srvs[mode] = Server(model, 2, tag=f"batching-{model}-{mode}", metrics=True,
+                                    metadata=spec["metadata"], extra=args)
+            for srv in srvs.values():
+                srv.wait_ready(deadline_s=120, body=body)
+            for srv in srvs.values():  # warm-up: every batch shape the runs will form
+                wrk(srv.port, body, 4, 1)
+                wrk(srv.port, body, max(BATCH_CONCURRENCY), 1)
+            counts = {mode: settled_counts(srv.metrics_port) for mode, srv in srvs.items()}
+            rows = {}
+            for i, c in enumerate(BATCH_CONCURRENCY):
+                # Alternate which mode goes first, so neither always runs just after the other.
+                order = list(srvs) if i % 2 == 0 else list(reversed(list(srvs)))
+                for mode in order:
+                    srv = srvs[mode]
+                    runs = [wrk(srv.port, body, c, cfg["batch_load_s"])
+                            for _ in range(cfg["batch_reps"])]
+                    after = settled_counts(srv.metrics_port)
+                    d = count_diff(counts[mode], after)
+                    counts[mode] = after
+                    s = summarize(runs)
+                    mean_rows = d["rows"] / d["passes"] if d["passes"] else None
+                    rows[(mode, c)] = dict(s, model=model, batching=mode, concurrency=c,
+                                           batches=d["batches"], passes=d["passes"],
+                                           batch_rows=d["rows"], mean_rows=mean_rows)
+                    log(f"batching {model} {mode} c{c}: {s['rps']:.0f} req/s "
+                        f"p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} ms, "
+                        f"{d['passes']} passes, {d['rows']} rows "
+                        f"(mean {mean_rows or 0:.2f}) {d['batches']}, "
+                        f"{s['requests']} answered, failed {s['failed']}")
+        finally:
+            for srv in srvs.values():
+                srv.stop()
+        # The model's own limit at each batch size the runs formed (and at 1 and BATCH_MAX).
+        limits = {}
+        for r in rows.values():
+            r["limit_rows_at"] = max(1, round(r["mean_rows"])) if r["mean_rows"] else 1
+        for b in sorted({1, BATCH_MAX} | {r["limit_rows_at"] for r in rows.values()}):
+            limits[b] = forward_limit_at(spec["model"], spec["width"], b, 2, cfg["limit_s"])
+            log(f"limit {model} [{b},{spec['width']}]: {limits[b]['passes_per_s']:.1f} passes/s, "
+                f"{limits[b]['rows_per_s']:.0f} rows/s, pass p50 "
+                f"{limits[b]['pass_p50_ms']:.3f} ms")
+        for r in rows.values():
+            lim = limits[r["limit_rows_at"]]["rows_per_s"]
+            r["limit_rows_per_s"] = lim
+            r["served_over_limit"] = r["rps"] / lim if lim else None
+        ratio = {}
+        for c in BATCH_CONCURRENCY:
+            off, on = rows[("off", c)], rows[("on", c)]
+            ratio[str(c)] = {
+                "rps": on["rps"] / off["rps"] if off["rps"] else None,
+                "p50": on["p50_ms"] / off["p50_ms"] if off["p50_ms"] else None,
+                "p99": on["p99_ms"] / off["p99_ms"] if off["p99_ms"] else None,
+            }
+        out["models"][model] = {
+            "width": spec["width"],
+            "runs": {f"{m}/c{c}": rows[(m, c)] for m in modes for c in BATCH_CONCURRENCY},
+            "limits": {str(b): v for b, v in limits.items()},
+            "on_over_off": ratio,
+        }
+    return out
+
+
+def batch_dist(batches, passes):
+    if not passes:
+        return "–"
+    def pct(v):
+        return "<1%" if 100 * v / passes < 0.5 else f"{100 * v / passes:.0f}%"
+
+    return " ".join(f"{k}:{pct(v)}" for k, v in
+                    sorted(batches.items(), key=lambda kv: size_lower(kv[0])))
+
+
+BATCH_MODEL_LABELS = {
+    "mlp": "small MLP (input [-1,4])",
+    "medium": "medium (input [-1,16]; compute bound: each row becomes 256×512 activations "
+              "through four 512×512 layers)",
+    "wide": f"wide (four {WIDE}×{WIDE} linear, input [-1,{WIDE}], memory bound)",
+}
+
+
+def batching_markdown(b):
+    L = [f"\n## Dynamic batching: off vs on (`--max-batch-size {b['max_batch_size']}`, "
+         f"`--batch-timeout-ms {b['batch_timeout_ms']}`)\n"]
+    L.append(f"Run {b['started']}. `app --production --workers {b['workers']} --torch-threads "
+             f"{b['torch_threads']}`; the off and on servers of a model up together, their runs "
+             f"interleaved; {b['reps']} × {b['load_s']} s per row (req/s: median, runs in "
+             f"brackets), after a warm-up. A request is one row. *Rows/pass* and *passes by rows* "
+             f"(% of forward passes in each `size` range): the difference of "
+             f"`vramfork_batches_total` and `vramfork_batch_rows_total` across the row's runs "
+             f"(scraped once the workers' reports settled; not counted with batching off, where "
+             f"every pass is 1 row). *Limit*: the model's own loop, 2 `forward-loop` processes × "
+             f"1 thread at shape [B, width], B = rows/pass rounded (1 when off), in rows/s.\n")
+    L.append("### The model's own loop by batch size (2 processes × 1 thread)\n")
+    L.append(f"| model | pass p50 at 1 row (ms) | at {b['max_batch_size']} rows (ms) | "
+             f"rows/s at 1 | rows/s at {b['max_batch_size']} | gain |")
+    L.append("|---|---|---|---|---|---|")
+    top = str(b["max_batch_size"])
+    for model, v in b["models"].items():
+        one, full = v["limits"]["1"], v["limits"][top]
+        L.append(f"| {model} | {fmt(one['pass_p50_ms'], 3)} | {fmt(full['pass_p50_ms'], 3)} | "
+                 f"{fmt(one['rows_per_s'], 0)} | {fmt(full['rows_per_s'], 0)} | "
+                 f"{fmt(full['rows_per_s'] / one['rows_per_s'], 2)}× |")
+    for model, v in b["models"].items():
+        L.append(f"\n### {BATCH_MODEL_LABELS.get(model, model)}\n")
+        L.append("| batching | c | req/s (runs) | p50 (ms) | p99 (ms) | rows/pass | "
+                 "passes by rows | limit rows/s (B) | served ÷ limit | failed |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in v["runs"].values():
+            nd = 0 if r["rps"] >= 100 else 1
+            L.append(f"| {r['batching']} | {r['concurrency']} | {fmt(r['rps'], nd)} "
+                     f"({', '.join(fmt(x, nd) for x in r['rps_all'])}) | "
+                     f"{fmt(r['p50_ms'], 2 if r['p50_ms'] >= 1 else 3)} | "
+                     f"{fmt(r['p99_ms'], 2 if r['p99_ms'] >= 1 else 3)} | "
+                     f"{fmt(r['mean_rows'], 2) if r['batching'] == 'on' else '1'} | "
+                     f"{batch_dist(r['batches'], r['passes']) if r['batching'] == 'on' else '(not counted)'} | "
+                     f"{fmt(r['limit_rows_per_s'], 0)} ({r['limit_rows_at']}) | "
+                     f"{fmt(r['served_over_limit'], 3)} | {r['failed']} |")
+    L.append("\n### On ÷ off\n")
+    cs = b["concurrency"]
+    L.append("| model | " + " | ".join(f"req/s c={c}" for c in cs) + " | "
+             + " | ".join(f"p50 c={c}" for c in cs) + " |")
+    L.append("|---|" + "---|" * (2 * len(cs)))
+    for model, v in b["models"].items():
+        rr = v["on_over_off"]
+        L.append(f"| {model} | " + " | ".join(f"{fmt(rr[str(c)]['rps'], 2)}" for c in cs)
+                 + " | " + " | ".join(f"{fmt(rr[str(c)]['p50'], 2)}" for c in cs) + " |")
+    return "\n".join(L) + "\n"
+
 def turnover(entries):
     """From the master's log: per retirement, retiring -> replacement started -> ready (ms)."""
     ret = re.compile(r"^worker (\d+) \(pid (\d+)\) retiring")
@@ -898,6 +1154,8 @@ def markdown(res):
         L.append(v2_markdown(res["v2"]))
     if "warm" in res:
         L.append(warm_markdown(res["warm"]))
+    if "batching" in res:
+        L.append(batching_markdown(res["batching"]))
     L.append("\n![throughput and latency](results.svg)\n")
     return "\n".join(L) + "\n"
 
@@ -1041,7 +1299,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1058,10 +1316,10 @@ def main():
         return 0
     if a.quick:
         cfg = {"reps": 1, "load_s": 2, "limit_s": 2, "boot_n": 3, "cold_n": 3,
-               "recycle_c": [2], "scrapes": 10}
+               "recycle_c": [2], "scrapes": 10, "batch_reps": 1, "batch_load_s": 2}
     else:
         cfg = {"reps": 3, "load_s": 4, "limit_s": 3, "boot_n": 5, "cold_n": 5,
-               "recycle_c": [2, 8], "scrapes": 50}
+               "recycle_c": [2, 8], "scrapes": 50, "batch_reps": 3, "batch_load_s": 3}
     os.makedirs(TMP, exist_ok=True)
     t0 = time.monotonic()
     res = {"quick": a.quick, "config": cfg, "command": a.command, "machine": machine(),
@@ -1071,6 +1329,7 @@ def main():
             "metrics": (measure_metrics, metrics_markdown, "Metrics cost"),
             "v2": (measure_v2, v2_markdown, "v2 encodings"),
             "warm": (measure_warm, warm_markdown, "Template warm-up"),
+            "batching": (measure_batching, batching_markdown, "Dynamic batching"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
@@ -1092,6 +1351,7 @@ def main():
     res["metrics"] = measure_metrics(cfg)
     res["v2"] = measure_v2(cfg)
     res["warm"] = measure_warm(cfg)
+    res["batching"] = measure_batching(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0
