@@ -117,6 +117,41 @@ pub struct Cli {
     )]
     pub batch_timeout_ms: Option<String>,
 
+    /// Measure a worker's GPU memory before planning: auto (on when the workers go on a GPU
+    /// and the metadata declares an input shape), on or off. [default: auto]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_PROFILE_MEMORY",
+        value_name = "WHEN"
+    )]
+    pub profile_memory: Option<String>,
+
+    /// Plan from the measured footprint × F (at least est_gpu_mem_min). [default: 1.2]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MEMORY_HEADROOM",
+        value_name = "F"
+    )]
+    pub memory_headroom: Option<String>,
+
+    /// When workers are seen using more GPU memory than the plan assumed, retire workers
+    /// one at a time down to what fits (never below one). [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_ADAPT_WORKERS",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub adapt_workers: bool,
+
+    /// Keep the highest GPU footprint seen per model file (by SHA-256) in this JSON file,
+    /// and plan from it at the next start. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_FOOTPRINT_FILE",
+        value_name = "FILE"
+    )]
+    pub footprint_file: Option<OsString>,
+
     /// Where the model runs: auto, cpu or cuda. [default: auto]
     #[arg(long, global = true, env = "VRAMFORK_DEVICE")]
     pub device: Option<String>,
@@ -184,6 +219,10 @@ pub enum Command {
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
+        /// Start one worker, measure its GPU memory after a forward pass, and print the
+        /// measured footprint, the plan it gives and the metadata values to use.
+        #[arg(long)]
+        measure: bool,
     },
 }
 
@@ -205,6 +244,10 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--max-queue-wait", "VRAMFORK_MAX_QUEUE_WAIT"),
     ("--max-batch-size", "VRAMFORK_MAX_BATCH_SIZE"),
     ("--batch-timeout-ms", "VRAMFORK_BATCH_TIMEOUT_MS"),
+    ("--profile-memory", "VRAMFORK_PROFILE_MEMORY"),
+    ("--memory-headroom", "VRAMFORK_MEMORY_HEADROOM"),
+    ("--adapt-workers", "VRAMFORK_ADAPT_WORKERS"),
+    ("--footprint-file", "VRAMFORK_FOOTPRINT_FILE"),
     ("--device", "VRAMFORK_DEVICE"),
     ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
     (

@@ -18,8 +18,8 @@ pub enum Mode {
     Develop,
     /// Master + pre-forked workers.
     Production,
-    /// Print the plan and exit.
-    Plan { json: bool },
+    /// Print the plan and exit (`measure`: after profiling one worker).
+    Plan { json: bool, measure: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -52,6 +52,14 @@ pub struct Config {
     pub max_batch_size_override: Option<u32>,
     /// How long the model thread may wait to fill a batch.
     pub batch_timeout: Duration,
+    /// `--profile-memory`: `None` = auto.
+    pub profile_memory: Option<bool>,
+    /// `--memory-headroom`: the plan assumes measured footprint × this.
+    pub memory_headroom: f64,
+    /// `--adapt-workers`: retire workers when their observed footprint outgrows the plan.
+    pub adapt_workers: bool,
+    /// `--footprint-file`.
+    pub footprint_file: Option<PathBuf>,
     pub device: Device,
     pub max_body_bytes: u64,
     pub gpu_memory_utilization: Option<f64>,
@@ -171,7 +179,7 @@ impl Config {
         }
         let c = Checker { env, args };
         let mode = match cli.command {
-            Some(Command::Plan { json }) => Mode::Plan { json },
+            Some(Command::Plan { json, measure }) => Mode::Plan { json, measure },
             None if cli.production => Mode::Production,
             None => Mode::Develop,
         };
@@ -184,7 +192,7 @@ impl Config {
         let metadata = AppMetadata::load(&metadata_path).map_err(|e| ConfigError(e.to_string()))?;
         let model_override = cli.model.map(|m| absolute(Path::new(&m)));
         let model_path = model_override.clone().or_else(|| metadata.model.clone());
-        if model_path.is_none() && !matches!(mode, Mode::Plan { .. }) {
+        if model_path.is_none() && !matches!(mode, Mode::Plan { measure: false, .. }) {
             return Err(ConfigError(format!(
                 "no model to serve: set `model` in {} or pass --model FILE",
                 metadata_path.display()
@@ -268,6 +276,25 @@ impl Config {
         }
         let batch_timeout = Duration::from_millis(batch_timeout_ms);
         let max_batch_size = batching(&metadata, max_batch_size_override, batch_timeout, &c)?;
+        let profile_memory = match cli.profile_memory.as_deref().map(str::trim) {
+            None | Some("auto") => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(v) => return Err(c.bad("--profile-memory", v, "expected auto, on or off")),
+        };
+        let memory_headroom = match cli.memory_headroom.as_deref() {
+            None => 1.2,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(f) if (1.0..=10.0).contains(&f) => f,
+                _ => {
+                    return Err(c.bad(
+                        "--memory-headroom",
+                        v,
+                        "expected a factor from 1 to 10 (e.g. 1.2)",
+                    ))
+                }
+            },
+        };
         let device = match cli.device.as_deref() {
             None | Some("auto") => Device::Auto,
             Some("cpu") => Device::Cpu,
@@ -325,7 +352,7 @@ impl Config {
                 .map(|d| d.join("app-worker"))
                 .unwrap_or_else(|| PathBuf::from("app-worker")),
         };
-        if !matches!(mode, Mode::Plan { .. }) && !worker_binary.is_file() {
+        if !matches!(mode, Mode::Plan { measure: false, .. }) && !worker_binary.is_file() {
             return Err(ConfigError(format!(
                 "worker binary {} not found: build it (cargo build --workspace) or pass --worker-binary FILE",
                 worker_binary.display()
@@ -352,6 +379,10 @@ impl Config {
             max_batch_size,
             max_batch_size_override,
             batch_timeout,
+            profile_memory,
+            memory_headroom,
+            adapt_workers: cli.adapt_workers,
+            footprint_file: cli.footprint_file.map(|p| absolute(Path::new(&p))),
             device,
             max_body_bytes: max_body_mb << 20,
             gpu_memory_utilization,
@@ -538,6 +569,8 @@ mod tests {
             "--device" => cli.device = Some(v),
             "--timeout" => cli.timeout = Some(v),
             "--max-batch-size" => cli.max_batch_size = Some(v),
+            "--profile-memory" => cli.profile_memory = Some(v),
+            "--memory-headroom" => cli.memory_headroom = Some(v),
             "--batch-timeout-ms" => cli.batch_timeout_ms = Some(v),
             _ => {}
         }
@@ -559,6 +592,35 @@ mod tests {
         assert_eq!(c.gpu_reserve_mb, 500);
         assert!(c.workers_override.is_none() && c.max_worker_gpu_mb.is_none());
         assert!(c.model_path.unwrap().ends_with("m.pt"));
+    }
+
+    #[test]
+    fn profiling_options_are_checked() {
+        let e = Env::new();
+        let c = e.run(&[]).unwrap();
+        assert_eq!((c.profile_memory, c.memory_headroom), (None, 1.2));
+        let c = e
+            .run(&["--profile-memory", "off", "--memory-headroom", "1.5"])
+            .unwrap();
+        assert_eq!((c.profile_memory, c.memory_headroom), (Some(false), 1.5));
+        assert_eq!(
+            e.run(&["--profile-memory", "on"]).unwrap().profile_memory,
+            Some(true)
+        );
+        for (args, want) in [
+            (
+                &["--profile-memory", "yes"][..],
+                "invalid value 'yes' for --profile-memory: expected auto, on or off",
+            ),
+            (
+                &["--memory-headroom", "0.9"][..],
+                "invalid value '0.9' for --memory-headroom: expected a factor from 1 to 10",
+            ),
+            (&["--memory-headroom", "x"][..], "'x' for --memory-headroom"),
+        ] {
+            let err = e.run(args).unwrap_err();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
     }
 
     #[test]
@@ -649,9 +711,18 @@ mod tests {
         assert_eq!(e.run(&["--production"]).unwrap().mode, Mode::Production);
         assert_eq!(
             e.run(&["plan", "--json"]).unwrap().mode,
-            Mode::Plan { json: true }
+            Mode::Plan {
+                json: true,
+                measure: false
+            }
         );
-        assert_eq!(e.run(&["plan"]).unwrap().mode, Mode::Plan { json: false });
+        assert_eq!(
+            e.run(&["plan"]).unwrap().mode,
+            Mode::Plan {
+                json: false,
+                measure: false
+            }
+        );
     }
 
     #[test]

@@ -9,6 +9,9 @@ use clap::Parser;
 use vramfork::cli::Cli;
 use vramfork::config::{Config, ConfigError, Mode};
 use vramfork::exit;
+use vramfork::master::footprint::Learner;
+use vramfork::master::footprint_file::FootprintFile;
+use vramfork::master::measured;
 use vramfork::master::metrics::MasterMetrics;
 use vramfork::master::signals::Signals;
 use vramfork::master::supervisor::Supervisor;
@@ -48,17 +51,81 @@ fn run(cfg: Config) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(ConfigError(e.to_string())),
     };
-    if let Mode::Plan { json } = cfg.mode {
-        if json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&plan).expect("a plan serializes")
-            );
-        } else {
-            print!("{}", plan.to_text());
+    let mut cfg = cfg;
+    if let Mode::Plan { json, measure } = cfg.mode {
+        if !measure {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan).expect("a plan serializes")
+                );
+            } else {
+                print!("{}", plan.to_text());
+            }
+            return exit::OK;
         }
-        return exit::OK;
+        return match measured::measure_and_plan(&cfg, &res, &plan, gpus.as_ref()) {
+            Ok(p) => {
+                print!("{}", p.report(json));
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("app: cannot measure the model's GPU memory: {e}");
+                exit::MODEL_LOAD
+            }
+        };
     }
+    let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
+        (Some(f), Some(model)) if cfg.mode == Mode::Production => {
+            match FootprintFile::new(f, model) {
+                Ok(ff) => Some(ff),
+                Err(e) => return fail(ConfigError(format!("--footprint-file: {e}"))),
+            }
+        }
+        _ => None,
+    };
+    let remembered = match &footprint_file {
+        Some(ff) => match ff.recorded_mb() {
+            Ok(r) => r,
+            Err(e) => return fail(ConfigError(format!("--footprint-file: {e}"))),
+        },
+        None => None,
+    };
+    let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
+    let plan = if let (Some(mb), true) = (remembered, on_gpu) {
+        // Experience beats a new measurement: plan from the recorded high-water mark.
+        let p = measured::remembered(&cfg, &res, &plan, mb);
+        p.log();
+        if p.kept_estimate.is_none() {
+            cfg.metadata.est_gpu_mem_typ = p.planned_mb;
+        }
+        p.plan
+    } else if cfg.mode == Mode::Production && measured::wanted(&cfg, &plan) {
+        match measured::measure_and_plan(&cfg, &res, &plan, gpus.as_ref()) {
+            Ok(p) => {
+                p.log();
+                if let Some(ff) = &footprint_file {
+                    if let Err(e) = ff.record(p.measured.footprint_mb) {
+                        tracing::warn!(event = "footprint_file_error", "--footprint-file: {e}");
+                    }
+                }
+                if p.kept_estimate.is_none() {
+                    cfg.metadata.est_gpu_mem_typ = p.planned_mb;
+                }
+                p.plan
+            }
+            Err(e) => {
+                tracing::warn!(
+                    event = "memory_profile_failed",
+                    "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
+                    cfg.metadata.est_gpu_mem_typ
+                );
+                plan
+            }
+        }
+    } else {
+        plan
+    };
     for w in &plan.warnings {
         tracing::warn!(event = "plan_warning", "{w}");
     }
@@ -148,5 +215,9 @@ fn run(cfg: Config) -> i32 {
             Some(m)
         }
     };
-    Supervisor::new(cfg, plan, listener, signals, gpus, metrics).run()
+    let learner = (plan.device == vramfork::protocol::Device::Cuda && gpus.is_some())
+        .then(|| Learner::new(plan.est_gpu_mem_typ, footprint_file));
+    Supervisor::new(cfg, plan, listener, signals, gpus, metrics)
+        .with_learner(learner)
+        .run()
 }

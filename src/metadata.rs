@@ -2,6 +2,7 @@
 //! file, the field, and (for syntax errors) the line and column. The parsed JSON is kept
 //! whole, unknown fields included, because `GET /` returns it as it was written.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -220,6 +221,9 @@ pub struct AppMetadata {
     pub outputs: Option<Vec<TensorSpec>>,
     /// Rows a worker may stack into one forward pass (`max_batch_size`); 0 = no batching.
     pub max_batch_size: u32,
+    /// The input to profile a worker's memory with (`profile_input`): a shape per declared
+    /// input, by name; inputs not named take their declared shape with `-1` as 1.
+    pub profile_input: Option<BTreeMap<String, Vec<i64>>>,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -370,6 +374,10 @@ impl AppMetadata {
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
+        let profile_input = match raw.get("profile_input") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_profile_input(v, inputs.as_deref()).map_err(field)?),
+        };
         Ok(AppMetadata {
             path: path.to_path_buf(),
             raw,
@@ -380,7 +388,25 @@ impl AppMetadata {
             inputs,
             outputs,
             max_batch_size,
+            profile_input,
         })
+    }
+
+    /// The shapes a profiling (or warm-up) pass uses, one per declared input in order:
+    /// `profile_input`'s where given, else the declared shape with `-1` as 1. `None` when an
+    /// input has no declared shape (nothing to build a pass from).
+    pub fn profile_shapes(&self) -> Option<Vec<Vec<i64>>> {
+        let specs = self.inputs.as_ref()?;
+        specs
+            .iter()
+            .map(|s| {
+                if let Some(p) = self.profile_input.as_ref().and_then(|p| p.get(&s.name)) {
+                    return Some(p.clone());
+                }
+                let shape = s.shape.as_ref()?;
+                Some(shape.iter().map(|d| if *d < 0 { 1 } else { *d }).collect())
+            })
+            .collect()
     }
 
     /// The document as JSON text, as handed to workers.
@@ -402,6 +428,61 @@ pub fn unbatchable_input(inputs: Option<&[TensorSpec]>, max_batch_size: u32) -> 
         "batching (max_batch_size {max_batch_size}) needs a leading batch dimension on every input, but input `{}` is declared with shape [] (a scalar)",
         spec.name
     ))
+}
+
+/// `profile_input`: one shape (a model with one declared input) or an object of shapes by
+/// input name; each must fit its input's declared shape with every size ≥ 1.
+fn parse_profile_input(
+    v: &Value,
+    inputs: Option<&[TensorSpec]>,
+) -> Result<BTreeMap<String, Vec<i64>>, String> {
+    let Some(specs) = inputs else {
+        return Err(
+            "field `profile_input` needs the model's inputs declared (`input` or `inputs`)".into(),
+        );
+    };
+    let given: Vec<(String, &Value)> = match v {
+        Value::Array(_) => match specs {
+            [one] => vec![(one.name.clone(), v)],
+            _ => {
+                return Err(format!(
+                    "field `profile_input`: the model has {} inputs; give an object of shapes by input name",
+                    specs.len()
+                ))
+            }
+        },
+        Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
+        other => {
+            return Err(format!(
+                "field `profile_input` must be a shape (an array of sizes) or an object of shapes by input name, found {}",
+                kind(other)
+            ))
+        }
+    };
+    let mut out = BTreeMap::new();
+    for (name, shape) in given {
+        let Some(spec) = specs.iter().find(|s| s.name == name) else {
+            return Err(format!(
+                "field `profile_input`: the model has no input named '{name}'"
+            ));
+        };
+        let field = format!("profile_input.{name}");
+        let shape = parse_shape(&field, shape)?;
+        if let Some(d) = shape.iter().position(|d| *d < 1) {
+            return Err(format!("`{field}[{d}]` must be a size ≥ 1"));
+        }
+        if let Some(declared) = &spec.shape {
+            let fits = declared.len() == shape.len()
+                && declared.iter().zip(&shape).all(|(w, g)| *w == -1 || w == g);
+            if !fits {
+                return Err(format!(
+                    "`{field}` is {shape:?}, which input '{name}' (shape {declared:?}, -1 = any size) does not accept"
+                ));
+            }
+        }
+        out.insert(name, shape);
+    }
+    Ok(out)
 }
 
 fn parse_input(v: &Value) -> Result<InputSpec, String> {
@@ -552,6 +633,34 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn profile_input_fits_the_declared_inputs() {
+        let m = parse(r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": [64, 4]}"#)
+            .unwrap();
+        assert_eq!(m.profile_shapes(), Some(vec![vec![64, 4]]));
+        let m = parse(r#"{"name": "a", "input": {"shape": [-1, 3, -1]}}"#).unwrap();
+        assert_eq!(m.profile_shapes(), Some(vec![vec![1, 3, 1]]));
+        assert_eq!(parse(r#"{"name": "a"}"#).unwrap().profile_shapes(), None);
+        let two = r#""inputs": [{"name": "f", "datatype": "FP32", "shape": [-1, 3]},
+                               {"name": "s", "datatype": "INT64", "shape": [-1]}]"#;
+        let m = parse(&format!(
+            r#"{{"name": "a", {two}, "profile_input": {{"f": [8, 3]}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(m.profile_shapes(), Some(vec![vec![8, 3], vec![1]]));
+        for (text, want) in [
+            (r#"{"name": "a", "profile_input": [1]}"#.to_string(), "needs the model's inputs declared"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": [64, 5]}"#.into(), "`profile_input.input__0` is [64, 5], which input 'input__0' (shape [-1, 4], -1 = any size) does not accept"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": [0, 4]}"#.into(), "`profile_input.input__0[0]` must be a size ≥ 1"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": "big"}"#.into(), "must be a shape (an array of sizes) or an object"),
+            (format!(r#"{{"name": "a", {two}, "profile_input": [8, 3]}}"#), "the model has 2 inputs; give an object"),
+            (format!(r#"{{"name": "a", {two}, "profile_input": {{"g": [1]}}}}"#), "no input named 'g'"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

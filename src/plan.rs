@@ -166,7 +166,14 @@ pub struct Plan {
     /// Σ fits over GPUs, when GPU memory bounds the count.
     pub gpu_bound: Option<u32>,
     pub est_gpu_mem_min: u64,
+    /// MB per worker the plan assumes: the metadata's `est_gpu_mem_typ`, or the measured
+    /// footprint with headroom (`master::measured`).
     pub est_gpu_mem_typ: u64,
+    /// The metadata's `est_gpu_mem_typ` as declared.
+    pub declared_typ_mb: u64,
+    /// The footprint one worker was measured with (`--profile-memory`, `--footprint-file`),
+    /// when the plan was made from it.
+    pub measured_mb: Option<u64>,
     pub reserve_mb: u64,
     /// `--gpu-memory-utilization`, when given.
     pub utilization_override: Option<f64>,
@@ -412,6 +419,8 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         gpu_bound,
         est_gpu_mem_min: min,
         est_gpu_mem_typ: typ,
+        declared_typ_mb: typ,
+        measured_mb: None,
         reserve_mb: reserve,
         utilization_override: policy.gpu_memory_utilization,
         gpus,
@@ -596,7 +605,14 @@ impl Plan {
             self.requested_device.name()
         )?;
         writeln!(s, "  est_gpu_mem_min       {} MB", self.est_gpu_mem_min)?;
-        writeln!(s, "  est_gpu_mem_typ       {} MB", self.est_gpu_mem_typ)?;
+        match self.measured_mb {
+            None => writeln!(s, "  est_gpu_mem_typ       {} MB", self.est_gpu_mem_typ)?,
+            Some(m) => writeln!(
+                s,
+                "  per worker            {} MB, from a measured footprint of {m} MB (est_gpu_mem_typ declared {} MB)",
+                self.est_gpu_mem_typ, self.declared_typ_mb
+            )?,
+        }
         writeln!(s, "  gpu reserve           {} MB per GPU", self.reserve_mb)?;
         match self.utilization_override {
             Some(f) => writeln!(s, "  gpu utilisation       {f} (--gpu-memory-utilization)")?,

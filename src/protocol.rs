@@ -83,6 +83,10 @@ pub struct WorkerConfig {
     /// How long the model thread may wait for more requests to fill a batch (ms).
     #[serde(default)]
     pub batch_timeout_ms: u64,
+    /// Run one forward pass on the device at the metadata's profile input right after
+    /// loading and report what it used ([`ControlMsg::Footprint`]) before `Ready`.
+    #[serde(default)]
+    pub profile: bool,
     /// Seconds between heartbeats on the control channel.
     pub heartbeat_ms: u64,
     /// On a graceful retire, how long in-flight requests may still take.
@@ -149,8 +153,24 @@ pub enum ControlMsg {
         /// Milliseconds from the worker's `main` to ready, split where it was measured.
         boot_ms: BootTimes,
     },
-    /// Sent every `heartbeat_ms` by the worker's event loop.
-    Heartbeat { served: u64, in_flight: u32 },
+    /// A profiling worker's pass (sent before `Ready`): what the CUDA caching allocator
+    /// reserved at its peak and reserves now (`None` off CUDA), or why the pass failed.
+    Footprint {
+        allocator_peak: Option<u64>,
+        allocator_reserved: Option<u64>,
+        pass_ms: Option<f64>,
+        error: Option<String>,
+    },
+    /// Sent every `heartbeat_ms` by the worker's event loop; on CUDA with the caching
+    /// allocator's peak and current reserved bytes (what the master learns footprints from).
+    Heartbeat {
+        served: u64,
+        in_flight: u32,
+        #[serde(default)]
+        allocator_peak: Option<u64>,
+        #[serde(default)]
+        allocator_reserved: Option<u64>,
+    },
     /// What it has answered so far (cumulative), sent with a heartbeat when it changed
     /// and once more before it exits.
     Metrics {
@@ -246,6 +266,8 @@ mod tests {
             ControlMsg::Heartbeat {
                 served: 7,
                 in_flight: 1,
+                allocator_peak: Some(3 << 30),
+                allocator_reserved: None,
             },
             ControlMsg::Retiring {
                 reason: RetireReason::OutOfMemory,

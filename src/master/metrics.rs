@@ -75,6 +75,10 @@ impl MasterMetrics {
                 cpu_bound: plan.cpu_bound,
                 gpu_bound: plan.gpu_bound,
                 workers: plan.workers,
+                footprint_declared_mb: plan.declared_typ_mb,
+                footprint_measured_mb: plan.measured_mb,
+                footprint_planned_mb: plan.est_gpu_mem_typ,
+                footprint_observed_mb: None,
             },
             ..State::default()
         };
@@ -107,6 +111,11 @@ impl MasterMetrics {
                 },
             );
         });
+    }
+
+    /// The highest GPU footprint a worker has reached while serving, in MB.
+    pub fn observed_footprint(&self, mb: u64) {
+        self.with(|s| s.plan.footprint_observed_mb = Some(mb));
     }
 
     /// A worker became ready `secs` after it was started.

@@ -4,8 +4,12 @@
 
 pub mod decide;
 pub mod events;
+pub mod footprint;
+pub mod footprint_file;
+pub mod measured;
 pub mod metrics;
 pub mod notify;
+pub mod profile;
 pub mod signals;
 pub mod slot;
 pub mod spawn;

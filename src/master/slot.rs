@@ -40,6 +40,9 @@ pub struct WorkerState {
     pub asked_to_stop: Option<Instant>,
     /// Why the master killed it, if it did.
     pub killed: Option<KillReason>,
+    /// Its CUDA caching allocator's peak and current reserved bytes, from its last
+    /// heartbeat (CUDA workers).
+    pub allocator: Option<(u64, u64)>,
 }
 
 impl WorkerState {
@@ -66,6 +69,7 @@ impl WorkerState {
             retire_reason: None,
             asked_to_stop: None,
             killed: None,
+            allocator: None,
         }
     }
 

@@ -72,6 +72,7 @@ pub fn worker_config(
             .max_queue_wait
             .map_or(0, |d| d.as_millis().max(1) as u64),
         max_batch_size: cfg.max_batch_size,
+        profile: false,
         batch_timeout_ms: cfg.batch_timeout.as_millis() as u64,
         heartbeat_ms: HEARTBEAT_MS,
         graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,

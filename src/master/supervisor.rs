@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 
 use super::decide::{decide, Action, KillReason, Limits, Stopping, View, WaitReason};
 use super::events::{phase_name, Pool};
+use super::footprint::{Learner, Sample};
 use super::metrics::{exit_reason, MasterMetrics};
 use super::notify::Notifier;
 use super::signals::{Intent, Signals};
@@ -75,6 +76,8 @@ pub struct Supervisor {
     template_off_gen: Option<u64>,
     /// What `/metrics` shows, when `--metrics-port` is given.
     metrics: Option<MasterMetrics>,
+    /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
+    learner: Option<Learner>,
 }
 
 /// Templates that die before they are ready, per configuration, before exec takes over.
@@ -131,6 +134,92 @@ impl Supervisor {
             template_failures: 0,
             template_off_gen: None,
             metrics,
+            learner: None,
+        }
+    }
+
+    /// Learn the workers' GPU footprint while serving (`footprint.rs`).
+    pub fn with_learner(mut self, learner: Option<Learner>) -> Supervisor {
+        self.learner = learner;
+        self
+    }
+
+    /// Samples the workers' GPU memory (once a second); when the plan's assumption is
+    /// passed, says so once and, with `--adapt-workers`, lowers the worker count one
+    /// worker at a time to what fits.
+    fn learn(&mut self) {
+        let now = Instant::now();
+        let (Some(l), Some(nvml)) = (self.learner.as_mut(), self.gpus.as_ref()) else {
+            return;
+        };
+        if !l.due(now) {
+            return;
+        }
+        let samples: Vec<Sample> = self
+            .workers
+            .iter()
+            .filter(|w| w.state.phase == Phase::Ready)
+            .filter_map(|w| {
+                Some(Sample {
+                    pid: w.state.pid,
+                    slot: w.state.slot,
+                    gpu: w.state.gpu?,
+                    allocator: w.state.allocator,
+                })
+            })
+            .collect();
+        if let Some(hw) = l.sample(now, &samples, nvml) {
+            if let Some(m) = &self.metrics {
+                m.observed_footprint(hw);
+            }
+            tracing::debug!(
+                event = "footprint_observed",
+                observed_mb = hw,
+                planned_mb = l.assumed_mb,
+                "a worker reached {hw} MB of GPU memory (the plan assumes {} MB)",
+                l.assumed_mb
+            );
+            if l.check() {
+                let cap = l.capacity(&self.plan).unwrap_or(0);
+                tracing::warn!(
+                    event = "footprint_exceeded",
+                    observed_mb = hw,
+                    planned_mb = l.assumed_mb,
+                    capacity = cap,
+                    workers = self.target,
+                    adapt = self.cfg.adapt_workers,
+                    slots = ?l.slot_marks(),
+                    "a worker reached {hw} MB of GPU memory, more than the {} MB the plan assumed per worker: at that footprint the GPUs hold {cap} workers, {} run; {}",
+                    l.assumed_mb,
+                    self.target,
+                    if self.cfg.adapt_workers {
+                        "retiring workers one at a time down to that (--adapt-workers)"
+                    } else {
+                        "no more are added (TTIN refused); --adapt-workers would retire the surplus"
+                    }
+                );
+            }
+        }
+        if !self.cfg.adapt_workers || !l.exceeded() || self.stopping.is_some() || self.reloading {
+            return;
+        }
+        let cap = l.capacity(&self.plan).unwrap_or(self.target).max(1);
+        let settling = self
+            .workers
+            .iter()
+            .any(|w| w.state.phase != Phase::Ready || w.state.asked_to_stop.is_some());
+        if self.target > cap && !settling {
+            self.target -= 1;
+            tracing::warn!(
+                event = "workers_adapted",
+                workers = self.target,
+                capacity = cap,
+                observed_mb = l.high_water_mb().unwrap_or(0),
+                planned_mb = l.assumed_mb,
+                "retiring one worker: {} MB observed per worker leaves room for {cap}; {} workers now",
+                l.high_water_mb().unwrap_or(0),
+                self.target
+            );
         }
     }
 
@@ -150,7 +239,11 @@ impl Supervisor {
             }
             self.read_control();
             self.reap();
+            self.learn();
             if let Some(code) = self.act() {
+                if let Some(l) = &mut self.learner {
+                    l.save(Instant::now(), true);
+                }
                 return code;
             }
             self.report_pool();
@@ -275,6 +368,18 @@ impl Supervisor {
     }
 
     fn more_workers(&mut self) {
+        if let Some(l) = self.learner.as_ref().filter(|l| l.exceeded()) {
+            let cap = l.capacity(&self.plan).unwrap_or(0);
+            if self.target >= cap {
+                tracing::warn!(
+                    event = "ttin_refused",
+                    workers = self.target,
+                    "TTIN refused: workers were seen using {} MB of GPU memory, more than the plan assumed; at that footprint the GPUs hold {cap}",
+                    l.high_water_mb().unwrap_or(0)
+                );
+                return;
+            }
+        }
         let slot = self.target;
         if (slot as usize) >= self.slots.len() {
             let slots = &self.slots;
@@ -624,7 +729,15 @@ impl Supervisor {
                         m.report(st.pid, traffic, allocator_peak);
                     }
                 }
-                ControlMsg::Heartbeat { served, in_flight } => {
+                // Only a profiling worker sends it, and those are the profiler's own.
+                ControlMsg::Footprint { .. } => {}
+                ControlMsg::Heartbeat {
+                    served,
+                    in_flight,
+                    allocator_peak,
+                    allocator_reserved,
+                } => {
+                    st.allocator = allocator_peak.zip(allocator_reserved);
                     st.last_heartbeat = now;
                     st.served = served;
                     st.in_flight = in_flight;

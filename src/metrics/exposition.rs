@@ -71,6 +71,12 @@ pub struct PlanGauges {
     /// `None` when GPU memory does not bound the count (CPU, or no estimate).
     pub gpu_bound: Option<u32>,
     pub workers: u32,
+    /// A worker's GPU footprint in MB: as declared (`est_gpu_mem_typ`), as measured
+    /// (profiling, or remembered), as the plan assumes it, and the highest seen serving.
+    pub footprint_declared_mb: u64,
+    pub footprint_measured_mb: Option<u64>,
+    pub footprint_planned_mb: u64,
+    pub footprint_observed_mb: Option<u64>,
 }
 
 /// Everything `/metrics` shows, at one moment.
@@ -503,6 +509,21 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         "Workers the plan chose (or the override).",
         None,
         vec![(vec![], f64::from(s.plan.workers))],
+    );
+    let p = &s.plan;
+    let footprint: Vec<(Labels, f64)> = [
+        ("declared", Some(p.footprint_declared_mb)),
+        ("measured", p.footprint_measured_mb),
+        ("planned", Some(p.footprint_planned_mb)),
+        ("observed", p.footprint_observed_mb),
+    ]
+    .into_iter()
+    .filter_map(|(src, mb)| mb.map(|mb| (l(&[("source", src)]), (mb << 20) as f64)))
+    .collect();
+    f.gauge_bytes(
+        "worker_gpu_footprint_bytes",
+        "One worker's GPU memory: declared (est_gpu_mem_typ), measured before planning, planned (what the plan assumes per worker) and observed (the highest any worker reached serving).",
+        footprint,
     );
     f.gauge(
         "build_info",

@@ -38,6 +38,9 @@ pub struct SimGpu {
     pub processes: Vec<(u32, Option<u64>)>,
     /// Every call on this GPU fails with `GPU_IS_LOST`.
     pub lost: bool,
+    /// MB every process placed on this GPU (`CUDA_VISIBLE_DEVICES` = its UUID) is reported
+    /// to use: what a test scripts as the workers' real footprint.
+    pub workers_use_mb: Option<u64>,
 }
 
 impl SimGpu {
@@ -50,6 +53,7 @@ impl SimGpu {
             free_mb: total_mb,
             processes: Vec::new(),
             lost: false,
+            workers_use_mb: None,
         }
     }
     pub fn a100_40gb() -> SimGpu {
@@ -79,6 +83,11 @@ impl SimGpu {
     /// A process whose memory the driver does not report (as under some containers).
     pub fn process_unavailable(mut self, pid: u32) -> SimGpu {
         self.processes.push((pid, None));
+        self
+    }
+    /// Every worker placed on this GPU uses `mb` (as NVML reports its process).
+    pub fn workers_use(mut self, mb: u64) -> SimGpu {
+        self.workers_use_mb = Some(mb);
         self
     }
     pub fn lost(mut self) -> SimGpu {
@@ -132,14 +141,18 @@ impl SimGpus {
                         None => json!({"pid": pid}),
                     })
                     .collect();
-                json!({
+                let mut gpu = json!({
                     "name": g.name,
                     "uuid": self.uuid_of(i),
                     "total_mb": g.total_mb,
                     "free_mb": g.free_mb,
                     "processes": procs,
                     "lost": g.lost,
-                })
+                });
+                if let Some(mb) = g.workers_use_mb {
+                    gpu["visible_process_used_mb"] = json!(mb);
+                }
+                gpu
             })
             .collect();
         let mut doc = json!({"driver": self.driver, "gpus": gpus});

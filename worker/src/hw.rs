@@ -54,6 +54,12 @@ impl Hw {
             .map_err(Clone::clone)
     }
 
+    /// The CUDA caching allocator's figures, on CUDA.
+    pub fn allocator(&self) -> Option<cuda::MemoryStats> {
+        let (cuda_index, _) = self.gpu?;
+        cuda::memory_stats(cuda_index).ok()
+    }
+
     /// The CUDA caching allocator's peak reserved bytes, on CUDA.
     pub fn allocator_peak(&self) -> Option<u64> {
         let (cuda_index, _) = self.gpu?;

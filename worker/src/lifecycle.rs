@@ -92,9 +92,12 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
     loop {
         tick.tick().await;
         let c = shared.get();
+        let gpu = app.hw.allocator();
         shared.control.send(&ControlMsg::Heartbeat {
             served: c.served,
             in_flight: c.in_flight,
+            allocator_peak: gpu.map(|s| s.peak_reserved),
+            allocator_reserved: gpu.map(|s| s.reserved),
         });
         crate::metrics::report(&app, &mut reported);
     }

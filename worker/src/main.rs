@@ -86,9 +86,43 @@ pub fn boot(
         max_rows: cfg.max_batch_size as usize,
         timeout: Duration::from_millis(cfg.batch_timeout_ms),
     });
-    let (runner, info) =
-        runner::Runner::start(&cfg.model_path, cfg.device, fraction, preloaded, batching)
-            .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    let profile = match (cfg.profile, &metadata.inputs, metadata.profile_shapes()) {
+        (true, Some(specs), Some(shapes)) => Some(runner::Profile {
+            specs: specs.clone(),
+            shapes,
+        }),
+        _ => None,
+    };
+    let (runner, info, profiled) = runner::Runner::start(
+        &cfg.model_path,
+        cfg.device,
+        fraction,
+        preloaded,
+        batching,
+        profile,
+    )
+    .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    if cfg.profile {
+        // What the pass used, before `Ready`: the master's profiler waits for both.
+        let stats = info.cuda.and_then(|i| cuda::memory_stats(i).ok());
+        let (pass_ms, error) = match profiled {
+            Some(Ok(ms)) => (Some(ms), None),
+            Some(Err(e)) => (None, Some(e)),
+            None => (
+                None,
+                Some("the metadata declares no input shape to profile with".to_string()),
+            ),
+        };
+        if let Some(e) = &error {
+            tracing::warn!("profiling pass failed: {e}");
+        }
+        control.send(&vramfork::protocol::ControlMsg::Footprint {
+            allocator_peak: stats.map(|s| s.peak_reserved),
+            allocator_reserved: stats.map(|s| s.reserved),
+            pass_ms,
+            error,
+        });
+    }
     if let Some(b) = batching {
         tracing::info!(
             max_batch_size = b.max_rows,

@@ -166,6 +166,10 @@ impl Source for DevSource {
                 cpu_bound: self.cfg.cpu_bound,
                 gpu_bound: self.cfg.gpu_bound,
                 workers: self.cfg.planned,
+                footprint_declared_mb: app.metadata.est_gpu_mem_typ,
+                footprint_measured_mb: None,
+                footprint_planned_mb: app.metadata.est_gpu_mem_typ,
+                footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
             },
         }
     }

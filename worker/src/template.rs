@@ -53,7 +53,12 @@ pub fn run(process_ms: f64) -> i32 {
     // The warm-up pass runs on this thread alone: one intra-op thread (each worker sets its
     // own count after the fork), so no thread pool starts here.
     process::set_intra_threads(1);
-    let warmup_ms = match crate::runner::warm_up(&module, metadata.inputs.as_deref()) {
+    let warmup_ms = match crate::runner::warm_up(
+        &module,
+        metadata.inputs.as_deref(),
+        None,
+        tch::Device::Cpu,
+    ) {
         Ok(Some(ms)) => {
             tracing::debug!(ms, "template warm-up pass");
             ms

@@ -32,6 +32,7 @@ fn ready_then_heartbeats_with_counts() {
             Some(ControlMsg::Heartbeat {
                 served: 1,
                 in_flight: 0,
+                ..
             }) => break,
             Some(ControlMsg::Heartbeat { .. }) if Instant::now() < deadline => continue,
             other => panic!("expected a heartbeat with served 1, got {other:?}"),

@@ -116,6 +116,22 @@ fn bytes(v: &Value, key: &str) -> Option<u64> {
         })
 }
 
+/// The processes of this machine whose `CUDA_VISIBLE_DEVICES` is exactly `uuid` (the
+/// workers a master placed on that GPU), from `/proc`; those it cannot read are skipped.
+fn visible_processes(uuid: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let want = format!("CUDA_VISIBLE_DEVICES={uuid}");
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == want.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
 fn read_state() -> Result<State, String> {
     let path = std::env::var_os("NVML_MOCK_FILE")
         .ok_or("NVML_MOCK_FILE is not set (it names the JSON file describing the GPUs)")?;
@@ -137,7 +153,7 @@ fn read_state() -> Result<State, String> {
         let total = bytes(g, "total").ok_or(format!("gpus[{i}] needs total_mb or total_bytes"))?;
         let free = bytes(g, "free").unwrap_or(total).min(total);
         let used = bytes(g, "used").unwrap_or(total - free);
-        let processes = g
+        let mut processes: Vec<(u32, u64)> = g
             .get("processes")
             .and_then(Value::as_array)
             .map(|ps| {
@@ -149,16 +165,24 @@ fn read_state() -> Result<State, String> {
                     .collect()
             })
             .unwrap_or_default();
+        let uuid = g
+            .get("uuid")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("GPU-mock-{i}"), str::to_string);
+        if let Some(used) = bytes(g, "visible_process_used") {
+            for pid in visible_processes(&uuid) {
+                if !processes.iter().any(|(p, _)| *p == pid) {
+                    processes.push((pid, used));
+                }
+            }
+        }
         gpus.push(Gpu {
             name: g
                 .get("name")
                 .and_then(Value::as_str)
                 .unwrap_or("NVIDIA Mock GPU")
                 .to_string(),
-            uuid: g
-                .get("uuid")
-                .and_then(Value::as_str)
-                .map_or_else(|| format!("GPU-mock-{i}"), str::to_string),
+            uuid,
             total,
             free,
             used,

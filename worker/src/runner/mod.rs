@@ -166,6 +166,15 @@ pub struct ModelInfo {
     pub model_ms: f64,
 }
 
+/// The profiling pass's outcome: its duration in ms, or the model's error.
+pub type Profiled = Option<Result<f64, String>>;
+
+/// A profiling pass to run on the model's device right after loading (`--profile-memory`).
+pub struct Profile {
+    pub specs: Vec<vramfork::metadata::TensorSpec>,
+    pub shapes: Vec<Vec<i64>>,
+}
+
 /// The handle the HTTP side holds: cheap to clone.
 #[derive(Clone)]
 pub struct Runner {
@@ -185,7 +194,8 @@ impl Runner {
         memory_fraction: Option<f64>,
         preloaded: Option<CModule>,
         batching: Option<Batching>,
-    ) -> Result<(Runner, ModelInfo), LoadError> {
+        profile: Option<Profile>,
+    ) -> Result<(Runner, ModelInfo, Profiled), LoadError> {
         let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
         let (tx, rx) = mpsc::channel::<Job>(queue);
         let batches = BatchCounts::default();
@@ -213,7 +223,11 @@ impl Runner {
                             },
                             model_ms: l.model_ms,
                         };
-                        let _ = loaded_tx.send(Ok(info));
+                        let profiled = profile.map(|p| {
+                            warm_up(&l.module, Some(&p.specs), Some(&p.shapes), l.device)
+                                .and_then(|ms| ms.ok_or_else(|| "no input to run".to_string()))
+                        });
+                        let _ = loaded_tx.send(Ok((info, profiled)));
                         match batching {
                             Some(b) => batcher::serve(l.module, l.device, rx, b, counts),
                             None => serve(l.module, l.device, rx),
@@ -231,7 +245,7 @@ impl Runner {
             });
         }
         match loaded_rx.recv() {
-            Ok(Ok(info)) => Ok((Runner { tx, batches }, info)),
+            Ok(Ok((info, profiled))) => Ok((Runner { tx, batches }, info, profiled)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LoadError::Model {
                 path: String::new(),

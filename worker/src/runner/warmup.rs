@@ -13,21 +13,32 @@ use vramfork::metadata::{Datatype, TensorSpec};
 
 use super::{kind_of, useful_line};
 
-/// Runs the warm-up pass; `Ok(None)` when the metadata declares no input shape to make one
-/// from, `Ok(Some(ms))` when it ran, `Err` with the model's message when the pass failed.
-pub fn warm_up(module: &CModule, inputs: Option<&[TensorSpec]>) -> Result<Option<f64>, String> {
+/// Runs the warm-up pass on `device`, with `shapes` (one per declared input; `None`: the
+/// declared shapes with `-1` as 1); `Ok(None)` when the metadata declares no input shape to
+/// make one from, `Ok(Some(ms))` when it ran, `Err` with the model's message when the pass
+/// failed.
+pub fn warm_up(
+    module: &CModule,
+    inputs: Option<&[TensorSpec]>,
+    shapes: Option<&[Vec<i64>]>,
+    device: Device,
+) -> Result<Option<f64>, String> {
     let Some(specs) = inputs else {
         return Ok(None);
     };
     let mut args = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let Some(shape) = &spec.shape else {
-            return Ok(None);
+    for (i, spec) in specs.iter().enumerate() {
+        let shape: Vec<i64> = match (shapes.and_then(|s| s.get(i)), &spec.shape) {
+            (Some(s), _) => s.clone(),
+            (None, Some(declared)) => declared
+                .iter()
+                .map(|d| if *d < 0 { 1 } else { *d })
+                .collect(),
+            (None, None) => return Ok(None),
         };
-        let shape: Vec<i64> = shape.iter().map(|d| if *d < 0 { 1 } else { *d }).collect();
         args.push(match spec.datatype {
             Datatype::Tensor(dtype) => {
-                IValue::Tensor(Tensor::zeros(&shape, (kind_of(dtype), Device::Cpu)))
+                IValue::Tensor(Tensor::zeros(&shape, (kind_of(dtype), device)))
             }
             Datatype::Bytes => {
                 let n: i64 = shape.iter().product();
@@ -37,10 +48,18 @@ pub fn warm_up(module: &CModule, inputs: Option<&[TensorSpec]>) -> Result<Option
     }
     let start = Instant::now();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| module.forward_is(&args))
+        tch::no_grad(|| {
+            module.forward_is(&args).map(|out| {
+                if let Device::Cuda(i) = device {
+                    // The pass is over (and its peak reached) once the GPU has finished it.
+                    tch::Cuda::synchronize(i as i64);
+                }
+                drop(out);
+            })
+        })
     }));
     match run {
-        Ok(Ok(_)) => Ok(Some(start.elapsed().as_secs_f64() * 1e3)),
+        Ok(Ok(())) => Ok(Some(start.elapsed().as_secs_f64() * 1e3)),
         Ok(Err(e)) => Err(useful_line(&e.to_string())),
         Err(_) => Err("the model panicked".into()),
     }

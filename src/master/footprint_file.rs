@@ -1,0 +1,143 @@
+//! `--footprint-file`: what a server learned of a model's GPU footprint, kept across
+//! restarts. One JSON object, keyed by the SHA-256 of the model file (so a changed model
+//! starts afresh), each entry the highest footprint seen (measured before planning or
+//! observed while serving):
+//!
+//! ```json
+//! {"3f5a…": {"high_water_mb": 5120, "model": "/srv/app/model.pt", "updated": 1795420800}}
+//! ```
+//!
+//! Written atomically (a temporary file renamed over it); other entries are kept.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, Clone)]
+pub struct FootprintFile {
+    pub path: PathBuf,
+    /// Hex SHA-256 of the model file.
+    pub key: String,
+    pub model: PathBuf,
+}
+
+impl FootprintFile {
+    /// The file for `model` (hashed now).
+    pub fn new(path: &Path, model: &Path) -> Result<FootprintFile, String> {
+        Ok(FootprintFile {
+            path: path.to_path_buf(),
+            key: sha256_file(model)?,
+            model: model.to_path_buf(),
+        })
+    }
+
+    /// The high-water mark recorded for this model, if any. A file that does not exist is
+    /// no record; one that cannot be read or parsed is an error (so it is not overwritten
+    /// unnoticed).
+    pub fn recorded_mb(&self) -> Result<Option<u64>, String> {
+        let doc = match self.read()? {
+            Some(d) => d,
+            None => return Ok(None),
+        };
+        Ok(doc
+            .get(&self.key)
+            .and_then(|e| e.get("high_water_mb"))
+            .and_then(Value::as_u64))
+    }
+
+    /// Records `mb` for this model unless a higher figure is recorded already.
+    pub fn record(&self, mb: u64) -> Result<(), String> {
+        let mut doc = self.read()?.unwrap_or_default();
+        let old = doc
+            .get(&self.key)
+            .and_then(|e| e.get("high_water_mb"))
+            .and_then(Value::as_u64);
+        if old.is_some_and(|o| o >= mb) {
+            return Ok(());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        doc.insert(
+            self.key.clone(),
+            json!({"high_water_mb": mb, "model": self.model.display().to_string(), "updated": now}),
+        );
+        let text = serde_json::to_string_pretty(&Value::Object(doc)).expect("a map serializes");
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, text + "\n")
+            .and_then(|()| std::fs::rename(&tmp, &self.path))
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+    }
+
+    fn read(&self) -> Result<Option<Map<String, Value>>, String> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+        };
+        match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(m)) => Ok(Some(m)),
+            Ok(_) => Err(format!(
+                "{} is not a JSON object of footprints by model hash",
+                self.path.display()
+            )),
+            Err(e) => Err(format!("{} is not valid JSON: {e}", self.path.display())),
+        }
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<String, String> {
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read the model {}: {e}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| format!("cannot read the model {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_keep_the_highest_figure_per_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.pt"), dir.path().join("b.pt"));
+        std::fs::write(&a, b"model a").unwrap();
+        std::fs::write(&b, b"model b").unwrap();
+        let path = dir.path().join("footprints.json");
+        let fa = FootprintFile::new(&path, &a).unwrap();
+        let fb = FootprintFile::new(&path, &b).unwrap();
+        assert_eq!(fa.recorded_mb().unwrap(), None);
+        fa.record(3000).unwrap();
+        fa.record(2000).unwrap();
+        fb.record(700).unwrap();
+        assert_eq!(fa.recorded_mb().unwrap(), Some(3000));
+        assert_eq!(fb.recorded_mb().unwrap(), Some(700));
+        fa.record(3500).unwrap();
+        assert_eq!(fa.recorded_mb().unwrap(), Some(3500));
+        // The key is the content's SHA-256: the same bytes elsewhere share the record.
+        let c = dir.path().join("c.pt");
+        std::fs::write(&c, b"model a").unwrap();
+        assert_eq!(
+            FootprintFile::new(&path, &c)
+                .unwrap()
+                .recorded_mb()
+                .unwrap(),
+            Some(3500)
+        );
+        std::fs::write(&path, "[1]").unwrap();
+        assert!(fa.recorded_mb().unwrap_err().contains("not a JSON object"));
+    }
+}

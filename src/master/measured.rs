@@ -1,0 +1,242 @@
+//! Planning from measured GPU memory: whether to profile (`--profile-memory`), the plan
+//! made again from the measured footprint (`master::profile`), and what `app plan
+//! --measure` prints.
+//!
+//! The plan assumes `max(ceil(footprint × --memory-headroom), est_gpu_mem_min)` MB per
+//! worker instead of `est_gpu_mem_typ`; every other rule of the plan (usable memory,
+//! reserve, the CPU bound, the allocator cap per worker) is unchanged. When the measured
+//! figure fits on no GPU, the estimate's plan stands (with a warning): profiling never
+//! plans zero workers.
+
+use std::fmt::Write as _;
+
+use super::profile::{measure, Measured};
+use crate::config::Config;
+use crate::plan::{self, Plan};
+use crate::resources::{NvmlProbe, Resources};
+
+/// Whether `app --production` profiles before planning: `--profile-memory on/off`, else
+/// (auto) when a worker is planned on a GPU and the metadata declares the input shapes a
+/// pass can be made from.
+pub fn wanted(cfg: &Config, plan: &Plan) -> bool {
+    let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
+    let shapes = cfg.metadata.profile_shapes().is_some();
+    match cfg.profile_memory {
+        Some(false) => false,
+        Some(true) => {
+            if !on_gpu {
+                tracing::warn!(
+                    event = "memory_profile_skipped",
+                    "--profile-memory on: no worker is planned on a GPU, nothing to measure"
+                );
+            }
+            on_gpu
+        }
+        None => on_gpu && shapes,
+    }
+}
+
+/// The measurement and the plan made from it.
+#[derive(Debug)]
+pub struct Profiled {
+    /// `profiled` (a worker measured now) or `remembered` (`--footprint-file`).
+    pub source: &'static str,
+    pub measured: Measured,
+    /// MB per worker the new plan assumes.
+    pub planned_mb: u64,
+    pub headroom: f64,
+    pub declared_min: u64,
+    pub declared_typ: u64,
+    /// The plan from the declared estimate.
+    pub estimate_workers: u32,
+    pub plan: Plan,
+    /// Set when the measured figure fits nowhere and the estimate's plan was kept.
+    pub kept_estimate: Option<String>,
+}
+
+/// Profiles one worker and plans again from what it measured.
+pub fn measure_and_plan(
+    cfg: &Config,
+    res: &Resources,
+    plan: &Plan,
+    gpus: Option<&NvmlProbe>,
+) -> Result<Profiled, String> {
+    let measured = measure(cfg, plan, gpus)?;
+    Ok(plan_from(cfg, res, plan, measured, "profiled"))
+}
+
+/// The plan made from a footprint recorded by an earlier run (`--footprint-file`).
+pub fn remembered(cfg: &Config, res: &Resources, plan: &Plan, mb: u64) -> Profiled {
+    let measured = Measured {
+        gpu: plan
+            .placement
+            .iter()
+            .find_map(|p| p.gpu.as_ref().map(|g| g.index))
+            .unwrap_or(0),
+        footprint_mb: mb,
+        nvml_used: None,
+        allocator_peak: None,
+        allocator_reserved: None,
+        pass_ms: 0.0,
+        pid: 0,
+    };
+    plan_from(cfg, res, plan, measured, "remembered")
+}
+
+fn plan_from(
+    cfg: &Config,
+    res: &Resources,
+    plan: &Plan,
+    measured: Measured,
+    source: &'static str,
+) -> Profiled {
+    let meta = &cfg.metadata;
+    let planned_mb = measured.planned_mb(cfg.memory_headroom, meta.est_gpu_mem_min);
+    let mut remeta = meta.clone();
+    remeta.est_gpu_mem_typ = planned_mb;
+    let (new_plan, kept_estimate) = match plan::plan(res, &remeta, &cfg.policy()) {
+        Ok(mut p) => {
+            p.declared_typ_mb = meta.est_gpu_mem_typ;
+            p.measured_mb = Some(measured.footprint_mb);
+            (p, None)
+        }
+        Err(e) => (plan.clone(), Some(e.to_string())),
+    };
+    Profiled {
+        source,
+        measured,
+        planned_mb,
+        headroom: cfg.memory_headroom,
+        declared_min: meta.est_gpu_mem_min,
+        declared_typ: meta.est_gpu_mem_typ,
+        estimate_workers: plan.workers,
+        plan: new_plan,
+        kept_estimate,
+    }
+}
+
+impl Profiled {
+    /// One log line with the numbers (and a warning when the estimate's plan was kept).
+    pub fn log(&self) {
+        let m = &self.measured;
+        match &self.kept_estimate {
+            None => tracing::info!(
+                event = "memory_profiled",
+                source = self.source,
+                gpu = m.gpu,
+                measured_mb = m.footprint_mb,
+                planned_mb = self.planned_mb,
+                declared_typ_mb = self.declared_typ,
+                declared_min_mb = self.declared_min,
+                workers = self.plan.workers,
+                estimate_workers = self.estimate_workers,
+                "{} {} MB per worker on GPU {} (declared est_gpu_mem_typ {} MB); planning {} MB per worker (× {} headroom, at least est_gpu_mem_min {} MB): {} workers (the estimate gave {})",
+                if self.source == "remembered" { "remembered (--footprint-file)" } else { "measured" },
+                m.footprint_mb,
+                m.gpu,
+                self.declared_typ,
+                self.planned_mb,
+                self.headroom,
+                self.declared_min,
+                self.plan.workers,
+                self.estimate_workers
+            ),
+            Some(why) => tracing::warn!(
+                event = "memory_profile_failed",
+                measured_mb = m.footprint_mb,
+                planned_mb = self.planned_mb,
+                declared_typ_mb = self.declared_typ,
+                "measured {} MB per worker ({} MB with headroom), which fits no GPU ({why}); planning from est_gpu_mem_typ ({} MB) as declared",
+                m.footprint_mb,
+                self.planned_mb,
+                self.declared_typ
+            ),
+        }
+    }
+
+    /// What `app plan --measure` prints: the measurement, the metadata values to use, and
+    /// the plan they give (JSON with `json`).
+    pub fn report(&self, json: bool) -> String {
+        let m = &self.measured;
+        let suggest_min = m.footprint_mb;
+        let suggest_typ = self.planned_mb.max(suggest_min);
+        if json {
+            let v = serde_json::json!({
+                "measured": {
+                    "gpu": m.gpu,
+                    "footprint_mb": m.footprint_mb,
+                    "nvml_process_bytes": m.nvml_used,
+                    "allocator_peak_reserved_bytes": m.allocator_peak,
+                    "allocator_reserved_bytes": m.allocator_reserved,
+                    "pass_ms": m.pass_ms,
+                },
+                "declared": {"est_gpu_mem_min": self.declared_min, "est_gpu_mem_typ": self.declared_typ},
+                "headroom": self.headroom,
+                "planned_mb_per_worker": self.planned_mb,
+                "suggested_metadata": {"est_gpu_mem_min": suggest_min, "est_gpu_mem_typ": suggest_typ},
+                "estimate_workers": self.estimate_workers,
+                "kept_estimate": self.kept_estimate,
+                "plan": self.plan,
+            });
+            return format!(
+                "{}\n",
+                serde_json::to_string_pretty(&v).expect("a report serializes")
+            );
+        }
+        let mut s = String::new();
+        let mbf = |b: Option<u64>| {
+            b.map_or("n/a".to_string(), |b| {
+                format!("{:.0} MB", b as f64 / (1u64 << 20) as f64)
+            })
+        };
+        let _ = writeln!(
+            s,
+            "measured (one worker, one forward pass at the profile input)"
+        );
+        let _ = writeln!(
+            s,
+            "  footprint             {} MB on GPU {} (pass {:.1} ms)",
+            m.footprint_mb, m.gpu, m.pass_ms
+        );
+        let _ = writeln!(
+            s,
+            "  from                  NVML process {}, allocator peak reserved {}, reserved after the pass {}",
+            mbf(m.nvml_used),
+            mbf(m.allocator_peak),
+            mbf(m.allocator_reserved)
+        );
+        let _ = writeln!(
+            s,
+            "  declared              est_gpu_mem_min {} MB, est_gpu_mem_typ {} MB",
+            self.declared_min, self.declared_typ
+        );
+        let _ = writeln!(
+            s,
+            "  planned per worker    {} MB (footprint × {} headroom, at least est_gpu_mem_min)",
+            self.planned_mb, self.headroom
+        );
+        let _ = writeln!(
+            s,
+            "  metadata to use       \"est_gpu_mem_min\": {suggest_min}, \"est_gpu_mem_typ\": {suggest_typ}"
+        );
+        match &self.kept_estimate {
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  workers               {} from the measurement ({} from the declared estimate)",
+                    self.plan.workers, self.estimate_workers
+                );
+            }
+            Some(why) => {
+                let _ = writeln!(
+                    s,
+                    "  workers               the measured figure fits no GPU ({why}); the estimate's plan ({} workers) is kept",
+                    self.estimate_workers
+                );
+            }
+        }
+        let _ = writeln!(s);
+        s.push_str(&self.plan.to_text());
+        s
+    }
+}

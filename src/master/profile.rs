@@ -1,0 +1,240 @@
+//! Measuring one worker's GPU memory before planning (`--profile-memory`, `app plan
+//! --measure`): a worker is started on the first GPU the plan uses, with no allocator cap
+//! and on a private loopback listener (it never takes a client's request); it loads the
+//! model, runs one forward pass at the metadata's profile input (`profile_input`, else the
+//! declared shapes with `-1` as 1) and reports the CUDA caching allocator's peak and current
+//! reserved bytes. The master reads NVML's figure for the worker's process, stops it, and
+//! computes the footprint:
+//!
+//! `footprint = allocator peak reserved + (NVML's process figure − allocator reserved now)`
+//!
+//! — the peak of what the allocator held plus what the process holds besides it (the CUDA
+//! context, cuBLAS/cuDNN workspaces). Without allocator figures (a worker that runs on the
+//! CPU, as on the simulated GPUs of the tests), NVML's process figure alone.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::spawn::{launch, worker_config, WorkerSpec};
+use crate::config::Config;
+use crate::plan::Plan;
+use crate::protocol::ControlMsg;
+use crate::resources::NvmlProbe;
+
+const MB: u64 = 1 << 20;
+
+/// What the profiling worker measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// NVML index of the GPU it ran on.
+    pub gpu: u32,
+    /// The footprint, in MB (rounded up).
+    pub footprint_mb: u64,
+    /// NVML's figure for its process, bytes.
+    pub nvml_used: Option<u64>,
+    pub allocator_peak: Option<u64>,
+    pub allocator_reserved: Option<u64>,
+    /// The profiling pass, ms.
+    pub pass_ms: f64,
+    /// The worker's pid (gone by now).
+    pub pid: u32,
+}
+
+impl Measured {
+    /// The per-worker figure a plan should assume: footprint × headroom, at least
+    /// `est_gpu_mem_min`.
+    pub fn planned_mb(&self, headroom: f64, est_min: u64) -> u64 {
+        ((self.footprint_mb as f64 * headroom).ceil() as u64).max(est_min)
+    }
+}
+
+/// The footprint in bytes from the worker's allocator figures and NVML's process figure.
+pub fn footprint(nvml_used: Option<u64>, peak: Option<u64>, reserved: Option<u64>) -> Option<u64> {
+    match (nvml_used, peak, reserved) {
+        (Some(used), Some(peak), Some(reserved)) => Some(used.saturating_sub(reserved) + peak),
+        (Some(used), _, _) => Some(used),
+        (None, Some(peak), _) => Some(peak),
+        (None, None, _) => None,
+    }
+}
+
+/// Starts one profiling worker, waits (up to `--boot-timeout`) for its pass, measures, and
+/// stops it. `Err` says why nothing was measured.
+pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Measured, String> {
+    let gpus = gpus.ok_or("NVML is not available: no GPU to measure on")?;
+    let place = plan
+        .placement
+        .iter()
+        .find(|p| p.gpu.is_some())
+        .ok_or("no worker is planned on a GPU: nothing to measure")?;
+    let mut config = worker_config(cfg, plan, place.slot, 0, 0);
+    config.profile = true;
+    config.metrics = None;
+    if let Some(g) = config.gpu.as_mut() {
+        // What it really takes, not what a share of the GPU allows.
+        g.memory_fraction = None;
+    }
+    let index = config.gpu.as_ref().map(|g| g.index).unwrap_or(0);
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot open a loopback listener for the profiling worker: {e}"))?;
+    let mut w = launch(&cfg.worker_binary, &WorkerSpec { config }, &listener).map_err(|e| {
+        format!(
+            "cannot start the profiling worker {}: {e}",
+            cfg.worker_binary.display()
+        )
+    })?;
+    let pid = w.pid;
+    tracing::info!(
+        event = "memory_profiling",
+        pid,
+        gpu = index,
+        "profiling one worker's GPU memory (pid {pid}, GPU {index})"
+    );
+    let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout);
+    // Read NVML while the worker still holds its memory, then stop it.
+    let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();
+    stop(pid);
+    let (peak, reserved, pass_ms) = outcome?;
+    let bytes = footprint(nvml_used, peak, reserved).ok_or_else(|| {
+        format!("neither NVML nor the CUDA allocator reported the profiling worker's memory (pid {pid} on GPU {index})")
+    })?;
+    Ok(Measured {
+        gpu: index,
+        footprint_mb: bytes.div_ceil(MB),
+        nvml_used,
+        allocator_peak: peak,
+        allocator_reserved: reserved,
+        pass_ms,
+        pid,
+    })
+}
+
+type Pass = (Option<u64>, Option<u64>, f64);
+
+/// Reads the worker's control channel until its `Footprint` and `Ready` arrived.
+fn wait_for_pass(
+    control: &mut std::os::unix::net::UnixStream,
+    pid: u32,
+    limit: Duration,
+) -> Result<Pass, String> {
+    let deadline = Instant::now() + limit;
+    let mut buf = Vec::new();
+    let mut pass: Option<Pass> = None;
+    loop {
+        let mut chunk = [0u8; 4096];
+        match control.read(&mut chunk) {
+            Ok(0) => {
+                return Err(format!(
+                    "the profiling worker (pid {pid}) exited before it was ready{}",
+                    exit_status(pid)
+                ))
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("profiling worker's control channel: {e}")),
+        }
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            match ControlMsg::from_line(String::from_utf8_lossy(&line).trim_end()) {
+                Ok(ControlMsg::Footprint { error: Some(e), .. }) => {
+                    return Err(format!("the profiling pass failed: {e}"))
+                }
+                Ok(ControlMsg::Footprint {
+                    allocator_peak,
+                    allocator_reserved,
+                    pass_ms,
+                    ..
+                }) => pass = Some((allocator_peak, allocator_reserved, pass_ms.unwrap_or(0.0))),
+                Ok(ControlMsg::Ready { .. }) => {
+                    return pass.ok_or_else(|| {
+                        "the profiling worker was ready without reporting a pass".to_string()
+                    })
+                }
+                _ => {}
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "the profiling worker (pid {pid}) was not ready within --boot-timeout ({} s)",
+                limit.as_secs()
+            ));
+        }
+        let wait = left.min(Duration::from_millis(100));
+        let mut fds = [PollFd::new(control.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(wait.as_millis() as u64).unwrap_or(PollTimeout::MAX),
+        );
+    }
+}
+
+/// `: exit status N` (or the signal) once the process has exited, else nothing.
+fn exit_status(pid: u32) -> String {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return format!(": exit status {code}"),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return format!(": killed by {sig}"),
+            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(20)),
+            _ => return String::new(),
+        }
+    }
+    String::new()
+}
+
+/// TERM, then KILL after 10 s; reaps it.
+fn stop(pid: u32) {
+    let p = Pid::from_raw(pid as i32);
+    let _ = kill(p, Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = kill(p, Signal::SIGKILL);
+                let _ = waitpid(p, None);
+                return;
+            }
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_footprint_is_the_allocator_peak_plus_what_the_process_holds_besides() {
+        let mb = |n: u64| n * MB;
+        // NVML 2500 MB with 2000 reserved now (context 500) and a peak of 3000: 3500.
+        assert_eq!(
+            footprint(Some(mb(2500)), Some(mb(3000)), Some(mb(2000))),
+            Some(mb(3500))
+        );
+        assert_eq!(footprint(Some(mb(900)), None, None), Some(mb(900)));
+        assert_eq!(footprint(None, Some(mb(700)), Some(mb(100))), Some(mb(700)));
+        assert_eq!(footprint(None, None, None), None);
+        let m = Measured {
+            gpu: 0,
+            footprint_mb: 1000,
+            nvml_used: None,
+            allocator_peak: None,
+            allocator_reserved: None,
+            pass_ms: 1.0,
+            pid: 1,
+        };
+        assert_eq!(m.planned_mb(1.2, 0), 1200);
+        assert_eq!(m.planned_mb(1.2, 5000), 5000);
+    }
+}
