@@ -101,6 +101,20 @@ pub struct WorkerConfig {
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
     #[serde(default)]
     pub metrics: Option<WorkerMetrics>,
+    /// When the plan came from a measured footprint: the figures, shown by `GET /`.
+    #[serde(default)]
+    pub footprint: Option<FootprintFigures>,
+}
+
+/// One worker's GPU memory as declared, measured and planned (MB), for `GET /`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FootprintFigures {
+    /// The metadata's `est_gpu_mem_typ`.
+    pub declared_mb: u64,
+    /// Measured by a profiling worker, or remembered (`--footprint-file`).
+    pub measured_mb: u64,
+    /// What the plan assumes per worker.
+    pub planned_mb: u64,
 }
 
 /// What a worker does for `/metrics`.

@@ -180,6 +180,17 @@ fn a_footprint_larger_than_the_estimate_plans_fewer_workers() {
     }
     let r = s.post("/", r#"{"inputs": [[1, 2, 3, 4]]}"#);
     assert_eq!(r.status, 200, "{r:?}");
+    // GET / shows the footprint beside the metadata's estimate.
+    let meta = s.get("/").json();
+    assert_eq!(
+        meta["gpu_footprint_mb"],
+        serde_json::json!({"declared": 2000, "measured": 5000, "planned": 6000}),
+        "{meta:#}"
+    );
+    assert_eq!(
+        meta["est_gpu_mem_typ"], 2000,
+        "the metadata as written: {meta:#}"
+    );
     // /metrics shows the declared, measured and planned footprints side by side, and (once
     // the master has read NVML for a serving worker) the observed one.
     let mport = s.wait_event("metrics_listening", |_| true);
@@ -238,6 +249,8 @@ fn profiling_off_or_unfit_keeps_the_estimate() {
     s.wait_workers(workers_for(2000) as usize);
     assert!(s.events_named("memory_profiling").is_empty());
     assert!(s.events_named("memory_profiled").is_empty());
+    let meta = s.get("/").json();
+    assert!(meta.get("gpu_footprint_mb").is_none(), "{meta:#}");
     drop(s);
 
     // 20,000 MB per worker fits no T4.

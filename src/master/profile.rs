@@ -97,10 +97,14 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
         gpu = index,
         "profiling one worker's GPU memory (pid {pid}, GPU {index})"
     );
-    let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout);
-    // Read NVML while the worker still holds its memory, then stop it.
+    let mut reaped = false;
+    let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout, &mut reaped);
+    // Read NVML while the worker still holds its memory, then stop it (unless it is gone
+    // and reaped already: its pid may belong to another process by now).
     let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();
-    stop(pid);
+    if !reaped {
+        stop(pid);
+    }
     let (peak, reserved, pass_ms) = outcome?;
     let bytes = footprint(nvml_used, peak, reserved).ok_or_else(|| {
         format!("neither NVML nor the CUDA allocator reported the profiling worker's memory (pid {pid} on GPU {index})")
@@ -123,6 +127,7 @@ fn wait_for_pass(
     control: &mut std::os::unix::net::UnixStream,
     pid: u32,
     limit: Duration,
+    reaped: &mut bool,
 ) -> Result<Pass, String> {
     let deadline = Instant::now() + limit;
     let mut buf = Vec::new();
@@ -133,7 +138,7 @@ fn wait_for_pass(
             Ok(0) => {
                 return Err(format!(
                     "the profiling worker (pid {pid}) exited before it was ready{}",
-                    exit_status(pid)
+                    exit_status(pid, reaped)
                 ))
             }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -176,13 +181,20 @@ fn wait_for_pass(
     }
 }
 
-/// `: exit status N` (or the signal) once the process has exited, else nothing.
-fn exit_status(pid: u32) -> String {
+/// `: exit status N` (or the signal) once the process has exited (and is reaped: `reaped`
+/// is set), else nothing.
+fn exit_status(pid: u32, reaped: &mut bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => return format!(": exit status {code}"),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return format!(": killed by {sig}"),
+            Ok(WaitStatus::Exited(_, code)) => {
+                *reaped = true;
+                return format!(": exit status {code}");
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                *reaped = true;
+                return format!(": killed by {sig}");
+            }
             Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(20)),
             _ => return String::new(),
         }

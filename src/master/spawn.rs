@@ -12,8 +12,8 @@ use std::process::{Command, Stdio};
 use crate::config::Config;
 use crate::plan::Plan;
 use crate::protocol::{
-    Device, GpuAssignment, WorkerConfig, WorkerMetrics, CONTROL_FD, ENV_LISTEN_FDS,
-    ENV_WORKER_CONFIG, LISTEN_FD,
+    Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, CONTROL_FD,
+    ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD,
 };
 
 /// Milliseconds between worker heartbeats.
@@ -80,6 +80,11 @@ pub fn worker_config(
         nvml_library: cfg.nvml_library.as_ref().map(|p| p.display().to_string()),
         has_control: true,
         log_json: cfg.log_json,
+        footprint: plan.measured_mb.map(|m| FootprintFigures {
+            declared_mb: plan.declared_typ_mb,
+            measured_mb: m,
+            planned_mb: plan.est_gpu_mem_typ,
+        }),
         metrics: cfg.metrics_port.map(|_| WorkerMetrics {
             serve: false,
             cpu_bound: plan.cpu_bound,

@@ -49,6 +49,8 @@ pub struct App {
     pub max_gpu_bytes: Option<u64>,
     /// What `/metrics` counts, when it is on.
     pub metrics: Option<Recorder>,
+    /// The plan's footprint figures, when it was made from a measurement (`GET /`).
+    pub footprint: Option<vramfork::protocol::FootprintFigures>,
     pid: HeaderValue,
 }
 
@@ -71,6 +73,7 @@ impl App {
                 .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             metrics: cfg.metrics.is_some().then(Recorder::default),
+            footprint: cfg.footprint,
             pid: HeaderValue::from(std::process::id()),
         }
     }
@@ -209,10 +212,19 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     match (path.as_str(), &method) {
         ("/", &Method::GET) => {
             let hw = hw_fetch(req.uri().query(), app)?;
-            Ok(Answer::ok(with_hw(
-                Value::Object(app.metadata.raw.clone()),
-                hw,
-            )))
+            let mut doc = app.metadata.raw.clone();
+            if let Some(f) = &app.footprint {
+                // The measured footprint beside the declared one (`--profile-memory`).
+                doc.insert(
+                    "gpu_footprint_mb".into(),
+                    serde_json::json!({
+                        "declared": f.declared_mb,
+                        "measured": f.measured_mb,
+                        "planned": f.planned_mb,
+                    }),
+                );
+            }
+            Ok(Answer::ok(with_hw(Value::Object(doc), hw)))
         }
         ("/", &Method::POST) => infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(health(app)),
