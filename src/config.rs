@@ -295,6 +295,15 @@ impl Config {
                 }
             },
         };
+        if let Some(wait) = max_queue_wait.filter(|w| max_batch_size > 0 && batch_timeout >= *w) {
+            return Err(ConfigError(format!(
+                "{} {} is not shorter than {} ({} s): a request waiting for its batch to fill would be refused (503) before it ran",
+                c.name("--batch-timeout-ms"),
+                batch_timeout.as_millis(),
+                c.name("--max-queue-wait"),
+                wait.as_secs_f64()
+            )));
+        }
         let device = match cli.device.as_deref() {
             None | Some("auto") => Device::Auto,
             Some("cpu") => Device::Cpu,
@@ -662,6 +671,10 @@ mod tests {
             (
                 &["--max-batch-size", "0", "--batch-timeout-ms", "5"][..],
                 "--batch-timeout-ms 5 has no effect without batching",
+            ),
+            (
+                &["--batch-timeout-ms", "2000", "--max-queue-wait", "2"][..],
+                "--batch-timeout-ms 2000 is not shorter than --max-queue-wait (2 s)",
             ),
         ] {
             let err = e.run(args).unwrap_err();

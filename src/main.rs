@@ -75,57 +75,6 @@ fn run(cfg: Config) -> i32 {
             }
         };
     }
-    let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
-        (Some(f), Some(model)) if cfg.mode == Mode::Production => {
-            match FootprintFile::new(f, model) {
-                Ok(ff) => Some(ff),
-                Err(e) => return fail(ConfigError(format!("--footprint-file: {e}"))),
-            }
-        }
-        _ => None,
-    };
-    let remembered = match &footprint_file {
-        Some(ff) => match ff.recorded_mb() {
-            Ok(r) => r,
-            Err(e) => return fail(ConfigError(format!("--footprint-file: {e}"))),
-        },
-        None => None,
-    };
-    let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
-    let plan = if let (Some(mb), true) = (remembered, on_gpu) {
-        // Experience beats a new measurement: plan from the recorded high-water mark.
-        let p = measured::remembered(&cfg, &res, &plan, mb);
-        p.log();
-        if p.kept_estimate.is_none() {
-            cfg.metadata.est_gpu_mem_typ = p.planned_mb;
-        }
-        p.plan
-    } else if cfg.mode == Mode::Production && measured::wanted(&cfg, &plan) {
-        match measured::measure_and_plan(&cfg, &res, &plan, gpus.as_ref()) {
-            Ok(p) => {
-                p.log();
-                if let Some(ff) = &footprint_file {
-                    if let Err(e) = ff.record(p.measured.footprint_mb) {
-                        tracing::warn!(event = "footprint_file_error", "--footprint-file: {e}");
-                    }
-                }
-                if p.kept_estimate.is_none() {
-                    cfg.metadata.est_gpu_mem_typ = p.planned_mb;
-                }
-                p.plan
-            }
-            Err(e) => {
-                tracing::warn!(
-                    event = "memory_profile_failed",
-                    "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
-                    cfg.metadata.est_gpu_mem_typ
-                );
-                plan
-            }
-        }
-    } else {
-        plan
-    };
     for w in &plan.warnings {
         tracing::warn!(event = "plan_warning", "{w}");
     }
@@ -194,6 +143,12 @@ fn run(cfg: Config) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(ConfigError(format!("cannot install signal handlers: {e}"))),
     };
+    // Bound and listening (so a port in use is said before any model loads): plan from
+    // measured memory when asked.
+    let (plan, footprint_file) = match measured_plan(&mut cfg, &res, plan, gpus.as_ref()) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
     tracing::info!(
         event = "listening",
         addr,
@@ -215,9 +170,77 @@ fn run(cfg: Config) -> i32 {
             Some(m)
         }
     };
-    let learner = (plan.device == vramfork::protocol::Device::Cuda && gpus.is_some())
+    // Learning needs something to compare with: GPU workers planned from a footprint.
+    let learner = (plan.device == vramfork::protocol::Device::Cuda
+        && gpus.is_some()
+        && plan.est_gpu_mem_typ > 0)
         .then(|| Learner::new(plan.est_gpu_mem_typ, footprint_file));
     Supervisor::new(cfg, plan, listener, signals, gpus, metrics)
         .with_learner(learner)
         .run()
+}
+
+/// The plan from a footprint recorded by `--footprint-file`, else from profiling one worker
+/// (`--profile-memory`), else the estimate's; and the footprint file, when given.
+fn measured_plan(
+    cfg: &mut Config,
+    res: &resources::Resources,
+    plan: plan::Plan,
+    gpus: Option<&resources::NvmlProbe>,
+) -> Result<(plan::Plan, Option<FootprintFile>), ConfigError> {
+    let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
+        (Some(f), Some(model)) => Some(
+            FootprintFile::new(f, model)
+                .map_err(|e| ConfigError(format!("--footprint-file: {e}")))?,
+        ),
+        _ => None,
+    };
+    let remembered = match &footprint_file {
+        Some(ff) => ff
+            .recorded_mb()
+            .map_err(|e| ConfigError(format!("--footprint-file: {e}")))?,
+        None => None,
+    };
+    let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
+    let before: Vec<String> = plan.warnings.clone();
+    let new = match remembered {
+        // Experience beats a new measurement: plan from the recorded high-water mark.
+        Some(mb) if on_gpu && cfg.profile_memory != Some(false) => {
+            let p = measured::remembered(cfg, res, &plan, mb);
+            p.log();
+            if p.kept_estimate.is_none() {
+                cfg.metadata.est_gpu_mem_typ = p.planned_mb;
+            }
+            p.plan
+        }
+        _ if measured::wanted(cfg, &plan) => {
+            match measured::measure_and_plan(cfg, res, &plan, gpus) {
+                Ok(p) => {
+                    p.log();
+                    if let Some(ff) = &footprint_file {
+                        if let Err(e) = ff.record(p.measured.footprint_mb) {
+                            tracing::warn!(event = "footprint_file_error", "--footprint-file: {e}");
+                        }
+                    }
+                    if p.kept_estimate.is_none() {
+                        cfg.metadata.est_gpu_mem_typ = p.planned_mb;
+                    }
+                    p.plan
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        event = "memory_profile_failed",
+                        "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
+                        cfg.metadata.est_gpu_mem_typ
+                    );
+                    plan
+                }
+            }
+        }
+        _ => plan,
+    };
+    for w in new.warnings.iter().filter(|w| !before.contains(w)) {
+        tracing::warn!(event = "plan_warning", "{w}");
+    }
+    Ok((new, footprint_file))
 }

@@ -392,10 +392,11 @@ impl AppMetadata {
         })
     }
 
-    /// The shapes a profiling (or warm-up) pass uses, one per declared input in order:
-    /// `profile_input`'s where given, else the declared shape with `-1` as 1. `None` when an
-    /// input has no declared shape (nothing to build a pass from).
-    pub fn profile_shapes(&self) -> Option<Vec<Vec<i64>>> {
+    /// The shapes a profiling pass uses, one per declared input in order: `profile_input`'s
+    /// where given, else the declared shape with a leading `-1` as `batch` (the rows a
+    /// batching worker stacks: `max_batch_size`, 1 without batching) and other `-1` as 1.
+    /// `None` when an input has no declared shape (nothing to build a pass from).
+    pub fn profile_shapes(&self, batch: u32) -> Option<Vec<Vec<i64>>> {
         let specs = self.inputs.as_ref()?;
         specs
             .iter()
@@ -404,7 +405,17 @@ impl AppMetadata {
                     return Some(p.clone());
                 }
                 let shape = s.shape.as_ref()?;
-                Some(shape.iter().map(|d| if *d < 0 { 1 } else { *d }).collect())
+                Some(
+                    shape
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| match (i, *d < 0) {
+                            (0, true) => i64::from(batch.max(1)),
+                            (_, true) => 1,
+                            _ => *d,
+                        })
+                        .collect(),
+                )
             })
             .collect()
     }
@@ -639,17 +650,19 @@ mod tests {
     fn profile_input_fits_the_declared_inputs() {
         let m = parse(r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": [64, 4]}"#)
             .unwrap();
-        assert_eq!(m.profile_shapes(), Some(vec![vec![64, 4]]));
+        assert_eq!(m.profile_shapes(16), Some(vec![vec![64, 4]]));
         let m = parse(r#"{"name": "a", "input": {"shape": [-1, 3, -1]}}"#).unwrap();
-        assert_eq!(m.profile_shapes(), Some(vec![vec![1, 3, 1]]));
-        assert_eq!(parse(r#"{"name": "a"}"#).unwrap().profile_shapes(), None);
+        assert_eq!(m.profile_shapes(0), Some(vec![vec![1, 3, 1]]));
+        // With batching, the leading dimension is a full batch.
+        assert_eq!(m.profile_shapes(16), Some(vec![vec![16, 3, 1]]));
+        assert_eq!(parse(r#"{"name": "a"}"#).unwrap().profile_shapes(1), None);
         let two = r#""inputs": [{"name": "f", "datatype": "FP32", "shape": [-1, 3]},
                                {"name": "s", "datatype": "INT64", "shape": [-1]}]"#;
         let m = parse(&format!(
             r#"{{"name": "a", {two}, "profile_input": {{"f": [8, 3]}}}}"#
         ))
         .unwrap();
-        assert_eq!(m.profile_shapes(), Some(vec![vec![8, 3], vec![1]]));
+        assert_eq!(m.profile_shapes(1), Some(vec![vec![8, 3], vec![1]]));
         for (text, want) in [
             (r#"{"name": "a", "profile_input": [1]}"#.to_string(), "needs the model's inputs declared"),
             (r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": [64, 5]}"#.into(), "`profile_input.input__0` is [64, 5], which input 'input__0' (shape [-1, 4], -1 = any size) does not accept"),

@@ -184,6 +184,10 @@ pub enum ControlMsg {
         allocator_peak: Option<u64>,
         #[serde(default)]
         allocator_reserved: Option<u64>,
+        /// Its GPU footprint now ([`gpu_footprint`] of its own NVML figure and allocator),
+        /// when it could read both.
+        #[serde(default)]
+        footprint: Option<u64>,
     },
     /// What it has answered so far (cumulative), sent with a heartbeat when it changed
     /// and once more before it exits.
@@ -200,6 +204,25 @@ pub enum ControlMsg {
         #[serde(default)]
         in_flight: u32,
     },
+}
+
+/// A worker's GPU footprint in bytes: the caching allocator's peak reserved bytes plus what
+/// the process holds besides the allocator (NVML's figure for it − the allocator's reserved
+/// bytes now: the CUDA context, library workspaces). With NVML's figure alone (no
+/// allocator figures: a worker running on the CPU), that figure; with the allocator alone
+/// (NVML cannot see the process, as in a container without the host's PID namespace), the
+/// peak — which leaves the context out.
+pub fn gpu_footprint(
+    nvml_used: Option<u64>,
+    peak: Option<u64>,
+    reserved: Option<u64>,
+) -> Option<u64> {
+    match (nvml_used, peak, reserved) {
+        (Some(used), Some(peak), Some(reserved)) => Some(used.saturating_sub(reserved) + peak),
+        (Some(used), _, _) => Some(used),
+        (None, Some(peak), _) => Some(peak),
+        (None, None, _) => None,
+    }
 }
 
 /// Where a worker's boot time went.
@@ -282,6 +305,7 @@ mod tests {
                 in_flight: 1,
                 allocator_peak: Some(3 << 30),
                 allocator_reserved: None,
+                footprint: Some(3 << 30),
             },
             ControlMsg::Retiring {
                 reason: RetireReason::OutOfMemory,

@@ -335,7 +335,9 @@ fn requests_of_two_shapes_are_each_answered_right() {
 #[test]
 fn a_failing_request_in_a_batch_fails_alone() {
     let app = App::new("fail.pt", r#""max_batch_size": 4"#);
-    let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "500"]);
+    // Four requests fill a batch and run at once; the long timeout only keeps a thread
+    // that is late on a busy machine in the same batch.
+    let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "5000"]);
     let pid = s.wait_workers(1)[0];
     // First, four good requests meet in one pass (they fill the batch).
     let good = |k: usize| json!([[k as f64 + 1.0, 2.0]]);
@@ -345,6 +347,7 @@ fn a_failing_request_in_a_batch_fails_alone() {
         assert_eq!(r.pid(), pid);
     }
     wait_multi_row_pass(&s, mport);
+    wait_batch_rows(&s, mport, 4);
     // Then rounds of three good requests and one bad, the bad one in every position.
     let bad = json!([[-1000.0, -1000.0]]);
     for culprit in 0..4 {
@@ -362,6 +365,13 @@ fn a_failing_request_in_a_batch_fails_alone() {
             }
             assert_eq!(r.pid(), pid, "{what}: the worker changed");
         }
+        // The four met in one pass, which failed, and ran again one by one: one more pass
+        // of 3-4 rows and four more of 1 (4 + 4 rows).
+        let rounds = culprit as f64 + 1.0;
+        let text = wait_batch_rows(&s, mport, 4 + 8 * (culprit + 1));
+        let b = batches(&text);
+        assert_eq!(b.get("3-4").copied(), Some(1.0 + rounds), "{text}");
+        assert_eq!(b.get("1").copied(), Some(4.0 * rounds), "{text}");
     }
     let r = s.post("/", &body(&good(0)));
     assert_outputs(&r, &json!([[2.0, 4.0]]), "after the failures");
@@ -679,6 +689,7 @@ fn cuda_out_of_memory_in_a_batch_answers_507_and_the_worker_recycles() {
         assert_eq!(r.pid(), old);
     }
     wait_multi_row_pass(&s, mport);
+    wait_batch_rows(&s, mport, 3);
     let bodies: Vec<String> = (1..=3).map(|k| body(&json!([[k as f64]]))).collect();
     for r in concurrently(s.port, &bodies) {
         assert_eq!(r.status, 507, "{r:?}");
@@ -686,6 +697,11 @@ fn cuda_out_of_memory_in_a_batch_answers_507_and_the_worker_recycles() {
         let e = r.json()["error"].as_str().unwrap_or_default().to_string();
         assert!(e.contains("CUDA out of memory"), "{e}");
     }
+    // One batched pass ran out of memory, and no request ran again alone.
+    let text = wait_batch_rows(&s, mport, 6);
+    let b = batches(&text);
+    assert_eq!(b.get("3-4").copied(), Some(2.0), "{text}");
+    assert_eq!(b.get("1").copied().unwrap_or(0.0), 0.0, "{text}");
     let now = replaced(&s, old, "out_of_memory");
     let r = s.post("/", &body(&json!([[-1.0]])));
     assert_outputs(&r, &json!([[-1.0]]), "after the replacement");

@@ -820,8 +820,14 @@ fn workers_override_above_what_fits_waits_for_memory_then_starts() {
     let p = sim.plan(&["--workers", "2"]);
     assert_eq!(mb(&p["workers"]), 2, "{p:#}");
     assert_eq!(p["unplaced"], serde_json::json!([1]), "{p:#}");
-    let s = sim.start(&["--production", "--workers", "2"], &[]);
-    // What NVML would say once the first worker holds its ~15000 MB.
+    // The plan is made with 20000 MB free; then, while the master profiles a worker (before
+    // it starts the pool), NVML starts saying what it would once the first worker holds its
+    // ~15000 MB. (The profile itself measures nothing here and falls back to the estimate.)
+    let s = sim.spawn(
+        &["--production", "--workers", "2", "--profile-memory", "on"],
+        &[],
+    );
+    s.wait_event("memory_profiling", |_| true);
     sim.set_free(0, 5_000);
     let warning = s.wait_event("plan_warning", |e| {
         e.message().contains("asks for 2 workers but only 1 fit")

@@ -30,6 +30,8 @@ pub struct Sample {
     pub gpu: u32,
     /// Its last heartbeat's allocator peak and current reserved bytes.
     pub allocator: Option<(u64, u64)>,
+    /// The footprint its last heartbeat computed from its own fresh figures.
+    pub footprint: Option<u64>,
 }
 
 pub struct Learner {
@@ -43,6 +45,7 @@ pub struct Learner {
     saved_mb: Option<u64>,
     saved_at: Option<Instant>,
     file_warned: bool,
+    context_warned: bool,
 }
 
 impl Learner {
@@ -57,6 +60,7 @@ impl Learner {
             saved_mb: None,
             saved_at: None,
             file_warned: false,
+            context_warned: false,
         }
     }
 
@@ -81,9 +85,26 @@ impl Learner {
         self.last_sample = Some(now);
         let mut grew = None;
         for w in workers {
-            let used = nvml.process_used_bytes(w.gpu, w.pid).ok().flatten();
-            let (peak, reserved) = w.allocator.unzip();
-            let Some(bytes) = footprint(used, peak, reserved) else {
+            // The worker's own figure (NVML and allocator read together), else one made
+            // here from NVML now and its last heartbeat's allocator figures.
+            let bytes = match w.footprint {
+                Some(b) => Some(b),
+                None => {
+                    let used = nvml.process_used_bytes(w.gpu, w.pid).ok().flatten();
+                    if used.is_none() && w.allocator.is_some() && !self.context_warned {
+                        self.context_warned = true;
+                        tracing::warn!(
+                            event = "footprint_without_context",
+                            pid = w.pid,
+                            "NVML lists no memory for worker pid {} (a container without the host's PID namespace?): its footprint is the allocator's peak alone, without the CUDA context",
+                            w.pid
+                        );
+                    }
+                    let (peak, reserved) = w.allocator.unzip();
+                    footprint(used, peak, reserved)
+                }
+            };
+            let Some(bytes) = bytes else {
                 continue;
             };
             let mb = bytes.div_ceil(MB);
@@ -146,6 +167,18 @@ impl Learner {
                 tracing::warn!(event = "footprint_file_error", "--footprint-file: {e}");
             }
             Err(_) => {}
+        }
+    }
+
+    /// A reload changed the model: what is observed from now on is not the recorded
+    /// model's, so nothing more is written to `--footprint-file` (until a restart hashes
+    /// the new model).
+    pub fn model_changed(&mut self) {
+        if self.file.take().is_some() {
+            tracing::info!(
+                event = "footprint_file_detached",
+                "the reload changed the model: --footprint-file is not updated until the next start"
+            );
         }
     }
 

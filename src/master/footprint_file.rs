@@ -47,8 +47,10 @@ impl FootprintFile {
             .and_then(Value::as_u64))
     }
 
-    /// Records `mb` for this model unless a higher figure is recorded already.
+    /// Records `mb` for this model unless a higher figure is recorded already. Servers
+    /// sharing the file take turns (an exclusive `flock` on `FILE.lock`).
     pub fn record(&self, mb: u64) -> Result<(), String> {
+        let _lock = self.lock()?;
         let mut doc = self.read()?.unwrap_or_default();
         let old = doc
             .get(&self.key)
@@ -66,10 +68,33 @@ impl FootprintFile {
             json!({"high_water_mb": mb, "model": self.model.display().to_string(), "updated": now}),
         );
         let text = serde_json::to_string_pretty(&Value::Object(doc)).expect("a map serializes");
-        let tmp = self.path.with_extension("tmp");
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
         std::fs::write(&tmp, text + "\n")
             .and_then(|()| std::fs::rename(&tmp, &self.path))
             .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+    }
+
+    /// An exclusive lock on `FILE.lock`, held until the guard is dropped.
+    fn lock(&self) -> Result<std::fs::File, String> {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(|e| format!("cannot open {}: {e}", PathBuf::from(&p).display()))?;
+        // SAFETY: flock on an open descriptor we own; released when the file is closed.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) } != 0 {
+            return Err(format!(
+                "cannot lock {}: {}",
+                PathBuf::from(&p).display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(f)
     }
 
     fn read(&self) -> Result<Option<Map<String, Value>>, String> {

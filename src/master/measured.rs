@@ -20,7 +20,7 @@ use crate::resources::{NvmlProbe, Resources};
 /// pass can be made from.
 pub fn wanted(cfg: &Config, plan: &Plan) -> bool {
     let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
-    let shapes = cfg.metadata.profile_shapes().is_some();
+    let shapes = cfg.metadata.profile_shapes(cfg.max_batch_size).is_some();
     match cfg.profile_memory {
         Some(false) => false,
         Some(true) => {

@@ -55,15 +55,7 @@ impl Measured {
     }
 }
 
-/// The footprint in bytes from the worker's allocator figures and NVML's process figure.
-pub fn footprint(nvml_used: Option<u64>, peak: Option<u64>, reserved: Option<u64>) -> Option<u64> {
-    match (nvml_used, peak, reserved) {
-        (Some(used), Some(peak), Some(reserved)) => Some(used.saturating_sub(reserved) + peak),
-        (Some(used), _, _) => Some(used),
-        (None, Some(peak), _) => Some(peak),
-        (None, None, _) => None,
-    }
-}
+pub use crate::protocol::gpu_footprint as footprint;
 
 /// Starts one profiling worker, waits (up to `--boot-timeout`) for its pass, measures, and
 /// stops it. `Err` says why nothing was measured.

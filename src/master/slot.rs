@@ -43,6 +43,8 @@ pub struct WorkerState {
     /// Its CUDA caching allocator's peak and current reserved bytes, from its last
     /// heartbeat (CUDA workers).
     pub allocator: Option<(u64, u64)>,
+    /// Its GPU footprint as its last heartbeat computed it (bytes), when it could.
+    pub footprint: Option<u64>,
 }
 
 impl WorkerState {
@@ -70,6 +72,7 @@ impl WorkerState {
             asked_to_stop: None,
             killed: None,
             allocator: None,
+            footprint: None,
         }
     }
 

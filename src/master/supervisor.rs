@@ -165,6 +165,7 @@ impl Supervisor {
                     slot: w.state.slot,
                     gpu: w.state.gpu?,
                     allocator: w.state.allocator,
+                    footprint: w.state.footprint,
                 })
             })
             .collect();
@@ -331,7 +332,17 @@ impl Supervisor {
 
     fn reload(&mut self) {
         match self.cfg.reloaded() {
-            Ok(new) => {
+            Ok(mut new) => {
+                if self.plan.measured_mb.is_some() {
+                    // The pool and its caps stay as planned from the measurement; so does
+                    // the per-worker figure admission compares with.
+                    new.metadata.est_gpu_mem_typ = self.plan.est_gpu_mem_typ;
+                }
+                if new.model_path != self.cfg.model_path {
+                    if let Some(l) = &mut self.learner {
+                        l.model_changed();
+                    }
+                }
                 tracing::info!(
                     event = "reload_started",
                     "HUP: reloading {} (model {}), replacing workers one at a time",
@@ -736,8 +747,10 @@ impl Supervisor {
                     in_flight,
                     allocator_peak,
                     allocator_reserved,
+                    footprint,
                 } => {
                     st.allocator = allocator_peak.zip(allocator_reserved);
+                    st.footprint = footprint;
                     st.last_heartbeat = now;
                     st.served = served;
                     st.in_flight = in_flight;

@@ -93,11 +93,17 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
         tick.tick().await;
         let c = shared.get();
         let gpu = app.hw.allocator();
+        let (peak, reserved) = (gpu.map(|s| s.peak_reserved), gpu.map(|s| s.reserved));
+        // NVML is read only on a GPU (and then once a second).
+        let footprint = gpu.and_then(|_| {
+            vramfork::protocol::gpu_footprint(app.hw.process_gpu_used(), peak, reserved)
+        });
         shared.control.send(&ControlMsg::Heartbeat {
             served: c.served,
             in_flight: c.in_flight,
-            allocator_peak: gpu.map(|s| s.peak_reserved),
-            allocator_reserved: gpu.map(|s| s.reserved),
+            allocator_peak: peak,
+            allocator_reserved: reserved,
+            footprint,
         });
         crate::metrics::report(&app, &mut reported);
     }

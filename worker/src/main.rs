@@ -86,7 +86,11 @@ pub fn boot(
         max_rows: cfg.max_batch_size as usize,
         timeout: Duration::from_millis(cfg.batch_timeout_ms),
     });
-    let profile = match (cfg.profile, &metadata.inputs, metadata.profile_shapes()) {
+    let profile = match (
+        cfg.profile,
+        &metadata.inputs,
+        metadata.profile_shapes(cfg.max_batch_size),
+    ) {
         (true, Some(specs), Some(shapes)) => Some(runner::Profile {
             specs: specs.clone(),
             shapes,

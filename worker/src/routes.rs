@@ -405,13 +405,13 @@ async fn run(
         }
     }
     // Started (the withdrawals above failed only because it had): the pass is timed.
-    let run = tokio::time::timeout(app.request_timeout, ticket.result()).await;
+    let run = ticket.result_within(app.request_timeout).await;
     match run {
-        Err(_) => {
+        None => {
             app.shared.model_stuck();
             Err(ApiError::Timeout(app.request_timeout.as_millis() as u64))
         }
-        Ok(Err(e)) => {
+        Some(Err(e)) => {
             match &e {
                 RunError::OutOfMemory(_) => app.shared.retire(RetireReason::OutOfMemory),
                 RunError::CudaFatal(_) => app.shared.cuda_fatal(),
@@ -419,7 +419,7 @@ async fn run(
             }
             Err(ApiError::Run(e))
         }
-        Ok(Ok(out)) => {
+        Some(Ok(out)) => {
             if let Some(m) = &app.metrics {
                 m.forward(out.forward);
             }

@@ -14,7 +14,6 @@
 //! model) and then never runs.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -77,6 +76,9 @@ pub fn serve(
     };
     let cap = b.max_rows.max(super::QUEUE);
     let mut pending: VecDeque<Queued> = VecDeque::new();
+    // Cleared for good once the model's output cannot be cut into requests: every batch
+    // would run twice (batched, then one by one), so requests run alone from then on.
+    let mut stacking = true;
     loop {
         if pending.is_empty() {
             match rx.blocking_recv() {
@@ -95,7 +97,7 @@ pub fn serve(
             continue;
         };
         let mut rows = head.rows();
-        let key = head.key.as_ref().map(|k| k.0.clone());
+        let key = head.key.as_ref().filter(|_| stacking).map(|k| k.0.clone());
         let mut members = vec![head];
         if let Some(key) = key {
             let mut i = 0;
@@ -136,7 +138,9 @@ pub fn serve(
                 q.job.take().map(|t| Taken { rows, ..t })
             })
             .collect();
-        run(&module, device, taken, &counts);
+        if !run(&module, device, taken, &counts) {
+            stacking = false;
+        }
     }
 }
 
@@ -145,20 +149,23 @@ fn count(counts: &BatchCounts, rows: usize) {
     *c.entry(rows.max(1) as u32).or_default() += 1;
 }
 
-/// Runs claimed requests: as one pass when there are several, each answered.
-fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+/// Runs claimed requests: as one pass when there are several, each answered. `false` when
+/// the model's output could not be cut into requests.
+fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     match jobs.len() {
-        0 => {}
+        0 => true,
         1 => {
             let mut jobs = jobs;
             one(module, device, jobs.pop().expect("one job"), counts);
+            true
         }
         _ => together(module, device, jobs, counts),
     }
 }
 
-/// One request on its own pass.
+/// One request on its own pass (its `--request-timeout` counts from now).
 fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
+    job.restart();
     count(counts, job.rows);
     let result = guarded(|| super::forward(module, device, &job.input, &job.encoding));
     let Taken { input, reply, .. } = job;
@@ -167,8 +174,8 @@ fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
 }
 
 /// Several requests stacked into one pass; run one by one when the pass fails or its
-/// output cannot be cut.
-fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+/// output cannot be cut (then `false`).
+fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     let start = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|j| j.rows).collect();
     count(counts, rows.iter().sum());
@@ -186,27 +193,26 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
                 drop(input);
                 let _ = reply.send(Err(e.clone()));
             }
-            return;
+            return true;
         }
         Err(e) => {
             tracing::debug!(
                 requests = jobs.len(),
                 "a batched pass failed ({e}); running its requests one by one"
             );
-            return each(module, device, jobs, counts);
+            each(module, device, jobs, counts);
+            return true;
         }
     };
     let parts = match batch::split(&out, &rows) {
         Ok(parts) => parts,
         Err(why) => {
-            static WARNED: AtomicBool = AtomicBool::new(false);
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "batching: the model's output cannot be cut into requests ({why}); such batches run one request at a time. Does the model return its outputs with the batch as their first dimension?"
-                );
-            }
+            tracing::warn!(
+                "batching off: the model's output cannot be cut into requests ({why}); from now on every request runs alone. Does the model return its outputs with the batch as their first dimension?"
+            );
             drop(out);
-            return each(module, device, jobs, counts);
+            each(module, device, jobs, counts);
+            return false;
         }
     };
     let written: Vec<Result<Written, RunError>> = jobs
@@ -234,6 +240,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
             forward,
         }));
     }
+    true
 }
 
 /// The requests of a failed batch, each on its own pass: only the one that causes the

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tch::{CModule, Device, IValue};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 pub use batch::Batching;
 pub use batcher::BatchCounts;
@@ -87,7 +87,9 @@ struct Job {
     input: Inputs,
     encoding: Encoding,
     claim: Arc<AtomicU8>,
-    started: oneshot::Sender<()>,
+    /// When its (latest) pass started: set when it is taken, and again when it runs alone
+    /// after its batch failed, so that `--request-timeout` counts its own pass.
+    started: watch::Sender<Option<Instant>>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
 }
 
@@ -97,7 +99,15 @@ struct Taken {
     encoding: Encoding,
     /// Its rows, when it is part of a batch.
     rows: usize,
+    started: watch::Sender<Option<Instant>>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
+}
+
+impl Taken {
+    /// Its own pass starts now (a re-run after a failed batch).
+    fn restart(&self) {
+        self.started.send_replace(Some(Instant::now()));
+    }
 }
 
 impl Job {
@@ -116,11 +126,12 @@ impl Job {
         if !taken || self.reply.is_closed() {
             return None;
         }
-        let _ = self.started.send(());
+        self.started.send_replace(Some(Instant::now()));
         Some(Taken {
             input: self.input,
             encoding: self.encoding,
             rows: 0,
+            started: self.started,
             reply: self.reply,
         })
     }
@@ -129,19 +140,45 @@ impl Job {
 /// A submitted job, as the HTTP side holds it.
 pub struct Ticket {
     claim: Arc<AtomicU8>,
-    started: Option<oneshot::Receiver<()>>,
+    started: watch::Receiver<Option<Instant>>,
     reply: oneshot::Receiver<Result<RunOutput, RunError>>,
 }
 
 impl Ticket {
     /// Resolves once the model thread has taken the job (forever if it never does).
     pub async fn started(&mut self) {
-        if let Some(rx) = self.started.as_mut() {
-            if rx.await.is_err() {
-                // Dropped unstarted (withdrawn, or the model thread is gone): never.
-                std::future::pending::<()>().await;
+        if self.started.wait_for(Option::is_some).await.is_err() {
+            // Dropped unstarted (withdrawn, or the model thread is gone): never.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// The job's outcome, or `None` when its pass ran past `limit`. The limit counts from
+    /// the start of the job's latest pass: a request run again alone after its batch failed
+    /// gets the whole limit for its own pass.
+    pub async fn result_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<Result<RunOutput, RunError>> {
+        let mut watching = true;
+        loop {
+            let since = (*self.started.borrow()).unwrap_or_else(Instant::now);
+            tokio::select! {
+                r = &mut self.reply => {
+                    return Some(r.map_err(|_| RunError::Gone).and_then(|r| r));
+                }
+                _ = tokio::time::sleep_until((since + limit).into()) => {
+                    let latest = (*self.started.borrow()).unwrap_or(since);
+                    if latest + limit <= Instant::now() {
+                        return None;
+                    }
+                }
+                changed = self.started.changed(), if watching => {
+                    // A new pass began (look again), or the model thread let go of the job
+                    // (its answer is on the way, or it is gone: the reply says which).
+                    watching = changed.is_ok();
+                }
             }
-            self.started = None;
         }
     }
 
@@ -150,11 +187,6 @@ impl Ticket {
         self.claim
             .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
-    }
-
-    /// The job's outcome.
-    pub async fn result(&mut self) -> Result<RunOutput, RunError> {
-        (&mut self.reply).await.map_err(|_| RunError::Gone)?
     }
 }
 
@@ -265,7 +297,7 @@ impl Runner {
     /// Queues one forward pass (waiting for a queue slot when many are queued).
     pub async fn submit(&self, input: Inputs, encoding: Encoding) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
-        let (started, started_rx) = oneshot::channel();
+        let (started, started_rx) = watch::channel(None);
         let claim = Arc::new(AtomicU8::new(QUEUED));
         self.tx
             .send(Job {
@@ -279,7 +311,7 @@ impl Runner {
             .map_err(|_| RunError::Gone)?;
         Ok(Ticket {
             claim,
-            started: Some(started_rx),
+            started: started_rx,
             reply: reply_rx,
         })
     }
