@@ -767,3 +767,94 @@ fn batching_config_errors_exit_2_naming_the_setting() {
         );
     }
 }
+
+fn fixture_json(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join(name)).unwrap()).unwrap()
+}
+
+/// Text (`BYTES`, a `List[str]` for the model) is batched by joining the requests' lists:
+/// each request gets its own documents' lengths and first words back.
+#[test]
+fn text_requests_are_batched_by_joining_their_lists() {
+    let meta = fixture_json("docs.json");
+    let exp = fixture_json("docs_expected.json");
+    let app = App::new(
+        "docs.pt",
+        &format!(
+            r#""inputs": {}, "outputs": {}, "max_batch_size": 5"#,
+            meta["inputs"], meta["outputs"]
+        ),
+    );
+    // The five documents fill the batch (2 + 1 + 2 rows); the timeout only waits for a
+    // late thread.
+    let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "5000"]);
+    s.wait_workers(1);
+    let groups: [&[usize]; 3] = [&[0, 1], &[2], &[3, 4]];
+    let bodies: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let docs: Vec<&Value> = g.iter().map(|i| &exp["docs"][*i]).collect();
+            json!({ "inputs": docs }).to_string()
+        })
+        .collect();
+    for (g, r) in groups.iter().zip(concurrently(s.port, &bodies)) {
+        assert_eq!(r.status, 200, "{g:?}: {r:?}");
+        let lengths: Vec<&Value> = g.iter().map(|i| &exp["lengths"][*i]).collect();
+        let firsts: Vec<&Value> = g.iter().map(|i| &exp["first_word"][*i]).collect();
+        assert_eq!(r.json()["outputs"], json!([lengths, firsts]), "{g:?}");
+    }
+    let text = wait_batch_rows(&s, mport, 5);
+    assert_eq!(
+        batches(&text).get("5-8"),
+        Some(&1.0),
+        "one pass of 5 rows: {text}"
+    );
+}
+
+/// A model of two inputs: each is stacked along its first dimension, in declared order,
+/// and both outputs are cut back per request.
+#[test]
+fn several_inputs_are_stacked_together() {
+    let meta = fixture_json("pair.json");
+    let app = App::new(
+        "pair.pt",
+        &format!(
+            r#""inputs": {}, "outputs": {}, "max_batch_size": 4"#,
+            meta["inputs"], meta["outputs"]
+        ),
+    );
+    let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "5000"]);
+    s.wait_workers(1);
+    // Request k: one or two rows of features, each with its scale.
+    let reqs: Vec<(Vec<[f64; 3]>, Vec<i64>)> = vec![
+        (vec![[1.0, 2.0, 3.0]], vec![3]),
+        (vec![[-0.5, 0.25, 4.0], [2.0, 2.0, 2.0]], vec![-2, 5]),
+        (vec![[0.0, 1.5, -1.0]], vec![1]),
+    ];
+    let bodies: Vec<String> = reqs
+        .iter()
+        .map(|(f, sc)| json!({"inputs": {"scale": sc, "features": f}}).to_string())
+        .collect();
+    for ((f, sc), r) in reqs.iter().zip(concurrently(s.port, &bodies)) {
+        assert_eq!(r.status, 200, "{f:?}: {r:?}");
+        let scaled: Vec<Vec<f64>> = f
+            .iter()
+            .zip(sc)
+            .map(|(row, k)| row.iter().map(|v| v * *k as f64).collect())
+            .collect();
+        let total: Vec<f64> = f
+            .iter()
+            .zip(sc)
+            .map(|(row, k)| row.iter().sum::<f64>() + *k as f64)
+            .collect();
+        let out = r.json()["outputs"].clone();
+        assert!(same_numbers(&out[0], &json!(scaled)), "{f:?}: {out}");
+        assert!(same_numbers(&out[1], &json!(total)), "{f:?}: {out}");
+    }
+    let text = wait_batch_rows(&s, mport, 4);
+    assert_eq!(
+        batches(&text).get("3-4"),
+        Some(&1.0),
+        "one pass of 4 rows: {text}"
+    );
+}

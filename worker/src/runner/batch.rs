@@ -99,9 +99,22 @@ pub fn split(out: &IValue, rows: &[usize]) -> Result<Vec<IValue>, String> {
         IValue::Tuple(items) => {
             transpose(items, rows).map(|p| p.into_iter().map(IValue::Tuple).collect())
         }
-        IValue::GenericList(items) => {
-            transpose(items, rows).map(|p| p.into_iter().map(IValue::GenericList).collect())
-        }
+        // A list of outputs (each cut), or else a list of one element per row (TorchScript's
+        // `List[str]` can arrive as a list of strings).
+        IValue::GenericList(items) => match transpose(items, rows) {
+            Ok(p) => Ok(p.into_iter().map(IValue::GenericList).collect()),
+            Err(e) if items.len() != total => Err(e),
+            Err(e) => cut_list(items, rows)
+                .into_iter()
+                .map(|p| {
+                    p.iter()
+                        .map(shallow)
+                        .collect::<Option<Vec<IValue>>>()
+                        .map(IValue::GenericList)
+                        .ok_or(e.clone())
+                })
+                .collect(),
+        },
         IValue::TensorList(ts) => {
             // One tensor per output (each cut), or else one tensor per row.
             let per_output: Result<Vec<Vec<Tensor>>, String> =
@@ -129,6 +142,31 @@ pub fn split(out: &IValue, rows: &[usize]) -> Result<Vec<IValue>, String> {
             super::tensors::type_name(other)
         )),
     }
+}
+
+/// A copy of a value sharing its tensors' storage (`IValue` is not `Clone`); `None` for the
+/// kinds an output cannot be written as anyway (dicts, objects).
+fn shallow(v: &IValue) -> Option<IValue> {
+    Some(match v {
+        IValue::None => IValue::None,
+        IValue::Tensor(t) => IValue::Tensor(t.shallow_clone()),
+        IValue::Double(f) => IValue::Double(*f),
+        IValue::Int(i) => IValue::Int(*i),
+        IValue::Bool(b) => IValue::Bool(*b),
+        IValue::String(s) => IValue::String(s.clone()),
+        IValue::StringList(v) => IValue::StringList(v.clone()),
+        IValue::IntList(v) => IValue::IntList(v.clone()),
+        IValue::DoubleList(v) => IValue::DoubleList(v.clone()),
+        IValue::BoolList(v) => IValue::BoolList(v.clone()),
+        IValue::TensorList(ts) => {
+            IValue::TensorList(ts.iter().map(Tensor::shallow_clone).collect())
+        }
+        IValue::Tuple(items) => IValue::Tuple(items.iter().map(shallow).collect::<Option<_>>()?),
+        IValue::GenericList(items) => {
+            IValue::GenericList(items.iter().map(shallow).collect::<Option<_>>()?)
+        }
+        _ => return None,
+    })
 }
 
 fn split_tensor(t: &Tensor, rows: &[usize], total: usize) -> Result<Vec<Tensor>, String> {
@@ -274,5 +312,14 @@ mod tests {
         // A list of one tensor per row is cut by rows.
         let per_row = IValue::TensorList((0..3).map(|i| Tensor::from(i as f32)).collect());
         assert_eq!(split(&per_row, &rows).unwrap().len(), 2);
+        // So is a generic list of one string per row.
+        let words = IValue::GenericList(
+            ["a", "b", "c"]
+                .into_iter()
+                .map(|w| IValue::String(w.into()))
+                .collect(),
+        );
+        let parts = split(&words, &rows).unwrap();
+        assert!(matches!(&parts[1], IValue::GenericList(v) if v.len() == 2));
     }
 }
