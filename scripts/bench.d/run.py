@@ -347,9 +347,8 @@ def measure_serving(cfg):
     return results, mem
 
 
-def scrape_ms(port):
-    """One GET /metrics on a fresh connection: (milliseconds to the whole body, body bytes)."""
-    t = time.perf_counter()
+def scrape_body(port):
+    """One GET /metrics on a fresh connection (Connection: close): the body's bytes."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         raw = b""
@@ -358,11 +357,17 @@ def scrape_ms(port):
             if not chunk:
                 break
             raw += chunk
-    ms = (time.perf_counter() - t) * 1e3
     head, _, body = raw.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"scrape failed: {head[:80]!r}")
-    return ms, len(body)
+    return body
+
+
+def scrape_ms(port):
+    """One GET /metrics on a fresh connection: (milliseconds to the whole body, body bytes)."""
+    t = time.perf_counter()
+    body = scrape_body(port)
+    return (time.perf_counter() - t) * 1e3, len(body)
 
 
 def measure_metrics(cfg):
@@ -572,18 +577,7 @@ METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 
 def scrape_text(port):
     """GET /metrics on a fresh connection: the body (Prometheus text format)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        raw = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            raw += chunk
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(f"scrape failed: {head[:80]!r}")
-    return body.decode()
+    return scrape_body(port).decode()
 
 
 def batch_counts(port):
