@@ -4,9 +4,10 @@
 //! batching: fewer than `max_batch_size`; see [`Counters::can_accept`]), so that an idle
 //! sibling sharing the listening socket takes it instead; connections still sending their request, or idle between requests, do not count.
 //! After each accept the loop lets the new connection read what it has before deciding on
-//! the next one. When connections wait in the listen queue, answers carry `Connection: close`
-//! (`Shared::must_close`), so that a keep-alive client goes to the back of the queue rather
-//! than holding a worker while others wait.
+//! the next one. When connections have waited in the listen queue for a while
+//! (`state::QUEUED_FOR`), answers carry `Connection: close` (`Shared::must_close`), so that a
+//! keep-alive client goes to the back of the queue rather than holding a worker while others
+//! wait.
 //!
 //! Deadlines per connection (`timeouts.rs`): a request head must arrive within
 //! [`HEADER_READ`] of its first byte (a new connection's within [`HEADER_READ`] of its

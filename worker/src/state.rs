@@ -74,7 +74,13 @@ pub struct Shared {
     /// The shared listening socket while this worker accepts on it (for
     /// [`Shared::others_waiting`]); `None` once it stopped accepting and closed its copy.
     listen_fd: std::sync::Mutex<Option<std::os::fd::RawFd>>,
+    /// Since when this worker has seen connections waiting in the listen queue.
+    queue_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long connections must have been seen waiting in the listen queue before answers
+/// close their keep-alive connections (see [`Shared::must_close`]).
+pub const QUEUED_FOR: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Shared {
     pub fn new(control: Control, max_requests: u64, concurrency: u32) -> Shared {
@@ -85,6 +91,7 @@ impl Shared {
             max_requests,
             concurrency: concurrency.max(1),
             listen_fd: std::sync::Mutex::new(None),
+            queue_since: std::sync::Mutex::new(None),
         }
     }
 
@@ -98,6 +105,20 @@ impl Shared {
     pub fn others_waiting(&self) -> bool {
         let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
         fd.is_some_and(crate::queue::readable)
+    }
+
+    /// Whether connections have waited in the listen queue for at least [`QUEUED_FOR`], as
+    /// far as this worker has seen at its answers (the queue seen empty starts it afresh). A
+    /// connection that just arrived (a client reconnecting after a `Connection: close`) is
+    /// normally taken by an idle moment of some worker within that time; closing for it
+    /// would make the next client reconnect and keep the queue from ever emptying.
+    fn others_kept_waiting(&self, now: std::time::Instant) -> bool {
+        let mut since = self.queue_since.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.others_waiting() {
+            *since = None;
+            return false;
+        }
+        now.saturating_duration_since(*since.get_or_insert(now)) >= QUEUED_FOR
     }
 
     pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
@@ -137,14 +158,14 @@ impl Shared {
     /// Whether an answer should carry `Connection: close`: the worker is stopping; or it
     /// has fewer requests left before `max_requests` than open connections, so a client
     /// keeping this connection might find it closed under its next request; or other
-    /// connections wait in the listen queue, so that this client goes to the back of it
-    /// instead of holding the worker (fairness across connections).
+    /// connections have waited in the listen queue for [`QUEUED_FOR`], so that this client
+    /// goes to the back of it instead of holding the worker (fairness across connections).
     pub fn must_close(&self) -> bool {
         let c = self.get();
         let max = self.max_requests;
         c.stopping()
             || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
-            || self.others_waiting()
+            || self.others_kept_waiting(std::time::Instant::now())
     }
 
     /// Stops accepting and tells the master why (first reason wins).
@@ -230,6 +251,28 @@ mod tests {
         assert!(!unlimited.must_close());
         unlimited.retire(RetireReason::Asked);
         assert!(unlimited.must_close());
+    }
+
+    #[test]
+    fn answers_close_only_once_connections_have_been_kept_waiting() {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = Shared::new(Control::none(), 0, 1);
+        s.set_listener(Some(l.as_raw_fd()));
+        let t0 = std::time::Instant::now();
+        assert!(!s.others_kept_waiting(t0), "nobody waits");
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(s.others_waiting());
+        assert!(!s.others_kept_waiting(t0), "seen waiting just now");
+        assert!(!s.others_kept_waiting(t0 + QUEUED_FOR / 2));
+        assert!(s.others_kept_waiting(t0 + QUEUED_FOR), "kept waiting");
+        // Taken: the next connection to wait starts the clock afresh.
+        let (_a, _) = l.accept().unwrap();
+        let t1 = t0 + QUEUED_FOR * 2;
+        assert!(!s.others_kept_waiting(t1));
+        let _d = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        assert!(!s.others_kept_waiting(t1 + QUEUED_FOR / 2));
+        assert!(s.others_kept_waiting(t1 + QUEUED_FOR + QUEUED_FOR / 2));
     }
 
     #[test]
