@@ -188,44 +188,30 @@ fn measured_plan(
     plan: plan::Plan,
     gpus: Option<&resources::NvmlProbe>,
 ) -> Result<(plan::Plan, Option<FootprintFile>), ConfigError> {
+    let file_error = |e: String| ConfigError(format!("--footprint-file: {e}"));
     let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
-        (Some(f), Some(model)) => Some(
-            FootprintFile::new(f, model)
-                .map_err(|e| ConfigError(format!("--footprint-file: {e}")))?,
-        ),
+        (Some(f), Some(model)) => Some(FootprintFile::new(f, model).map_err(file_error)?),
         _ => None,
     };
     let remembered = match &footprint_file {
-        Some(ff) => ff
-            .recorded_mb()
-            .map_err(|e| ConfigError(format!("--footprint-file: {e}")))?,
+        Some(ff) => ff.recorded_mb().map_err(file_error)?,
         None => None,
     };
     let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
-    let before: Vec<String> = plan.warnings.clone();
-    let new = match remembered {
+    let profiled = match remembered {
         // Experience beats a new measurement: plan from the recorded high-water mark.
         Some(mb) if on_gpu && cfg.profile_memory != Some(false) => {
-            let p = measured::remembered(cfg, res, &plan, mb);
-            p.log();
-            if p.kept_estimate.is_none() {
-                cfg.metadata.est_gpu_mem_typ = p.planned_mb;
-            }
-            p.plan
+            Some(measured::remembered(cfg, res, &plan, mb))
         }
         _ if measured::wanted(cfg, &plan) => {
             match measured::measure_and_plan(cfg, res, &plan, gpus) {
                 Ok(p) => {
-                    p.log();
                     if let Some(ff) = &footprint_file {
                         if let Err(e) = ff.record(p.measured.footprint_mb) {
                             tracing::warn!(event = "footprint_file_error", "--footprint-file: {e}");
                         }
                     }
-                    if p.kept_estimate.is_none() {
-                        cfg.metadata.est_gpu_mem_typ = p.planned_mb;
-                    }
-                    p.plan
+                    Some(p)
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -233,14 +219,26 @@ fn measured_plan(
                         "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
                         cfg.metadata.est_gpu_mem_typ
                     );
-                    plan
+                    None
                 }
             }
         }
-        _ => plan,
+        _ => None,
     };
-    for w in new.warnings.iter().filter(|w| !before.contains(w)) {
+    let Some(p) = profiled else {
+        return Ok((plan, footprint_file));
+    };
+    p.log();
+    if p.kept_estimate.is_none() {
+        cfg.metadata.est_gpu_mem_typ = p.planned_mb;
+    }
+    for w in p
+        .plan
+        .warnings
+        .iter()
+        .filter(|w| !plan.warnings.contains(w))
+    {
         tracing::warn!(event = "plan_warning", "{w}");
     }
-    Ok((new, footprint_file))
+    Ok((p.plan, footprint_file))
 }

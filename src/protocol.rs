@@ -236,6 +236,14 @@ pub struct BootTimes {
     pub warmup_ms: f64,
 }
 
+/// Takes one line (without its `\n`) off the front of what was read from a channel of JSON
+/// lines, when a whole one has arrived.
+pub fn take_line(buf: &mut Vec<u8>) -> Option<String> {
+    let nl = buf.iter().position(|b| *b == b'\n')?;
+    let line: Vec<u8> = buf.drain(..=nl).collect();
+    Some(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned())
+}
+
 impl ControlMsg {
     pub fn to_line(&self) -> String {
         let mut s = serde_json::to_string(self).expect("control messages always serialize");

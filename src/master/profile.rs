@@ -25,7 +25,7 @@ use nix::unistd::Pid;
 use super::spawn::{launch, worker_config, WorkerSpec};
 use crate::config::Config;
 use crate::plan::Plan;
-use crate::protocol::ControlMsg;
+use crate::protocol::{take_line, ControlMsg};
 use crate::resources::NvmlProbe;
 
 const MB: u64 = 1 << 20;
@@ -137,9 +137,8 @@ fn wait_for_pass(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(format!("profiling worker's control channel: {e}")),
         }
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            match ControlMsg::from_line(String::from_utf8_lossy(&line).trim_end()) {
+        while let Some(line) = take_line(&mut buf) {
+            match ControlMsg::from_line(&line) {
                 Ok(ControlMsg::Footprint { error: Some(e), .. }) => {
                     return Err(format!("the profiling pass failed: {e}"))
                 }
@@ -176,40 +175,50 @@ fn wait_for_pass(
 /// `: exit status N` (or the signal) once the process has exited (and is reaped: `reaped`
 /// is set), else nothing.
 fn exit_status(pid: u32, reaped: &mut bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline {
-        match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => {
-                *reaped = true;
-                return format!(": exit status {code}");
-            }
-            Ok(WaitStatus::Signaled(_, sig, _)) => {
-                *reaped = true;
-                return format!(": killed by {sig}");
-            }
-            Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_millis(20)),
-            _ => return String::new(),
+    match reap_within(pid, Duration::from_secs(2)) {
+        Reaped::Gone(Some(how)) => {
+            *reaped = true;
+            format!(": {how}")
         }
+        Reaped::Gone(None) | Reaped::Running => String::new(),
     }
-    String::new()
 }
 
 /// TERM, then KILL after 10 s; reaps it.
 fn stop(pid: u32) {
     let p = Pid::from_raw(pid as i32);
     let _ = kill(p, Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    if let Reaped::Running = reap_within(pid, Duration::from_secs(10)) {
+        let _ = kill(p, Signal::SIGKILL);
+        let _ = waitpid(p, None);
+    }
+}
+
+/// What waiting for a child came to.
+enum Reaped {
+    /// Still running when the time was up.
+    Running,
+    /// Exited and reaped (how, when `waitpid` said), or not ours to wait for.
+    Gone(Option<String>),
+}
+
+/// Waits up to `limit` for the child `pid` to exit, reaping it.
+fn reap_within(pid: u32, limit: Duration) -> Reaped {
+    let p = Pid::from_raw(pid as i32);
+    let deadline = Instant::now() + limit;
     loop {
         match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10))
             }
-            Ok(WaitStatus::StillAlive) => {
-                let _ = kill(p, Signal::SIGKILL);
-                let _ = waitpid(p, None);
-                return;
+            Ok(WaitStatus::StillAlive) => return Reaped::Running,
+            Ok(WaitStatus::Exited(_, code)) => {
+                return Reaped::Gone(Some(format!("exit status {code}")))
             }
-            _ => return,
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return Reaped::Gone(Some(format!("killed by {sig}")))
+            }
+            _ => return Reaped::Gone(None),
         }
     }
 }

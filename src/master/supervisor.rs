@@ -25,7 +25,7 @@ use super::spawn::{launch, worker_config, Launched, WorkerSpec};
 use super::template::Template;
 use crate::config::Config;
 use crate::plan::{Placement, Plan, Target};
-use crate::protocol::{worker_exit, ControlMsg, GpuAssignment, WorkerConfig};
+use crate::protocol::{take_line, worker_exit, ControlMsg, GpuAssignment, WorkerConfig};
 use crate::resources::NvmlProbe;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
@@ -1053,9 +1053,7 @@ fn read_lines(w: &mut Live) -> Vec<ControlMsg> {
         }
     }
     let mut out = Vec::new();
-    while let Some(nl) = w.buf.iter().position(|b| *b == b'\n') {
-        let line: Vec<u8> = w.buf.drain(..=nl).collect();
-        let text = String::from_utf8_lossy(&line[..line.len() - 1]);
+    while let Some(text) = take_line(&mut w.buf) {
         match ControlMsg::from_line(&text) {
             Ok(m) => out.push(m),
             Err(e) => tracing::warn!(

@@ -13,7 +13,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::spawn::{launch_with, Launched, WorkerSpec};
 use crate::protocol::{
-    BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, ENV_TEMPLATE,
+    take_line, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, ENV_TEMPLATE,
 };
 
 /// How long the master waits for the template to answer one request.
@@ -146,10 +146,4 @@ impl Template {
             }
         }
     }
-}
-
-fn take_line(buf: &mut Vec<u8>) -> Option<String> {
-    let nl = buf.iter().position(|b| *b == b'\n')?;
-    let line: Vec<u8> = buf.drain(..=nl).collect();
-    Some(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned())
 }

@@ -167,10 +167,7 @@ fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts)
 fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
     job.restart();
     count(counts, job.rows);
-    let result = guarded(|| super::forward(module, device, &job.input, &job.encoding));
-    let Taken { input, reply, .. } = job;
-    drop(input);
-    let _ = reply.send(result);
+    job.run_alone(module, device);
 }
 
 /// Several requests stacked into one pass; run one by one when the pass fails or its
@@ -189,9 +186,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
         Err(e @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_))) => {
             tracing::warn!(requests = jobs.len(), "a batched pass failed: {e}");
             for job in jobs {
-                let Taken { input, reply, .. } = job;
-                drop(input);
-                let _ = reply.send(Err(e.clone()));
+                job.answer(Err(e.clone()));
             }
             return true;
         }
@@ -231,9 +226,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
         "batched forward"
     );
     for (job, w) in jobs.into_iter().zip(written) {
-        let Taken { input, reply, .. } = job;
-        drop(input);
-        let _ = reply.send(w.map(|(outputs, binary)| RunOutput {
+        job.answer(w.map(|(outputs, binary)| RunOutput {
             outputs,
             binary,
             gpu_reserved,

@@ -108,6 +108,20 @@ impl Taken {
     fn restart(&self) {
         self.started.send_replace(Some(Instant::now()));
     }
+
+    /// Runs it on a pass of its own and answers it.
+    fn run_alone(self, module: &CModule, device: Device) {
+        let result = guarded(|| forward(module, device, &self.input, &self.encoding));
+        self.answer(result);
+    }
+
+    /// Sends its outcome, freeing its input first, so that what the request used is gone by
+    /// the time its answer is out (and a trim after it can give the memory back).
+    fn answer(self, result: Result<RunOutput, RunError>) {
+        let Taken { input, reply, .. } = self;
+        drop(input);
+        let _ = reply.send(result);
+    }
 }
 
 impl Job {
@@ -324,17 +338,7 @@ fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
             // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
         };
-        let Taken {
-            input,
-            encoding,
-            reply,
-            ..
-        } = taken;
-        let result = guarded(|| forward(&module, device, &input, &encoding));
-        // Free the input before answering, so that what the request used is gone by the
-        // time its answer is out (and a trim after it can give the memory back).
-        drop(input);
-        let _ = reply.send(result);
+        taken.run_alone(&module, device);
     }
 }
 
