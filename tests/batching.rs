@@ -772,19 +772,25 @@ fn fixture_json(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixtures().join(name)).unwrap()).unwrap()
 }
 
+/// The fixture `name` (`docs` or `pair`) with the signature its metadata file declares, and
+/// batching up to `max_batch_size` rows.
+fn signature_app(name: &str, max_batch_size: u32) -> App {
+    let meta = fixture_json(&format!("{name}.json"));
+    App::new(
+        &format!("{name}.pt"),
+        &format!(
+            r#""inputs": {}, "outputs": {}, "max_batch_size": {max_batch_size}"#,
+            meta["inputs"], meta["outputs"]
+        ),
+    )
+}
+
 /// Text (`BYTES`, a `List[str]` for the model) is batched by joining the requests' lists:
 /// each request gets its own documents' lengths and first words back.
 #[test]
 fn text_requests_are_batched_by_joining_their_lists() {
-    let meta = fixture_json("docs.json");
     let exp = fixture_json("docs_expected.json");
-    let app = App::new(
-        "docs.pt",
-        &format!(
-            r#""inputs": {}, "outputs": {}, "max_batch_size": 5"#,
-            meta["inputs"], meta["outputs"]
-        ),
-    );
+    let app = signature_app("docs", 5);
     // The five documents fill the batch (2 + 1 + 2 rows); the timeout only waits for a
     // late thread.
     let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "5000"]);
@@ -815,14 +821,7 @@ fn text_requests_are_batched_by_joining_their_lists() {
 /// and both outputs are cut back per request.
 #[test]
 fn several_inputs_are_stacked_together() {
-    let meta = fixture_json("pair.json");
-    let app = App::new(
-        "pair.pt",
-        &format!(
-            r#""inputs": {}, "outputs": {}, "max_batch_size": 4"#,
-            meta["inputs"], meta["outputs"]
-        ),
-    );
+    let app = signature_app("pair", 4);
     let (s, mport) = start(&app, &["--workers", "1", "--batch-timeout-ms", "5000"]);
     s.wait_workers(1);
     // Request k: one or two rows of features, each with its scale.
