@@ -13,6 +13,8 @@ pub const LISTEN_FD: i32 = 3;
 pub const CONTROL_FD: i32 = 4;
 /// The `/metrics` listener a development-mode worker serves (`--metrics-port`).
 pub const METRICS_FD: i32 = 5;
+/// The idle board ([`crate::board`]) every process the master starts inherits.
+pub const BOARD_FD: i32 = 6;
 
 /// Environment: number of inherited listening sockets (always 1), systemd style.
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
@@ -96,6 +98,10 @@ pub struct WorkerConfig {
     pub nvml_library: Option<String>,
     /// Whether a control channel is inherited on [`CONTROL_FD`].
     pub has_control: bool,
+    /// This worker's seat on the idle board inherited on [`BOARD_FD`] ([`crate::board`]);
+    /// `None`: it takes no part (development mode, the profiling worker, the template).
+    #[serde(default)]
+    pub board_seat: Option<u32>,
     /// Log as JSON lines.
     pub log_json: bool,
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.

@@ -39,7 +39,7 @@ def log(msg):
 class Server:
     """`app --production` in its own process group, JSON logs read for its events."""
 
-    def __init__(self, model, args, shape=None, name="stress"):
+    def __init__(self, model, args, shape=None, name="stress", app=None):
         os.makedirs(TMP, exist_ok=True)
         self.meta = os.path.join(TMP, f"{name}.json")
         doc = {"name": name, "model": os.path.join(FIX, model), "version": "0"}
@@ -52,7 +52,7 @@ class Server:
             if k.startswith("VRAMFORK_") and k not in ("VRAMFORK_LOG", "VRAMFORK_LOG_FORMAT"):
                 del env[k]
         self.proc = subprocess.Popen(
-            [APP, "--production", "--metadata", self.meta, "--port", "0"] + args,
+            [app or APP, "--production", "--metadata", self.meta, "--port", "0"] + args,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
             start_new_session=True)
         self.events = []
@@ -540,6 +540,111 @@ async def never_ran(secs):
                 target="only requests that ran get 504", met=c504 <= s.count("worker_retiring", lambda e: e.get("reason") == "request_timeout") + 1)
 
 
+async def two_part_post(port, body):
+    """One POST on a new connection, the head and then the body 20 ms later (as Python's
+    http.client sends them: two writes, and Nagle with delayed ACKs can part them). Returns
+    the answering worker's pid."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write((f"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+             f"Content-Length: {len(body)}\r\n\r\n").encode())
+    await w.drain()
+    await asyncio.sleep(0.02)
+    w.write(body)
+    await w.drain()
+    raw = await asyncio.wait_for(r.read(), 60)
+    w.close()
+    head = raw.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    if " 200 " not in head.split("\r\n")[0] + " ":
+        raise RuntimeError(head.split("\r\n")[0])
+    return int(re.search(r"(?im)^x-worker-pid:\s*(\d+)", head).group(1))
+
+
+SLOW_DISPATCH = 8000  # slow.pt iterations ≈ 180 ms on the build machine
+
+
+async def dispatch(tries):
+    """Promise 1: k simultaneous slow requests on new connections against k idle workers land
+    on k distinct workers, `tries` times, for 2 and 4 workers, with batching, and under a CPU
+    hog (one busy process per core)."""
+    body = slow_body(SLOW_DISPATCH)
+    cases = [("2 workers", ["--workers", "2"], 2, False),
+             ("4 workers", ["--workers", "4"], 4, False),
+             ("2 workers, --max-batch-size 4", ["--workers", "2", "--max-batch-size", "4"], 2, False),
+             ("2 workers, CPU hog", ["--workers", "2"], 2, True)]
+    notes, met, sent, ok = [], True, 0, 0
+    for label, args, k, hog in cases:
+        s = await Server("slow.pt", args, name="dispatch").start(k)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() if hog else 0)]
+        good = 0
+        try:
+            for _ in range(tries):
+                pids = await asyncio.gather(*[two_part_post(s.port, body) for _ in range(k)])
+                sent += k
+                ok += k
+                good += len(set(pids)) == k
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+            s.stop()
+        notes.append(f"{label}: {good}/{tries}")
+        met = met and good == tries
+    return dict(scenario=f"dispatch: k simultaneous ~180 ms requests, new connections, k idle workers, {tries} tries each",
+                sent=sent, ok=ok, failed="-", deaths=0,
+                notes="tries on k distinct workers — " + "; ".join(notes),
+                target="every try on k distinct workers", met=met)
+
+
+def wrk_rps(port, conns, secs):
+    """Small-MLP keep-alive req/s from wrk (one thread), as scripts/bench measures it."""
+    cmd = ["wrk", "-t", "1", "-c", str(conns), "-d", f"{secs}s", "--timeout", "10s",
+           "-s", os.path.join(ROOT, "scripts", "bench.d", "post.lua"), f"http://127.0.0.1:{port}/"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, BENCH_BODY=MLP.decode()),
+                       timeout=secs + 30)
+    for line in p.stdout.splitlines():
+        if line.startswith("BENCHJSON "):
+            r = json.loads(line[len("BENCHJSON "):])
+            errs = sum(r["errors"].values())
+            return r["requests"] / (r["duration_us"] / 1e6), errs
+    raise RuntimeError(f"wrk gave no result: {p.stdout} {p.stderr}")
+
+
+async def throughput(baseline, rounds, secs):
+    """Promise 3: small-MLP req/s at c = 1, 4, 16, 64 (2 workers, keep-alive, wrk) for this
+    build and, when given, a baseline build (`--baseline DIR` holding its app and
+    app-worker), in alternating rounds of one run each; this build's median must reach the
+    baseline's lowest run."""
+    builds = [("this build", None)] + ([("baseline", os.path.join(baseline, "app"))] if baseline else [])
+    conc = [1, 4, 16, 64]
+    got = {(b, c): [] for b, _ in builds for c in conc}
+    errors = 0
+    for _ in range(rounds):
+        for label, app in builds:
+            s = await Server("mlp.pt", ["--workers", "2"], shape=[-1, 4], name="throughput", app=app).start(2)
+            try:
+                for c in conc:
+                    rps, e = await asyncio.get_running_loop().run_in_executor(None, wrk_rps, s.port, c, secs)
+                    got[(label, c)].append(rps)
+                    errors += e
+            finally:
+                s.stop()
+    notes, met = [], errors == 0
+    for c in conc:
+        new = got[("this build", c)]
+        text = f"c={c}: {statistics.median(new):,.0f} ({min(new):,.0f}–{max(new):,.0f})"
+        if baseline:
+            old = got[("baseline", c)]
+            text += f" vs baseline {statistics.median(old):,.0f} ({min(old):,.0f}–{max(old):,.0f})"
+            met = met and statistics.median(new) >= min(old)
+        notes.append(text)
+    return dict(scenario=f"throughput: small MLP, 2 workers, keep-alive, wrk, {rounds} rounds × {secs} s"
+                         + (", against a baseline build" if baseline else " (no baseline given)"),
+                sent="-", ok="-", failed=f"{errors} wrk errors", deaths=0,
+                notes="req/s median (min–max): " + "; ".join(notes),
+                target="median ≥ the baseline's lowest run, 0 errors" if baseline else "0 errors (no baseline to compare)",
+                met=met, runs={f"{b} c={c}": v for (b, c), v in got.items()})
+
+
 async def memory(body_mb):
     res = []
     for label, row, tail in (("typical floats, valid (200)", b"[0.1234,0.5678,0.9012,0.3456],", b"[1,2,3,4]]}"),
@@ -578,6 +683,8 @@ async def main(args):
         ("fuzz", lambda: fuzz(10 if q else 60)),
         ("stuck", lambda: never_ran(5 if q else 15)),
         ("memory", lambda: memory(16 if q else 64)),
+        ("dispatch", lambda: dispatch(20 if q else 100)),
+        ("throughput", lambda: throughput(args.baseline, 2 if q else 3, 3 if q else 5)),
     ]
     rows = []
     for name, f in runs:
@@ -586,7 +693,7 @@ async def main(args):
         log(f"{name} ...")
         t0 = time.time()
         try:
-            row = await asyncio.wait_for(f(), 900)
+            row = await asyncio.wait_for(f(), 1200)
         except Exception as e:  # noqa: BLE001
             row = dict(scenario=name, sent=0, ok=0, failed=repr(e), deaths=0, notes="scenario failed", target="", met=False)
         row["secs"] = round(time.time() - t0, 1)
@@ -599,7 +706,8 @@ async def main(args):
     text = "\n".join(md)
     print("\n" + text)
     os.makedirs(os.path.join(ROOT, "bench"), exist_ok=True)
-    cmd = "scripts/stress" + (" --quick" if q else "")
+    cmd = "scripts/stress" + (" --quick" if q else "") + (" --only " + " ".join(args.only) if args.only else "") \
+        + (" --baseline DIR" if args.baseline else "")
     with open(os.path.join(ROOT, "bench", "stress.md"), "w") as f:
         f.write(f"Produced by `{cmd}` on {time.strftime('%Y-%m-%d')} ({os.cpu_count()} cores, load generator on the same machine).\n\n{text}\n")
     with open(os.path.join(ROOT, "bench", "stress.json"), "w") as f:
@@ -613,4 +721,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--baseline", help="a directory with another build's app and app-worker, for the throughput row")
     sys.exit(asyncio.run(main(ap.parse_args())))

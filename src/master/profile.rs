@@ -76,7 +76,15 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     let index = config.gpu.as_ref().map(|g| g.index).unwrap_or(0);
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot open a loopback listener for the profiling worker: {e}"))?;
-    let mut w = launch(&cfg.worker_binary, &WorkerSpec { config }, &listener).map_err(|e| {
+    let mut w = launch(
+        &cfg.worker_binary,
+        &WorkerSpec {
+            config,
+            board: None,
+        },
+        &listener,
+    )
+    .map_err(|e| {
         format!(
             "cannot start the profiling worker {}: {e}",
             cfg.worker_binary.display()

@@ -1,6 +1,6 @@
 //! Starting a worker: its configuration, an explicit environment (`CUDA_VISIBLE_DEVICES`
 //! for its GPU, `PYTORCH_CUDA_ALLOC_CONF`), the inherited listening socket on fd 3 and its
-//! control channel on fd 4, `PR_SET_PDEATHSIG` so it never outlives the master, and its own
+//! control channel on fd 4, the idle board (`crate::board`) on fd 6, `PR_SET_PDEATHSIG` so it never outlives the master, and its own
 //! process group so a terminal's Ctrl-C reaches only the master.
 
 use std::net::TcpListener;
@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use crate::config::Config;
 use crate::plan::Plan;
 use crate::protocol::{
-    Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, CONTROL_FD,
+    Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD, CONTROL_FD,
     ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD,
 };
 
@@ -23,6 +23,8 @@ pub const HEARTBEAT_MS: u64 = 1000;
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
     pub config: WorkerConfig,
+    /// The master's idle board, placed on `BOARD_FD` in the child; `None`: no board.
+    pub board: Option<std::os::fd::RawFd>,
 }
 
 /// A started worker: its pid and the master's end of its control channel.
@@ -79,6 +81,7 @@ pub fn worker_config(
         torch_threads: plan.torch_threads,
         nvml_library: cfg.nvml_library.as_ref().map(|p| p.display().to_string()),
         has_control: true,
+        board_seat: None,
         log_json: cfg.log_json,
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
@@ -144,24 +147,32 @@ pub fn launch_with(
     }
     let listen_fd = listener.as_raw_fd();
     let control_fd = worker_end.as_raw_fd();
+    let board_fd = spec.board;
     let master_pid = std::process::id() as libc::pid_t;
     // SAFETY: the hook runs in the forked child before exec and makes only
-    // async-signal-safe system calls (fcntl, dup2, prctl, getppid, setpgid). The master is
+    // async-signal-safe system calls (fcntl, dup2, close, prctl, getppid, setpgid). The master is
     // single-threaded, so no lock can be held across the fork.
     unsafe {
         cmd.pre_exec(move || {
-            // Move both descriptors out of the way first, so dup2 cannot clobber one
-            // with the other.
+            // Move the descriptors out of the way first, so dup2 cannot clobber one with
+            // another.
             let l = libc::fcntl(listen_fd, libc::F_DUPFD, 10);
             let c = libc::fcntl(control_fd, libc::F_DUPFD, 10);
-            if l < 0 || c < 0 {
+            let b = board_fd.map_or(-1, |b| libc::fcntl(b, libc::F_DUPFD, 10));
+            if l < 0 || c < 0 || board_fd.is_some() && b < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::dup2(l, LISTEN_FD) < 0 || libc::dup2(c, CONTROL_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            if b >= 0 && libc::dup2(b, BOARD_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             libc::close(l);
             libc::close(c);
+            if b >= 0 {
+                libc::close(b);
+            }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }

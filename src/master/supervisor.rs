@@ -23,6 +23,7 @@ use super::signals::{Intent, Signals};
 use super::slot::{Phase, Slot, WorkerState};
 use super::spawn::{launch, worker_config, Launched, WorkerSpec};
 use super::template::Template;
+use crate::board::Board;
 use crate::config::Config;
 use crate::plan::{Placement, Plan, Target};
 use crate::protocol::{take_line, worker_exit, ControlMsg, GpuAssignment, WorkerConfig};
@@ -37,6 +38,8 @@ struct Live {
     state: WorkerState,
     control: UnixStream,
     buf: Vec<u8>,
+    /// Its seat on the idle board, cleared when it is reaped.
+    seat: Option<u32>,
 }
 
 pub struct Supervisor {
@@ -78,6 +81,9 @@ pub struct Supervisor {
     metrics: Option<MasterMetrics>,
     /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
     learner: Option<Learner>,
+    /// Where workers show that they are free ([`crate::board`]); `None` if it could not be
+    /// made (then workers accept as they would without siblings).
+    board: Option<Board>,
 }
 
 /// Templates that die before they are ready, per configuration, before exec takes over.
@@ -135,6 +141,13 @@ impl Supervisor {
             template_off_gen: None,
             metrics,
             learner: None,
+            board: Board::create()
+                .map_err(|e| {
+                    tracing::warn!(
+                        "cannot create the idle board ({e}): a worker with a request in hand may take the next connection while another is idle"
+                    )
+                })
+                .ok(),
         }
     }
 
@@ -449,6 +462,10 @@ impl Supervisor {
             return;
         };
         let mut w = self.workers.swap_remove(i);
+        // A worker that died showing "free" must not be waited for by its siblings.
+        if let (Some(b), Some(seat)) = (&self.board, w.seat) {
+            b.clear(seat);
+        }
         let now = Instant::now();
         // Messages it sent just before exiting (a ready, a retiring) still count.
         let msgs = read_lines(&mut w);
@@ -625,7 +642,14 @@ impl Supervisor {
             return;
         };
         let config = worker_config(&self.cfg, &self.plan, 0, 0, 0);
-        match Template::start(&self.cfg.worker_binary, &config, listener, self.cfg_gen) {
+        let board = self.board.as_ref().and_then(Board::fd);
+        match Template::start(
+            &self.cfg.worker_binary,
+            &config,
+            listener,
+            board,
+            self.cfg_gen,
+        ) {
             Ok(t) => self.template = Some(t),
             Err(e) => {
                 tracing::warn!(
@@ -959,7 +983,12 @@ impl Supervisor {
         if self.listener.is_none() {
             return;
         }
-        let config = worker_config(&self.cfg, &self.plan, slot, generation, max_requests);
+        let mut config = worker_config(&self.cfg, &self.plan, slot, generation, max_requests);
+        let seat = self
+            .board
+            .as_ref()
+            .and_then(|_| Board::free_seat(self.workers.iter().filter_map(|w| w.seat)));
+        config.board_seat = seat;
         match self.launch(config) {
             Ok((l, method)) => {
                 tracing::debug!(
@@ -979,6 +1008,7 @@ impl Supervisor {
                     state,
                     control: l.control,
                     buf: Vec::new(),
+                    seat,
                 });
             }
             Err(e) => {
@@ -1015,7 +1045,11 @@ impl Supervisor {
             .listener
             .as_ref()
             .ok_or_else(|| std::io::Error::other("not listening any more"))?;
-        launch(&self.cfg.worker_binary, &WorkerSpec { config }, listener).map(|l| (l, "exec"))
+        let spec = WorkerSpec {
+            config,
+            board: self.board.as_ref().and_then(Board::fd),
+        };
+        launch(&self.cfg.worker_binary, &spec, listener).map(|l| (l, "exec"))
     }
 
     fn signal(&self, pid: u32, sig: Signal) {

@@ -31,15 +31,18 @@ pub struct Template {
 }
 
 impl Template {
-    /// Starts `binary` as the template for `config` (its model and torch threads).
+    /// Starts `binary` as the template for `config` (its model and torch threads), with the
+    /// idle board its forked workers will use.
     pub fn start(
         binary: &std::path::Path,
         config: &WorkerConfig,
         listener: &TcpListener,
+        board: Option<std::os::fd::RawFd>,
         cfg_gen: u64,
     ) -> std::io::Result<Template> {
         let spec = WorkerSpec {
             config: config.clone(),
+            board,
         };
         let l = launch_with(binary, &spec, listener, &[(ENV_TEMPLATE, "1")])?;
         Ok(Template {

@@ -35,11 +35,22 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
     rt.block_on(async move {
         let app = plan.app.clone();
         let shared = app.shared.clone();
-        let listener = tokio::net::TcpListener::from_std(plan.listener)?;
+        // SAFETY: the listener owns its descriptor (fd 3, taken over in `listener::inherit`)
+        // and keeps it open, the same one, for as long as the AsyncFd holds it.
+        let listener = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                plan.listener,
+                tokio::io::Interest::READABLE,
+            )
+        }
+        .map_err(|e| e.into_parts().1)?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut quit = signal(SignalKind::quit())?;
 
+        // Free on the idle board before the master (and a client waiting for readiness)
+        // hears of it: siblings leave connections to this worker from now on.
+        shared.show_state();
         shared.control.send(&ControlMsg::Ready {
             pid: std::process::id(),
             boot_ms: plan.boot,

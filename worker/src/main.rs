@@ -66,6 +66,12 @@ pub fn boot(
     let _entered = span.enter();
     process::set_name(cfg.slot);
     let listener = listener::inherit().map_err(config_err)?;
+    let board = cfg.board_seat.and_then(|seat| {
+        vramfork::board::Board::attach(vramfork::protocol::BOARD_FD)
+            .map(|b| (b, seat))
+            .map_err(|e| tracing::warn!("cannot map the idle board: {e}; accepting without it"))
+            .ok()
+    });
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
     let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
         Some(config) => Some(lifecycle::ServeMetrics {
@@ -140,11 +146,9 @@ pub fn boot(
         "model loaded"
     );
 
-    let shared = Arc::new(state::Shared::new(
-        control,
-        cfg.max_requests,
-        cfg.max_batch_size.max(1),
-    ));
+    let shared = Arc::new(
+        state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
+    );
     let nvml_index = cfg.gpu.as_ref().map_or(0, |g| g.index);
     let hw = hw::Hw::new(info.cuda, nvml_index, cfg.nvml_library.clone());
     let app = Arc::new(routes::App::new(shared, runner, metadata, hw, &cfg));

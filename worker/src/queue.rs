@@ -25,6 +25,26 @@ pub fn readable(fd: RawFd) -> bool {
     n > 0 && p.revents & libc::POLLIN != 0
 }
 
+/// Takes one connection from the listen queue, non-blocking and close-on-exec in one call
+/// (`WouldBlock` when none is waiting).
+pub fn accept(listener: &std::net::TcpListener) -> std::io::Result<std::net::TcpStream> {
+    // SAFETY: accept4 on the listening socket with no address buffers; the result is
+    // checked and, when valid, a new descriptor that nothing else owns.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is the connected socket accept4 just returned.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
 /// How long the request on a just-accepted connection has been waiting: `None` when the
 /// client has sent nothing yet, or when the kernel cannot tell.
 pub fn waited(stream: &impl AsRawFd) -> Option<Duration> {

@@ -28,21 +28,33 @@ use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::routes::{self, App, Arrived};
+use crate::state::FRESH_FOR;
 use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE, RETIRE_IDLE_GRACE};
 
 /// How often a connection with a request in flight re-checks its deadlines.
 const BUSY_RECHECK: Duration = Duration::from_secs(1);
 
+/// How often a worker that leaves a waiting connection to a free sibling looks again.
+const DEFER_RECHECK: Duration = Duration::from_millis(1);
+/// How long at most a worker leaves waiting connections to a sibling that shows free but
+/// does not take them (a sibling starved of CPU, or stopped): then it takes them itself.
+const DEFER_AT_MOST: Duration = Duration::from_millis(250);
+
 /// Runs until the worker is retired and drained (or the deadline passes).
-pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
+pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, graceful: Duration) {
     let shared = app.shared.clone();
-    shared.set_listener(Some(listener.as_raw_fd()));
+    let fd = listener.as_raw_fd();
+    shared.set_listener(Some(fd));
+    shared.show_state();
     let mut rx = shared.subscribe();
     let (max, concurrency) = (shared.max_requests, shared.concurrency);
+    // Since when this worker has been leaving waiting connections to a free sibling.
+    let mut deferring: Option<Instant> = None;
     loop {
         let stop = match rx
             .wait_for(|c| c.stopping() || c.can_accept(max, concurrency))
@@ -54,24 +66,69 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, graceful: Duration) {
         if stop {
             break;
         }
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let waited = crate::queue::waited(&stream);
-                    let conn = ConnState::new(waited);
-                    shared.update(|c| { c.open += 1; c.awaiting += 1; });
-                    tokio::spawn(connection(stream, app.clone(), conn));
-                    // Let the new connection read its request (and count as work) before
-                    // the next accept decision.
-                    tokio::task::yield_now().await;
-                }
+        let mut guard = tokio::select! {
+            ready = listener.readable() => match ready {
+                Ok(g) => g,
                 Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!("accept failed: {e}");
+                    tracing::warn!("waiting on the listening socket failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
             },
-            _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max, concurrency)) => {}
+            _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max, concurrency)) => continue,
+        };
+        if shared.defer_to_sibling() {
+            if !crate::queue::readable(fd) {
+                // Taken by someone else: wait for the next connection.
+                guard.clear_ready();
+                deferring = None;
+                continue;
+            }
+            let since = *deferring.get_or_insert_with(Instant::now);
+            if since.elapsed() < DEFER_AT_MOST {
+                drop(guard);
+                tokio::select! {
+                    _ = tokio::time::sleep(DEFER_RECHECK) => {}
+                    _ = rx.changed() => {}
+                }
+                continue;
+            }
+            tracing::info!(
+                "a sibling shows free but has left a connection waiting for {DEFER_AT_MOST:?}; taking it"
+            );
+        }
+        deferring = None;
+        shared.show_taking();
+        match guard.try_io(|l| crate::queue::accept(l.get_ref())) {
+            Ok(Ok(stream)) => {
+                let waited = crate::queue::waited(&stream);
+                let stream = match TcpStream::from_std(stream) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("cannot register an accepted connection: {e}");
+                        shared.show_state();
+                        continue;
+                    }
+                };
+                let conn = ConnState::new(waited);
+                shared.update(|c| {
+                    c.open += 1;
+                    c.awaiting += 1;
+                    c.fresh += 1;
+                });
+                tokio::spawn(connection(stream, app.clone(), conn));
+                // Let the new connection read its request (and count as work) before
+                // the next accept decision.
+                tokio::task::yield_now().await;
+            }
+            Ok(Err(e)) => {
+                // EMFILE and friends: back off briefly rather than spin.
+                shared.show_state();
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Nothing waiting after all (a sibling took it).
+            Err(_would_block) => shared.show_state(),
         }
     }
     shared.set_listener(None);
@@ -98,6 +155,9 @@ struct ConnState {
     /// When bytes of a request head that is not a request yet began to arrive.
     head_since: Mutex<Option<Instant>>,
     in_request: AtomicBool,
+    /// Counted in `Counters::fresh`: accepted less than `FRESH_FOR` ago, first request not
+    /// answered yet.
+    fresh: AtomicBool,
     requests: AtomicU64,
     /// When the last request was answered (or the connection accepted).
     idle_since: Mutex<Instant>,
@@ -112,6 +172,7 @@ impl ConnState {
             awaiting: AtomicBool::new(true),
             head_since: Mutex::new(None),
             in_request: AtomicBool::new(false),
+            fresh: AtomicBool::new(true),
             requests: AtomicU64::new(0),
             idle_since: Mutex::new(now),
         })
@@ -156,7 +217,20 @@ impl ConnState {
     fn request_done(&self, app: &App) {
         *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         self.in_request.store(false, Ordering::SeqCst);
-        app.shared.update(|c| c.in_flight -= 1);
+        let fresh = self.fresh.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.in_flight -= 1;
+            if fresh {
+                c.fresh -= 1;
+            }
+        });
+    }
+
+    /// No longer counts as a connection whose first request is on its way.
+    fn stale(&self, app: &App) {
+        if self.fresh.swap(false, Ordering::SeqCst) {
+            app.shared.update(|c| c.fresh -= 1);
+        }
     }
 
     /// The connection's next deadline and what happens then, given whether the worker is
@@ -195,6 +269,7 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     let _ = stream.set_nodelay(true);
     let fd = stream.as_raw_fd();
     let shared = app.shared.clone();
+    let app_for_state = app.clone();
     let io = Watched {
         inner: stream,
         state: state.clone(),
@@ -251,13 +326,19 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
             }
             // Retiring shortens the idle deadline: look again.
             _ = stop_rx.wait_for(|stopping| *stopping), if !retiring => retiring = true,
+            _ = tokio::time::sleep_until((state.accepted + FRESH_FOR).into()),
+                if state.fresh.load(Ordering::SeqCst) => state.stale(&app_for_state),
         }
     }
     let awaiting = state.awaiting.swap(false, Ordering::SeqCst);
+    let fresh = state.fresh.swap(false, Ordering::SeqCst);
     shared.update(|c| {
         c.open -= 1;
         if awaiting {
             c.awaiting -= 1;
+        }
+        if fresh {
+            c.fresh -= 1;
         }
     });
 }

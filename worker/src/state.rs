@@ -5,8 +5,16 @@
 //! Only work counts as busy: a request whose body has arrived (being parsed, waiting for
 //! the model, running, being answered). Connections that are still sending a request head
 //! or body, or idle between requests, cost the worker a socket and nothing else.
+//!
+//! The worker also shows on the idle board ([`vramfork::board`]) whether it is **free**:
+//! accepting, with nothing in hand — no request worked on and no connection taken in the
+//! last [`FRESH_FOR`] still waiting for its first answer ([`Counters::in_hand`]). Siblings
+//! with something in hand leave new connections to a free worker (`server.rs`).
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::sync::watch;
+use vramfork::board::{Board, Seat};
 use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
 
 use crate::control::Control;
@@ -14,6 +22,11 @@ use crate::control::Control;
 /// Connections a worker keeps waiting for a request head at once; past this it stops
 /// accepting until some send theirs or hit the header deadline.
 pub const MAX_AWAITING: u32 = 1024;
+
+/// How long a newly accepted connection counts as work in hand until its first request is
+/// answered: long enough for a client's request to follow its connect (head and body may
+/// come in separate packets), short enough that a silent client soon stops counting.
+pub const FRESH_FOR: std::time::Duration = std::time::Duration::from_millis(250);
 
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
@@ -29,6 +42,9 @@ pub struct Counters {
     pub awaiting: u32,
     /// Open connections.
     pub open: u32,
+    /// Connections accepted less than [`FRESH_FOR`] ago whose first request is not answered
+    /// yet (nor the connection closed): a request is most likely on its way.
+    pub fresh: u32,
     /// Set once the worker stops accepting.
     pub retiring: Option<RetireReason>,
     /// The model can no longer be used (stuck forward pass, CUDA error): refuse new work.
@@ -56,6 +72,18 @@ impl Counters {
         max_requests == 0 || u64::from(self.open) < max_requests.saturating_sub(self.served)
     }
 
+    /// Whether this worker has something in hand: a request worked on, or a connection
+    /// just taken whose request is on its way.
+    pub fn in_hand(&self) -> bool {
+        self.working > 0 || self.fresh > 0
+    }
+
+    /// Whether this worker is free: it would accept, and has nothing in hand (what it shows
+    /// on the idle board).
+    pub fn free(&self, max_requests: u64, concurrency: u32) -> bool {
+        !self.in_hand() && self.can_accept(max_requests, concurrency)
+    }
+
     pub fn drained(&self) -> bool {
         self.open == 0 && self.in_flight == 0
     }
@@ -76,6 +104,10 @@ pub struct Shared {
     listen_fd: std::sync::Mutex<Option<std::os::fd::RawFd>>,
     /// Since when this worker has seen connections waiting in the listen queue.
     queue_since: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The idle board and this worker's seat on it, when it has one.
+    board: Option<(Board, u32)>,
+    /// What this worker last showed on the board (written only when it changes).
+    shown: AtomicU32,
 }
 
 /// How long connections must have been seen waiting in the listen queue before answers
@@ -92,6 +124,43 @@ impl Shared {
             concurrency: concurrency.max(1),
             listen_fd: std::sync::Mutex::new(None),
             queue_since: std::sync::Mutex::new(None),
+            board: None,
+            shown: AtomicU32::new(Seat::Busy as u32),
+        }
+    }
+
+    /// Takes part in the idle board on `seat`.
+    pub fn with_board(mut self, board: Option<(Board, u32)>) -> Shared {
+        self.board = board;
+        self
+    }
+
+    /// Shows `state` on the board, if it differs from what was shown.
+    fn show(&self, state: Seat) {
+        if let Some((board, seat)) = &self.board {
+            if self.shown.swap(state as u32, Ordering::SeqCst) != state as u32 {
+                board.show(*seat, state);
+            }
+        }
+    }
+
+    /// Shows on the board what the counters say now.
+    pub fn show_state(&self) {
+        self.update(|_| ());
+    }
+
+    /// Shows "taking" while this worker tries to take a connection ([`Seat::Taking`]);
+    /// [`Shared::show_state`] after.
+    pub fn show_taking(&self) {
+        self.show(Seat::Taking);
+    }
+
+    /// Whether this worker should leave a waiting connection to a sibling: it has
+    /// something in hand, and the board shows another worker free.
+    pub fn defer_to_sibling(&self) -> bool {
+        match &self.board {
+            Some((board, seat)) => self.tx.borrow().in_hand() && board.other_free(*seat),
+            None => false,
         }
     }
 
@@ -124,9 +193,16 @@ impl Shared {
     pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
         let mut out = None;
         let mut stopping = false;
+        let (max, concurrency) = (self.max_requests, self.concurrency);
         self.tx.send_modify(|c| {
             out = Some(f(c));
             stopping = c.stopping();
+            // Under the counters' lock, so that two updates cannot show in the wrong order.
+            self.show(if c.free(max, concurrency) {
+                Seat::Free
+            } else {
+                Seat::Busy
+            });
         });
         self.stop_tx
             .send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
@@ -235,6 +311,59 @@ mod tests {
         assert!(!c.can_accept(3, 8), "2 open, 2 requests left");
         c.retiring = Some(RetireReason::Asked);
         assert!(!c.can_accept(0, 1));
+    }
+
+    #[test]
+    fn free_means_accepting_with_nothing_in_hand() {
+        let mut c = Counters::default();
+        assert!(c.free(0, 1));
+        // A connection just taken (its request on its way) is in hand.
+        c.fresh = 1;
+        assert!(c.in_hand() && !c.free(0, 1));
+        c.fresh = 0;
+        // So is work, also where batching would still accept more.
+        c.working = 1;
+        assert!(c.in_hand() && !c.free(0, 8) && c.can_accept(0, 8));
+        c.working = 0;
+        // Slow bodies and silent connections are not in hand: the worker stays free.
+        c.in_flight = 3;
+        c.awaiting = 5;
+        assert!(!c.in_hand() && c.free(0, 1));
+        // A worker that would not accept is not free.
+        c.retiring = Some(RetireReason::Asked);
+        assert!(!c.free(0, 1));
+    }
+
+    #[test]
+    fn the_board_shows_what_the_counters_say_and_defers_only_with_work_in_hand() {
+        let master = Board::create().unwrap();
+        // SAFETY: dup of the board's descriptor; attach takes it over.
+        let fd = unsafe { libc::dup(master.fd().unwrap()) };
+        let s =
+            Shared::new(Control::none(), 0, 1).with_board(Some((Board::attach(fd).unwrap(), 2)));
+        s.show_state();
+        assert!(master.other_free(0), "an idle worker shows free");
+        s.update(|c| c.fresh += 1);
+        assert!(
+            !master.other_free(0),
+            "a worker with a fresh connection does not"
+        );
+        // A sibling (seat 5) shows free: with something in hand, this worker defers to it.
+        master.show(5, Seat::Free);
+        assert!(s.defer_to_sibling());
+        s.update(|c| c.fresh -= 1);
+        assert!(!s.defer_to_sibling(), "nothing in hand: take it");
+        master.clear(5);
+        s.show_taking();
+        assert!(
+            master.other_free(0),
+            "taking a connection: siblings wait for it"
+        );
+        s.update(|c| c.fresh += 1);
+        assert!(!master.other_free(0), "took it: busy");
+        s.update(|c| c.fresh -= 1);
+        s.retire(RetireReason::Asked);
+        assert!(!master.other_free(0), "a retiring worker is not free");
     }
 
     #[test]

@@ -1,0 +1,218 @@
+//! The idle board: one page of memory shared by the master and every worker, where each
+//! worker shows whether it is **free** — accepting, with nothing in hand (no request being
+//! worked on, no connection it took in the last moments still on its way to the model) —
+//! **taking** a connection (about to be busy, or free again if a sibling took it first), or
+//! **busy** ([`Seat`]).
+//!
+//! Why: workers share one listening socket, and the kernel hands a new connection to
+//! whichever worker calls `accept` first. A worker that has just taken a connection cannot
+//! yet tell whether a request is coming on it (its body may still be on the wire), so
+//! without the board it would take the next connection too and queue two requests while a
+//! sibling sits idle. With it, a worker with work in hand leaves new connections in the
+//! listen queue while the board shows a free (or taking) sibling, and still takes them (to read their
+//! headers off the model's path) when no sibling is free — so slow or silent clients cost
+//! nothing more than before. See `worker/src/server.rs` for the accept rule.
+//!
+//! Mechanics: the master creates the page (`memfd_create`) before any worker starts and
+//! hands it to every process it execs on [`crate::protocol::BOARD_FD`] (the template too,
+//! so forked workers inherit it). Each worker gets a **seat** (an index, unique among the
+//! live workers) in its configuration and writes only its own seat; the master clears a
+//! seat when it reaps the worker that held it, so a worker that dies showing "free" is not
+//! waited for. No message per request reaches the master.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Seats on the board: the most workers that take part at once.
+pub const SEATS: u32 = 128;
+
+/// `u32`s from one seat to the next: a cache line each, so that a worker writing its seat
+/// does not evict its neighbours' from other cores.
+const STRIDE: usize = 64 / std::mem::size_of::<AtomicU32>();
+
+const BYTES: usize = SEATS as usize * STRIDE * std::mem::size_of::<AtomicU32>();
+
+/// What a worker shows on its seat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Seat {
+    /// Not accepting, or something in hand (and what a cleared seat reads as).
+    Busy = 0,
+    /// Accepting, nothing in hand.
+    Free = 1,
+    /// A free worker in the middle of an `accept`: it is about to be busy, or free again if
+    /// a sibling took the connection first. Siblings wait for it as for a free one, so that
+    /// two connections do not both go to a busy worker while this one looks away.
+    Taking = 2,
+}
+
+/// A mapping of the board.
+pub struct Board {
+    seats: NonNull<AtomicU32>,
+    /// The master keeps the descriptor to hand it to the processes it starts.
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: the mapping is only ever accessed through atomics, and lives as long as `Board`.
+unsafe impl Send for Board {}
+// SAFETY: as above: every access is an atomic operation on shared memory.
+unsafe impl Sync for Board {}
+
+impl Board {
+    /// Creates a new, all-clear board (the master, before any worker starts). Its
+    /// descriptor is close-on-exec; [`crate::master::spawn`] places it on `BOARD_FD` in
+    /// each child it starts.
+    pub fn create() -> io::Result<Board> {
+        // SAFETY: memfd_create with a NUL-terminated name; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"vf-board".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on the descriptor we own; a new memfd reads as zeros.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), BYTES as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seats = map(fd.as_raw_fd())?;
+        Ok(Board {
+            seats,
+            fd: Some(fd),
+        })
+    }
+
+    /// Maps the board inherited on `fd` (a worker), then closes `fd`: the mapping stays.
+    pub fn attach(fd: RawFd) -> io::Result<Board> {
+        // SAFETY: libc::stat is plain old data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat on an fd only writes its metadata into `st`; a bad fd gives -1.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if (st.st_size as usize) < BYTES {
+            return Err(io::Error::other(format!(
+                "fd {fd} is not the idle board ({} bytes, expected {BYTES})",
+                st.st_size
+            )));
+        }
+        let seats = map(fd)?;
+        // SAFETY: the inherited descriptor is this process's to close; the mapping keeps the
+        // memory alive without it.
+        unsafe { libc::close(fd) };
+        Ok(Board { seats, fd: None })
+    }
+
+    /// The descriptor to hand to children (the master's board only).
+    pub fn fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    fn seat(&self, i: u32) -> Option<&AtomicU32> {
+        // SAFETY: `i` is below SEATS, so the pointer stays inside the mapping, which lives as
+        // long as `self`; AtomicU32 has the layout of u32 and the mapping is page-aligned.
+        (i < SEATS).then(|| unsafe { &*self.seats.as_ptr().add(i as usize * STRIDE) })
+    }
+
+    /// Shows what the worker on `seat` is doing (its own seat only).
+    pub fn show(&self, seat: u32, state: Seat) {
+        if let Some(s) = self.seat(seat) {
+            s.store(state as u32, Ordering::SeqCst);
+        }
+    }
+
+    /// Clears a seat whose worker is gone (the master, after reaping it).
+    pub fn clear(&self, seat: u32) {
+        self.show(seat, Seat::Busy);
+    }
+
+    /// Whether a worker other than the one on `mine` shows free or taking.
+    pub fn other_free(&self, mine: u32) -> bool {
+        (0..SEATS).any(|i| {
+            i != mine
+                && self
+                    .seat(i)
+                    .is_some_and(|s| s.load(Ordering::SeqCst) != Seat::Busy as u32)
+        })
+    }
+
+    /// The lowest seat not in `taken` (the master, for a new worker); `None` when all are.
+    pub fn free_seat(taken: impl Iterator<Item = u32> + Clone) -> Option<u32> {
+        (0..SEATS).find(|i| !taken.clone().any(|t| t == *i))
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; nothing refers to it after drop.
+        unsafe { libc::munmap(self.seats.as_ptr().cast(), BYTES) };
+    }
+}
+
+fn map(fd: RawFd) -> io::Result<NonNull<AtomicU32>> {
+    // SAFETY: a shared read-write mapping of BYTES bytes of `fd`, checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seat_shown_free_is_seen_through_another_mapping_and_cleared_by_the_master() {
+        let master = Board::create().unwrap();
+        // A second mapping of the same page, as a worker makes it (from a duplicate, since
+        // attach closes the descriptor it is given).
+        // SAFETY: dup of a descriptor we own; the result is checked.
+        let dup = unsafe { libc::dup(master.fd().unwrap()) };
+        assert!(dup >= 0);
+        let worker = Board::attach(dup).unwrap();
+        assert!(!master.other_free(0), "a new board is all clear");
+        worker.show(3, Seat::Free);
+        assert!(master.other_free(0));
+        assert!(!worker.other_free(3), "its own seat does not count");
+        worker.show(5, Seat::Taking);
+        assert!(
+            worker.other_free(3),
+            "a sibling taking a connection is waited for"
+        );
+        master.clear(5);
+        assert!(!worker.other_free(3));
+        worker.show(3, Seat::Busy);
+        assert!(!master.other_free(0));
+        // Out of range: ignored, never written past the page.
+        worker.show(SEATS, Seat::Free);
+        assert!(!master.other_free(0));
+    }
+
+    #[test]
+    fn seats_are_handed_out_lowest_first() {
+        assert_eq!(Board::free_seat([].into_iter()), Some(0));
+        assert_eq!(Board::free_seat([0, 1, 3].into_iter()), Some(2));
+        assert_eq!(Board::free_seat(0..SEATS), None);
+    }
+
+    #[test]
+    fn a_descriptor_that_is_not_a_board_is_refused() {
+        let f = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: dup of an open file's descriptor; attach closes it or we do below.
+        let dup = unsafe { libc::dup(f.as_raw_fd()) };
+        assert!(Board::attach(dup).is_err());
+        // SAFETY: attach failed before closing it.
+        unsafe { libc::close(dup) };
+    }
+}
