@@ -98,6 +98,180 @@ def post_once(port, body, timeout=5.0):
         return None
 
 
+# ---------------------------------------------------------------- real architectures
+
+REAL = os.path.join(TMP, "real")
+# name: (loop SHAPE for forward-loop, v2 binary or POST / JSON body)
+REAL_MODELS = {
+    "cnn": {"shape": "1,3,32,32", "v2": False, "label": "CIFAR-style CNN (7 conv3x3, POST / JSON)"},
+    "resnet50": {"shape": "1,3,224,224", "v2": True, "label": "ResNet-50 (torchvision, v2 binary)"},
+    "bert": {"shape": "1,128:i64;1,128:i64", "v2": True,
+             "label": "BERT-base encoder (transformers, 128 tokens, v2 binary)"},
+}
+REAL_CONCURRENCY = [1, 4, 16]
+
+
+def real_loop(name, seconds):
+    """The model's own loop: 2 forward-loop processes x 1 torch thread, passes/s summed."""
+    cmd = [os.path.join(BIN, "forward-loop"), os.path.join(REAL, f"{name}.pt"),
+           REAL_MODELS[name]["shape"], "1", str(seconds)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    return sum(json.loads(p.communicate(timeout=seconds + 120)[0])["per_s"] for p in ps)
+
+
+def real_request(name):
+    """(path, body, header_len) of one request to a served real model."""
+    m = REAL_MODELS[name]
+    with open(os.path.join(REAL, f"{name}.body"), "rb") as f:
+        body = f.read()
+    if not m["v2"]:
+        return "/", body.decode(), None
+    with open(os.path.join(REAL, f"{name}.v2len")) as f:
+        return f"/v2/models/{name}/infer", body, int(f.read())
+
+
+def real_server(name, tag, max_requests=0):
+    with open(os.path.join(REAL, f"{name}.ready")) as f:
+        ready = f.read()
+    srv = Server("mlp", 2, max_requests=max_requests, tag=tag,
+                 metadata=os.path.join(REAL, f"{name}.json"))
+    srv.wait_ready(deadline_s=180, body=ready)
+    return srv
+
+
+def private_mb(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        t = f.read()
+    return sum(int(re.search(rf"^{k}:\s+(\d+)", t, re.M).group(1)) for k in ("Private_Clean", "Private_Dirty")) / 1024
+
+
+def measure_real(cfg):
+    """Real architectures (random weights) at the model's own speed: served ÷ the model's own
+    loop at c = 1, 4, 16 (2 workers x 1 torch thread; loop runs before and after, median);
+    PSS of the 2 workers and whether they were forked from the template; ResNet-50 with
+    `--max-requests 1` ÷ persistent (c = 4). Then the small MLP against its combined
+    ceiling: the HTTP floor (`http-floor`, bare hyper pre-forked on one socket, a fixed
+    answer) and the MLP's own loop, each a per-request cost, added."""
+    out = {}
+    secs = cfg["load_s"] + 1
+    for name, m in REAL_MODELS.items():
+        path, body, hl = real_request(name)
+        loops = [real_loop(name, secs)]
+        srv = real_server(name, f"real-{name}")
+        try:
+            for _ in range(2):
+                wrk(srv.port, body, 1, 1, path, hl)
+            served = {}
+            for c in REAL_CONCURRENCY:
+                served[c] = summarize([wrk(srv.port, body, c, secs + (2 if c == 16 else 0), path, hl)])
+            procs = memory(srv)
+            workers = [p for p in procs if p["role"].startswith("vf-worker")]
+            private = [private_mb(p["pid"]) for p in workers]
+            methods = [e["fields"].get("method") for e in read_log(srv.log_path)
+                       if e["fields"].get("event") == "worker_started"]
+        finally:
+            srv.stop()
+        loops.append(real_loop(name, secs))
+        loop = median(loops)
+        weights_mb = os.path.getsize(os.path.join(REAL, f"{name}.pt")) / 2**20
+        row = {
+            "label": m["label"], "loop_per_s": loop, "loop_runs": loops,
+            "served": {str(c): dict(r, ratio=r["rps"] / loop) for c, r in served.items()},
+            "workers_pss_mb": sum(p["pss_mb"] for p in workers),
+            "workers_private_mb": private, "weights_mb": weights_mb,
+            "pss_bound_mb": weights_mb + sum(private),
+            "forked": bool(methods) and all(x == "fork" for x in methods), "methods": methods,
+        }
+        out[name] = row
+        log(f"real {name}: loop {loop:.1f}/s; " + ", ".join(
+            f"c={c} {r['rps']:.1f} req/s ({r['ratio']:.2f})" for c, r in row["served"].items())
+            + f"; PSS of 2 workers {row['workers_pss_mb']:.0f} MB (weights {weights_mb:.0f} MB + "
+            f"private {sum(private):.0f} MB = {row['pss_bound_mb']:.0f}); started by {set(methods)}")
+    # --max-requests 1 vs persistent, ResNet-50, c=4, runs interleaved.
+    path, body, hl = real_request("resnet50")
+    runs = {"persistent": [], "max-requests 1": []}
+    for _ in range(cfg["reps"]):
+        for k, mr in (("persistent", 0), ("max-requests 1", 1)):
+            srv = real_server("resnet50", f"real-mr-{mr}", max_requests=mr)
+            try:
+                runs[k].append(wrk(srv.port, body, 4, secs, path, hl))
+            finally:
+                srv.stop()
+    mr = {k: summarize(v) for k, v in runs.items()}
+    mr["ratio"] = mr["max-requests 1"]["rps"] / mr["persistent"]["rps"]
+    out["resnet50_max_requests_1"] = mr
+    log(f"real resnet50 --max-requests 1: {mr['max-requests 1']['rps']:.1f} vs persistent "
+        f"{mr['persistent']['rps']:.1f} req/s ({mr['ratio']:.2f})")
+    out["small"] = measure_floor(cfg)
+    return out
+
+
+def measure_floor(cfg):
+    """Small MLP served vs its combined ceiling at c = 16 and 64 (2 workers / processes):
+    1 / (1 / HTTP floor + 1 / loop), the HTTP floor and the loop measured in the same run."""
+    body = MODELS["mlp"]["body"]
+    floor = {16: [], 64: []}
+    served = {16: [], 64: []}
+    loops = []
+    for _ in range(cfg["reps"]):
+        p = subprocess.Popen([os.path.join(BIN, "http-floor"), "2"], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        try:
+            port = json.loads(p.stdout.readline())["port"]
+            for c in floor:
+                floor[c].append(wrk(port, body, c, cfg["load_s"]))
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        srv = Server("mlp", 2, tag="floor-mlp")
+        try:
+            srv.wait_ready()
+            for c in served:
+                served[c].append(wrk(srv.port, body, c, cfg["load_s"]))
+        finally:
+            srv.stop()
+        loops.append(forward_limit("mlp", 2, 1, cfg["limit_s"])["per_s"])
+    loop = median(loops)
+    out = {"loop_per_s": loop}
+    for c in floor:
+        f, s_ = summarize(floor[c]), summarize(served[c])
+        ceiling = 1 / (1 / f["rps"] + 1 / loop)
+        out[str(c)] = {"floor_rps": f["rps"], "served_rps": s_["rps"], "ceiling_rps": ceiling,
+                       "ratio": s_["rps"] / ceiling,
+                       "us_per_request": {"floor": 1e6 / f["rps"], "loop": 1e6 / loop,
+                                          "served": 1e6 / s_["rps"]}}
+        log(f"floor c={c}: HTTP floor {f['rps']:.0f}, loop {loop:.0f}, ceiling {ceiling:.0f}, "
+            f"served {s_['rps']:.0f} req/s ({s_['rps'] / ceiling:.2f} of the ceiling)")
+    return out
+
+
+def real_markdown(r):
+    lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread; loop: 2 forward-loop "
+             "processes × 1 thread, median of a run before and one after)", "",
+             "| model | loop passes/s | c=1 | c=4 | c=16 | PSS of 2 workers (MB) | weights + 2 × private (MB) | workers forked from the template |",
+             "|---|---:|---|---|---|---:|---:|---|"]
+    for name in REAL_MODELS:
+        x = r[name]
+        cells = " | ".join(f"{x['served'][str(c)]['rps']:.1f} req/s (**{x['served'][str(c)]['ratio']:.2f}**)"
+                           for c in REAL_CONCURRENCY)
+        lines.append(f"| {x['label']} | {x['loop_per_s']:.1f} | {cells} | {x['workers_pss_mb']:.0f} | "
+                     f"{x['weights_mb']:.0f} + {sum(x['workers_private_mb']):.0f} = {x['pss_bound_mb']:.0f} | "
+                     f"{'yes' if x['forked'] else 'no (' + ', '.join(map(str, x['methods'])) + ')'} |")
+    m = r["resnet50_max_requests_1"]
+    lines += ["", f"ResNet-50, c=4: `--max-requests 1` {m['max-requests 1']['rps']:.1f} req/s against "
+                  f"{m['persistent']['rps']:.1f} persistent: **{m['ratio']:.2f}×**.", "",
+              "## Small MLP against its combined ceiling (HTTP floor and loop costs added)", "",
+              "| c | HTTP floor req/s (µs) | loop passes/s (µs) | ceiling req/s | served req/s (µs) | served ÷ ceiling |",
+              "|---|---|---|---:|---|---:|"]
+    sm = r["small"]
+    for c in ("16", "64"):
+        x = sm[c]
+        u = x["us_per_request"]
+        lines.append(f"| {c} | {x['floor_rps']:,.0f} ({u['floor']:.1f}) | {sm['loop_per_s']:,.0f} ({u['loop']:.1f}) | "
+                     f"{x['ceiling_rps']:,.0f} | {x['served_rps']:,.0f} ({u['served']:.1f}) | **{x['ratio']:.2f}** |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------- server
 
 
@@ -1293,7 +1467,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1324,6 +1498,7 @@ def main():
             "v2": (measure_v2, v2_markdown, "v2 encodings"),
             "warm": (measure_warm, warm_markdown, "Template warm-up"),
             "batching": (measure_batching, batching_markdown, "Dynamic batching"),
+            "real": (measure_real, real_markdown, "Real architectures"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
@@ -1346,6 +1521,7 @@ def main():
     res["v2"] = measure_v2(cfg)
     res["warm"] = measure_warm(cfg)
     res["batching"] = measure_batching(cfg)
+    res["real"] = measure_real(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0

@@ -7,6 +7,7 @@ mod control;
 mod cuda;
 mod elements;
 mod error;
+mod heap;
 mod hw;
 mod input;
 mod lifecycle;
@@ -27,6 +28,10 @@ use std::time::Duration;
 
 use vramfork::metadata::AppMetadata;
 use vramfork::protocol::{worker_exit, BootTimes, WorkerConfig, ENV_TEMPLATE};
+
+/// Request-sized buffers go back to the system when freed (`heap.rs`).
+#[global_allocator]
+static ALLOCATOR: heap::RequestMemory = heap::RequestMemory;
 
 fn main() {
     let process_ms = process::ms_since_exec();
@@ -56,7 +61,7 @@ pub fn boot(
 ) -> Result<i32, (i32, String)> {
     let config_err = |m: String| (worker_exit::CONFIG, m);
     vramfork::logging::init(cfg.log_json);
-    process::set_allocator_thresholds();
+    heap::configure();
     let span = tracing::info_span!(
         "worker",
         slot = cfg.slot,

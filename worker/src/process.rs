@@ -45,30 +45,6 @@ pub fn ms_since_exec() -> f64 {
     read().unwrap_or(0.0)
 }
 
-/// Allocations at least this large get their own mapping, returned to the system when freed
-/// (glibc's default raises this threshold up to 32 MB as large blocks are freed, after which
-/// a worker keeps every large request's memory).
-const MMAP_THRESHOLD: i32 = 4 << 20;
-/// Free memory at the top of a heap beyond this is returned to the system.
-const TRIM_THRESHOLD: i32 = 4 << 20;
-
-/// Fixes glibc's allocation thresholds (see above) so that the memory of large requests —
-/// bodies, input tensors, answers — goes back once they are answered.
-pub fn set_allocator_thresholds() {
-    // SAFETY: mallopt only changes glibc's allocation parameters.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
-    }
-}
-
-/// Hands memory freed by a large request back to the system (`malloc_trim`): glibc keeps
-/// freed heap memory for reuse otherwise, and a worker would stay at its peak.
-pub fn trim_memory() {
-    // SAFETY: malloc_trim has no preconditions; it only releases free memory.
-    unsafe { libc::malloc_trim(0) };
-}
-
 /// This process's thread count (`Threads:` in /proc/self/status).
 pub fn thread_count() -> Option<usize> {
     std::fs::read_to_string("/proc/self/status")

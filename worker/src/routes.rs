@@ -51,6 +51,8 @@ pub struct App {
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
     pub footprint: Option<vramfork::protocol::FootprintFigures>,
+    /// The body sizes seen, to hand memory back after an unusually large one.
+    pub body_sizes: crate::heap::BodySizes,
     pid: HeaderValue,
 }
 
@@ -74,6 +76,7 @@ impl App {
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
+            body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
         }
     }
@@ -343,8 +346,8 @@ pub async fn model_request<T: Send + 'static>(
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
     let out = run(app, input, encoding, arrived).await;
-    if size > TRIM_AFTER {
-        crate::process::trim_memory();
+    if app.body_sizes.unusual(size) {
+        crate::heap::trim();
     }
     Ok((out?, extra, last))
 }
@@ -362,10 +365,6 @@ fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
 /// Bodies larger than this are parsed on a blocking thread, so that the worker's event loop
 /// (heartbeats, other connections) never waits for a parse.
 const PARSE_INLINE_MAX: usize = 64 << 10;
-/// After a request whose body was larger than this, free memory scattered in the heaps is
-/// handed back to the system too (`process::trim_memory`; large blocks go back anyway, see
-/// `process::set_allocator_thresholds`).
-const TRIM_AFTER: usize = 1 << 20;
 
 /// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
 /// (counted from the request's arrival) and by the model becoming unusable; then for the

@@ -37,9 +37,11 @@ pub fn run(process_ms: f64) -> i32 {
     };
     vramfork::logging::init(cfg.log_json);
     process::set_process_name("vf-template");
-    // Intra-op threads are set by each worker after the fork: more than one may start
-    // libtorch's pool here, and a forked process must not have threads.
+    // One intra-op thread while loading and warming up; each worker sets its own count
+    // after the fork. With libtorch's default (one per core), loading a real model
+    // (ResNet-50, BERT) starts its thread pool, and a process with threads must not fork.
     process::set_interop_thread();
+    process::set_intra_threads(1);
     crate::runner::configure_executor();
     let start = Instant::now();
     let module = match crate::runner::load_cpu(&cfg.model_path) {
@@ -50,9 +52,7 @@ pub fn run(process_ms: f64) -> i32 {
         }
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
-    // The warm-up pass runs on this thread alone: one intra-op thread (each worker sets its
-    // own count after the fork), so no thread pool starts here.
-    process::set_intra_threads(1);
+    // The warm-up pass runs on this thread alone (one intra-op thread, set above).
     let warmup_ms = match crate::runner::warm_up(
         &module,
         metadata.inputs.as_deref(),

@@ -1,10 +1,13 @@
 //! `forward-loop`: the model's own forward-pass throughput, the ceiling that `scripts/bench`
 //! compares served throughput with. Same settings as a worker: torch intra-op threads as
 //! given (one inter-op thread), TorchScript's simple executor (profiling mode off), eval
-//! mode, `no_grad`, one tensor built from a flat `f32` buffer per pass (as a request would).
+//! mode, `no_grad`, each input tensor built from a flat buffer per pass (as a request would).
 //!
-//! Usage: `forward-loop MODEL SHAPE THREADS SECONDS` (SHAPE like `1,4`); prints one JSON
-//! line: passes, seconds, passes per second and per-pass latency percentiles (ms).
+//! Usage: `forward-loop MODEL SHAPE THREADS SECONDS`; SHAPE is one input's dimensions
+//! (`1,4`: float32), optionally with a dtype (`1,128:i64`), and several inputs are separated
+//! by `;` (`1,128:i64;1,128:i64` for a BERT encoder's `input_ids` and `attention_mask`).
+//! Prints one JSON line: passes, seconds, passes per second and per-pass latency
+//! percentiles (ms).
 
 use std::time::{Duration, Instant};
 
@@ -20,14 +23,26 @@ fn run() -> Result<(), String> {
     let [model, shape, threads, seconds] = args.as_slice() else {
         return Err("usage: forward-loop MODEL SHAPE THREADS SECONDS".into());
     };
-    let shape: Vec<i64> = shape
-        .split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<i64>()
-                .map_err(|e| format!("shape {s}: {e}"))
+    let inputs: Vec<(Vec<i64>, bool)> = shape
+        .split(';')
+        .map(|one| {
+            let (dims, dtype) = one.split_once(':').unwrap_or((one, "f32"));
+            let int = match dtype {
+                "f32" => false,
+                "i64" => true,
+                other => return Err(format!("dtype {other}: f32 or i64")),
+            };
+            let dims = dims
+                .split(',')
+                .map(|s| {
+                    s.trim()
+                        .parse::<i64>()
+                        .map_err(|e| format!("shape {s}: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((dims, int))
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, String>>()?;
     let threads: i32 = threads.parse().map_err(|e| format!("threads: {e}"))?;
     let seconds: f64 = seconds.parse().map_err(|e| format!("seconds: {e}"))?;
     if !(0.0..=600.0).contains(&seconds) {
@@ -40,12 +55,34 @@ fn run() -> Result<(), String> {
     let mut module = tch::CModule::load(model).map_err(|e| format!("load {model}: {e}"))?;
     module.f_set_eval().map_err(|e| e.to_string())?;
 
-    let n: i64 = shape.iter().product();
-    let data: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
+    // Values as a request would carry them: small floats, or token ids below 1000 (any
+    // vocabulary has those) and a mask of ones for the second integer input.
+    let data: Vec<(Vec<i64>, Vec<f32>, Vec<i64>)> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, (dims, _))| {
+            let n: i64 = dims.iter().product();
+            let f = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
+            let l = (0..n)
+                .map(|i| if k == 0 { (i * 37) % 1000 } else { 1 })
+                .collect();
+            (dims.clone(), f, l)
+        })
+        .collect();
     let pass = |module: &tch::CModule| -> Result<(), String> {
-        let x = tch::Tensor::from_slice(&data).reshape(shape.as_slice());
-        let out = tch::no_grad(|| module.forward_is(&[tch::IValue::Tensor(x)]))
-            .map_err(|e| e.to_string())?;
+        let args: Vec<tch::IValue> = data
+            .iter()
+            .zip(&inputs)
+            .map(|((dims, f, l), (_, int))| {
+                let t = if *int {
+                    tch::Tensor::from_slice(l)
+                } else {
+                    tch::Tensor::from_slice(f)
+                };
+                tch::IValue::Tensor(t.reshape(dims.as_slice()))
+            })
+            .collect();
+        let out = tch::no_grad(|| module.forward_is(&args)).map_err(|e| e.to_string())?;
         drop(out);
         Ok(())
     };
