@@ -52,6 +52,7 @@ def cnn():
                                   "input": {"shape": [-1, 3, 32, 32], "dtype": "float32"}}))
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     write("cnn.body", json.dumps({"inputs": x.tolist()}))
+    write("cnn.ready", json.dumps({"inputs": x.tolist()}))
 
 
 def resnet50():
@@ -100,6 +101,6 @@ def bert():
 
 
 for make, name in ((cnn, "cnn"), (resnet50, "resnet50"), (bert, "bert")):
-    if not os.path.exists(os.path.join(OUT, f"{name}.body")):
+    if not os.path.exists(os.path.join(OUT, f"{name}.ready")):
         make()
     print(f"{name}: {os.path.getsize(os.path.join(OUT, name + '.pt')) >> 20} MB")
