@@ -208,9 +208,9 @@ pub struct AppMetadata {
     pub name: String,
     /// The TorchScript file, resolved against the metadata file's folder.
     pub model: Option<PathBuf>,
-    /// MB the model needs at least on a GPU; 0 = no GPU use.
+    /// MB the model needs at least on a GPU; 0 = no minimum.
     pub est_gpu_mem_min: u64,
-    /// MB one worker typically uses on a GPU; sizes the pool.
+    /// MB one worker typically uses on a GPU; sizes the pool; 0 = the app uses no GPU.
     pub est_gpu_mem_typ: u64,
     /// The model's inputs, in `forward`'s argument order: the declared `inputs`, or the
     /// older `input` as one input named `input__0`; `None` when neither is declared (one
@@ -287,6 +287,11 @@ impl AppMetadata {
             }
             None => return Err(field("required field `name` is missing".into())),
         };
+        if let Some((typo, known)) = raw.keys().find_map(|k| near_miss(k).map(|n| (k, n))) {
+            return Err(field(format!(
+                "field `{typo}` is so close to `{known}` that it looks like a typo of it; rename it to `{known}` (as it is, vramfork would ignore it and use `{known}`'s default)"
+            )));
+        }
         for key in ["description", "version"] {
             if let Some(v) = raw.get(key) {
                 if !v.is_string() {
@@ -494,6 +499,64 @@ fn parse_profile_input(
         out.insert(name, shape);
     }
     Ok(out)
+}
+
+/// The fields vramfork reads from the metadata.
+const KNOWN_FIELDS: [&str; 11] = [
+    "name",
+    "description",
+    "version",
+    "model",
+    "est_gpu_mem_min",
+    "est_gpu_mem_typ",
+    "input",
+    "inputs",
+    "outputs",
+    "max_batch_size",
+    "profile_input",
+];
+/// Fields other apps' metadata carries on purpose that are close to one vramfork reads
+/// (CLAMS app metadata's `output`, its versions and licences).
+const FOREIGN_FIELDS: [&str; 9] = [
+    "output",
+    "app_version",
+    "mmif_version",
+    "analyzer_version",
+    "app_license",
+    "analyzer_license",
+    "identifier",
+    "parameters",
+    "dependencies",
+];
+
+/// The known field an unknown `key` is a likely typo of: at most one edit away (two for
+/// names of 8 letters or more), ignoring case. Unknown fields further away are kept as they
+/// are (CLAMS metadata carries many).
+fn near_miss(key: &str) -> Option<&'static str> {
+    if KNOWN_FIELDS.contains(&key) || FOREIGN_FIELDS.contains(&key) || key.len() < 5 {
+        return None;
+    }
+    let key = key.to_ascii_lowercase();
+    KNOWN_FIELDS.into_iter().find(|k| {
+        let limit = if k.len() >= 8 { 2 } else { 1 };
+        k.len() >= 5 && edit_distance(&key, k) <= limit
+    })
+}
+
+/// Levenshtein distance between two ASCII-ish strings (by chars).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 fn parse_input(v: &Value) -> Result<InputSpec, String> {
@@ -704,6 +767,28 @@ mod tests {
         assert!(m.model.is_none());
         assert!(m.inputs.is_none());
         assert!(m.outputs.is_none());
+    }
+
+    #[test]
+    fn a_near_miss_of_a_known_field_is_an_error_naming_it_and_clams_fields_are_kept() {
+        let e = parse(r#"{"name": "x", "est_gpu_mem_type": 4000}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`est_gpu_mem_type`") && e.contains("rename it to `est_gpu_mem_typ`"),
+            "{e}"
+        );
+        let e = parse(r#"{"name": "x", "Max_Batch_Sise": 4}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`max_batch_size`"), "{e}");
+        // CLAMS app metadata: `output`, versions, licences, parameters are not typos.
+        let m = parse(
+            r#"{"name": "x", "output": [], "app_version": "1", "mmif_version": "1", "parameters": [], "identifier": "x", "url": "u", "est_gpu_mem_maximum": 9}"#,
+        )
+        .unwrap();
+        assert!(m.raw.contains_key("output") && m.raw.contains_key("est_gpu_mem_maximum"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]

@@ -222,6 +222,37 @@ fn invalid_worker_overrides_exit_2_naming_the_source() {
     }
 }
 
+/// A near-miss of a known metadata field (`est_gpu_mem_type`) would be silently ignored and
+/// the app served on the CPU: it is refused before binding, naming the field it resembles.
+#[test]
+fn a_misspelt_metadata_field_exits_2_naming_the_field_it_resembles() {
+    let app = App::new("mlp.pt", r#""est_gpu_mem_type": 4000"#);
+    let mut s = Server::spawn(&app, &["--production"], &[]);
+    let st = s.wait_exit(PATIENCE);
+    assert_eq!(st.code(), Some(2), "{}", s.log_text());
+    let log = s.log_text();
+    assert!(
+        log.contains("`est_gpu_mem_type`") && log.contains("rename it to `est_gpu_mem_typ`"),
+        "{log}"
+    );
+    assert!(!log.contains("listening"), "bound before validating: {log}");
+}
+
+/// A model that is not TorchScript says how to make one; libtorch's own reason is kept.
+#[test]
+fn a_file_that_is_not_torchscript_says_how_to_export_one() {
+    let app = App::new("not-a-model.pt", "");
+    let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &[]);
+    let st = s.wait_exit(PATIENCE);
+    assert_eq!(st.code(), Some(3), "{}", s.log_text());
+    let log = s.log_text();
+    assert!(
+        log.contains("not a TorchScript archive (PytorchStreamReader failed")
+            && log.contains("torch.jit.trace or torch.jit.script"),
+        "{log}"
+    );
+}
+
 #[test]
 fn port_in_use_exits_2() {
     let app = mlp();
@@ -481,6 +512,13 @@ fn hup_reloads_under_load_and_keeps_old_workers_on_bad_input() {
     app.write_metadata("not-a-model.pt", r#""version": "3""#);
     s.signal(libc::SIGHUP);
     s.wait_event_after(mark, "reload_failed", |_| true);
+    // The reload ends by saying it went back, not that the new configuration runs.
+    let (_, done) = s.wait_event_after(mark, "reload_complete", |_| true);
+    assert_eq!(done.str("outcome"), Some("rolled_back"), "{done:?}");
+    assert!(
+        done.str("model").is_some_and(|m| m.ends_with("mlp.pt")),
+        "{done:?}"
+    );
     assert_eq!(s.wait_workers(2), second);
     let pids = assert_all_ok(&load(s.port, 2, 5));
     assert!(

@@ -20,7 +20,7 @@
 //! | `worker_placed` | warn | `slot`, `gpu`, `free_mb` | a slot beyond the plan got a GPU that now has room |
 //! | `plan_warning` | warn | | the plan has something to say (no GPU seen, an override beyond what fits…) |
 //! | `pool` | debug | `workers` (wanted), `ready`, `booting`, `retiring`, `in_flight` | any of these changed |
-//! | `reload_started`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused) | HUP |
+//! | `reload_started`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP |
 //! | `ttin`, `ttou` / `ttin_refused`, `ttou_refused` | info / warn | `workers` | TTIN, TTOU |
 //! | `stopping` | info | `how` (`graceful`, `quick`) | TERM, INT, QUIT |
 //!

@@ -53,6 +53,8 @@ pub struct Supervisor {
     fallback: Option<(Config, u64)>,
     /// A worker of the current configuration generation has been ready.
     gen_proven: bool,
+    /// The reload under way went back to the last configuration that served.
+    rolled_back: bool,
     listener: Option<TcpListener>,
     signals: Signals,
     workers: Vec<Live>,
@@ -121,6 +123,7 @@ impl Supervisor {
             reloading: false,
             fallback: None,
             gen_proven: false,
+            rolled_back: false,
             listener: Some(listener),
             signals,
             workers: Vec::new(),
@@ -379,6 +382,7 @@ impl Supervisor {
                     self.fallback = Some((old, self.cfg_gen));
                 }
                 self.reloading = true;
+                self.rolled_back = false;
                 self.notify.reloading(&self.reported);
                 self.cfg_gen += 1;
                 self.gen_proven = false;
@@ -565,6 +569,7 @@ impl Supervisor {
                 self.cfg = good;
                 self.cfg_gen += 1;
                 self.gen_proven = true;
+                self.rolled_back = true;
                 for l in &mut self.workers {
                     if l.state.cfg_gen == good_gen {
                         l.state.cfg_gen = self.cfg_gen;
@@ -712,10 +717,30 @@ impl Supervisor {
                 .iter()
                 .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
         {
-            tracing::info!(
-                event = "reload_complete",
-                "reload complete: every worker runs the new configuration"
-            );
+            let metadata = self.cfg.metadata.path.display().to_string();
+            let model = self
+                .cfg
+                .model_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            if self.rolled_back {
+                tracing::info!(
+                    event = "reload_complete",
+                    outcome = "rolled_back",
+                    metadata,
+                    model,
+                    "reload rolled back: every worker runs the last configuration that served ({metadata}, model {model})"
+                );
+            } else {
+                tracing::info!(
+                    event = "reload_complete",
+                    outcome = "reloaded",
+                    metadata,
+                    model,
+                    "reload complete: every worker runs the new configuration ({metadata}, model {model})"
+                );
+            }
             self.reloading = false;
             self.fallback = None;
             self.notify.reload_done();

@@ -83,21 +83,26 @@ pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<
     })
 }
 
-/// libtorch messages carry a C++ backtrace after the first line; keep the useful part.
+/// libtorch messages carry a C++ backtrace after the first line; keep the useful part. A
+/// first line that only introduces the message ("Internal torch error:") is joined with the
+/// line after it, where libtorch puts what went wrong ("Unknown builtin op: …").
 fn first_line(msg: &str) -> String {
-    let line = msg
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("unknown error");
+    let mut lines = msg.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("unknown error");
+    let line = match lines.next() {
+        Some(next) if first.ends_with(':') => format!("{first} {next}"),
+        _ => first.to_string(),
+    };
     if let Some(i) = line.find("PytorchStreamReader failed") {
         // "… failed reading zip archive: failed finding central directory. This is an
         // internal miniz error. If you are seeing this error, …": keep the first sentence.
         let detail = &line[i..];
         let detail = detail.split(". ").next().unwrap_or(detail);
-        format!("not a TorchScript archive ({detail})")
+        format!(
+            "not a TorchScript archive ({detail}); export the model with torch.jit.trace or torch.jit.script and save it with .save(path) (a state_dict, a pickled model or a torch.export file is not TorchScript)"
+        )
     } else {
-        line.to_string()
+        line
     }
 }
 
@@ -108,10 +113,16 @@ mod tests {
     #[test]
     fn load_errors_are_one_short_line() {
         let e = first_line("Internal torch error: PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal miniz error. If you are seeing this error, …\nException raised from x");
-        assert_eq!(
-            e,
-            "not a TorchScript archive (PytorchStreamReader failed reading zip archive: failed finding central directory)"
+        assert!(
+            e.starts_with("not a TorchScript archive (PytorchStreamReader failed reading zip archive: failed finding central directory); export the model with torch.jit.trace or torch.jit.script"),
+            "{e}"
         );
         assert_eq!(first_line("\n  boom\nframe #0"), "boom");
+        // libtorch 2.11's message for a model calling an operator whose library is not
+        // loaded: the cause is on the second line.
+        assert_eq!(
+            first_line("Internal torch error:\nUnknown builtin op: torchvision::nms.\nCould not find any similar ops to torchvision::nms. This op may not exist or may not be currently supported in TorchScript.\n:\n  File \"code/__torch__.py\", line 8"),
+            "Internal torch error: Unknown builtin op: torchvision::nms."
+        );
     }
 }
