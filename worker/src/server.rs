@@ -3,6 +3,9 @@
 //! A new connection is accepted only while no request is being worked on here (with
 //! batching: fewer than `max_batch_size`; see [`Counters::can_accept`]), so that an idle
 //! sibling sharing the listening socket takes it instead; connections still sending their request, or idle between requests, do not count.
+//! And while this worker has something in hand (a request, or a connection just taken whose
+//! request is on its way), it leaves a waiting connection to a sibling that the idle board
+//! (`vramfork::board`) shows free or taking, for at most [`DEFER_AT_MOST`].
 //! After each accept the loop lets the new connection read what it has before deciding on
 //! the next one. When connections have waited in the listen queue for a while
 //! (`state::QUEUED_FOR`), answers carry `Connection: close` (`Shared::must_close`), so that a
