@@ -159,6 +159,14 @@ impl Checker<'_> {
 }
 
 impl Config {
+    /// The model's path as text (empty when there is none), for messages and workers.
+    pub fn model_display(&self) -> String {
+        self.model_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
     /// Validates the parsed command line. `env` reads environment variables (the process
     /// environment in `app`, a map in tests); `args` are the raw arguments, used only to say
     /// whether a bad value came from a flag or a variable.

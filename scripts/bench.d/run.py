@@ -113,10 +113,8 @@ REAL_CONCURRENCY = [1, 4, 16]
 
 def real_loop(name, seconds):
     """The model's own loop: 2 forward-loop processes x 1 torch thread, passes/s summed."""
-    cmd = [os.path.join(BIN, "forward-loop"), os.path.join(REAL, f"{name}.pt"),
-           REAL_MODELS[name]["shape"], "1", str(seconds)]
-    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    return sum(json.loads(p.communicate(timeout=seconds + 120)[0])["per_s"] for p in ps)
+    return loops(os.path.join(REAL, f"{name}.pt"), REAL_MODELS[name]["shape"], 2, 1, seconds,
+                 slack=120)["per_s"]
 
 
 def real_request(name):
@@ -450,13 +448,19 @@ def summarize(runs):
 # ---------------------------------------------------------------- measurements
 
 
+def loops(model_path, shape, procs, threads, seconds, slack=60):
+    """`procs` concurrent forward-loop processes on `model_path` at `shape` (forward-loop's
+    SHAPE): passes/s summed and the median per-pass p50."""
+    cmd = [os.path.join(BIN, "forward-loop"), model_path, shape, str(threads), str(seconds)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    res = [json.loads(p.communicate(timeout=seconds + slack)[0]) for p in ps]
+    return {"per_s": sum(r["per_s"] for r in res), "pass_p50_ms": median([r["p50_ms"] for r in res])}
+
+
 def forward_limit(model, procs, threads, seconds):
     """Sum of forward passes/s of `procs` concurrent forward-loop processes."""
     m = MODELS[model]
-    cmd = [os.path.join(BIN, "forward-loop"), m["model"], m["shape"], str(threads), str(seconds)]
-    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
-    res = [json.loads(p.communicate(timeout=seconds + 60)[0]) for p in ps]
-    return {"per_s": sum(r["per_s"] for r in res), "pass_p50_ms": median([r["p50_ms"] for r in res])}
+    return loops(m["model"], m["shape"], procs, threads, seconds)
 
 
 def measure_limits(cfg, before=None):
@@ -807,12 +811,9 @@ def count_diff(before, after):
 def forward_limit_at(model_path, width, rows, procs, seconds):
     """`procs` concurrent forward-loop processes (1 torch thread each) at shape [rows, width]:
     passes/s summed, and rows/s = passes/s x rows."""
-    cmd = [os.path.join(BIN, "forward-loop"), model_path, f"{rows},{width}", "1", str(seconds)]
-    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
-    res = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in ps]
-    per_s = sum(r["per_s"] for r in res)
-    return {"rows": rows, "passes_per_s": per_s, "rows_per_s": per_s * rows,
-            "pass_p50_ms": median([r["p50_ms"] for r in res])}
+    r = loops(model_path, f"{rows},{width}", procs, 1, seconds, slack=120)
+    return {"rows": rows, "passes_per_s": r["per_s"], "rows_per_s": r["per_s"] * rows,
+            "pass_p50_ms": r["pass_p50_ms"]}
 
 
 def measure_batching(cfg):

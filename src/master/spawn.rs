@@ -59,11 +59,7 @@ pub fn worker_config(
         generation,
         metadata_json: cfg.metadata.to_json(),
         metadata_path: cfg.metadata.path.display().to_string(),
-        model_path: cfg
-            .model_path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
+        model_path: cfg.model_display(),
         device,
         gpu,
         max_requests,

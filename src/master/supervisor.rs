@@ -363,10 +363,7 @@ impl Supervisor {
                     event = "reload_started",
                     "HUP: reloading {} (model {}), replacing workers one at a time",
                     new.metadata.path.display(),
-                    new.model_path
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
+                    new.model_display()
                 );
                 let old = std::mem::replace(&mut self.cfg, new);
                 if self.reloading {
@@ -718,29 +715,25 @@ impl Supervisor {
                 .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
         {
             let metadata = self.cfg.metadata.path.display().to_string();
-            let model = self
-                .cfg
-                .model_path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default();
-            if self.rolled_back {
-                tracing::info!(
-                    event = "reload_complete",
-                    outcome = "rolled_back",
-                    metadata,
-                    model,
-                    "reload rolled back: every worker runs the last configuration that served ({metadata}, model {model})"
-                );
+            let model = self.cfg.model_display();
+            let (outcome, what) = if self.rolled_back {
+                (
+                    "rolled_back",
+                    "reload rolled back: every worker runs the last configuration that served",
+                )
             } else {
-                tracing::info!(
-                    event = "reload_complete",
-                    outcome = "reloaded",
-                    metadata,
-                    model,
-                    "reload complete: every worker runs the new configuration ({metadata}, model {model})"
-                );
-            }
+                (
+                    "reloaded",
+                    "reload complete: every worker runs the new configuration",
+                )
+            };
+            tracing::info!(
+                event = "reload_complete",
+                outcome,
+                metadata,
+                model,
+                "{what} ({metadata}, model {model})"
+            );
             self.reloading = false;
             self.fallback = None;
             self.notify.reload_done();

@@ -53,7 +53,6 @@ pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, grac
     let shared = app.shared.clone();
     let fd = listener.as_raw_fd();
     shared.set_listener(Some(fd));
-    shared.show_state();
     let mut rx = shared.subscribe();
     let (max, concurrency) = (shared.max_requests, shared.concurrency);
     // Since when this worker has been leaving waiting connections to a free sibling.
