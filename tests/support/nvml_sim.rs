@@ -13,8 +13,16 @@
 //!
 //! The mock re-reads the file on every NVML call, so `sim.write(..)` again changes what a
 //! running server sees (free memory for admission, per-process memory for hwFetch).
+//!
+//! Beyond free memory and processes, a [`SimGpu`] can carry what real drivers show: memory
+//! the driver reserves (`reserved_mb`), free memory that follows the processes
+//! (`free_follows_processes`), a PID namespace offset, a compute mode, MIG ([`SimMig`],
+//! [`SimMigInstance`]) and injected `nvmlReturn_t` errors per function (`error`); a
+//! [`SimGpus`] the CUDA driver version and machine-wide offsets and errors. The JSON fields
+//! are documented in `tests/nvml-mock/src/lib.rs`.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -25,6 +33,285 @@ use serde_json::{json, Value};
 pub const ENV_FILE: &str = "NVML_MOCK_FILE";
 /// Set it to use an already built mock library instead of building one.
 pub const ENV_LIB: &str = "NVML_MOCK_LIB";
+
+/// `nvmlReturn_t` codes for [`SimGpu::error`], [`SimGpus::error`] and
+/// [`SimMigInstance::error`].
+pub mod nvml_return {
+    pub const UNINITIALIZED: u32 = 1;
+    pub const INVALID_ARGUMENT: u32 = 2;
+    pub const NOT_SUPPORTED: u32 = 3;
+    pub const NO_PERMISSION: u32 = 4;
+    pub const NOT_FOUND: u32 = 6;
+    pub const INSUFFICIENT_SIZE: u32 = 7;
+    pub const DRIVER_NOT_LOADED: u32 = 9;
+    pub const TIMEOUT: u32 = 10;
+    pub const FUNCTION_NOT_FOUND: u32 = 13;
+    pub const GPU_IS_LOST: u32 = 15;
+    pub const UNKNOWN: u32 = 999;
+}
+
+/// `nvmlComputeMode_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimComputeMode {
+    Default,
+    ExclusiveThread,
+    Prohibited,
+    ExclusiveProcess,
+}
+
+impl SimComputeMode {
+    /// The mock's JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimComputeMode::Default => "default",
+            SimComputeMode::ExclusiveThread => "exclusive_thread",
+            SimComputeMode::Prohibited => "prohibited",
+            SimComputeMode::ExclusiveProcess => "exclusive_process",
+        }
+    }
+}
+
+/// One MIG device of a [`SimMig`] (MB = 2^20 bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimMigInstance {
+    pub name: String,
+    pub uuid: String,
+    pub total_mb: u64,
+    /// `None`: total − reserved.
+    pub free_mb: Option<u64>,
+    pub reserved_mb: u64,
+    /// `None`: total − reserved − free (or 0 with `free_follows_processes`).
+    pub used_mb: Option<u64>,
+    pub free_follows_processes: bool,
+    /// (pid, MB used; `None` = "not available")
+    pub processes: Vec<(u32, Option<u64>)>,
+    /// MB every process with `CUDA_VISIBLE_DEVICES` = this instance's UUID is reported to use.
+    pub workers_use_mb: Option<u64>,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// `None`: the GPU's.
+    pub compute_mode: Option<SimComputeMode>,
+    /// Injected answers for calls on this instance's handle: function → `nvmlReturn_t`.
+    pub errors: BTreeMap<String, u32>,
+}
+
+impl SimMigInstance {
+    /// An idle MIG device.
+    pub fn new(
+        name: &str,
+        uuid: &str,
+        total_mb: u64,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> SimMigInstance {
+        SimMigInstance {
+            name: name.to_string(),
+            uuid: uuid.to_string(),
+            total_mb,
+            free_mb: None,
+            reserved_mb: 0,
+            used_mb: None,
+            free_follows_processes: false,
+            processes: Vec::new(),
+            workers_use_mb: None,
+            gpu_instance_id,
+            compute_instance_id,
+            compute_mode: None,
+            errors: BTreeMap::new(),
+        }
+    }
+    /// An A100-40GB `1g.5gb` slice (4864 MB, as `nvidia-smi` shows it).
+    pub fn a100_1g_5gb(uuid: &str, gpu_instance_id: u32) -> SimMigInstance {
+        SimMigInstance::new(
+            "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
+            uuid,
+            4_864,
+            gpu_instance_id,
+            0,
+        )
+    }
+    /// An A100-40GB `3g.20gb` slice (19968 MB).
+    pub fn a100_3g_20gb(uuid: &str, gpu_instance_id: u32) -> SimMigInstance {
+        SimMigInstance::new(
+            "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+            uuid,
+            19_968,
+            gpu_instance_id,
+            0,
+        )
+    }
+    pub fn free_mb(mut self, mb: u64) -> SimMigInstance {
+        self.free_mb = Some(mb);
+        self
+    }
+    pub fn reserved_mb(mut self, mb: u64) -> SimMigInstance {
+        self.reserved_mb = mb;
+        self
+    }
+    pub fn used_mb(mut self, mb: u64) -> SimMigInstance {
+        self.used_mb = Some(mb);
+        self
+    }
+    pub fn free_follows_processes(mut self) -> SimMigInstance {
+        self.free_follows_processes = true;
+        self
+    }
+    pub fn process(mut self, pid: u32, used_mb: u64) -> SimMigInstance {
+        self.processes.push((pid, Some(used_mb)));
+        self
+    }
+    pub fn process_unavailable(mut self, pid: u32) -> SimMigInstance {
+        self.processes.push((pid, None));
+        self
+    }
+    pub fn workers_use(mut self, mb: u64) -> SimMigInstance {
+        self.workers_use_mb = Some(mb);
+        self
+    }
+    pub fn compute_mode(mut self, mode: SimComputeMode) -> SimMigInstance {
+        self.compute_mode = Some(mode);
+        self
+    }
+    /// `function` (e.g. `"nvmlDeviceGetMemoryInfo_v2"`) answers `code` on this instance.
+    pub fn error(mut self, function: &str, code: u32) -> SimMigInstance {
+        self.errors.insert(function.to_string(), code);
+        self
+    }
+
+    fn to_json(&self) -> Value {
+        let mut v = json!({
+            "name": self.name,
+            "uuid": self.uuid,
+            "total_mb": self.total_mb,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+            "processes": processes_json(&self.processes),
+        });
+        memory_json(
+            &mut v,
+            self.free_mb,
+            self.reserved_mb,
+            self.used_mb,
+            self.free_follows_processes,
+        );
+        if let Some(mb) = self.workers_use_mb {
+            v["visible_process_used_mb"] = json!(mb);
+        }
+        if let Some(m) = self.compute_mode {
+            v["compute_mode"] = json!(m.as_str());
+        }
+        if !self.errors.is_empty() {
+            v["errors"] = json!(self.errors);
+        }
+        v
+    }
+}
+
+/// The MIG side of a [`SimGpu`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimMig {
+    /// MIG mode now (`nvmlDeviceGetMigMode` current).
+    pub current: bool,
+    /// MIG mode after the next reset.
+    pub pending: bool,
+    /// `nvmlDeviceGetMaxMigDeviceCount` while enabled (7 on A100/H100).
+    pub max_instances: u32,
+    /// False: the parent's aggregate memory/process queries answer `NO_PERMISSION`.
+    pub privileged: bool,
+    /// In index order; `None` is an empty slot (`NOT_FOUND`).
+    pub instances: Vec<Option<SimMigInstance>>,
+}
+
+impl SimMig {
+    /// MIG enabled (now and pending), 7 slots, none used yet.
+    pub fn enabled() -> SimMig {
+        SimMig {
+            current: true,
+            pending: true,
+            max_instances: 7,
+            privileged: true,
+            instances: Vec::new(),
+        }
+    }
+    /// MIG-capable but disabled (now and pending).
+    pub fn disabled() -> SimMig {
+        SimMig {
+            current: false,
+            pending: false,
+            ..SimMig::enabled()
+        }
+    }
+    pub fn pending(mut self, on: bool) -> SimMig {
+        self.pending = on;
+        self
+    }
+    pub fn max_instances(mut self, n: u32) -> SimMig {
+        self.max_instances = n;
+        self
+    }
+    /// The caller lacks the privileges for the parent's aggregate queries.
+    pub fn unprivileged(mut self) -> SimMig {
+        self.privileged = false;
+        self
+    }
+    /// The next slot holds `instance`.
+    pub fn instance(mut self, instance: SimMigInstance) -> SimMig {
+        self.instances.push(Some(instance));
+        self
+    }
+    /// The next slot is empty.
+    pub fn empty_slot(mut self) -> SimMig {
+        self.instances.push(None);
+        self
+    }
+
+    fn to_json(&self) -> Value {
+        let instances: Vec<Value> = self
+            .instances
+            .iter()
+            .map(|i| i.as_ref().map_or(Value::Null, SimMigInstance::to_json))
+            .collect();
+        json!({
+            "current": self.current,
+            "pending": self.pending,
+            "max_instances": self.max_instances,
+            "privileged": self.privileged,
+            "instances": instances,
+        })
+    }
+}
+
+fn processes_json(processes: &[(u32, Option<u64>)]) -> Vec<Value> {
+    processes
+        .iter()
+        .map(|(pid, mb)| match mb {
+            Some(mb) => json!({"pid": pid, "used_mb": mb}),
+            None => json!({"pid": pid}),
+        })
+        .collect()
+}
+
+/// The optional memory keys, written only when they differ from the mock's defaults.
+fn memory_json(
+    v: &mut Value,
+    free_mb: Option<u64>,
+    reserved_mb: u64,
+    used_mb: Option<u64>,
+    follows: bool,
+) {
+    if let Some(mb) = free_mb {
+        v["free_mb"] = json!(mb);
+    }
+    if reserved_mb > 0 {
+        v["reserved_mb"] = json!(reserved_mb);
+    }
+    if let Some(mb) = used_mb {
+        v["used_mb"] = json!(mb);
+    }
+    if follows {
+        v["free_follows_processes"] = json!(true);
+    }
+}
 
 /// One simulated GPU (MB = 2^20 bytes).
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +328,23 @@ pub struct SimGpu {
     /// MB every process placed on this GPU (`CUDA_VISIBLE_DEVICES` = its UUID) is reported
     /// to use: what a test scripts as the workers' real footprint.
     pub workers_use_mb: Option<u64>,
+    /// MB the driver reserves (`nvmlMemory_v2_t.reserved`; v1 counts it as used).
+    pub reserved_mb: u64,
+    /// The v2 `used` (`None`: total − reserved − free); with `free_follows_processes`, the
+    /// base use besides the processes (`None`: 0).
+    pub used_mb: Option<u64>,
+    /// Free = total − reserved − used − Σ(process memory), `free_mb` ignored.
+    pub free_follows_processes: bool,
+    /// Processes found through `workers_use` are reported under pid + this (`None`: the
+    /// machine's [`SimGpus::pid_namespace_offset`]).
+    pub pid_namespace_offset: Option<u32>,
+    /// `None`: default.
+    pub compute_mode: Option<SimComputeMode>,
+    /// MIG-capable with MIG disabled, when `mig` is `None`.
+    pub mig_capable: bool,
+    pub mig: Option<SimMig>,
+    /// Injected answers for calls on this GPU's handle: function → `nvmlReturn_t`.
+    pub errors: BTreeMap<String, u32>,
 }
 
 impl SimGpu {
@@ -54,6 +358,14 @@ impl SimGpu {
             processes: Vec::new(),
             lost: false,
             workers_use_mb: None,
+            reserved_mb: 0,
+            used_mb: None,
+            free_follows_processes: false,
+            pid_namespace_offset: None,
+            compute_mode: None,
+            mig_capable: false,
+            mig: None,
+            errors: BTreeMap::new(),
         }
     }
     pub fn a100_40gb() -> SimGpu {
@@ -94,6 +406,45 @@ impl SimGpu {
         self.lost = true;
         self
     }
+    /// The driver reserves `mb` (reported in `nvmlMemory_v2_t.reserved`).
+    pub fn reserved_mb(mut self, mb: u64) -> SimGpu {
+        self.reserved_mb = mb;
+        self
+    }
+    /// The v2 `used`; with [`SimGpu::free_follows_processes`], the base use.
+    pub fn used_mb(mut self, mb: u64) -> SimGpu {
+        self.used_mb = Some(mb);
+        self
+    }
+    /// Free memory falls as the reported processes (scripted and `workers_use`) use memory.
+    pub fn free_follows_processes(mut self) -> SimGpu {
+        self.free_follows_processes = true;
+        self
+    }
+    /// NVML reports this GPU's `workers_use` processes under pid + `offset` (a container
+    /// without the host PID namespace).
+    pub fn pid_namespace_offset(mut self, offset: u32) -> SimGpu {
+        self.pid_namespace_offset = Some(offset);
+        self
+    }
+    pub fn compute_mode(mut self, mode: SimComputeMode) -> SimGpu {
+        self.compute_mode = Some(mode);
+        self
+    }
+    /// MIG-capable, MIG disabled (without a [`SimMig`]).
+    pub fn mig_capable(mut self) -> SimGpu {
+        self.mig_capable = true;
+        self
+    }
+    pub fn mig(mut self, mig: SimMig) -> SimGpu {
+        self.mig = Some(mig);
+        self
+    }
+    /// `function` (e.g. `"nvmlDeviceGetComputeMode"`) answers `code` on this GPU's handle.
+    pub fn error(mut self, function: &str, code: u32) -> SimGpu {
+        self.errors.insert(function.to_string(), code);
+        self
+    }
 }
 
 /// The whole simulated machine.
@@ -103,6 +454,14 @@ pub struct SimGpus {
     pub gpus: Vec<SimGpu>,
     /// Make `nvmlInit` fail with this `nvmlReturn_t` (e.g. 9 = driver not loaded).
     pub init_error: Option<u32>,
+    /// `nvmlSystemGetCudaDriverVersion` (1000 × major + 10 × minor; `None`: the mock's
+    /// 13000).
+    pub cuda_driver_version: Option<i32>,
+    /// Processes found through `workers_use` are reported under pid + this on every GPU
+    /// that sets none itself.
+    pub pid_namespace_offset: Option<u32>,
+    /// Injected answers on every device and system call: function → `nvmlReturn_t`.
+    pub errors: BTreeMap<String, u32>,
 }
 
 impl SimGpus {
@@ -111,7 +470,33 @@ impl SimGpus {
             driver: "550.54.15".into(),
             gpus,
             init_error: None,
+            cuda_driver_version: None,
+            pid_namespace_offset: None,
+            errors: BTreeMap::new(),
         }
+    }
+
+    pub fn driver(mut self, version: &str) -> SimGpus {
+        self.driver = version.to_string();
+        self
+    }
+    /// E.g. 12040 for CUDA 12.4.
+    pub fn cuda_driver_version(mut self, version: i32) -> SimGpus {
+        self.cuda_driver_version = Some(version);
+        self
+    }
+    pub fn pid_namespace_offset(mut self, offset: u32) -> SimGpus {
+        self.pid_namespace_offset = Some(offset);
+        self
+    }
+    /// `function` answers `code` everywhere (every device and the system calls).
+    pub fn error(mut self, function: &str, code: u32) -> SimGpus {
+        self.errors.insert(function.to_string(), code);
+        self
+    }
+    pub fn init_error(mut self, code: u32) -> SimGpus {
+        self.init_error = Some(code);
+        self
     }
 
     /// `n` copies of one GPU, with distinct UUIDs.
@@ -133,14 +518,7 @@ impl SimGpus {
             .iter()
             .enumerate()
             .map(|(i, g)| {
-                let procs: Vec<Value> = g
-                    .processes
-                    .iter()
-                    .map(|(pid, mb)| match mb {
-                        Some(mb) => json!({"pid": pid, "used_mb": mb}),
-                        None => json!({"pid": pid}),
-                    })
-                    .collect();
+                let procs = processes_json(&g.processes);
                 let mut gpu = json!({
                     "name": g.name,
                     "uuid": self.uuid_of(i),
@@ -152,12 +530,44 @@ impl SimGpus {
                 if let Some(mb) = g.workers_use_mb {
                     gpu["visible_process_used_mb"] = json!(mb);
                 }
+                // `free_mb` is always written (as before); the rest only when set.
+                memory_json(
+                    &mut gpu,
+                    None,
+                    g.reserved_mb,
+                    g.used_mb,
+                    g.free_follows_processes,
+                );
+                if let Some(n) = g.pid_namespace_offset {
+                    gpu["pid_namespace_offset"] = json!(n);
+                }
+                if let Some(m) = g.compute_mode {
+                    gpu["compute_mode"] = json!(m.as_str());
+                }
+                if g.mig_capable {
+                    gpu["mig_capable"] = json!(true);
+                }
+                if let Some(mig) = &g.mig {
+                    gpu["mig"] = mig.to_json();
+                }
+                if !g.errors.is_empty() {
+                    gpu["errors"] = json!(g.errors);
+                }
                 gpu
             })
             .collect();
         let mut doc = json!({"driver": self.driver, "gpus": gpus});
         if let Some(code) = self.init_error {
             doc["init_error"] = json!(code);
+        }
+        if let Some(v) = self.cuda_driver_version {
+            doc["cuda_driver_version"] = json!(v);
+        }
+        if let Some(n) = self.pid_namespace_offset {
+            doc["pid_namespace_offset"] = json!(n);
+        }
+        if !self.errors.is_empty() {
+            doc["errors"] = json!(self.errors);
         }
         doc
     }

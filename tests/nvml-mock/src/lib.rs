@@ -6,28 +6,133 @@
 //! call, so a test can change free memory or processes while a server runs:
 //!
 //! ```json
-//! {"driver": "550.54.15",
+//! {"driver": "550.54.15", "cuda_driver_version": 12040,
 //!  "gpus": [{"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-…", "total_mb": 40960,
-//!            "free_mb": 40000, "processes": [{"pid": 123, "used_mb": 500}]}]}
+//!            "free_mb": 40000, "reserved_mb": 512, "compute_mode": "default",
+//!            "processes": [{"pid": 123, "used_mb": 500}],
+//!            "errors": {"nvmlDeviceGetComputeMode": 3}}]}
 //! ```
 //!
-//! Per GPU: `name`, `uuid` (default `GPU-mock-<index>`), `total_mb` or `total_bytes`,
-//! `free_mb` or `free_bytes` (default: total), `used_mb`/`used_bytes` (default: total −
-//! free), `processes` (`pid`, `used_mb` or `used_bytes`; omit both for "not available"),
-//! and `"lost": true` to make every call on that GPU fail with `GPU_IS_LOST`. Top level
-//! `"init_error": <nvmlReturn_t>` makes `nvmlInit` fail with that code.
+//! Sizes: every `X_mb` key may be given as `X_bytes` instead (bytes win); MB = 2^20 bytes.
+//!
+//! # Top level
+//!
+//! - `driver` (string, default `"550.00"`): `nvmlSystemGetDriverVersion`.
+//! - `cuda_driver_version` (int, CUDA's encoding 1000 × major + 10 × minor, default 13000):
+//!   `nvmlSystemGetCudaDriverVersion(_v2)`. `nvmlSystemGetNVMLVersion` follows it as real
+//!   NVML does: `"<CUDA major>.<driver>"`, e.g. `"12.550.54.15"`.
+//! - `init_error` (`nvmlReturn_t`): `nvmlInit*` fails with that code.
+//! - `pid_namespace_offset` (int, default 0): see `visible_process_used_mb` below.
+//! - `errors` (object, function name → `nvmlReturn_t`): that exported function answers the
+//!   code instead of doing its work, for every device and for the system-wide calls
+//!   (`nvmlSystemGet*`, `nvmlDeviceGetCount*`, `nvmlInit*`; not `nvmlShutdown` or
+//!   `nvmlErrorString`). Names are exact: `nvmlDeviceGetMemoryInfo` (v1) and
+//!   `nvmlDeviceGetMemoryInfo_v2` are different functions; `nvml-wrapper` 0.12 calls
+//!   `nvmlDeviceGetCount_v2`, `nvmlDeviceGetHandleByIndex_v2`,
+//!   `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetComputeRunningProcesses_v3` and
+//!   `nvmlSystemGetCudaDriverVersion_v2`.
+//! - `gpus` (array): the GPUs, in index order.
+//!
+//! # Per GPU
+//!
+//! - `name` (default `"NVIDIA Mock GPU"`), `uuid` (default `GPU-mock-<index>`).
+//! - `total_mb` (required).
+//! - `reserved_mb` (default 0): memory the driver and firmware set aside. As on recent real
+//!   drivers, `nvmlMemory_v2_t` reports total = free + used + reserved, while v1
+//!   (`nvmlDeviceGetMemoryInfo`) counts the reserved memory as used (used = total − free).
+//! - `free_mb` (default: total − reserved; at most total − reserved).
+//! - `used_mb` (default: total − reserved − free): the v2 `used`; v1 reports used +
+//!   reserved. With `free_follows_processes` it is the base use of things other than the
+//!   listed processes (default 0).
+//! - `free_follows_processes` (bool, default false): free memory falls as processes use
+//!   memory: used = `used_mb` + Σ(the `used` of every process this device reports,
+//!   including those found through `visible_process_used_mb`; "not available" ones count
+//!   0), free = total − reserved − used (saturating at 0). `free_mb` is then ignored.
+//! - `processes` (array of `{"pid", "used_mb"}`; omit the size for "not available"): the
+//!   compute processes reported as they are (no PID offset applied).
+//! - `visible_process_used_mb`: every process of this machine whose `CUDA_VISIBLE_DEVICES`
+//!   is exactly this GPU's UUID (found in `/proc`) is reported as a compute process using
+//!   that much, under its pid + `pid_namespace_offset` (as NVML reports host PIDs to a
+//!   container that lacks the host PID namespace, where the caller's own pid is then
+//!   never found).
+//! - `pid_namespace_offset`: overrides the top-level one for this GPU and its MIG instances.
+//! - `compute_mode`: `"default"` | `"exclusive_thread"` | `"prohibited"` |
+//!   `"exclusive_process"` (or the integer `nvmlComputeMode_t` 0–3; default `"default"`):
+//!   `nvmlDeviceGetComputeMode`.
+//! - `lost` (bool): every call on this GPU (and on its MIG instances) fails with
+//!   `GPU_IS_LOST`.
+//! - `errors`: as the top-level one, for calls on this GPU's handle (and
+//!   `nvmlDeviceGetHandleByIndex(_v2)` for its index); not for its MIG instances.
+//! - `mig_capable` (bool, default false; implied by `mig`): a MIG-capable GPU with MIG
+//!   disabled, when there is no `mig` key.
+//! - `mig` (object): the GPU supports MIG:
+//!   - `current`, `pending` (bool, default true and `current`): `nvmlDeviceGetMigMode`
+//!     (`NVML_DEVICE_MIG_ENABLE` = 1 / `DISABLE` = 0).
+//!   - `max_instances` (int, default 7 as on A100/H100, at least the length of
+//!     `instances`): `nvmlDeviceGetMaxMigDeviceCount` while MIG is enabled.
+//!   - `privileged` (bool, default true): false makes the parent's aggregate queries
+//!     (`nvmlDeviceGetMemoryInfo(_v2)`, `nvmlDeviceGetComputeRunningProcesses*`) fail
+//!     with `NO_PERMISSION` while MIG is enabled, as real NVML does for a caller without
+//!     the privileges nvml.h asks for ("In MIG mode, if device handle is provided, the API
+//!     returns aggregate information, only if the caller has appropriate privileges").
+//!   - `instances` (array): the MIG devices, in index order; `null` is an empty slot.
+//!     Each takes `name` (default `"<GPU name> MIG"`), `uuid` (default
+//!     `MIG-mock-<gpu>-<index>`), `total_mb` (required), `reserved_mb`, `free_mb`,
+//!     `used_mb`, `free_follows_processes`, `processes`, `visible_process_used_mb`
+//!     (matched against the instance's UUID), `pid_namespace_offset`, `compute_mode`
+//!     (default: the GPU's), `errors` (for calls on this instance's handle), with the GPU's
+//!     meanings, and `gpu_instance_id` (default index + 1) and `compute_instance_id`
+//!     (default 0), which its processes carry too.
+//!
+//! # MIG behaviour
+//!
+//! `nvmlDeviceGetCount`/`nvmlDeviceGetHandleByIndex` list physical GPUs only (as real
+//! NVML). A MIG device's handle comes from `nvmlDeviceGetMigDeviceHandleByIndex` and is
+//! distinct from every GPU handle: GPU `g` is `g + 1`, its instance `i` is
+//! `(g + 1) | ((i + 1) << 16)`. On a MIG-enabled GPU:
+//!
+//! - `nvmlDeviceGetMaxMigDeviceCount` answers `max_instances`; on a GPU without MIG or with
+//!   MIG disabled, and on a MIG handle, it answers 0 (nvml.h: "Returns zero if MIG is not
+//!   supported or enabled").
+//! - `nvmlDeviceGetMigDeviceHandleByIndex`: an instance, `NOT_FOUND` for an empty slot
+//!   below `max_instances`, `INVALID_ARGUMENT` at or past it or on a MIG handle,
+//!   `NOT_SUPPORTED` when MIG is not enabled.
+//! - `nvmlDeviceGetMigMode`: `NOT_SUPPORTED` on a GPU that is not MIG-capable and on a MIG
+//!   handle.
+//! - The parent's memory info reports the whole GPU (its own fields), and its compute
+//!   processes are the aggregate, as nvml.h documents: its own `processes` (without
+//!   instance IDs) then those of every instance (with their instance IDs). With
+//!   `free_follows_processes` on the parent, that aggregate is what is summed.
+//! - A MIG handle answers name, UUID, memory info (v1, v2), compute processes (with
+//!   `gpuInstanceId`/`computeInstanceId` set), compute mode, `nvmlDeviceGetGpuInstanceId`,
+//!   `nvmlDeviceGetComputeInstanceId`, `nvmlDeviceIsMigDeviceHandle` (1) and
+//!   `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`; `nvmlDeviceGetIndex` on it is
+//!   `NOT_SUPPORTED`. On a GPU handle the two instance-ID queries are `NOT_SUPPORTED` and
+//!   `nvmlDeviceGetDeviceHandleFromMigDeviceHandle` is `INVALID_ARGUMENT`.
+//! - With MIG disabled (`current` false), the instances are not there.
+//!
+//! Order of checks on a device call: not initialised → `UNINITIALIZED`; unknown handle →
+//! `INVALID_ARGUMENT`; lost GPU → `GPU_IS_LOST`; the device's own `errors`, then the
+//! top-level ones; then the call's work.
 //!
 //! Without the variable, or with a file that cannot be read or parsed, `nvmlInit_v2` fails
-//! with `NVML_ERROR_DRIVER_NOT_LOADED` and says why on stderr. MB = 2^20 bytes.
+//! with `NVML_ERROR_DRIVER_NOT_LOADED` and says why on stderr (a file that turns bad after
+//! init makes calls answer `UNKNOWN`).
 //!
 //! Implemented: `nvmlInit_v2`, `nvmlInit`, `nvmlInitWithFlags`, `nvmlShutdown`,
 //! `nvmlErrorString`, `nvmlSystemGetDriverVersion`, `nvmlSystemGetNVMLVersion`,
-//! `nvmlDeviceGetCount(_v2)`, `nvmlDeviceGetHandleByIndex(_v2)`, `nvmlDeviceGetIndex`,
-//! `nvmlDeviceGetName`, `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo(_v2)`,
-//! `nvmlDeviceGetComputeRunningProcesses(_v2, _v3)`. `nvml-wrapper` resolves every other
-//! symbol as a missing one and fails only if it is called.
+//! `nvmlSystemGetCudaDriverVersion(_v2)`, `nvmlDeviceGetCount(_v2)`,
+//! `nvmlDeviceGetHandleByIndex(_v2)`, `nvmlDeviceGetIndex`, `nvmlDeviceGetName`,
+//! `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo(_v2)`,
+//! `nvmlDeviceGetComputeRunningProcesses(_v2, _v3)`, `nvmlDeviceGetComputeMode`,
+//! `nvmlDeviceGetMigMode`, `nvmlDeviceGetMaxMigDeviceCount`,
+//! `nvmlDeviceGetMigDeviceHandleByIndex`, `nvmlDeviceIsMigDeviceHandle`,
+//! `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`, `nvmlDeviceGetGpuInstanceId`,
+//! `nvmlDeviceGetComputeInstanceId`. `nvml-wrapper` resolves every other symbol as a missing
+//! one and fails only if it is called.
 
-use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::Value;
@@ -36,6 +141,9 @@ type Ret = c_uint;
 const SUCCESS: Ret = 0;
 const UNINITIALIZED: Ret = 1;
 const INVALID_ARGUMENT: Ret = 2;
+const NOT_SUPPORTED: Ret = 3;
+const NO_PERMISSION: Ret = 4;
+const NOT_FOUND: Ret = 6;
 const INSUFFICIENT_SIZE: Ret = 7;
 const DRIVER_NOT_LOADED: Ret = 9;
 const GPU_IS_LOST: Ret = 15;
@@ -47,12 +155,28 @@ const MB: u64 = 1 << 20;
 const NOT_AVAILABLE: u64 = u64::MAX;
 /// NVML's "no MIG instance" marker in process records.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+/// `NVML_DEVICE_MIG_ENABLE` / `NVML_DEVICE_MIG_DISABLE`.
+const MIG_ENABLE: c_uint = 1;
+const MIG_DISABLE: c_uint = 0;
+/// MIG devices per GPU unless `max_instances` says otherwise (A100, H100).
+const DEFAULT_MAX_MIG: u32 = 7;
+/// `cuda_driver_version` unless the file says otherwise (CUDA 13.0).
+const DEFAULT_CUDA: c_int = 13_000;
 
 /// Successful `nvmlInit` calls not yet matched by `nvmlShutdown` (NVML counts references).
 static INITS: AtomicU32 = AtomicU32::new(0);
 
-/// An opaque device handle: the index + 1, so that null stays invalid.
+/// An opaque device handle: `(gpu index + 1) | ((MIG index + 1) << 16)`, MIG part 0 for a
+/// physical GPU, so that null stays invalid and every handle is distinct.
 type Handle = *mut c_void;
+
+fn gpu_handle(gpu: usize) -> Handle {
+    (gpu + 1) as Handle
+}
+
+fn mig_handle(gpu: usize, instance: usize) -> Handle {
+    ((gpu + 1) | ((instance + 1) << 16)) as Handle
+}
 
 #[repr(C)]
 pub struct Memory {
@@ -89,21 +213,153 @@ pub struct ProcessV2 {
 /// `NVML_STRUCT_VERSION(Memory, 2)`.
 const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<MemoryV2>() as c_uint) | (2 << 24);
 
-struct Gpu {
-    name: String,
-    uuid: String,
+/// Injected answers: exported function name → `nvmlReturn_t`.
+type Errors = HashMap<String, Ret>;
+
+/// One compute process as reported.
+#[derive(Clone, Copy)]
+struct Proc {
+    pid: u32,
+    /// Bytes, or `NOT_AVAILABLE`.
+    used: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+/// A device's memory as the file describes it.
+struct MemSpec {
     total: u64,
+    reserved: u64,
+    free: Option<u64>,
+    used: Option<u64>,
+    follows_processes: bool,
+}
+
+/// What the v2 query reports (v1: the same total and free, used + reserved).
+struct Mem {
+    total: u64,
+    reserved: u64,
     free: u64,
     used: u64,
+}
+
+impl MemSpec {
+    fn report(&self, procs: &[Proc]) -> Mem {
+        let total = self.total;
+        let reserved = self.reserved.min(total);
+        let usable = total - reserved;
+        if self.follows_processes {
+            let sum = procs
+                .iter()
+                .filter(|p| p.used != NOT_AVAILABLE)
+                .fold(0u64, |a, p| a.saturating_add(p.used));
+            let used = self.used.unwrap_or(0).saturating_add(sum);
+            Mem {
+                total,
+                reserved,
+                free: usable.saturating_sub(used),
+                used,
+            }
+        } else {
+            let free = self.free.unwrap_or(usable).min(usable);
+            Mem {
+                total,
+                reserved,
+                free,
+                used: self.used.unwrap_or(usable - free),
+            }
+        }
+    }
+}
+
+/// What a GPU and a MIG instance have in common.
+struct Node {
+    name: String,
+    uuid: String,
+    mem: MemSpec,
+    compute_mode: c_uint,
+    processes: Vec<Proc>,
+    errors: Errors,
+}
+
+struct Instance {
+    node: Node,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+struct Mig {
+    current: bool,
+    pending: bool,
+    max: u32,
+    privileged: bool,
+    /// `None`: an empty slot.
+    instances: Vec<Option<Instance>>,
+}
+
+struct Gpu {
+    node: Node,
     lost: bool,
-    /// (pid, bytes or NOT_AVAILABLE)
-    processes: Vec<(u32, u64)>,
+    /// `None`: not MIG-capable.
+    mig: Option<Mig>,
+}
+
+impl Gpu {
+    /// The instances, when MIG is enabled.
+    fn live_mig(&self) -> Option<&Mig> {
+        self.mig.as_ref().filter(|m| m.current)
+    }
+
+    /// The compute processes the GPU's handle reports: its own, then (MIG enabled) every
+    /// instance's.
+    fn aggregate_processes(&self) -> Vec<Proc> {
+        let mut all = self.node.processes.clone();
+        if let Some(mig) = self.live_mig() {
+            for inst in mig.instances.iter().flatten() {
+                all.extend_from_slice(&inst.node.processes);
+            }
+        }
+        all
+    }
 }
 
 struct State {
     driver: String,
+    cuda: c_int,
     init_error: Option<Ret>,
+    errors: Errors,
     gpus: Vec<Gpu>,
+}
+
+/// What a handle names.
+enum Dev<'a> {
+    Gpu(usize, &'a Gpu),
+    Mig(usize, &'a Gpu, &'a Instance),
+}
+
+impl Dev<'_> {
+    fn node(&self) -> &Node {
+        match self {
+            Dev::Gpu(_, g) => &g.node,
+            Dev::Mig(_, _, i) => &i.node,
+        }
+    }
+
+    fn processes(&self) -> Vec<Proc> {
+        match self {
+            Dev::Gpu(_, g) => g.aggregate_processes(),
+            Dev::Mig(_, _, i) => i.node.processes.clone(),
+        }
+    }
+
+    /// `NO_PERMISSION` for an aggregate query on a MIG-enabled GPU without privileges.
+    fn aggregate_denied(&self) -> bool {
+        matches!(self, Dev::Gpu(_, g) if g.live_mig().is_some_and(|m| !m.privileged))
+    }
+
+    fn memory(&self) -> Mem {
+        self.node().mem.report(&self.processes())
+    }
 }
 
 fn bytes(v: &Value, key: &str) -> Option<u64> {
@@ -116,8 +372,12 @@ fn bytes(v: &Value, key: &str) -> Option<u64> {
         })
 }
 
+fn flag(v: &Value, key: &str, default: bool) -> bool {
+    v.get(key).and_then(Value::as_bool).unwrap_or(default)
+}
+
 /// The processes of this machine whose `CUDA_VISIBLE_DEVICES` is exactly `uuid` (the
-/// workers a master placed on that GPU), from `/proc`; those it cannot read are skipped.
+/// workers a master placed on that device), from `/proc`; those it cannot read are skipped.
 fn visible_processes(uuid: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -132,6 +392,193 @@ fn visible_processes(uuid: &str) -> Vec<u32> {
         .collect()
 }
 
+fn parse_errors(v: &Value, ctx: &str) -> Result<Errors, String> {
+    let Some(e) = v.get("errors") else {
+        return Ok(Errors::new());
+    };
+    let obj = e
+        .as_object()
+        .ok_or(format!("{ctx}errors must be an object"))?;
+    obj.iter()
+        .map(|(name, code)| {
+            code.as_u64()
+                .and_then(|c| Ret::try_from(c).ok())
+                .map(|c| (name.clone(), c))
+                .ok_or(format!("{ctx}errors.{name} must be an nvmlReturn_t"))
+        })
+        .collect()
+}
+
+fn parse_compute_mode(v: &Value, ctx: &str, default: c_uint) -> Result<c_uint, String> {
+    match v.get("compute_mode") {
+        None => Ok(default),
+        Some(Value::String(s)) => match s.as_str() {
+            "default" => Ok(0),
+            "exclusive_thread" => Ok(1),
+            "prohibited" => Ok(2),
+            "exclusive_process" => Ok(3),
+            other => Err(format!("{ctx}compute_mode {other:?} is not one of default, exclusive_thread, prohibited, exclusive_process")),
+        },
+        Some(n) => n
+            .as_u64()
+            .and_then(|n| c_uint::try_from(n).ok())
+            .ok_or(format!("{ctx}compute_mode must be a string or an integer")),
+    }
+}
+
+/// What a device's JSON object and its surroundings give `parse_node`.
+struct NodeCtx<'a> {
+    ctx: String,
+    default_name: String,
+    default_uuid: String,
+    default_compute_mode: c_uint,
+    pid_offset: u32,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    /// For `Gpu`: `lost` etc. are read by the caller.
+    v: &'a Value,
+}
+
+fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
+    let v = n.v;
+    let ctx = &n.ctx;
+    let total = bytes(v, "total").ok_or(format!("{ctx}needs total_mb or total_bytes"))?;
+    let mut processes: Vec<Proc> = v
+        .get("processes")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .map(|p| Proc {
+                    pid: p.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32,
+                    used: bytes(p, "used").unwrap_or(NOT_AVAILABLE),
+                    gpu_instance_id: n.gpu_instance_id,
+                    compute_instance_id: n.compute_instance_id,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let uuid = v
+        .get("uuid")
+        .and_then(Value::as_str)
+        .map_or(n.default_uuid, str::to_string);
+    let pid_offset = v
+        .get("pid_namespace_offset")
+        .and_then(Value::as_u64)
+        .map_or(n.pid_offset, |o| o as u32);
+    if let Some(used) = bytes(v, "visible_process_used") {
+        for pid in visible_processes(&uuid) {
+            let pid = pid.wrapping_add(pid_offset);
+            if !processes.iter().any(|p| p.pid == pid) {
+                processes.push(Proc {
+                    pid,
+                    used,
+                    gpu_instance_id: n.gpu_instance_id,
+                    compute_instance_id: n.compute_instance_id,
+                });
+            }
+        }
+    }
+    Ok(Node {
+        name: v
+            .get("name")
+            .and_then(Value::as_str)
+            .map_or(n.default_name, str::to_string),
+        uuid,
+        mem: MemSpec {
+            total,
+            reserved: bytes(v, "reserved").unwrap_or(0),
+            free: bytes(v, "free"),
+            used: bytes(v, "used"),
+            follows_processes: flag(v, "free_follows_processes", false),
+        },
+        compute_mode: parse_compute_mode(v, ctx, n.default_compute_mode)?,
+        processes,
+        errors: parse_errors(v, ctx)?,
+    })
+}
+
+fn parse_gpu(i: usize, g: &Value, top_offset: u32) -> Result<Gpu, String> {
+    let ctx = format!("gpus[{i}].");
+    let pid_offset = g
+        .get("pid_namespace_offset")
+        .and_then(Value::as_u64)
+        .map_or(top_offset, |o| o as u32);
+    let node = parse_node(NodeCtx {
+        ctx: ctx.clone(),
+        default_name: "NVIDIA Mock GPU".into(),
+        default_uuid: format!("GPU-mock-{i}"),
+        default_compute_mode: 0,
+        pid_offset,
+        gpu_instance_id: NO_INSTANCE,
+        compute_instance_id: NO_INSTANCE,
+        v: g,
+    })?;
+    let mig = match g.get("mig") {
+        Some(m) => {
+            let current = flag(m, "current", true);
+            let list = m
+                .get("instances")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let mut instances = Vec::new();
+            for (j, inst) in list.iter().enumerate() {
+                if inst.is_null() {
+                    instances.push(None);
+                    continue;
+                }
+                let id = |key: &str, default: u32| {
+                    inst.get(key)
+                        .and_then(Value::as_u64)
+                        .map_or(default, |x| x as u32)
+                };
+                let gpu_instance_id = id("gpu_instance_id", j as u32 + 1);
+                let compute_instance_id = id("compute_instance_id", 0);
+                let node = parse_node(NodeCtx {
+                    ctx: format!("{ctx}mig.instances[{j}]."),
+                    default_name: format!("{} MIG", node.name),
+                    default_uuid: format!("MIG-mock-{i}-{j}"),
+                    default_compute_mode: node.compute_mode,
+                    pid_offset,
+                    gpu_instance_id,
+                    compute_instance_id,
+                    v: inst,
+                })?;
+                instances.push(Some(Instance {
+                    node,
+                    gpu_instance_id,
+                    compute_instance_id,
+                }));
+            }
+            let max = m
+                .get("max_instances")
+                .and_then(Value::as_u64)
+                .map_or(DEFAULT_MAX_MIG, |x| x as u32)
+                .max(instances.len() as u32);
+            Some(Mig {
+                current,
+                pending: flag(m, "pending", current),
+                max,
+                privileged: flag(m, "privileged", true),
+                instances,
+            })
+        }
+        None if flag(g, "mig_capable", false) => Some(Mig {
+            current: false,
+            pending: false,
+            max: DEFAULT_MAX_MIG,
+            privileged: true,
+            instances: Vec::new(),
+        }),
+        None => None,
+    };
+    Ok(Gpu {
+        node,
+        lost: flag(g, "lost", false),
+        mig,
+    })
+}
+
 fn read_state() -> Result<State, String> {
     let path = std::env::var_os("NVML_MOCK_FILE")
         .ok_or("NVML_MOCK_FILE is not set (it names the JSON file describing the GPUs)")?;
@@ -143,69 +590,43 @@ fn read_state() -> Result<State, String> {
             path.to_string_lossy()
         )
     })?;
-    let mut gpus = Vec::new();
-    let list = doc
+    let top_offset = doc
+        .get("pid_namespace_offset")
+        .and_then(Value::as_u64)
+        .map_or(0, |o| o as u32);
+    let gpus = doc
         .get("gpus")
         .and_then(Value::as_array)
-        .cloned()
+        .map(|list| {
+            list.iter()
+                .enumerate()
+                .map(|(i, g)| parse_gpu(i, g, top_offset))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()?
         .unwrap_or_default();
-    for (i, g) in list.iter().enumerate() {
-        let total = bytes(g, "total").ok_or(format!("gpus[{i}] needs total_mb or total_bytes"))?;
-        let free = bytes(g, "free").unwrap_or(total).min(total);
-        let used = bytes(g, "used").unwrap_or(total - free);
-        let mut processes: Vec<(u32, u64)> = g
-            .get("processes")
-            .and_then(Value::as_array)
-            .map(|ps| {
-                ps.iter()
-                    .map(|p| {
-                        let pid = p.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
-                        (pid, bytes(p, "used").unwrap_or(NOT_AVAILABLE))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let uuid = g
-            .get("uuid")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("GPU-mock-{i}"), str::to_string);
-        if let Some(used) = bytes(g, "visible_process_used") {
-            for pid in visible_processes(&uuid) {
-                if !processes.iter().any(|(p, _)| *p == pid) {
-                    processes.push((pid, used));
-                }
-            }
-        }
-        gpus.push(Gpu {
-            name: g
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("NVIDIA Mock GPU")
-                .to_string(),
-            uuid,
-            total,
-            free,
-            used,
-            lost: g.get("lost").and_then(Value::as_bool).unwrap_or(false),
-            processes,
-        });
-    }
     Ok(State {
         driver: doc
             .get("driver")
             .and_then(Value::as_str)
             .unwrap_or("550.00")
             .to_string(),
+        cuda: doc
+            .get("cuda_driver_version")
+            .and_then(Value::as_i64)
+            .and_then(|v| c_int::try_from(v).ok())
+            .unwrap_or(DEFAULT_CUDA),
         init_error: doc
             .get("init_error")
             .and_then(Value::as_u64)
             .map(|c| c as Ret),
+        errors: parse_errors(&doc, "")?,
         gpus,
     })
 }
 
-/// Runs `f` on the current state when NVML is initialised.
-fn with_state(f: impl FnOnce(&State) -> Ret) -> Ret {
+/// Runs `f` on the current state when NVML is initialised, with no injected error check.
+fn with_state_raw(f: impl FnOnce(&State) -> Ret) -> Ret {
     if INITS.load(Ordering::SeqCst) == 0 {
         return UNINITIALIZED;
     }
@@ -218,14 +639,62 @@ fn with_state(f: impl FnOnce(&State) -> Ret) -> Ret {
     }
 }
 
-/// Runs `f` on the GPU a handle names.
-fn with_gpu(handle: Handle, f: impl FnOnce(&Gpu) -> Ret) -> Ret {
-    let index = (handle as usize).wrapping_sub(1);
-    with_state(|s| match s.gpus.get(index) {
-        None => INVALID_ARGUMENT,
-        Some(g) if g.lost => GPU_IS_LOST,
-        Some(g) => f(g),
+/// Runs the system-wide function `name` (`f`) unless the file injects an error for it.
+fn with_state(name: &str, f: impl FnOnce(&State) -> Ret) -> Ret {
+    with_state_raw(|s| match s.errors.get(name) {
+        Some(&code) => code,
+        None => f(s),
     })
+}
+
+/// What `handle` names in `s`, or the error NVML gives for it.
+fn resolve(s: &State, handle: Handle) -> Result<Dev<'_>, Ret> {
+    let raw = handle as usize;
+    let (g, m) = (raw & 0xFFFF, raw >> 16);
+    let index = g.checked_sub(1).ok_or(INVALID_ARGUMENT)?;
+    let gpu = s.gpus.get(index).ok_or(INVALID_ARGUMENT)?;
+    if m == 0 {
+        return Ok(Dev::Gpu(index, gpu));
+    }
+    let inst = gpu
+        .live_mig()
+        .and_then(|mig| mig.instances.get(m - 1))
+        .and_then(Option::as_ref)
+        .ok_or(INVALID_ARGUMENT)?;
+    Ok(Dev::Mig(index, gpu, inst))
+}
+
+/// Runs the device function `name` (`f`) on the device `handle` names.
+fn with_device(name: &str, handle: Handle, f: impl FnOnce(&State, Dev<'_>) -> Ret) -> Ret {
+    with_state_raw(|s| {
+        let dev = match resolve(s, handle) {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let gpu = match dev {
+            Dev::Gpu(_, g) | Dev::Mig(_, g, _) => g,
+        };
+        if gpu.lost {
+            return GPU_IS_LOST;
+        }
+        if let Some(&code) = dev.node().errors.get(name).or(s.errors.get(name)) {
+            return code;
+        }
+        f(s, dev)
+    })
+}
+
+/// Writes `value` through `out`, or answers `INVALID_ARGUMENT` for a null pointer.
+///
+/// # Safety
+/// `out` must be null or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, value: T) -> Ret {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    unsafe { out.write(value) };
+    SUCCESS
 }
 
 /// Copies `s` NUL-terminated into a C buffer of `len` bytes.
@@ -248,13 +717,16 @@ unsafe fn write_str(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
     SUCCESS
 }
 
-fn init() -> Ret {
+fn init(name: &str) -> Ret {
     match read_state() {
         Ok(State {
             init_error: Some(code),
             ..
         }) => code,
-        Ok(_) => {
+        Ok(s) => {
+            if let Some(&code) = s.errors.get(name) {
+                return code;
+            }
             INITS.fetch_add(1, Ordering::SeqCst);
             SUCCESS
         }
@@ -267,17 +739,17 @@ fn init() -> Ret {
 
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> Ret {
-    init()
+    init("nvmlInit_v2")
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInit() -> Ret {
-    init()
+    init("nvmlInit")
 }
 
 #[no_mangle]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
-    init()
+    init("nvmlInitWithFlags")
 }
 
 #[no_mangle]
@@ -294,10 +766,33 @@ pub extern "C" fn nvmlErrorString(code: Ret) -> *const c_char {
         SUCCESS => b"Success\0",
         UNINITIALIZED => b"Uninitialized\0",
         INVALID_ARGUMENT => b"Invalid Argument\0",
+        NOT_SUPPORTED => b"Not Supported\0",
+        NO_PERMISSION => b"Insufficient Permissions\0",
+        5 => b"Already Initialized\0",
+        NOT_FOUND => b"Not Found\0",
         INSUFFICIENT_SIZE => b"Insufficient Size\0",
+        8 => b"Insufficient External Power\0",
         DRIVER_NOT_LOADED => b"Driver Not Loaded (nvml-mock: see NVML_MOCK_FILE)\0",
+        10 => b"Timeout\0",
+        11 => b"Interrupt request issue\0",
+        12 => b"NVML Shared Library Not Found\0",
+        13 => b"Function Not Found\0",
+        14 => b"Corrupted infoROM\0",
         GPU_IS_LOST => b"GPU is lost\0",
+        16 => b"GPU requires restart\0",
+        17 => b"The operating system has blocked the request.\0",
+        18 => b"RM has detected an NVML/RM version mismatch.\0",
+        19 => b"In use by another client\0",
+        20 => b"Insufficient Memory\0",
+        21 => b"No data\0",
+        22 => b"The requested vgpu operation is not available on target device, because ECC is enabled\0",
+        23 => b"Insufficient resources\0",
+        24 => b"Frequency not supported\0",
         ARGUMENT_VERSION_MISMATCH => b"Argument version mismatch\0",
+        26 => b"Deprecated\0",
+        27 => b"Not Ready\0",
+        28 => b"GPU not found\0",
+        29 => b"Invalid state\0",
         _ => b"Unknown Error\0",
     };
     s.as_ptr().cast()
@@ -308,29 +803,58 @@ pub extern "C" fn nvmlErrorString(code: Ret) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Ret {
     // SAFETY: forwarded from the caller's contract.
-    with_state(|s| unsafe { write_str(&s.driver, version, length) })
+    with_state("nvmlSystemGetDriverVersion", |s| unsafe {
+        write_str(&s.driver, version, length)
+    })
 }
 
 /// # Safety
 /// `version` must be valid for `length` bytes of writes.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: c_uint) -> Ret {
-    // SAFETY: forwarded from the caller's contract.
-    with_state(|s| unsafe { write_str(&format!("12.{}", s.driver), version, length) })
+    with_state("nvmlSystemGetNVMLVersion", |s| {
+        let v = format!("{}.{}", s.cuda / 1000, s.driver);
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { write_str(&v, version, length) }
+    })
+}
+
+/// # Safety
+/// `out` must be null or valid for a write.
+unsafe fn cuda_driver_version(name: &str, out: *mut c_int) -> Ret {
+    // SAFETY: `put` checks null; the caller guarantees it is otherwise writable.
+    with_state(name, |s| unsafe { put(out, s.cuda) })
+}
+
+/// # Safety
+/// `version` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Ret {
+    // SAFETY: same contract.
+    unsafe { cuda_driver_version("nvmlSystemGetCudaDriverVersion", version) }
+}
+
+/// # Safety
+/// `version` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Ret {
+    // SAFETY: same contract.
+    unsafe { cuda_driver_version("nvmlSystemGetCudaDriverVersion_v2", version) }
+}
+
+/// # Safety
+/// `count` must be null or valid for a write.
+unsafe fn device_count(name: &str, count: *mut c_uint) -> Ret {
+    // SAFETY: `put` checks null; the caller guarantees it is otherwise writable.
+    with_state(name, |s| unsafe { put(count, s.gpus.len() as c_uint) })
 }
 
 /// # Safety
 /// `count` must be valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
-    if count.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    with_state(|s| {
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { *count = s.gpus.len() as c_uint };
-        SUCCESS
-    })
+    // SAFETY: same contract.
+    unsafe { device_count("nvmlDeviceGetCount_v2", count) }
 }
 
 /// # Safety
@@ -338,24 +862,33 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> Ret {
     // SAFETY: same contract.
-    unsafe { nvmlDeviceGetCount_v2(count) }
+    unsafe { device_count("nvmlDeviceGetCount", count) }
+}
+
+/// # Safety
+/// `device` must be null or valid for a write.
+unsafe fn handle_by_index(name: &str, index: c_uint, device: *mut Handle) -> Ret {
+    if device.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_state(name, |s| {
+        let Some(gpu) = s.gpus.get(index as usize) else {
+            return INVALID_ARGUMENT;
+        };
+        if let Some(&code) = gpu.node.errors.get(name) {
+            return code;
+        }
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(device, gpu_handle(index as usize)) }
+    })
 }
 
 /// # Safety
 /// `device` must be valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut Handle) -> Ret {
-    if device.is_null() {
-        return INVALID_ARGUMENT;
-    }
-    with_state(|s| {
-        if index as usize >= s.gpus.len() {
-            return INVALID_ARGUMENT;
-        }
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { *device = (index as usize + 1) as Handle };
-        SUCCESS
-    })
+    // SAFETY: same contract.
+    unsafe { handle_by_index("nvmlDeviceGetHandleByIndex_v2", index, device) }
 }
 
 /// # Safety
@@ -363,7 +896,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *m
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(index: c_uint, device: *mut Handle) -> Ret {
     // SAFETY: same contract.
-    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
+    unsafe { handle_by_index("nvmlDeviceGetHandleByIndex", index, device) }
 }
 
 /// # Safety
@@ -373,10 +906,10 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: Handle, index: *mut c_uint) 
     if index.is_null() {
         return INVALID_ARGUMENT;
     }
-    with_gpu(device, |_| {
+    with_device("nvmlDeviceGetIndex", device, |_, dev| match dev {
         // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe { *index = (device as usize - 1) as c_uint };
-        SUCCESS
+        Dev::Gpu(i, _) => unsafe { put(index, i as c_uint) },
+        Dev::Mig(..) => NOT_SUPPORTED,
     })
 }
 
@@ -389,7 +922,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> Ret {
     // SAFETY: forwarded from the caller's contract.
-    with_gpu(device, |g| unsafe { write_str(&g.name, name, length) })
+    with_device("nvmlDeviceGetName", device, |_, d| unsafe {
+        write_str(&d.node().name, name, length)
+    })
 }
 
 /// # Safety
@@ -401,7 +936,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> Ret {
     // SAFETY: forwarded from the caller's contract.
-    with_gpu(device, |g| unsafe { write_str(&g.uuid, uuid, length) })
+    with_device("nvmlDeviceGetUUID", device, |_, d| unsafe {
+        write_str(&d.node().uuid, uuid, length)
+    })
 }
 
 /// # Safety
@@ -411,16 +948,18 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: Handle, memory: *mut Me
     if memory.is_null() {
         return INVALID_ARGUMENT;
     }
-    with_gpu(device, |g| {
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe {
-            *memory = Memory {
-                total: g.total,
-                free: g.free,
-                used: g.used,
-            }
+    with_device("nvmlDeviceGetMemoryInfo", device, |_, d| {
+        if d.aggregate_denied() {
+            return NO_PERMISSION;
+        }
+        let m = d.memory();
+        let v1 = Memory {
+            total: m.total,
+            free: m.free,
+            used: m.used.saturating_add(m.reserved),
         };
-        SUCCESS
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(memory, v1) }
     })
 }
 
@@ -435,18 +974,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Handle, memory: *mut
     if unsafe { (*memory).version } != MEMORY_V2_VERSION {
         return ARGUMENT_VERSION_MISMATCH;
     }
-    with_gpu(device, |g| {
-        // SAFETY: checked non-null; the caller guarantees it is writable.
-        unsafe {
-            *memory = MemoryV2 {
-                version: MEMORY_V2_VERSION,
-                total: g.total,
-                reserved: 0,
-                free: g.free,
-                used: g.used,
-            }
+    with_device("nvmlDeviceGetMemoryInfo_v2", device, |_, d| {
+        if d.aggregate_denied() {
+            return NO_PERMISSION;
+        }
+        let m = d.memory();
+        let v2 = MemoryV2 {
+            version: MEMORY_V2_VERSION,
+            total: m.total,
+            reserved: m.reserved,
+            free: m.free,
+            used: m.used,
         };
-        SUCCESS
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(memory, v2) }
     })
 }
 
@@ -456,16 +997,21 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: Handle, memory: *mut
 /// # Safety
 /// `count` must be valid for reads and writes; `infos` null or valid for `*count` writes.
 unsafe fn processes<T>(
+    name: &str,
     device: Handle,
     count: *mut c_uint,
     infos: *mut T,
-    make: impl Fn(u32, u64) -> T,
+    make: impl Fn(&Proc) -> T,
 ) -> Ret {
     if count.is_null() {
         return INVALID_ARGUMENT;
     }
-    with_gpu(device, |g| {
-        let n = g.processes.len();
+    with_device(name, device, |_, d| {
+        if d.aggregate_denied() {
+            return NO_PERMISSION;
+        }
+        let procs = d.processes();
+        let n = procs.len();
         // SAFETY: checked non-null; the caller guarantees it is readable and writable.
         let room = unsafe { *count } as usize;
         // SAFETY: as above.
@@ -476,20 +1022,20 @@ unsafe fn processes<T>(
         if infos.is_null() || room < n {
             return INSUFFICIENT_SIZE;
         }
-        for (i, (pid, used)) in g.processes.iter().enumerate() {
+        for (i, p) in procs.iter().enumerate() {
             // SAFETY: i < n ≤ room, and the caller guarantees `room` elements.
-            unsafe { infos.add(i).write(make(*pid, *used)) };
+            unsafe { infos.add(i).write(make(p)) };
         }
         SUCCESS
     })
 }
 
-fn v2(pid: u32, used: u64) -> ProcessV2 {
+fn v2(p: &Proc) -> ProcessV2 {
     ProcessV2 {
-        pid,
-        used_gpu_memory: used,
-        gpu_instance_id: NO_INSTANCE,
-        compute_instance_id: NO_INSTANCE,
+        pid: p.pid,
+        used_gpu_memory: p.used,
+        gpu_instance_id: p.gpu_instance_id,
+        compute_instance_id: p.compute_instance_id,
     }
 }
 
@@ -502,7 +1048,15 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     infos: *mut ProcessV2,
 ) -> Ret {
     // SAFETY: same contract.
-    unsafe { processes(device, count, infos, v2) }
+    unsafe {
+        processes(
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            device,
+            count,
+            infos,
+            v2,
+        )
+    }
 }
 
 /// # Safety
@@ -514,7 +1068,15 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     infos: *mut ProcessV2,
 ) -> Ret {
     // SAFETY: same contract.
-    unsafe { processes(device, count, infos, v2) }
+    unsafe {
+        processes(
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            device,
+            count,
+            infos,
+            v2,
+        )
+    }
 }
 
 /// # Safety
@@ -527,9 +1089,175 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
 ) -> Ret {
     // SAFETY: same contract.
     unsafe {
-        processes(device, count, infos, |pid, used| ProcessV1 {
-            pid,
-            used_gpu_memory: used,
+        processes(
+            "nvmlDeviceGetComputeRunningProcesses",
+            device,
+            count,
+            infos,
+            |p| ProcessV1 {
+                pid: p.pid,
+                used_gpu_memory: p.used,
+            },
+        )
+    }
+}
+
+/// # Safety
+/// `mode` must be valid for a write of `nvmlComputeMode_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: Handle, mode: *mut c_uint) -> Ret {
+    if mode.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: checked non-null; the caller guarantees it is writable.
+    with_device("nvmlDeviceGetComputeMode", device, |_, d| unsafe {
+        put(mode, d.node().compute_mode)
+    })
+}
+
+/// # Safety
+/// `current` and `pending` must be valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: Handle,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Ret {
+    if current.is_null() || pending.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device("nvmlDeviceGetMigMode", device, |_, d| {
+        let Dev::Gpu(_, Gpu { mig: Some(mig), .. }) = d else {
+            return NOT_SUPPORTED;
+        };
+        let mode = |on: bool| if on { MIG_ENABLE } else { MIG_DISABLE };
+        // SAFETY: checked non-null; the caller guarantees both are writable.
+        unsafe {
+            put(current, mode(mig.current));
+            put(pending, mode(mig.pending))
+        }
+    })
+}
+
+/// # Safety
+/// `count` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: Handle, count: *mut c_uint) -> Ret {
+    if count.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device("nvmlDeviceGetMaxMigDeviceCount", device, |_, d| {
+        let n = match d {
+            Dev::Gpu(_, g) => g.live_mig().map_or(0, |m| m.max),
+            Dev::Mig(..) => 0,
+        };
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(count, n) }
+    })
+}
+
+/// # Safety
+/// `mig_device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: Handle,
+    index: c_uint,
+    mig_device: *mut Handle,
+) -> Ret {
+    if mig_device.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device("nvmlDeviceGetMigDeviceHandleByIndex", device, |_, d| {
+        let Dev::Gpu(g, gpu) = d else {
+            return INVALID_ARGUMENT;
+        };
+        let Some(mig) = gpu.live_mig() else {
+            return NOT_SUPPORTED;
+        };
+        if index >= mig.max {
+            return INVALID_ARGUMENT;
+        }
+        match mig.instances.get(index as usize) {
+            // SAFETY: checked non-null; the caller guarantees it is writable.
+            Some(Some(_)) => unsafe { put(mig_device, mig_handle(g, index as usize)) },
+            _ => NOT_FOUND,
+        }
+    })
+}
+
+/// # Safety
+/// `is_mig` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: Handle, is_mig: *mut c_uint) -> Ret {
+    if is_mig.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device("nvmlDeviceIsMigDeviceHandle", device, |_, d| {
+        let v = c_uint::from(matches!(d, Dev::Mig(..)));
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        unsafe { put(is_mig, v) }
+    })
+}
+
+/// # Safety
+/// `device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: Handle,
+    device: *mut Handle,
+) -> Ret {
+    if device.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_device,
+        |_, d| match d {
+            // SAFETY: checked non-null; the caller guarantees it is writable.
+            Dev::Mig(g, ..) => unsafe { put(device, gpu_handle(g)) },
+            Dev::Gpu(..) => INVALID_ARGUMENT,
+        },
+    )
+}
+
+/// # Safety
+/// `id` must be null or valid for a write.
+unsafe fn instance_id(
+    name: &str,
+    device: Handle,
+    id: *mut c_uint,
+    pick: fn(&Instance) -> u32,
+) -> Ret {
+    if id.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(name, device, |_, d| match d {
+        // SAFETY: checked non-null; the caller guarantees it is writable.
+        Dev::Mig(_, _, inst) => unsafe { put(id, pick(inst)) },
+        Dev::Gpu(..) => NOT_SUPPORTED,
+    })
+}
+
+/// # Safety
+/// `id` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(device: Handle, id: *mut c_uint) -> Ret {
+    // SAFETY: same contract.
+    unsafe {
+        instance_id("nvmlDeviceGetGpuInstanceId", device, id, |i| {
+            i.gpu_instance_id
+        })
+    }
+}
+
+/// # Safety
+/// `id` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(device: Handle, id: *mut c_uint) -> Ret {
+    // SAFETY: same contract.
+    unsafe {
+        instance_id("nvmlDeviceGetComputeInstanceId", device, id, |i| {
+            i.compute_instance_id
         })
     }
 }
