@@ -192,6 +192,13 @@ pub struct Cli {
     )]
     pub nvml_library: Option<OsString>,
 
+    /// For tests with a simulated NVML (tests/nvml-mock) only: workers placed on a
+    /// simulated GPU load the model on the CPU and report it as such, instead of being
+    /// refused for coming up without CUDA. [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_SIMULATED_GPUS",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub simulated_gpus: bool,
+
     /// Torch intra-op threads per worker. [default: max(1, cores / workers)]
     #[arg(long, global = true, env = "VRAMFORK_TORCH_THREADS", value_name = "N")]
     pub torch_threads: Option<String>,
@@ -247,6 +254,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--profile-memory", "VRAMFORK_PROFILE_MEMORY"),
     ("--memory-headroom", "VRAMFORK_MEMORY_HEADROOM"),
     ("--adapt-workers", "VRAMFORK_ADAPT_WORKERS"),
+    ("--simulated-gpus", "VRAMFORK_SIMULATED_GPUS"),
     ("--footprint-file", "VRAMFORK_FOOTPRINT_FILE"),
     ("--device", "VRAMFORK_DEVICE"),
     ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),

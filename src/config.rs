@@ -66,6 +66,11 @@ pub struct Config {
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
     pub nvml_library: Option<PathBuf>,
+    /// `--simulated-gpus`: GPU workers run on the CPU (tests with tests/nvml-mock).
+    pub simulated_gpus: bool,
+    /// The operator's `CUDA_VISIBLE_DEVICES`, when set: only those GPUs are planned
+    /// (`resources::visible`).
+    pub cuda_visible_devices: Option<String>,
     pub torch_threads: Option<usize>,
     pub worker_binary: PathBuf,
     pub log_json: bool,
@@ -358,6 +363,13 @@ impl Config {
                 ));
             }
         }
+        if cli.simulated_gpus && nvml_library.is_none() {
+            return Err(c.bad(
+                "--simulated-gpus",
+                "true",
+                "it is for tests with a simulated NVML: give --nvml-library too (on real GPUs it would serve on the CPU)",
+            ));
+        }
         let log_json = match cli.log_format.as_deref() {
             None | Some("text") => false,
             Some("json") => true,
@@ -406,6 +418,8 @@ impl Config {
             gpu_reserve_mb,
             max_worker_gpu_mb,
             nvml_library,
+            simulated_gpus: cli.simulated_gpus,
+            cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
             torch_threads,
             worker_binary,
             log_json,

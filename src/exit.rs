@@ -1,5 +1,5 @@
-//! The exit statuses of `app`, in one table (SPEC section 5). A systemd unit can list 2, 3
-//! and 4 in `RestartPreventExitStatus=`.
+//! The exit statuses of `app`, in one table (SPEC section 5). A systemd unit lists 2, 3
+//! and 5 in `RestartPreventExitStatus=` (they do not heal by restarting).
 
 /// Clean stop (TERM, INT, QUIT; `app plan`).
 pub const OK: i32 = 0;
@@ -10,3 +10,7 @@ pub const CONFIG: i32 = 2;
 pub const MODEL_LOAD: i32 = 3;
 /// Workers kept dying (or none was ready for `--boot-timeout`) and the service gave up.
 pub const GAVE_UP: i32 = 4;
+/// A worker the plan placed on a GPU came up without CUDA (or could not cap its GPU
+/// allocator): the machine cannot serve on its GPUs as planned (driver, container devices,
+/// libtorch build). Serving on the CPU instead is never done silently: `--device cpu` says so.
+pub const NO_CUDA: i32 = 5;

@@ -47,11 +47,15 @@ fn run(cfg: Config) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(ConfigError(format!("--nvml-library: {e}"))),
     };
+    let res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
     let plan = match plan::plan(&res, &cfg.metadata, &cfg.policy()) {
         Ok(p) => p,
         Err(e) => return fail(ConfigError(e.to_string())),
     };
     let mut cfg = cfg;
+    if let (Some(why), false) = (&plan.driver_too_old, matches!(cfg.mode, Mode::Plan { .. })) {
+        return fail(ConfigError(why.clone()));
+    }
     if let Mode::Plan { json, measure } = cfg.mode {
         if !measure {
             if json {
@@ -77,6 +81,12 @@ fn run(cfg: Config) -> i32 {
     }
     for w in &plan.warnings {
         tracing::warn!(event = "plan_warning", "{w}");
+    }
+    if cfg.simulated_gpus {
+        tracing::warn!(
+            event = "plan_warning",
+            "--simulated-gpus: workers placed on GPUs run their model on the CPU (for tests with a simulated NVML only)"
+        );
     }
     listen::raise_open_files_limit();
     let (listener, socket) = match inherited {

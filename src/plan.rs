@@ -26,10 +26,23 @@
 //! 6. An override larger than the GPU bound is accepted: the first `gpu_bound` slots are
 //!    placed, the rest are listed in [`Plan::unplaced`] with a warning; the master starts
 //!    them only when admission passes ([`Plan::next_target`], [`Plan::admits`]).
-//! 7. Each GPU worker's allocator cap ([`GpuPlan::memory_fraction`]) is
-//!    `usable / fits / total`: the caps of as many workers as fit sum to at most `usable`
-//!    even after TTIN fills the GPU, and each cap is at least `est_gpu_mem_typ`.
+//! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `usable / fits −
+//!    CUDA_CONTEXT_MB`: every worker's CUDA context comes on top of what its caching
+//!    allocator may take, so caps and contexts of as many workers as fit sum to at most
+//!    `usable` even after TTIN fills the GPU. `est_gpu_mem_typ` is a whole worker as
+//!    `nvidia-smi` shows it, context included; one below a context plus
+//!    [`MIN_ALLOCATOR_MB`] is planned as that much, with a warning.
 //! 8. Torch intra-op threads per worker: `--torch-threads`, else `max(1, cpus / workers)`.
+//! 9. Compute mode: a GPU in `prohibited` mode takes no worker; one in
+//!    `exclusive_process` mode (or the withdrawn `exclusive_thread`) takes at most one,
+//!    since only one process at a time may hold a CUDA context there.
+//! 10. MIG: a GPU in MIG mode is not a device; each of its MIG instances is one, with its
+//!     own memory (`resources`), planned like a GPU and named `GPU <n> MIG <slot>`.
+//! 11. A driver whose CUDA version is older than the build's ([`CUDA_BUILD_VERSION`])
+//!     cannot run the worker on a GPU: a plan that would place workers on GPUs records it
+//!     in [`Plan::driver_too_old`] (and its warnings), and `app` refuses to start on it
+//!     unless `--device cuda` insists (CUDA forward-compatibility libraries in a container
+//!     can make it work; a worker that then finds no CUDA still stops the server).
 //!
 //! MB means MiB (2^20 bytes) throughout, as `nvidia-smi` prints it.
 
@@ -38,8 +51,19 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::metadata::AppMetadata;
-use crate::protocol::{Device, GpuAssignment};
-use crate::resources::{GpuInfo, Resources};
+use crate::protocol::{
+    cuda_version_text, Device, GpuAssignment, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION,
+};
+use crate::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
+
+/// GPU memory one worker's CUDA context takes beside what its caching allocator holds, in
+/// MB: about 0.5 GB on an H100 with CUDA 12–13 and lazy module loading (PyTorch's
+/// "CUDA semantics" notes give 300–800 MB by GPU and CUDA version). NVML counts it in the
+/// process's figure; the allocator's cap does not.
+pub const CUDA_CONTEXT_MB: u64 = 500;
+
+/// The least allocator cap a worker is planned with, in MB.
+pub const MIN_ALLOCATOR_MB: u64 = 64;
 
 /// Default share of a GPU's memory the server may plan for, by the GPU's total memory:
 /// `(at least this many MB, fraction)`, first match wins.
@@ -112,8 +136,13 @@ pub enum PlacementMode {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuPlan {
     pub index: u32,
+    /// `GPU 1` or `GPU 0 MIG 2`.
+    pub label: String,
     pub name: String,
     pub uuid: String,
+    pub compute_mode: ComputeMode,
+    /// Set when this device is a MIG instance.
+    pub mig: Option<MigInstance>,
     pub total_mb: u64,
     pub free_mb: u64,
     /// Utilisation fraction applied (table or override).
@@ -125,7 +154,9 @@ pub struct GpuPlan {
     pub fits: u32,
     /// Workers the plan puts here.
     pub assigned: u32,
-    /// Allocator cap of each worker here (`usable / fits / total`), when bounded.
+    /// Allocator cap of each worker here, `usable / fits − CUDA_CONTEXT_MB`, when bounded.
+    pub cap_mb: Option<u64>,
+    /// The cap as a share of `total_mb`.
     pub memory_fraction: Option<f64>,
     /// Why this GPU takes no worker, when it takes none.
     pub excluded: Option<String>,
@@ -189,6 +220,17 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// From probing: why no (or fewer) GPUs were seen.
     pub gpu_note: Option<String>,
+    /// The NVIDIA driver's version, when NVML says.
+    pub driver_version: Option<String>,
+    /// The newest CUDA version the driver supports (12040 = 12.4), when NVML says.
+    pub cuda_driver_version: Option<u32>,
+    /// The CUDA version the worker's libtorch is built with ([`CUDA_BUILD_VERSION`]).
+    pub cuda_build_version: u32,
+    /// [`CUDA_CONTEXT_MB`].
+    pub cuda_context_mb: u64,
+    /// Why the driver cannot run the worker on the GPUs this plan uses (rule 11): `app`
+    /// refuses to start; `app plan` shows the plan with this warning.
+    pub driver_too_old: Option<String>,
 }
 
 /// Why no plan could be made (exit 2).
@@ -302,6 +344,54 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
             .collect(),
     };
 
+    let mut driver_too_old = None;
+    if mode != PlacementMode::Cpu {
+        if let Some(v) = res.cuda_driver_version.filter(|v| *v < CUDA_BUILD_VERSION) {
+            let why = format!(
+                "the NVIDIA driver{} supports CUDA up to {}, but the worker's libtorch is built \
+                 with CUDA {} and needs a driver that supports it ({CUDA_BUILD_MIN_DRIVER} or \
+                 newer): libtorch would see no GPU. Update the NVIDIA driver, or serve on the \
+                 CPU with --device cpu",
+                res.driver_version
+                    .as_deref()
+                    .map(|d| format!(" ({d})"))
+                    .unwrap_or_default(),
+                cuda_version_text(v),
+                cuda_version_text(CUDA_BUILD_VERSION),
+            );
+            if policy.device == Device::Cuda {
+                warnings.push(format!(
+                    "{why}; --device cuda: starting anyway (a worker that finds no CUDA stops the server, exit 5)"
+                ));
+            } else {
+                warnings.push(why.clone());
+                driver_too_old = Some(why);
+            }
+        }
+        for g in gpus
+            .iter()
+            .filter(|g| g.compute_mode != ComputeMode::Default)
+        {
+            why.push(format!(
+                "{} is in {} compute mode: {}",
+                g.label,
+                g.compute_mode.name(),
+                if g.compute_mode == ComputeMode::Prohibited {
+                    "no worker (no process may use it)"
+                } else {
+                    "at most one worker (one process at a time may use it)"
+                }
+            ));
+        }
+        if mode == PlacementMode::GpuMemory && typ < CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB {
+            warnings.push(format!(
+                "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({CUDA_CONTEXT_MB} \
+                 MB) plus {MIN_ALLOCATOR_MB} MB for its tensors: each worker is planned as {} MB",
+                CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB
+            ));
+        }
+    }
+
     let gpu_bound = match mode {
         PlacementMode::GpuMemory => {
             let bound: u32 = gpus.iter().map(|g| g.fits).sum();
@@ -309,14 +399,20 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                 return Err(does_not_fit(gpus, min, typ, reserve));
             }
             let terms: Vec<String> = gpus.iter().map(|g| g.fits.to_string()).collect();
+            let per_worker = typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB);
+            let divisor = if per_worker == typ {
+                format!("est_gpu_mem_typ {typ} MB")
+            } else {
+                format!("{per_worker} MB per worker")
+            };
             why.push(format!(
-                "GPU bound = Σ floor(usable / est_gpu_mem_typ {typ} MB) = {} = {bound}",
+                "GPU bound = Σ floor(usable / {divisor}) = {} = {bound}",
                 terms.join(" + ")
             ));
             for g in gpus.iter().filter(|g| g.excluded.is_some()) {
                 warnings.push(format!(
-                    "GPU {} ({}) takes no worker: {}",
-                    g.index,
+                    "{} ({}) takes no worker: {}",
+                    g.label,
                     g.name,
                     g.excluded.as_deref().unwrap_or_default()
                 ));
@@ -352,15 +448,37 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         }
     };
 
+    let mut placed = gpu_bound.map_or(workers, |g| workers.min(g));
     if mode == PlacementMode::GpuSpread {
-        // Not a memory bound: the round-robin share, so TTIN spreads further evenly.
-        let n = gpus.len() as u32;
-        let share = workers.max(cpu_bound).div_ceil(n);
+        // Not a memory bound: the round-robin share, so TTIN spreads further evenly; but
+        // never past what the compute mode allows.
+        let exclusive = gpus
+            .iter()
+            .filter(|g| {
+                g.compute_mode != ComputeMode::Default && g.compute_mode != ComputeMode::Prohibited
+            })
+            .count() as u32;
+        let open = gpus
+            .iter()
+            .filter(|g| g.compute_mode == ComputeMode::Default)
+            .count() as u32;
+        let share = workers
+            .max(cpu_bound)
+            .saturating_sub(exclusive)
+            .div_ceil(open.max(1));
         for g in &mut gpus {
-            g.fits = share;
+            g.fits = match g.compute_mode {
+                ComputeMode::Default => share,
+                ComputeMode::Prohibited => 0,
+                ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread => 1,
+            };
         }
+        let room: u32 = gpus.iter().map(|g| g.fits).sum();
+        if room == 0 {
+            return Err(does_not_fit(gpus, min, typ, reserve));
+        }
+        placed = placed.min(room);
     }
-    let placed = gpu_bound.map_or(workers, |g| workers.min(g));
     let mut placement = Vec::with_capacity(placed as usize);
     for slot in 0..placed {
         let gpu = match mode {
@@ -371,7 +489,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                 Some(assignment(&gpus[i]))
             }
             PlacementMode::GpuSpread => {
-                let i = slot as usize % gpus.len();
+                let i = most_room(&gpus).expect("placed ≤ Σ shares");
                 gpus[i].assigned += 1;
                 Some(assignment(&gpus[i]))
             }
@@ -430,6 +548,11 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         why,
         warnings,
         gpu_note: res.gpu_note.clone(),
+        driver_version: res.driver_version.clone(),
+        cuda_driver_version: res.cuda_driver_version,
+        cuda_build_version: CUDA_BUILD_VERSION,
+        cuda_context_mb: CUDA_CONTEXT_MB,
+        driver_too_old,
     })
 }
 
@@ -447,8 +570,18 @@ fn gpu_plan(
         .unwrap_or_else(|| default_utilization(total_mb));
     let cap_mb = (total_mb as f64 * fraction).floor() as u64;
     let usable_mb = cap_mb.min(free_mb).saturating_sub(reserve);
+    let per_worker = typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB);
     let (fits, excluded) = match mode {
-        PlacementMode::Cpu | PlacementMode::GpuSpread => (0, None),
+        PlacementMode::Cpu => (0, None),
+        PlacementMode::GpuSpread => (
+            0,
+            (g.compute_mode == ComputeMode::Prohibited)
+                .then(|| "compute mode prohibited: no process may use it".to_string()),
+        ),
+        PlacementMode::GpuMemory if g.compute_mode == ComputeMode::Prohibited => (
+            0,
+            Some("compute mode prohibited: no process may use it".to_string()),
+        ),
         PlacementMode::GpuMemory if free_mb < min + reserve => (
             0,
             Some(format!(
@@ -456,28 +589,38 @@ fn gpu_plan(
             )),
         ),
         PlacementMode::GpuMemory => {
-            let fits = u32::try_from(usable_mb / typ.max(1)).unwrap_or(u32::MAX);
+            let mut fits = u32::try_from(usable_mb / per_worker).unwrap_or(u32::MAX);
+            if g.compute_mode != ComputeMode::Default {
+                fits = fits.min(1);
+            }
             let excluded = (fits == 0).then(|| {
                 format!(
                     "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
-                     − reserve {reserve} MB) < est_gpu_mem_typ {typ} MB"
+                     − reserve {reserve} MB) < {per_worker} MB per worker"
                 )
             });
             (fits, excluded)
         }
     };
-    let memory_fraction = (fits > 0 && total_mb > 0)
-        .then(|| floor4(usable_mb as f64 / f64::from(fits) / total_mb as f64));
+    let cap_mb = (mode == PlacementMode::GpuMemory && fits > 0)
+        .then(|| (usable_mb / u64::from(fits)).saturating_sub(CUDA_CONTEXT_MB));
+    let memory_fraction = cap_mb
+        .filter(|_| total_mb > 0)
+        .map(|c| floor4(c as f64 / total_mb as f64));
     GpuPlan {
         index: g.index,
+        label: g.label(),
         name: g.name.clone(),
         uuid: g.uuid.clone(),
+        compute_mode: g.compute_mode,
+        mig: g.mig,
         total_mb,
         free_mb,
         fraction,
         usable_mb,
         fits,
         assigned: 0,
+        cap_mb,
         memory_fraction,
         excluded,
     }
@@ -502,10 +645,20 @@ fn most_room(gpus: &[GpuPlan]) -> Option<usize> {
 }
 
 fn assignment(g: &GpuPlan) -> GpuAssignment {
-    GpuAssignment {
-        index: g.index,
-        uuid: g.uuid.clone(),
-        memory_fraction: g.memory_fraction,
+    g.assignment()
+}
+
+impl GpuPlan {
+    /// What a worker placed here is told.
+    pub fn assignment(&self) -> GpuAssignment {
+        let g = self;
+        GpuAssignment {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            memory_fraction: g.memory_fraction,
+            cap_mb: g.cap_mb,
+            mig: g.mig,
+        }
     }
 }
 
@@ -514,8 +667,8 @@ fn does_not_fit(gpus: Vec<GpuPlan>, min: u64, typ: u64, reserve: u64) -> PlanErr
         .iter()
         .map(|g| {
             format!(
-                "GPU {} ({}, {} MB total, {} MB free): {}",
-                g.index,
+                "{} ({}, {} MB total, {} MB free): {}",
+                g.label,
                 g.name,
                 g.total_mb,
                 g.free_mb,
@@ -573,11 +726,17 @@ impl Plan {
                         .cmp(&(b.fits - running_on(b.index)))
                         .then(b.index.cmp(&a.index))
                 }),
-            PlacementMode::GpuSpread => self.gpus.iter().min_by(|a, b| {
-                running_on(a.index)
-                    .cmp(&running_on(b.index))
-                    .then(a.index.cmp(&b.index))
-            }),
+            // Past the share on a GPU any process may use; never past a compute mode's limit.
+            PlacementMode::GpuSpread => self
+                .gpus
+                .iter()
+                .filter(|g| g.compute_mode == ComputeMode::Default || g.fits > running_on(g.index))
+                .filter(|g| g.compute_mode != ComputeMode::Prohibited)
+                .min_by(|a, b| {
+                    running_on(a.index)
+                        .cmp(&running_on(b.index))
+                        .then(a.index.cmp(&b.index))
+                }),
         };
         pick.map_or(Target::NoRoom, |g| Target::Gpu(assignment(g)))
     }
@@ -635,6 +794,14 @@ impl Plan {
                 self.workers, self.source
             )?;
         }
+        let cuda = |v: Option<u32>| v.map_or_else(|| "unknown".to_string(), cuda_version_text);
+        writeln!(
+            s,
+            "  driver                {} (CUDA {}); worker built for CUDA {} (driver {CUDA_BUILD_MIN_DRIVER}+)",
+            self.driver_version.as_deref().unwrap_or("unknown"),
+            cuda(self.cuda_driver_version),
+            cuda_version_text(self.cuda_build_version)
+        )?;
         writeln!(s, "gpus (NVML)")?;
         if self.gpus.is_empty() {
             match &self.gpu_note {
@@ -645,22 +812,30 @@ impl Plan {
             writeln!(s, "  note: {note}")?;
         }
         for g in &self.gpus {
+            write!(s, "  {}  {}  {}", g.label, g.name, g.uuid)?;
+            if g.compute_mode != ComputeMode::Default {
+                write!(s, "  compute mode {}", g.compute_mode.name())?;
+            }
             write!(
                 s,
-                "  GPU {}  {}  {}\n    total {} MB, free {} MB, fraction {}, usable {} MB",
-                g.index, g.name, g.uuid, g.total_mb, g.free_mb, g.fraction, g.usable_mb
+                "\n    total {} MB, free {} MB, fraction {}, usable {} MB",
+                g.total_mb, g.free_mb, g.fraction, g.usable_mb
             )?;
             if self.mode == PlacementMode::GpuMemory {
                 write!(s, ", fits {}, assigned {}", g.fits, g.assigned)?;
             } else if self.mode == PlacementMode::GpuSpread {
                 write!(s, ", assigned {}", g.assigned)?;
             }
-            if let Some(mf) = g.memory_fraction {
-                write!(s, ", allocator cap {mf} per worker")?;
+            if let (Some(cap), Some(mf)) = (g.cap_mb, g.memory_fraction) {
+                write!(
+                    s,
+                    ", allocator cap {cap} MB ({mf}) + CUDA context ~{} MB per worker",
+                    self.cuda_context_mb
+                )?;
             }
             writeln!(s)?;
             if let Some(x) = &g.excluded {
-                if self.mode == PlacementMode::GpuMemory {
+                if self.mode != PlacementMode::Cpu {
                     writeln!(s, "    no worker: {x}")?;
                 }
             }
@@ -686,10 +861,15 @@ impl Plan {
             match gpu {
                 None => writeln!(s, "  {slots} -> CPU")?,
                 Some(a) => {
-                    write!(s, "  {slots} -> GPU {} ({})", a.index, a.uuid)?;
-                    match a.memory_fraction {
-                        Some(f) => writeln!(s, ", memory fraction {f}")?,
-                        None => writeln!(s)?,
+                    let label = self
+                        .gpus
+                        .iter()
+                        .find(|g| g.index == a.index)
+                        .map_or_else(|| format!("GPU {}", a.index), |g| g.label.clone());
+                    write!(s, "  {slots} -> {label} ({})", a.uuid)?;
+                    match (a.cap_mb, a.memory_fraction) {
+                        (Some(c), Some(f)) => writeln!(s, ", allocator cap {c} MB ({f})")?,
+                        _ => writeln!(s)?,
                     }
                 }
             }
@@ -739,6 +919,9 @@ mod tests {
 
     fn gpu(index: u32, name: &str, total_mb: u64, free_mb: u64) -> GpuInfo {
         GpuInfo {
+            reserved_bytes: 0,
+            compute_mode: ComputeMode::Default,
+            mig: None,
             index,
             uuid: format!("GPU-{index:08}"),
             name: name.into(),
@@ -753,6 +936,8 @@ mod tests {
             cpus,
             gpus,
             gpu_note: None,
+            driver_version: None,
+            cuda_driver_version: None,
         }
     }
 
@@ -1077,16 +1262,21 @@ mod tests {
                         c.name,
                         g.index
                     );
-                    if let Some(f) = g.memory_fraction {
-                        let capped_mb = f * g.total_mb as f64 * f64::from(g.fits);
+                    if let (Some(cap), Some(f)) = (g.cap_mb, g.memory_fraction) {
+                        // Caps and contexts of a full GPU within usable (issue 24, item 4).
                         assert!(
-                            capped_mb <= g.usable_mb as f64,
-                            "{}: caps exceed usable",
+                            (cap + CUDA_CONTEXT_MB) * u64::from(g.fits) <= g.usable_mb,
+                            "{}: caps and contexts exceed usable",
                             c.name
                         );
                         assert!(
-                            f * g.total_mb as f64 >= c.meta.est_gpu_mem_typ as f64 - 1.0,
-                            "{}: cap below est_gpu_mem_typ",
+                            f * g.total_mb as f64 <= cap as f64,
+                            "{}: fraction above the cap",
+                            c.name
+                        );
+                        assert!(
+                            cap + CUDA_CONTEXT_MB >= c.meta.est_gpu_mem_typ,
+                            "{}: cap and context below est_gpu_mem_typ",
                             c.name
                         );
                     }
@@ -1130,10 +1320,12 @@ mod tests {
             (g.total_mb, g.free_mb, g.usable_mb, g.fits),
             (40960, 40560, 36364, 7)
         );
-        assert_eq!(g.memory_fraction, Some(0.1268)); // 36364 / 7 / 40960 = 0.12683…
+        // 36364 / 7 = 5194 MB per worker, of which the CUDA context takes 500 MB.
+        assert_eq!(g.cap_mb, Some(4694));
+        assert_eq!(g.memory_fraction, Some(0.1145)); // 4694 / 40960 = 0.11459…
         let a = p.placement[0].gpu.as_ref().unwrap();
         assert_eq!((a.index, a.uuid.as_str()), (0, "GPU-00000000"));
-        assert_eq!(a.memory_fraction, Some(0.1268));
+        assert_eq!((a.cap_mb, a.memory_fraction), (Some(4694), Some(0.1145)));
     }
 
     #[test]
@@ -1312,7 +1504,7 @@ mod tests {
             "GPU bound = Σ floor(usable / est_gpu_mem_typ 5000 MB) = 7 + 7 = 14",
             "workers = min(CPU bound 9, GPU bound 14) = 9",
             "=> 9 worker(s) on cuda (plan)",
-            "worker 0 -> GPU 0 (GPU-00000000), memory fraction 0.1268",
+            "worker 0 -> GPU 0 (GPU-00000000), allocator cap 4694 MB (0.1145)",
             "worker 1 -> GPU 1 (GPU-00000001)",
             "torch threads = max(1, 4 cores / 9 workers) = 1 per worker",
         ] {
@@ -1323,5 +1515,143 @@ mod tests {
             .unwrap()
             .to_text();
         assert!(cpu.contains("workers 0-8 -> CPU"), "{cpu}");
+    }
+
+    fn with_mode(mut g: GpuInfo, mode: ComputeMode) -> GpuInfo {
+        g.compute_mode = mode;
+        g
+    }
+
+    #[test]
+    fn compute_mode_limits_workers_per_gpu() {
+        let r = res(
+            16,
+            vec![
+                with_mode(a100_40(0), ComputeMode::ExclusiveProcess),
+                with_mode(a100_40(1), ComputeMode::Prohibited),
+                a100_40(2),
+            ],
+        );
+        let p = plan(&r, &meta(3000, 5000), &Policy::default()).unwrap();
+        assert_eq!(per_gpu(&p), vec![1, 0, 7]);
+        assert_eq!(p.gpus[0].fits, 1);
+        assert!(p.gpus[1]
+            .excluded
+            .as_deref()
+            .unwrap()
+            .contains("prohibited"));
+        let t = p.to_text();
+        assert!(
+            t.contains("GPU 0 is in exclusive_process compute mode: at most one worker"),
+            "{t}"
+        );
+        assert!(
+            t.contains("GPU 1 is in prohibited compute mode: no worker"),
+            "{t}"
+        );
+        // --device cuda without an estimate spreads, but the modes still hold.
+        let cuda = Policy {
+            device: Device::Cuda,
+            ..Policy::default()
+        };
+        let p = plan(&r, &meta(0, 0), &cuda).unwrap();
+        assert_eq!(p.mode, PlacementMode::GpuSpread);
+        // CPU bound 33: one on the exclusive GPU, the other 32 on the open one.
+        assert_eq!(per_gpu(&p), vec![1, 0, 32]);
+        assert!(p.unplaced.is_empty(), "{:?}", p.unplaced);
+        // TTIN: never the prohibited GPU, never a second on the exclusive one.
+        let running = |i: u32| [1, 0, 32][i as usize];
+        assert!(matches!(p.next_target(running), Target::Gpu(g) if g.index == 2));
+        // Only prohibited GPUs: nothing fits.
+        let none = res(4, vec![with_mode(a100_40(0), ComputeMode::Prohibited)]);
+        let e = plan(&none, &meta(3000, 5000), &Policy::default()).unwrap_err();
+        assert!(e.to_string().contains("compute mode prohibited"), "{e}");
+    }
+
+    #[test]
+    fn mig_instances_are_planned_as_devices() {
+        let inst = |index: u32, slot: u32, mb: u64| GpuInfo {
+            mig: Some(MigInstance { parent: 0, slot }),
+            uuid: format!("MIG-{slot}"),
+            ..gpu(index, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", mb, mb)
+        };
+        // GPU 0 in MIG mode (two 3g.20gb instances), GPU 1 whole.
+        let r = res(16, vec![a100_40(1), inst(2, 0, 19968), inst(3, 1, 19968)]);
+        let p = plan(&r, &meta(1000, 8000), &Policy::default()).unwrap();
+        // 19968 MB < 20 GiB: fraction 0.84, usable floor(19968 × 0.84) − 500 = 16273: 2 fit.
+        assert_eq!(p.gpus[1].usable_mb, 16273);
+        assert_eq!(per_gpu(&p), vec![4, 2, 2]);
+        let a = p
+            .placement
+            .iter()
+            .find_map(|pl| pl.gpu.clone().filter(|g| g.index == 3))
+            .unwrap();
+        assert_eq!(a.uuid, "MIG-1");
+        assert_eq!(a.mig, Some(MigInstance { parent: 0, slot: 1 }));
+        let t = p.to_text();
+        assert!(
+            t.contains("GPU 0 MIG 1  NVIDIA A100-SXM4-40GB MIG 3g.20gb  MIG-1"),
+            "{t}"
+        );
+        assert!(t.contains("-> GPU 0 MIG 0 (MIG-0)"), "{t}");
+    }
+
+    #[test]
+    fn a_driver_older_than_the_build_refuses_gpu_plans_only() {
+        let mut r = res(4, vec![a100_40(0)]);
+        r.driver_version = Some("550.54.15".into());
+        r.cuda_driver_version = Some(12040);
+        let p = plan(&r, &meta(3000, 5000), &Policy::default()).unwrap();
+        let msg = p.driver_too_old.clone().expect("refused");
+        assert!(p.warnings.contains(&msg));
+        assert!(
+            msg.contains("the NVIDIA driver (550.54.15) supports CUDA up to 12.4")
+                && msg.contains("built with CUDA 13.0")
+                && msg.contains("580 or newer")
+                && msg.contains("--device cpu"),
+            "{msg}"
+        );
+        let cpu = Policy {
+            device: Device::Cpu,
+            ..Policy::default()
+        };
+        let on_cpu = plan(&r, &meta(3000, 5000), &cpu).unwrap();
+        assert_eq!((on_cpu.device, on_cpu.driver_too_old), (Device::Cpu, None));
+        // --device cuda insists: a warning only.
+        let cuda = Policy {
+            device: Device::Cuda,
+            ..Policy::default()
+        };
+        let insist = plan(&r, &meta(3000, 5000), &cuda).unwrap();
+        assert_eq!(insist.driver_too_old, None);
+        assert!(insist
+            .warnings
+            .iter()
+            .any(|w| w.contains("--device cuda: starting anyway")));
+        r.cuda_driver_version = Some(13000);
+        let p = plan(&r, &meta(3000, 5000), &Policy::default()).unwrap();
+        assert!(p
+            .to_text()
+            .contains("driver                550.54.15 (CUDA 13.0); worker built for CUDA 13.0"));
+    }
+
+    #[test]
+    fn an_estimate_below_a_cuda_context_is_planned_as_one() {
+        let p = plan(
+            &res(64, vec![a100_40(0)]),
+            &meta(100, 300),
+            &Policy::default(),
+        )
+        .unwrap();
+        let per = CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB;
+        assert_eq!(p.gpus[0].fits, (36364 / per) as u32);
+        assert_eq!(
+            p.gpus[0].cap_mb,
+            Some(36364 / (36364 / per) - CUDA_CONTEXT_MB)
+        );
+        assert!(p
+            .warnings
+            .iter()
+            .any(|w| w.contains("est_gpu_mem_typ 300 MB is less than one worker's CUDA context")));
     }
 }

@@ -44,14 +44,40 @@ impl Device {
     }
 }
 
-/// The GPU a worker was placed on (it sees only this one through `CUDA_VISIBLE_DEVICES`).
+/// The CUDA version of the libtorch the worker is built against (torch 2.11.0 from PyPI is
+/// built with CUDA 13.0; `worker/build.rs` checks the installed one says the same), in
+/// CUDA's encoding: 1000 × major + 10 × minor. A driver whose CUDA version
+/// (`nvmlSystemGetCudaDriverVersion_v2`) is older cannot run it: libtorch then sees no GPU.
+pub const CUDA_BUILD_VERSION: u32 = 13_000;
+
+/// The oldest NVIDIA driver branch whose CUDA version is [`CUDA_BUILD_VERSION`] (CUDA 13.0's
+/// release notes: driver 580 or newer on Linux), for messages.
+pub const CUDA_BUILD_MIN_DRIVER: &str = "580";
+
+/// CUDA's version encoding as people write it: 12040 → "12.4".
+pub fn cuda_version_text(v: u32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
+/// The device a worker was placed on, a whole GPU or a MIG instance (it sees only this one
+/// through `CUDA_VISIBLE_DEVICES` = its UUID).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuAssignment {
-    /// NVML index (NVML ignores `CUDA_VISIBLE_DEVICES`, so hwFetch needs it).
+    /// The device's index in the master's NVML probe (`resources`): a whole GPU's NVML
+    /// index; for a MIG instance see `mig`.
     pub index: u32,
+    /// `GPU-…` or `MIG-…`.
     pub uuid: String,
-    /// Share of the GPU's memory this worker's caching allocator may take (0..1].
+    /// Share of the device's memory (as NVML counts it) this worker's caching allocator may
+    /// take (0..1], as the plan shows it.
     pub memory_fraction: Option<f64>,
+    /// The same cap in MB: what the worker enforces, as a fraction of the total CUDA itself
+    /// reports (which is less than NVML's on most drivers).
+    #[serde(default)]
+    pub cap_mb: Option<u64>,
+    /// Set for a MIG instance: its GPU's NVML index and its MIG slot (hwFetch needs both).
+    #[serde(default)]
+    pub mig: Option<crate::resources::MigInstance>,
 }
 
 /// Everything a worker needs to serve, handed over as JSON in [`ENV_WORKER_CONFIG`].
@@ -95,6 +121,10 @@ pub struct WorkerConfig {
     pub graceful_timeout_ms: u64,
     /// Torch intra-op threads.
     pub torch_threads: usize,
+    /// `--simulated-gpus`: placed on a simulated GPU, so load the model on the CPU and say
+    /// so instead of failing for want of CUDA.
+    #[serde(default)]
+    pub simulated_gpu: bool,
     pub nvml_library: Option<String>,
     /// Whether a control channel is inherited on [`CONTROL_FD`].
     pub has_control: bool,
@@ -172,6 +202,10 @@ pub enum ControlMsg {
         pid: u32,
         /// Milliseconds from the worker's `main` to ready, split where it was measured.
         boot_ms: BootTimes,
+        /// Where the model really runs: `cuda:0`, `cpu`, or `cpu (simulated GPU)`
+        /// (`--simulated-gpus`); empty from a template, which never serves.
+        #[serde(default)]
+        device: String,
     },
     /// A profiling worker's pass (sent before `Ready`): what the CUDA caching allocator
     /// reserved at its peak and reserves now (`None` off CUDA), or why the pass failed.
@@ -295,6 +329,11 @@ pub mod worker_exit {
     pub const MODEL_LOAD: i32 = 3;
     /// A CUDA error other than out-of-memory: the context is unusable.
     pub const CUDA_FATAL: i32 = 5;
+    /// Placed on a GPU, but libtorch sees no CUDA device (a driver older than the build's
+    /// CUDA, no GPU device files in a container, a libtorch without CUDA), or the GPU
+    /// allocator's cap could not be set: serving anyway would put the model on the CPU
+    /// or leave it uncapped.
+    pub const NO_CUDA: i32 = 7;
     /// The template cannot fork safely (it found more than one thread after loading).
     pub const TEMPLATE_UNFIT: i32 = 6;
 }
@@ -313,6 +352,7 @@ mod tests {
                     model_ms: 20.0,
                     warmup_ms: 3.0,
                 },
+                device: "cuda:0".into(),
             },
             ControlMsg::Heartbeat {
                 served: 7,

@@ -60,7 +60,7 @@ impl Sim {
     }
 
     fn args<'a>(&self, lib: &'a str, args: &[&'a str]) -> Vec<&'a str> {
-        let mut a = vec!["--nvml-library", lib];
+        let mut a = vec!["--nvml-library", lib, "--simulated-gpus"];
         a.extend_from_slice(args);
         a
     }
@@ -166,8 +166,10 @@ fn a_footprint_larger_than_the_estimate_plans_fewer_workers() {
     assert_eq!(e.u64("workers"), Some(want), "{e:?}");
     assert!(want < workers_for(2000));
     let pids = s.wait_workers(want as usize);
-    // Each worker's allocator cap is its share of the usable memory: usable / workers.
-    let cap = ((T4_USABLE_MB as f64 / want as f64 / 15_360.0) * 10_000.0).floor() / 10_000.0;
+    // Each worker's allocator cap is its share of the usable memory less its CUDA context
+    // (500 MB): usable / workers − 500, shown as a share of the T4's 15,360 MB.
+    let cap_mb = T4_USABLE_MB / want - 500;
+    let cap = ((cap_mb as f64 / 15_360.0) * 10_000.0).floor() / 10_000.0;
     for pid in &pids {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
         let cfg = env
@@ -176,6 +178,7 @@ fn a_footprint_larger_than_the_estimate_plans_fewer_workers() {
             .map(|v| serde_json::from_slice::<Value>(v).unwrap())
             .expect("a worker config");
         assert_eq!(cfg["gpu"]["memory_fraction"].as_f64(), Some(cap), "{cfg:#}");
+        assert_eq!(cfg["gpu"]["cap_mb"].as_u64(), Some(cap_mb), "{cfg:#}");
         assert_eq!(cfg["profile"], false, "serving workers do not profile");
     }
     let r = s.post("/", r#"{"inputs": [[1, 2, 3, 4]]}"#);
@@ -253,12 +256,13 @@ fn profiling_off_or_unfit_keeps_the_estimate() {
     assert!(meta.get("gpu_footprint_mb").is_none(), "{meta:#}");
     drop(s);
 
-    // 20,000 MB per worker fits no T4.
-    let big = Sim::new("[-1, 4]", 500, 2000, Some(20_000));
+    // 15,000 MB per worker fits no T4 (12,402 MB usable). (NVML never reports a process
+    // using more than its GPU holds; a list that does is distrusted as a whole.)
+    let big = Sim::new("[-1, 4]", 500, 2000, Some(15_000));
     let (code, out) = big.measure(&["--json"]);
     assert_eq!(code, Some(0), "{out}");
     let r = report(&out);
-    assert_eq!(n(&r["measured"]["footprint_mb"]), 20_000);
+    assert_eq!(n(&r["measured"]["footprint_mb"]), 15_000);
     assert!(
         r["kept_estimate"]
             .as_str()
@@ -384,5 +388,40 @@ fn a_footprint_file_carries_the_measurement_to_the_next_start() {
             && bad.log_text().contains("is not valid JSON"),
         "{}",
         bad.log_text()
+    );
+}
+
+/// Issue 24, item 3: in a container without the host's PID namespace NVML lists host pids,
+/// so the profiling worker's own figure is never found; the footprint is then the fall of
+/// the GPU's free memory while it started (CUDA context included), with a warning.
+#[test]
+fn a_worker_nvml_cannot_see_is_measured_from_free_memory() {
+    let sim = Sim::new("[-1, 4]", 500, 6000, None);
+    // A UUID of this test's own, so that workers of tests running beside it do not count.
+    let gpu = SimGpu::t4()
+        .uuid(&format!(
+            "GPU-pidns-{}-0000-0000-000000000000",
+            std::process::id()
+        ))
+        .workers_use(2500)
+        .pid_namespace_offset(1_000_000)
+        .free_follows_processes();
+    SimGpus::new(vec![gpu]).write(std::path::Path::new(&sim.file));
+    let (code, out) = sim.measure(&["--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let r = report(&out);
+    assert!(r["measured"]["nvml_process_bytes"].is_null(), "{r:#}");
+    assert_eq!(
+        n(&r["measured"]["device_free_memory_fall_bytes"]),
+        2500 << 20,
+        "{r:#}"
+    );
+    assert_eq!(n(&r["measured"]["footprint_mb"]), 2500, "{r:#}");
+    let (code, text) = sim.measure(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("footprint_from_free_memory"), "{text}");
+    assert!(
+        text.contains("pid not visible: GPU free memory fell 2500 MB"),
+        "{text}"
     );
 }

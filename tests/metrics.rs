@@ -475,6 +475,7 @@ fn start_on_sim(file: &std::path::Path, workers: &str) -> (App, Server, u16) {
             workers,
             "--nvml-library",
             lib.to_str().unwrap(),
+            "--simulated-gpus",
         ],
         &[(nvml_sim::ENV_FILE, file.to_str().unwrap())],
     );
@@ -674,4 +675,31 @@ fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
     assert_eq!(probe(mport, "/health/live").0, 200);
     let (status, v) = probe(mport, "/health/nope");
     assert_eq!(status, 404, "{v}");
+}
+
+/// Issue 24: a GPU in MIG mode shows in `/metrics` as its instances, each with its own
+/// memory under its `MIG-…` UUID; the whole GPU in MIG mode is not a row of its own.
+#[test]
+fn mig_instances_show_as_gpus_of_their_own() {
+    use nvml_sim::{SimMig, SimMigInstance};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gpus.json");
+    let uuid = format!("MIG-metrics-{}", std::process::id());
+    let gpu = nvml_sim::SimGpu::a100_40gb()
+        .mig(SimMig::enabled().instance(SimMigInstance::a100_3g_20gb(&uuid, 1).free_mb(19_000)));
+    nvml_sim::SimGpus::new(vec![gpu]).write(&file);
+    let (_app, s, mport) = start_on_sim(&file, "2");
+    s.wait_workers(2);
+    let mb = 1024.0 * 1024.0;
+    // The instance is device 1 (after the one whole GPU's NVML index 0).
+    let g = [("index", "1"), ("uuid", uuid.as_str())];
+    let f = wait_metrics(&s, mport, "the MIG instance's memory", |f| {
+        sum(f, "vramfork_gpu_memory_total_bytes", &g) == 19_968.0 * mb
+    });
+    assert_eq!(sum(&f, "vramfork_gpu_memory_free_bytes", &g), 19_000.0 * mb);
+    let rows = f["vramfork_gpu_memory_total_bytes"]["samples"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(rows, 1, "only the instance: {f:#}");
 }

@@ -291,7 +291,11 @@ fn pid_namespace_offset_shifts_discovered_processes() {
 
 #[test]
 fn cuda_driver_version_and_nvml_version() {
-    let s = Sim::new(&SimGpus::new(vec![SimGpu::t4()]).cuda_driver_version(12_040));
+    let s = Sim::new(
+        &SimGpus::new(vec![SimGpu::t4()])
+            .driver("550.54.15")
+            .cuda_driver_version(12_040),
+    );
     let nvml = s.nvml();
     let v = nvml.sys_cuda_driver_version().unwrap();
     assert_eq!(v, 12_040);
@@ -570,7 +574,7 @@ fn injected_errors_come_back_as_nvml_errors() {
         nvml.sys_cuda_driver_version(),
         Err(NvmlError::FunctionNotFound)
     ));
-    assert_eq!(nvml.sys_driver_version().unwrap(), "550.54.15");
+    assert_eq!(nvml.sys_driver_version().unwrap(), "580.65.06");
 
     // Per GPU: only that GPU, only that function (v1 still answers).
     assert!(matches!(gpu1.memory_info(), Err(NvmlError::GpuLost)));

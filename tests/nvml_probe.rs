@@ -68,7 +68,7 @@ fn one_gpu_with_processes() {
     let p = s.open();
     assert_eq!(p.count().unwrap(), 1);
     check_gpus(&p, &sim);
-    assert_eq!(p.driver_version().as_deref(), Some("550.54.15"));
+    assert_eq!(p.driver_version().as_deref(), Some("580.65.06"));
     assert_eq!(p.process_used_bytes(0, 123).unwrap(), Some(500 * MB));
     assert_eq!(p.process_used_bytes(0, 456).unwrap(), Some(9_000 * MB));
     assert_eq!(p.process_used_bytes(0, 789).unwrap(), None, "not available");
@@ -167,4 +167,120 @@ fn explicit_library_that_cannot_initialise_is_an_error() {
         NvmlProbe::open(Some(&s.lib)),
         Err(ProbeError::Load { .. })
     ));
+}
+
+/// Memory info v2: `reserved` is read and kept apart from `used`; the driver's CUDA
+/// version is read (issue 24).
+#[test]
+fn reserved_memory_and_the_drivers_cuda_version() {
+    let sim = SimGpus::new(vec![SimGpu::h100_80gb().free_mb(80_000).reserved_mb(600)])
+        .cuda_driver_version(12080);
+    let s = Sim::new(&sim);
+    let (res, p) = probe(Some(&s.lib)).unwrap();
+    let g = &res.gpus[0];
+    assert_eq!(g.reserved_bytes, 600 * MB);
+    assert_eq!(
+        g.total_bytes,
+        g.free_bytes + g.used_bytes + g.reserved_bytes
+    );
+    assert_eq!(res.cuda_driver_version, Some(12080));
+    assert_eq!(p.unwrap().cuda_driver_version(), Some(12080));
+}
+
+/// Compute modes are read per GPU; a GPU that does not support the query counts as
+/// `default`, one that has fallen off the bus is left out.
+#[test]
+fn compute_modes_and_their_errors() {
+    use nvml_sim::{nvml_return, SimComputeMode};
+    use vramfork::resources::ComputeMode;
+    let sim = SimGpus::new(vec![
+        SimGpu::a100_40gb().compute_mode(SimComputeMode::ExclusiveProcess),
+        SimGpu::a100_40gb().compute_mode(SimComputeMode::Prohibited),
+        SimGpu::t4().error("nvmlDeviceGetComputeMode", nvml_return::NOT_SUPPORTED),
+        SimGpu::t4().error("nvmlDeviceGetComputeMode", nvml_return::GPU_IS_LOST),
+    ]);
+    let s = Sim::new(&sim);
+    let (res, _p) = probe(Some(&s.lib)).unwrap();
+    let modes: Vec<(u32, ComputeMode)> =
+        res.gpus.iter().map(|g| (g.index, g.compute_mode)).collect();
+    assert_eq!(
+        modes,
+        vec![
+            (0, ComputeMode::ExclusiveProcess),
+            (1, ComputeMode::Prohibited),
+            (2, ComputeMode::Default)
+        ]
+    );
+    let note = res.gpu_note.unwrap();
+    assert!(
+        note.contains("GPU 3 left out") && note.contains("nvmlDeviceGetComputeMode"),
+        "{note}"
+    );
+}
+
+/// A GPU in MIG mode is listed as its instances (after the whole GPUs), each with its own
+/// UUID and memory; one in MIG mode without instances is left out with a note.
+#[test]
+fn mig_instances_are_devices() {
+    use nvml_sim::{SimMig, SimMigInstance};
+    use vramfork::resources::MigInstance;
+    let sim = SimGpus::new(vec![
+        SimGpu::a100_40gb().mig(
+            SimMig::enabled()
+                .empty_slot()
+                .instance(SimMigInstance::a100_3g_20gb("MIG-aaaa", 1).process(4242, 700))
+                .instance(SimMigInstance::a100_1g_5gb("MIG-bbbb", 2)),
+        ),
+        SimGpu::t4(),
+        SimGpu::a100_40gb().mig(SimMig::enabled()),
+        SimGpu::t4().mig(SimMig::disabled()),
+    ]);
+    let s = Sim::new(&sim);
+    let (res, p) = probe(Some(&s.lib)).unwrap();
+    let p = p.unwrap();
+    let got: Vec<(u32, String, u64, Option<MigInstance>)> = res
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.uuid.clone(), g.total_bytes / MB, g.mig))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, sim.uuid_of(1), 15_360, None),
+            (3, sim.uuid_of(3), 15_360, None),
+            (
+                4,
+                "MIG-aaaa".into(),
+                19_968,
+                Some(MigInstance { parent: 0, slot: 1 })
+            ),
+            (
+                5,
+                "MIG-bbbb".into(),
+                4_864,
+                Some(MigInstance { parent: 0, slot: 2 })
+            ),
+        ]
+    );
+    assert_eq!(res.gpus[2].label(), "GPU 0 MIG 1");
+    assert_eq!(p.process_used_bytes(4, 4242).unwrap(), Some(700 * MB));
+    assert_eq!(p.process_used_bytes(5, 4242).unwrap(), None);
+    let note = res.gpu_note.unwrap();
+    assert!(
+        note.contains("GPU 2 is in MIG mode but has no MIG instance"),
+        "{note}"
+    );
+}
+
+/// Drivers 535.43–535.86 filled the process list in another layout than their header's:
+/// a figure larger than the GPU is the sign, and then no figure from the list is trusted.
+#[test]
+fn an_implausible_process_list_is_not_trusted() {
+    let sim = SimGpus::new(vec![SimGpu::t4().process(10, 500).process(11, 4_000_000)]);
+    let s = Sim::new(&sim);
+    let p = s.open();
+    assert_eq!(p.process_used_bytes(0, 10).unwrap(), None);
+    let fine = SimGpus::new(vec![SimGpu::t4().process(10, 500)]);
+    fine.write(&s.file);
+    assert_eq!(p.process_used_bytes(0, 10).unwrap(), Some(500 * MB));
 }

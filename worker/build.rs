@@ -31,6 +31,33 @@ fn main() {
         }
     }
     build_shim(&libtorch, &abi, has_cuda);
+    check_cuda_version(&libtorch);
+}
+
+/// The CUDA version `vramfork::protocol::CUDA_BUILD_VERSION` states (13.0 = 13000); the
+/// master plans and refuses old drivers by it, so the libtorch linked here must say the same.
+const CUDA_BUILD: &str = "13.0";
+
+/// Fails the build when the libtorch's `version.py` names another CUDA version than
+/// [`CUDA_BUILD`] (a CPU-only libtorch, `cuda = None`, is allowed: it never uses a GPU).
+fn check_cuda_version(libtorch: &Path) {
+    let file = libtorch.join("version.py");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return;
+    };
+    let cuda = text
+        .lines()
+        .find(|l| l.starts_with("cuda"))
+        .and_then(|l| l.split('\'').nth(1));
+    if let Some(v) = cuda {
+        assert!(
+            v == CUDA_BUILD,
+            "{} says libtorch is built with CUDA {v}, but vramfork states CUDA {CUDA_BUILD} \
+             (protocol::CUDA_BUILD_VERSION and worker/build.rs): update both",
+            file.display()
+        );
+    }
 }
 
 fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {

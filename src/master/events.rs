@@ -12,7 +12,9 @@
 //! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |
-//! | `worker_ready` | info | `slot`, `pid`, `generation`, `ms`, `model_ms`, `warmup_ms` | it accepts connections |
+//! | `worker_ready` | info | `slot`, `pid`, `generation`, `device` (`cuda:0`, `cpu`, `cpu (simulated GPU)`), `ms`, `model_ms`, `warmup_ms` | it accepts connections |
+//! | `no_cuda` | error | | a worker placed on a GPU came up without CUDA (or could not cap its allocator): the master exits 5 |
+//! | `footprint_from_free_memory` | warn | `pid`, `gpu`, `mb` | NVML does not list the profiling worker's pid (container PID namespace): its footprint is the fall of the GPU's free memory |
 //! | `worker_retiring` | debug | `slot`, `pid`, `reason`, `served`, `in_flight` | it stopped accepting |
 //! | `worker_exited` | info, warn, error | `slot`, `pid`, `generation`, `phase`, `code` or `signal`, `served`, `reason`, `killed` | the master reaped it |
 //! | `worker_killed` | warn | `pid`, `why` (`boot_timeout`, `heartbeat`, `graceful_timeout`, `stop_timeout`) | the master sent SIGKILL |

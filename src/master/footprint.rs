@@ -137,7 +137,14 @@ impl Learner {
             plan.gpus
                 .iter()
                 .filter(|g| g.excluded.is_none())
-                .map(|g| (g.usable_mb / hw) as u32)
+                .map(|g| {
+                    let fits = (g.usable_mb / hw) as u32;
+                    match g.compute_mode {
+                        crate::resources::ComputeMode::Default => fits,
+                        // One process at a time there, whatever the memory.
+                        _ => fits.min(1),
+                    }
+                })
                 .sum(),
         )
     }

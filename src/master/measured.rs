@@ -75,6 +75,7 @@ pub fn remembered(cfg: &Config, res: &Resources, plan: &Plan, mb: u64) -> Profil
             .unwrap_or(0),
         footprint_mb: mb,
         nvml_used: None,
+        device_delta: None,
         allocator_peak: None,
         allocator_reserved: None,
         pass_ms: 0.0,
@@ -166,6 +167,7 @@ impl Profiled {
                     "gpu": m.gpu,
                     "footprint_mb": m.footprint_mb,
                     "nvml_process_bytes": m.nvml_used,
+                    "device_free_memory_fall_bytes": m.device_delta,
                     "allocator_peak_reserved_bytes": m.allocator_peak,
                     "allocator_reserved_bytes": m.allocator_reserved,
                     "pass_ms": m.pass_ms,
@@ -200,8 +202,11 @@ impl Profiled {
         );
         let _ = writeln!(
             s,
-            "  from                  NVML process {}, allocator peak reserved {}, reserved after the pass {}",
+            "  from                  NVML process {}{}, allocator peak reserved {}, reserved after the pass {}",
             mbf(m.nvml_used),
+            m.device_delta
+                .map(|d| format!(" (pid not visible: GPU free memory fell {})", mbf(Some(d))))
+                .unwrap_or_default(),
             mbf(m.allocator_peak),
             mbf(m.allocator_reserved)
         );

@@ -297,7 +297,9 @@ impl Source for MasterMetrics {
 
 /// Every GPU NVML sees, now.
 pub fn gpu_rows(n: &NvmlProbe) -> Vec<GpuRow> {
-    (0..n.count().unwrap_or(0))
+    n.indices()
+        .unwrap_or_default()
+        .into_iter()
         .filter_map(|i| n.gpu(i).ok())
         .map(|g| GpuRow {
             index: g.index,
@@ -353,7 +355,7 @@ mod tests {
         let res = crate::resources::Resources {
             cpus: 1,
             gpus: vec![],
-            gpu_note: None,
+            ..Default::default()
         };
         crate::plan::plan(&res, &meta, &crate::plan::Policy::default()).unwrap()
     }

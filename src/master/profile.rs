@@ -39,6 +39,9 @@ pub struct Measured {
     pub footprint_mb: u64,
     /// NVML's figure for its process, bytes.
     pub nvml_used: Option<u64>,
+    /// When NVML does not list the worker's pid (a container without the host's PID
+    /// namespace): how much the device's free memory fell while it started, bytes.
+    pub device_delta: Option<u64>,
     pub allocator_peak: Option<u64>,
     pub allocator_reserved: Option<u64>,
     /// The profiling pass, ms.
@@ -72,8 +75,11 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     if let Some(g) = config.gpu.as_mut() {
         // What it really takes, not what a share of the GPU allows.
         g.memory_fraction = None;
+        g.cap_mb = None;
     }
     let index = config.gpu.as_ref().map(|g| g.index).unwrap_or(0);
+    // For the fallback when NVML cannot see the worker's pid (`device_delta`).
+    let free_before = gpus.free_bytes(index).ok();
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot open a loopback listener for the profiling worker: {e}"))?;
     let mut w = launch(
@@ -102,17 +108,33 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     // Read NVML while the worker still holds its memory, then stop it (unless it is gone
     // and reaped already: its pid may belong to another process by now).
     let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();
+    let free_after = gpus.free_bytes(index).ok();
     if !reaped {
         stop(pid);
     }
     let (peak, reserved, pass_ms) = outcome?;
-    let bytes = footprint(nvml_used, peak, reserved).ok_or_else(|| {
+    let device_delta = match (nvml_used, free_before, free_after) {
+        (None, Some(before), Some(after)) if before > after => Some(before - after),
+        _ => None,
+    };
+    if let Some(delta) = device_delta {
+        tracing::warn!(
+            event = "footprint_from_free_memory",
+            pid,
+            gpu = index,
+            mb = delta >> 20,
+            "NVML does not list the profiling worker (pid {pid}) among GPU {index}'s processes (in a container without the host's PID namespace it lists host pids): its footprint, CUDA context included, is taken as the fall of GPU {index}'s free memory while it started ({} MB), which also counts anything else that started on that GPU meanwhile",
+            delta >> 20
+        );
+    }
+    let bytes = footprint(nvml_used.or(device_delta), peak, reserved).ok_or_else(|| {
         format!("neither NVML nor the CUDA allocator reported the profiling worker's memory (pid {pid} on GPU {index})")
     })?;
     Ok(Measured {
         gpu: index,
         footprint_mb: bytes.div_ceil(MB),
         nvml_used,
+        device_delta,
         allocator_peak: peak,
         allocator_reserved: reserved,
         pass_ms,
@@ -250,6 +272,7 @@ mod tests {
             gpu: 0,
             footprint_mb: 1000,
             nvml_used: None,
+            device_delta: None,
             allocator_peak: None,
             allocator_reserved: None,
             pass_ms: 1.0,

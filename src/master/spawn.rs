@@ -49,12 +49,14 @@ pub fn worker_config(
         .and_then(|p| p.gpu.clone());
     let device = match (cfg.device, &gpu) {
         (Device::Cpu, _) => Device::Cpu,
-        (d, Some(_)) => d,
+        // The plan put it on a GPU: CUDA it must be (`auto` would fall back to the CPU).
+        (_, Some(_)) => Device::Cuda,
         // No GPU placed for this worker (no GPU seen, or the app needs none): CPU.
         (_, None) if cfg.metadata.est_gpu_mem_typ == 0 && cfg.device == Device::Auto => Device::Cpu,
         (d, None) => d,
     };
     WorkerConfig {
+        simulated_gpu: cfg.simulated_gpus && gpu.is_some(),
         slot,
         generation,
         metadata_json: cfg.metadata.to_json(),
@@ -110,7 +112,11 @@ pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
         Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", &g.uuid),
         None => cmd.env("CUDA_VISIBLE_DEVICES", ""),
     };
-    if std::env::var_os("PYTORCH_CUDA_ALLOC_CONF").is_none() {
+    // torch 2.11 reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF as its older name:
+    // either one set is the user's choice.
+    if std::env::var_os("PYTORCH_CUDA_ALLOC_CONF").is_none()
+        && std::env::var_os("PYTORCH_ALLOC_CONF").is_none()
+    {
         cmd.env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True");
     }
 }

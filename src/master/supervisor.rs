@@ -26,7 +26,7 @@ use super::template::Template;
 use crate::board::Board;
 use crate::config::Config;
 use crate::plan::{Placement, Plan, Target};
-use crate::protocol::{take_line, worker_exit, ControlMsg, GpuAssignment, WorkerConfig};
+use crate::protocol::{take_line, worker_exit, ControlMsg, WorkerConfig};
 use crate::resources::NvmlProbe;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
@@ -63,6 +63,9 @@ pub struct Supervisor {
     stopping: Option<Stopping>,
     ever_ready: bool,
     first_boot_failures: u32,
+    /// Why the master must stop with `exit::NO_CUDA`: a worker placed on a GPU came up
+    /// without CUDA (`no_cuda`).
+    no_cuda: Option<String>,
     last_ready_at: Instant,
     gpus: Option<NvmlProbe>,
     rng: u64,
@@ -132,6 +135,7 @@ impl Supervisor {
             stopping: None,
             ever_ready: false,
             first_boot_failures: 0,
+            no_cuda: None,
             last_ready_at: Instant::now(),
             gpus,
             rng: seed | 1,
@@ -517,9 +521,24 @@ impl Supervisor {
             }
             return;
         }
+        // Before any worker served, a GPU worker without CUDA means the machine cannot
+        // serve as planned; later (a GPU lost while serving) it is one more failed boot.
+        if let Some(gpu) = st.gpu.filter(|_| code == Some(worker_exit::NO_CUDA)) {
+            let why = format!(
+                "{name} was placed on {} but libtorch sees no CUDA device there (its reason is logged above): {}",
+                self.gpu_label(gpu),
+                self.no_cuda_reason()
+            );
+            if self.ever_ready {
+                tracing::error!(event = "no_cuda", "{why}");
+            } else {
+                self.no_cuda = Some(why);
+            }
+        }
         match st.phase {
             Phase::Booting => {
                 let what = match code {
+                    Some(worker_exit::NO_CUDA) => "could not use its GPU",
                     Some(worker_exit::MODEL_LOAD) => "could not load the model",
                     Some(worker_exit::CONFIG) => "rejected its configuration",
                     _ => "died while booting",
@@ -744,7 +763,21 @@ impl Supervisor {
     fn absorb(&mut self, st: &mut WorkerState, msgs: Vec<ControlMsg>, now: Instant) {
         for msg in msgs {
             match msg {
-                ControlMsg::Ready { pid, boot_ms } => {
+                ControlMsg::Ready {
+                    pid,
+                    boot_ms,
+                    device,
+                } => {
+                    let simulated = self.cfg.simulated_gpus && device.contains("simulated");
+                    let off_gpu = !device.starts_with("cuda") && !simulated;
+                    if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
+                        self.no_cuda = Some(format!(
+                            "worker {} (pid {pid}) was placed on {} but runs its model on '{device}': {}",
+                            st.slot,
+                            self.gpu_label(gpu),
+                            self.no_cuda_reason()
+                        ));
+                    }
                     st.set_phase(Phase::Ready, now);
                     if st.cfg_gen == self.cfg_gen {
                         self.gen_proven = true;
@@ -764,6 +797,7 @@ impl Supervisor {
                         slot = st.slot,
                         pid,
                         generation = st.generation,
+                        device,
                         ms,
                         model_ms = boot_ms.model_ms,
                         warmup_ms = boot_ms.warmup_ms,
@@ -850,23 +884,25 @@ impl Supervisor {
         let fits_now = |g: &crate::plan::GpuPlan| -> Option<u64> {
             let free = probe.free_bytes(g.index).ok()? >> 20;
             let usable = ((g.total_mb as f64 * g.fraction) as u64).min(free);
-            (free >= min + reserve && usable.saturating_sub(reserve) >= typ).then_some(free)
+            let per_worker = typ.max(crate::plan::CUDA_CONTEXT_MB + crate::plan::MIN_ALLOCATOR_MB);
+            (free >= min + reserve && usable.saturating_sub(reserve) >= per_worker).then_some(free)
         };
         let best = self
             .plan
             .gpus
             .iter()
             .filter(|g| g.excluded.is_none() && !booting(g.index))
+            // A GPU only one process at a time may use takes no second worker.
+            .filter(|g| {
+                g.compute_mode == crate::resources::ComputeMode::Default
+                    || !self.slots.iter().any(|s| s.gpu == Some(g.index))
+            })
             .filter_map(|g| fits_now(g).map(|free| (g, free)))
             .max_by_key(|(_, free)| *free);
         let Some((g, free)) = best else {
             return;
         };
-        let gpu = GpuAssignment {
-            index: g.index,
-            uuid: g.uuid.clone(),
-            memory_fraction: g.memory_fraction,
-        };
+        let gpu = g.assignment();
         let id = self.slots[i].id;
         tracing::warn!(
             event = "worker_placed",
@@ -885,21 +921,57 @@ impl Supervisor {
         });
     }
 
+    /// How messages name the plan's device `index` (`GPU 1`, `GPU 0 MIG 2`).
+    fn gpu_label(&self, index: u32) -> String {
+        self.plan
+            .gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map_or_else(|| format!("GPU {index}"), |g| g.label.clone())
+    }
+
+    /// What the driver says of CUDA, for the `no_cuda` message.
+    fn no_cuda_reason(&self) -> String {
+        use crate::protocol::{cuda_version_text, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION};
+        let driver = self
+            .gpus
+            .as_ref()
+            .and_then(|g| g.cuda_driver_version())
+            .map_or_else(|| "unknown".to_string(), cuda_version_text);
+        format!(
+            "the driver supports CUDA {driver}, the worker's libtorch needs CUDA {} (driver \
+             {CUDA_BUILD_MIN_DRIVER} or newer), and in a container the GPU's device files must \
+             be mounted; vramfork does not fall back to the CPU silently: fix the GPU setup or \
+             use --device cpu",
+            cuda_version_text(CUDA_BUILD_VERSION)
+        )
+    }
+
     /// Applies `decide`'s actions; returns the exit status when the master should exit.
     fn act(&mut self) -> Option<i32> {
+        if let Some(why) = self.no_cuda.take() {
+            tracing::error!(event = "no_cuda", "giving up: {why}");
+            eprintln!("app: {why}");
+            self.kill_all();
+            return Some(crate::exit::NO_CUDA);
+        }
         self.place_unplaced();
         let now = Instant::now();
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
         let plan = &self.plan;
         let slots = &self.slots;
         // What the plan fitted, or more where an override placed more slots there.
+        // On a GPU only one process at a time may use (compute mode), never more than one
+        // worker, so a replacement waits for its predecessor to be gone.
         let capacity = |gpu: u32| {
-            let fits = plan
-                .gpus
-                .iter()
-                .find(|g| g.index == gpu)
-                .map_or(0, |g| g.fits);
-            fits.max(slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32)
+            let on_it = slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32;
+            match plan.gpus.iter().find(|g| g.index == gpu) {
+                Some(g) if g.compute_mode != crate::resources::ComputeMode::Default => {
+                    g.fits.min(1)
+                }
+                Some(g) => g.fits.max(on_it),
+                None => on_it,
+            }
         };
         let need_mb = self.cfg.metadata.est_gpu_mem_min + self.cfg.gpu_reserve_mb;
         let probe = self.gpus.as_ref();

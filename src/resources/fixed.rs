@@ -55,8 +55,8 @@ impl FixedProbe {
 }
 
 impl GpuProbe for FixedProbe {
-    fn count(&self) -> Result<u32, ProbeError> {
-        Ok(self.with(|s| s.gpus.len() as u32))
+    fn indices(&self) -> Result<Vec<u32>, ProbeError> {
+        Ok(self.with(|s| (0..s.gpus.len() as u32).collect()))
     }
 
     fn gpu(&self, index: u32) -> Result<GpuInfo, ProbeError> {

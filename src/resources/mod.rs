@@ -8,11 +8,18 @@
 //! saying why. Only an NVML library the user named explicitly (`--nvml-library`) that
 //! cannot be loaded is an error, so the caller can exit 2.
 //!
+//! A device here is what one worker can be pinned to: a whole GPU, or one MIG instance of
+//! a GPU in MIG mode (NVML lists MIG instances only under their GPU; [`NvmlProbe`] lists
+//! them as devices of their own, after the whole GPUs). Each device has an `index` that
+//! stays the same for the life of the probe: a whole GPU's NVML index, or for a MIG
+//! instance a number after the last NVML index ([`GpuInfo::label`] names both ways).
+//!
 //! Sizes are in bytes here; the plan works in MB, where 1 MB = 2^20 bytes (MiB), as
 //! `nvidia-smi` reports them.
 
 mod fixed;
 mod nvml;
+pub mod visible;
 
 use std::path::Path;
 
@@ -24,20 +31,74 @@ pub use nvml::NvmlProbe;
 /// Bytes in one MB as the whole project counts them (MiB).
 pub const MB: u64 = 1 << 20;
 
-/// One GPU as NVML reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A GPU's compute mode (`nvidia-smi -q -d COMPUTE`; NVML `nvmlComputeMode_t`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    /// Any number of processes may hold a CUDA context.
+    #[default]
+    Default,
+    /// One context at a time (withdrawn by NVIDIA; treated as exclusive-process).
+    ExclusiveThread,
+    /// No process may create a CUDA context.
+    Prohibited,
+    /// One process at a time may hold a CUDA context.
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "default",
+            ComputeMode::ExclusiveThread => "exclusive_thread",
+            ComputeMode::Prohibited => "prohibited",
+            ComputeMode::ExclusiveProcess => "exclusive_process",
+        }
+    }
+}
+
+/// Where a MIG instance sits: its GPU and its place among that GPU's MIG devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct MigInstance {
+    /// NVML index of the GPU it is part of.
+    pub parent: u32,
+    /// Its index for `nvmlDeviceGetMigDeviceHandleByIndex` on that GPU.
+    pub slot: u32,
+}
+
+/// One device (a whole GPU or a MIG instance) as NVML reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GpuInfo {
-    /// NVML index (NVML ignores `CUDA_VISIBLE_DEVICES`; CUDA's own order may differ, so
-    /// workers are pointed at their GPU by `uuid`).
+    /// The device's index in this probe: a whole GPU's NVML index, or a number after the
+    /// last NVML index for a MIG instance. NVML ignores `CUDA_VISIBLE_DEVICES` and CUDA's
+    /// own order may differ, so workers are pointed at their device by `uuid`.
     pub index: u32,
+    /// `GPU-…` for a whole GPU, `MIG-…` for a MIG instance.
     pub uuid: String,
     pub name: String,
     pub total_bytes: u64,
     pub free_bytes: u64,
     pub used_bytes: u64,
+    /// Memory the driver keeps for itself (NVML's memory info v2; 0 where not reported).
+    /// Recent drivers report `total = free + used + reserved`.
+    pub reserved_bytes: u64,
+    pub compute_mode: ComputeMode,
+    /// Set when this device is a MIG instance.
+    pub mig: Option<MigInstance>,
 }
 
 impl GpuInfo {
+    /// The NVML index of the physical GPU (a MIG instance's parent).
+    pub fn nvml_index(&self) -> u32 {
+        self.mig.map_or(self.index, |m| m.parent)
+    }
+    /// How messages name it: `GPU 1`, or `GPU 0 MIG 2` (`nvidia-smi -L`'s words).
+    pub fn label(&self) -> String {
+        match self.mig {
+            None => format!("GPU {}", self.index),
+            Some(m) => format!("GPU {} MIG {}", m.parent, m.slot),
+        }
+    }
     pub fn total_mb(&self) -> u64 {
         self.total_bytes / MB
     }
@@ -47,7 +108,7 @@ impl GpuInfo {
 }
 
 /// What the machine offers, as measured once at start-up.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Resources {
     /// Logical cores as `num_cpus::get()` counts them (honours affinity and cgroup quotas).
     pub cpus: usize,
@@ -55,6 +116,13 @@ pub struct Resources {
     pub gpus: Vec<GpuInfo>,
     /// Why no (or fewer) GPUs were seen, e.g. NVML not found; `None` when all went well.
     pub gpu_note: Option<String>,
+    /// The NVIDIA driver's version, when NVML says.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The newest CUDA version the driver supports (CUDA's encoding, 1000 × major + 10 ×
+    /// minor: 12040 = 12.4), when NVML says.
+    #[serde(default)]
+    pub cuda_driver_version: Option<u32>,
 }
 
 impl Resources {
@@ -64,19 +132,21 @@ impl Resources {
             cpus,
             gpus: Vec::new(),
             gpu_note: Some(note.into()),
+            driver_version: None,
+            cuda_driver_version: None,
         }
     }
 
-    /// Reads all GPUs through `probe`. A GPU that fails (fallen off the bus, no permission)
-    /// is left out and named in the note; the others are kept.
+    /// Reads all devices through `probe`. A device that fails (fallen off the bus, no
+    /// permission) is left out and named in the note; the others are kept.
     pub fn from_probe(cpus: usize, probe: &dyn GpuProbe) -> Resources {
-        let mut notes = Vec::new();
+        let mut notes = probe.notes();
         let mut gpus = Vec::new();
-        match probe.count() {
+        match probe.indices() {
             Err(e) => notes.push(format!("cannot count GPUs: {e}")),
-            Ok(0) => notes.push("NVML sees no GPU".to_string()),
-            Ok(n) => {
-                for index in 0..n {
+            Ok(v) if v.is_empty() && notes.is_empty() => notes.push("NVML sees no GPU".to_string()),
+            Ok(v) => {
+                for index in v {
                     match probe.gpu(index) {
                         Ok(g) => gpus.push(g),
                         Err(e) => notes.push(format!("GPU {index} left out: {e}")),
@@ -88,6 +158,8 @@ impl Resources {
             cpus: cpus.max(1),
             gpus,
             gpu_note: (!notes.is_empty()).then(|| notes.join("; ")),
+            driver_version: probe.driver_version(),
+            cuda_driver_version: probe.cuda_driver_version(),
         }
     }
 }
@@ -118,13 +190,25 @@ fn gpu_suffix(index: Option<u32>) -> String {
 /// The questions the master asks about GPUs. NVML implements it ([`NvmlProbe`]); tests use
 /// [`FixedProbe`].
 pub trait GpuProbe: Send + Sync {
-    /// How many GPUs there are (indices `0..count`).
-    fn count(&self) -> Result<u32, ProbeError>;
-    /// One GPU's identity and memory, now.
+    /// The devices' indices, whole GPUs first (NVML order), then MIG instances.
+    fn indices(&self) -> Result<Vec<u32>, ProbeError>;
+    /// One device's identity and memory, now.
     fn gpu(&self, index: u32) -> Result<GpuInfo, ProbeError>;
-    /// Every GPU, strictly: the first failure is returned.
+    /// Every device, strictly: the first failure is returned.
     fn gpus(&self) -> Result<Vec<GpuInfo>, ProbeError> {
-        (0..self.count()?).map(|i| self.gpu(i)).collect()
+        self.indices()?.into_iter().map(|i| self.gpu(i)).collect()
+    }
+    /// What listing the devices left out and why (a MIG GPU without instances, …).
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The driver's version, when known.
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+    /// The newest CUDA version the driver supports (12040 = 12.4), when known.
+    fn cuda_driver_version(&self) -> Option<u32> {
+        None
     }
     /// Free memory on one GPU now (admission before starting a worker there).
     fn free_bytes(&self, index: u32) -> Result<u64, ProbeError> {
@@ -170,6 +254,7 @@ mod tests {
             total_bytes: total_mb * MB,
             free_bytes: free_mb * MB,
             used_bytes: (total_mb - free_mb) * MB,
+            ..GpuInfo::default()
         }
     }
 

@@ -4,26 +4,39 @@
 //! `nvml-wrapper` resolves every symbol when the library is loaded but keeps a missing one
 //! as an error that only surfaces when that function is called, so an older driver (or the
 //! test library `tests/nvml-mock`) only needs the functions used here: `nvmlInit_v2`,
-//! `nvmlShutdown`, `nvmlDeviceGetCount_v2`, `nvmlDeviceGetHandleByIndex_v2`,
-//! `nvmlDeviceGetName`, `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo_v2` and
-//! `nvmlDeviceGetComputeRunningProcesses_v3`.
+//! `nvmlShutdown`, `nvmlSystemGetDriverVersion`, `nvmlSystemGetCudaDriverVersion_v2`,
+//! `nvmlDeviceGetCount_v2`, `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetName`,
+//! `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetComputeMode`,
+//! `nvmlDeviceGetComputeRunningProcesses_v3` and, for MIG, `nvmlDeviceGetMigMode`,
+//! `nvmlDeviceGetMaxMigDeviceCount` and `nvmlDeviceGetMigDeviceHandleByIndex`. A query a
+//! GPU does not support (`NOT_SUPPORTED`, a function the library lacks) reads as "not
+//! there": no MIG, compute mode default, no per-process figure.
+//!
+//! The devices are listed once, at [`NvmlProbe::open`]: every GPU not in MIG mode under its
+//! NVML index, then every MIG instance of the GPUs in MIG mode under the indices after the
+//! last GPU's (a GPU in MIG mode cannot run CUDA work itself: only its instances can).
 
 use std::ffi::OsStr;
 use std::path::Path;
 
+use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{GpuInfo, GpuProbe, ProbeError};
+use super::{ComputeMode, GpuInfo, GpuProbe, MigInstance, ProbeError};
 
 /// The system library `nvml-wrapper` loads when no path is given.
 const SYSTEM_LIB: &str = "libnvidia-ml.so.1";
 
-/// NVML, initialised once.
+/// NVML, initialised once, and the devices it listed then.
 pub struct NvmlProbe {
     nvml: Nvml,
     lib: String,
+    /// Device index → where it is: `(NVML index, MIG slot)`.
+    devices: Vec<(u32, (u32, Option<u32>))>,
+    /// What listing left out, and why.
+    notes: Vec<String>,
 }
 
 impl std::fmt::Debug for NvmlProbe {
@@ -46,7 +59,49 @@ impl NvmlProbe {
             lib: name.clone(),
             reason: load_reason(&e),
         })?;
-        Ok(NvmlProbe { nvml, lib: name })
+        let mut probe = NvmlProbe {
+            nvml,
+            lib: name,
+            devices: Vec::new(),
+            notes: Vec::new(),
+        };
+        probe.list_devices();
+        Ok(probe)
+    }
+
+    /// Lists whole GPUs, then the MIG instances of GPUs in MIG mode (module docs).
+    fn list_devices(&mut self) {
+        let n = match self.nvml.device_count() {
+            Ok(n) => n,
+            // Reported by `indices()` when it is asked.
+            Err(_) => return,
+        };
+        let mut migs = Vec::new();
+        for i in 0..n {
+            let Ok(dev) = self.nvml.device_by_index(i) else {
+                // Left for `gpu(i)` to report why.
+                self.devices.push((i, (i, None)));
+                continue;
+            };
+            let mig_on = matches!(dev.mig_mode(), Ok(m) if m.current == 1);
+            if !mig_on {
+                self.devices.push((i, (i, None)));
+                continue;
+            }
+            let slots = dev.mig_device_count().unwrap_or(0);
+            let found: Vec<u32> = (0..slots)
+                .filter(|s| dev.mig_device_by_index(*s).is_ok())
+                .collect();
+            if found.is_empty() {
+                self.notes.push(format!(
+                    "GPU {i} is in MIG mode but has no MIG instance (create GPU and compute instances with nvidia-smi mig, or turn MIG off): left out"
+                ));
+            }
+            migs.extend(found.into_iter().map(|s| (i, Some(s))));
+        }
+        for (k, m) in migs.into_iter().enumerate() {
+            self.devices.push((n + k as u32, m));
+        }
     }
 
     /// The library NVML was loaded from, for messages.
@@ -59,15 +114,31 @@ impl NvmlProbe {
         self.nvml.sys_driver_version().ok()
     }
 
+    /// Where device `index` is: its GPU's NVML index and, for a MIG instance, its slot.
+    fn place(&self, index: u32) -> Result<(u32, Option<u32>), ProbeError> {
+        self.devices
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, p)| *p)
+            .ok_or(ProbeError::NoSuchGpu(index))
+    }
+
     fn device(&self, index: u32) -> Result<Device<'_>, ProbeError> {
-        self.nvml.device_by_index(index).map_err(|e| match e {
+        let (nvml_index, mig) = self.place(index)?;
+        let gpu = self.nvml.device_by_index(nvml_index).map_err(|e| match e {
             NvmlError::InvalidArg | NvmlError::NotFound => ProbeError::NoSuchGpu(index),
             source => ProbeError::Nvml {
                 call: "nvmlDeviceGetHandleByIndex_v2",
                 index: Some(index),
                 source,
             },
-        })
+        })?;
+        match mig {
+            None => Ok(gpu),
+            Some(slot) => gpu
+                .mig_device_by_index(slot)
+                .map_err(nvml_err("nvmlDeviceGetMigDeviceHandleByIndex", index)),
+        }
     }
 }
 
@@ -100,23 +171,49 @@ fn nvml_err(call: &'static str, index: u32) -> impl FnOnce(NvmlError) -> ProbeEr
 
 /// The [`GpuProbe`] questions as inherent methods, so callers need not import the trait.
 impl NvmlProbe {
-    /// How many GPUs NVML sees.
-    pub fn count(&self) -> Result<u32, ProbeError> {
-        self.nvml.device_count().map_err(|source| ProbeError::Nvml {
-            call: "nvmlDeviceGetCount_v2",
-            index: None,
-            source,
-        })
+    /// The devices' indices (module docs).
+    pub fn indices(&self) -> Result<Vec<u32>, ProbeError> {
+        self.nvml
+            .device_count()
+            .map_err(|source| ProbeError::Nvml {
+                call: "nvmlDeviceGetCount_v2",
+                index: None,
+                source,
+            })?;
+        Ok(self.devices.iter().map(|(i, _)| *i).collect())
     }
 
-    /// One GPU's identity and memory, now.
+    /// How many devices there are (whole GPUs and MIG instances).
+    pub fn count(&self) -> Result<u32, ProbeError> {
+        Ok(self.indices()?.len() as u32)
+    }
+
+    /// One device's identity, memory and compute mode, now.
     pub fn gpu(&self, index: u32) -> Result<GpuInfo, ProbeError> {
+        let (nvml_index, mig) = self.place(index)?;
         let dev = self.device(index)?;
         let name = dev.name().map_err(nvml_err("nvmlDeviceGetName", index))?;
         let uuid = dev.uuid().map_err(nvml_err("nvmlDeviceGetUUID", index))?;
         let mem = dev
             .memory_info()
             .map_err(nvml_err("nvmlDeviceGetMemoryInfo_v2", index))?;
+        // A MIG instance runs under its GPU's compute mode; NVML documents the query for
+        // GPUs (on an instance handle it may answer INVALID_ARGUMENT or NOT_SUPPORTED).
+        let mode_of = match mig {
+            Some(_) => self
+                .nvml
+                .device_by_index(nvml_index)
+                .and_then(|g| g.compute_mode()),
+            None => dev.compute_mode(),
+        };
+        let compute_mode = match mode_of {
+            Ok(NvmlComputeMode::Default) => ComputeMode::Default,
+            Ok(NvmlComputeMode::ExclusiveThread) => ComputeMode::ExclusiveThread,
+            Ok(NvmlComputeMode::Prohibited) => ComputeMode::Prohibited,
+            Ok(NvmlComputeMode::ExclusiveProcess) => ComputeMode::ExclusiveProcess,
+            Err(e) if not_there(&e) || mig.is_some() => ComputeMode::Default,
+            Err(e) => return Err(nvml_err("nvmlDeviceGetComputeMode", index)(e)),
+        };
         Ok(GpuInfo {
             index,
             uuid,
@@ -124,6 +221,12 @@ impl NvmlProbe {
             total_bytes: mem.total,
             free_bytes: mem.free,
             used_bytes: mem.used,
+            reserved_bytes: mem.reserved,
+            compute_mode,
+            mig: mig.map(|slot| MigInstance {
+                parent: nvml_index,
+                slot,
+            }),
         })
     }
 
@@ -136,25 +239,66 @@ impl NvmlProbe {
         Ok(mem.free)
     }
 
-    /// GPU memory `pid` holds on this GPU; `None` if it has no context there.
+    /// GPU memory `pid` holds on this device; `None` if it has no context there, or NVML
+    /// lists it under another pid (a container without the host's PID namespace), or the
+    /// list is not plausible.
+    ///
+    /// Plausible: every figure at most the device's total. Drivers 535.43–535.86 filled the
+    /// process list with a struct layout other than their header's (an added
+    /// `usedGpuCcProtectedMemory`), which reads as pids and sizes shifted into each other;
+    /// a figure larger than the device is the sign, and then no figure is trusted.
     pub fn process_used_bytes(&self, index: u32, pid: u32) -> Result<Option<u64>, ProbeError> {
-        let procs = self
-            .device(index)?
-            .running_compute_processes()
-            .map_err(nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", index))?;
-        Ok(procs
-            .into_iter()
-            .find(|p| p.pid == pid)
-            .and_then(|p| match p.used_gpu_memory {
-                UsedGpuMemory::Used(bytes) => Some(bytes),
-                UsedGpuMemory::Unavailable => None,
-            }))
+        let dev = self.device(index)?;
+        let procs = match dev.running_compute_processes() {
+            Ok(p) => p,
+            Err(e) if not_there(&e) => return Ok(None),
+            Err(e) => {
+                return Err(nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", index)(
+                    e,
+                ))
+            }
+        };
+        let total = dev.memory_info().map(|m| m.total).unwrap_or(u64::MAX);
+        let used = |p: &nvml_wrapper::struct_wrappers::device::ProcessInfo| match p.used_gpu_memory
+        {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        };
+        if procs.iter().any(|p| used(p).is_some_and(|b| b > total)) {
+            return Ok(None);
+        }
+        Ok(procs.iter().find(|p| p.pid == pid).and_then(used))
+    }
+
+    /// The driver's CUDA version (12040 = 12.4), when NVML says.
+    pub fn cuda_driver_version(&self) -> Option<u32> {
+        self.nvml
+            .sys_cuda_driver_version()
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
     }
 }
 
+/// An error that means "this GPU or driver does not have that", not a failure.
+fn not_there(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::NoPermission
+    )
+}
+
 impl GpuProbe for NvmlProbe {
-    fn count(&self) -> Result<u32, ProbeError> {
-        NvmlProbe::count(self)
+    fn indices(&self) -> Result<Vec<u32>, ProbeError> {
+        NvmlProbe::indices(self)
+    }
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+    fn driver_version(&self) -> Option<String> {
+        NvmlProbe::driver_version(self)
+    }
+    fn cuda_driver_version(&self) -> Option<u32> {
+        NvmlProbe::cuda_driver_version(self)
     }
     fn gpu(&self, index: u32) -> Result<GpuInfo, ProbeError> {
         NvmlProbe::gpu(self, index)

@@ -467,7 +467,7 @@ pub struct SimGpus {
 impl SimGpus {
     pub fn new(gpus: Vec<SimGpu>) -> SimGpus {
         SimGpus {
-            driver: "550.54.15".into(),
+            driver: "580.65.06".into(),
             gpus,
             init_error: None,
             cuda_driver_version: None,

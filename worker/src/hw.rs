@@ -13,17 +13,42 @@ use vramfork::metrics::exposition::GpuRow;
 
 use crate::cuda;
 
+/// Where this worker's device is for NVML: the row index the master uses, the GPU's NVML
+/// index and, for a MIG instance, its MIG slot on that GPU.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    index: u32,
+    nvml_index: u32,
+    mig_slot: Option<u32>,
+}
+
 pub struct Hw {
-    /// (CUDA index as this process sees it, NVML index) when the model runs on a GPU.
-    gpu: Option<(usize, u32)>,
+    /// (CUDA index as this process sees it, its device for NVML) when the model runs on a GPU.
+    gpu: Option<(usize, Place)>,
     nvml_library: Option<String>,
     nvml: OnceLock<Result<Nvml, String>>,
 }
 
 impl Hw {
-    pub fn new(cuda_index: Option<usize>, nvml_index: u32, nvml_library: Option<String>) -> Hw {
+    pub fn new(
+        cuda_index: Option<usize>,
+        gpu: Option<&vramfork::protocol::GpuAssignment>,
+        nvml_library: Option<String>,
+    ) -> Hw {
+        let place = gpu.map_or(
+            Place {
+                index: 0,
+                nvml_index: 0,
+                mig_slot: None,
+            },
+            |g| Place {
+                index: g.index,
+                nvml_index: g.mig.map_or(g.index, |m| m.parent),
+                mig_slot: g.mig.map(|m| m.slot),
+            },
+        );
         Hw {
-            gpu: cuda_index.map(|c| (c, nvml_index)),
+            gpu: cuda_index.map(|c| (c, place)),
             nvml_library,
             nvml: OnceLock::new(),
         }
@@ -37,7 +62,7 @@ impl Hw {
     fn info(&self) -> Result<HwInfo, String> {
         match self.gpu {
             None => cpu_info(),
-            Some((cuda_index, nvml_index)) => self.gpu_info(cuda_index, nvml_index),
+            Some((cuda_index, place)) => self.gpu_info(cuda_index, place),
         }
     }
 
@@ -55,6 +80,20 @@ impl Hw {
     }
 
     /// The CUDA caching allocator's figures, on CUDA.
+    /// This worker's device through NVML: its GPU, or the MIG instance on it.
+    fn device(&self, place: Place) -> Result<nvml_wrapper::Device<'_>, String> {
+        let err =
+            |e: nvml_wrapper::error::NvmlError| format!("NVML device {}: {e}", place.nvml_index);
+        let gpu = self
+            .nvml()?
+            .device_by_index(place.nvml_index)
+            .map_err(err)?;
+        match place.mig_slot {
+            None => Ok(gpu),
+            Some(slot) => gpu.mig_device_by_index(slot).map_err(err),
+        }
+    }
+
     pub fn allocator(&self) -> Option<cuda::MemoryStats> {
         let (cuda_index, _) = self.gpu?;
         cuda::memory_stats(cuda_index).ok()
@@ -68,11 +107,11 @@ impl Hw {
 
     /// This worker's GPU as NVML reports it now (`/metrics` in development mode).
     pub fn gpu_row(&self) -> Option<GpuRow> {
-        let (_, index) = self.gpu?;
-        let dev = self.nvml().ok()?.device_by_index(index).ok()?;
+        let (_, place) = self.gpu?;
+        let dev = self.device(place).ok()?;
         let mem = dev.memory_info().ok()?;
         Some(GpuRow {
-            index,
+            index: place.index,
             uuid: dev.uuid().ok()?,
             name: dev.name().ok()?,
             total: mem.total,
@@ -83,15 +122,15 @@ impl Hw {
 
     /// What NVML says this process uses on its GPU.
     pub fn process_gpu_used(&self) -> Option<u64> {
-        let (_, index) = self.gpu?;
-        let dev = self.nvml().ok()?.device_by_index(index).ok()?;
+        let (_, place) = self.gpu?;
+        let dev = self.device(place).ok()?;
         nvml_process_used(&dev)
     }
 
-    fn gpu_info(&self, cuda_index: usize, nvml_index: u32) -> Result<HwInfo, String> {
-        let nvml = self.nvml()?;
-        let err = |e: nvml_wrapper::error::NvmlError| format!("NVML device {nvml_index}: {e}");
-        let dev = nvml.device_by_index(nvml_index).map_err(err)?;
+    fn gpu_info(&self, cuda_index: usize, place: Place) -> Result<HwInfo, String> {
+        let err =
+            |e: nvml_wrapper::error::NvmlError| format!("NVML device {}: {e}", place.nvml_index);
+        let dev = self.device(place)?;
         let name = dev.name().map_err(err)?;
         let mem = dev.memory_info().map_err(err)?;
         let peak_used = match cuda::memory_stats(cuda_index) {
@@ -141,7 +180,7 @@ mod tests {
 
     #[test]
     fn cpu_line_reads_this_machine() {
-        let line = Hw::new(None, 0, None).line().unwrap();
+        let line = Hw::new(None, None, None).line().unwrap();
         assert!(line.starts_with("CPU only (no NVIDIA GPU), "), "{line}");
         assert!(line.ends_with(" GiB peak used"), "{line}");
     }

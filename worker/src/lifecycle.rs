@@ -21,6 +21,8 @@ pub struct Plan {
     pub listener: std::net::TcpListener,
     pub app: Arc<App>,
     pub boot: BootTimes,
+    /// Where the model runs (`cuda:0`, `cpu`, `cpu (simulated GPU)`), told in `Ready`.
+    pub device: String,
     pub heartbeat: Duration,
     pub graceful: Duration,
     pub metrics: Option<ServeMetrics>,
@@ -54,6 +56,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         shared.control.send(&ControlMsg::Ready {
             pid: std::process::id(),
             boot_ms: plan.boot,
+            device: plan.device.clone(),
         });
         tracing::info!(
             event = "ready",

@@ -92,7 +92,14 @@ pub fn boot(
         process::set_intra_threads(cfg.torch_threads);
     }
 
-    let fraction = cfg.gpu.as_ref().and_then(|g| g.memory_fraction);
+    // The cap in bytes, which the worker turns into a fraction of CUDA's own total.
+    let cap_bytes = cfg.gpu.as_ref().and_then(|g| g.cap_mb.map(|mb| mb << 20));
+    // `--simulated-gpus`: the GPU is NVML's stand-in; the model honestly runs on the CPU.
+    let wanted = if cfg.simulated_gpu {
+        vramfork::protocol::Device::Cpu
+    } else {
+        cfg.device
+    };
     let batching = (cfg.max_batch_size > 0).then(|| runner::Batching {
         max_rows: cfg.max_batch_size as usize,
         timeout: Duration::from_millis(cfg.batch_timeout_ms),
@@ -110,13 +117,18 @@ pub fn boot(
     };
     let (runner, info, profiled) = runner::Runner::start(
         &cfg.model_path,
-        cfg.device,
-        fraction,
+        wanted,
+        cap_bytes,
         preloaded,
         batching,
         profile,
     )
-    .map_err(|e| (worker_exit::MODEL_LOAD, e.to_string()))?;
+    .map_err(|e| (e.exit_code(), e.to_string()))?;
+    let device = match info.cuda {
+        Some(i) => format!("cuda:{i}"),
+        None if cfg.simulated_gpu => "cpu (simulated GPU)".to_string(),
+        None => "cpu".to_string(),
+    };
     if cfg.profile {
         // What the pass used, before `Ready`: the master's profiler waits for both.
         let stats = info.cuda.and_then(|i| cuda::memory_stats(i).ok());
@@ -145,17 +157,12 @@ pub fn boot(
             "batching on"
         );
     }
-    tracing::info!(
-        device = if info.cuda.is_some() { "cuda" } else { "cpu" },
-        model_ms = info.model_ms,
-        "model loaded"
-    );
+    tracing::info!(device, model_ms = info.model_ms, "model loaded");
 
     let shared = Arc::new(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
-    let nvml_index = cfg.gpu.as_ref().map_or(0, |g| g.index);
-    let hw = hw::Hw::new(info.cuda, nvml_index, cfg.nvml_library.clone());
+    let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
     let app = Arc::new(routes::App::new(shared, runner, metadata, hw, &cfg));
     let plan = lifecycle::Plan {
         listener,
@@ -165,6 +172,7 @@ pub fn boot(
             model_ms: info.model_ms,
             warmup_ms: 0.0,
         },
+        device,
         heartbeat: Duration::from_millis(cfg.heartbeat_ms),
         graceful: Duration::from_millis(cfg.graceful_timeout_ms),
         metrics: serve_metrics,

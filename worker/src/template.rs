@@ -89,6 +89,7 @@ pub fn run(process_ms: f64) -> i32 {
             model_ms,
             warmup_ms,
         },
+        device: String::new(),
     };
     if control.write_all(ready.to_line().as_bytes()).is_err() {
         return worker_exit::OK;

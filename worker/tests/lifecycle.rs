@@ -218,7 +218,12 @@ fn model_load_failures_exit_3_naming_the_file() {
         worker_exit::MODEL_LOAD,
         "cannot load model /nonexistent/model.pt: no such file",
     );
+}
 
+/// A worker told to run on a GPU (the master does so for every worker it placed on one)
+/// that finds no CUDA exits 7, so that the master stops instead of serving on the CPU.
+#[test]
+fn a_gpu_worker_without_cuda_exits_7() {
     let cfg = config("mlp", |c| c["device"] = json!("cuda"));
     if !std::path::Path::new("/dev/nvidia0").exists() {
         exits_with(
@@ -226,9 +231,32 @@ fn model_load_failures_exit_3_naming_the_file() {
                 config: Some(cfg.to_string()),
                 listen_fd: true,
             },
-            worker_exit::MODEL_LOAD,
-            "libtorch sees no CUDA device",
+            worker_exit::NO_CUDA,
+            "this worker must run on a GPU, but libtorch sees no CUDA device",
         );
+    }
+}
+
+/// `Ready` says where the model really runs: on the CPU, or on the CPU standing in for a
+/// simulated GPU (`--simulated-gpus`).
+#[test]
+fn ready_names_the_device_the_model_runs_on() {
+    for (simulated, want) in [(false, "cpu"), (true, "cpu (simulated GPU)")] {
+        let cfg = config("mlp", |c| {
+            if simulated {
+                c["device"] = json!("cuda");
+                c["simulated_gpu"] = json!(true);
+            }
+        });
+        let mut w = Worker::spawn(Start {
+            config: Some(cfg.to_string()),
+            listen_fd: true,
+        });
+        match w.next_msg(Duration::from_secs(60)) {
+            Some(ControlMsg::Ready { device, .. }) => assert_eq!(device, want),
+            other => panic!("expected ready, got {other:?}\n{}", w.log()),
+        }
+        assert_eq!(w.post("/", MLP_REQ).status, 200);
     }
 }
 

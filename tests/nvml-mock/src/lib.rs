@@ -17,7 +17,7 @@
 //!
 //! # Top level
 //!
-//! - `driver` (string, default `"550.00"`): `nvmlSystemGetDriverVersion`.
+//! - `driver` (string, default `"580.65.06"`, a driver whose CUDA version is 13.0): `nvmlSystemGetDriverVersion`.
 //! - `cuda_driver_version` (int, CUDA's encoding 1000 × major + 10 × minor, default 13000):
 //!   `nvmlSystemGetCudaDriverVersion(_v2)`. `nvmlSystemGetNVMLVersion` follows it as real
 //!   NVML does: `"<CUDA major>.<driver>"`, e.g. `"12.550.54.15"`.
@@ -609,7 +609,7 @@ fn read_state() -> Result<State, String> {
         driver: doc
             .get("driver")
             .and_then(Value::as_str)
-            .unwrap_or("550.00")
+            .unwrap_or("580.65.06")
             .to_string(),
         cuda: doc
             .get("cuda_driver_version")

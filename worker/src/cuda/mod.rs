@@ -22,6 +22,9 @@ mod ffi {
         pub fn vf_cuda_reset_peak(device: c_int) -> c_int;
         pub fn vf_cuda_empty_cache() -> c_int;
         pub fn vf_cuda_set_memory_fraction(device: c_int, fraction: f64) -> c_int;
+        pub fn vf_cuda_init() -> c_int;
+        pub fn vf_cuda_total_memory(device: c_int, total: *mut i64) -> c_int;
+        pub fn vf_cuda_synchronize() -> c_int;
     }
 }
 
@@ -113,6 +116,45 @@ pub fn set_memory_fraction(device: usize, fraction: f64) -> Result<(), CudaError
     check(unsafe { ffi::vf_cuda_set_memory_fraction(index(device), fraction) })
 }
 
+/// Initialises CUDA and the caching allocator in this process (what the first CUDA tensor
+/// would do); needed before [`set_memory_fraction`]. Idempotent.
+pub fn init() -> Result<(), CudaError> {
+    // SAFETY: no arguments; the shim catches all C++ exceptions.
+    check(unsafe { ffi::vf_cuda_init() })
+}
+
+/// The device's memory as the allocator's fraction counts it (`totalGlobalMem`), in bytes.
+pub fn total_memory(device: usize) -> Result<u64, CudaError> {
+    let mut total: i64 = 0;
+    // SAFETY: `total` is a valid out-pointer for the call; the shim catches all C++
+    // exceptions and only writes it on success.
+    check(unsafe { ffi::vf_cuda_total_memory(index(device), &mut total) })?;
+    Ok(total.max(0) as u64)
+}
+
+/// Waits for the device's queued work; an asynchronous CUDA error comes back here.
+pub fn synchronize() -> Result<(), CudaError> {
+    // SAFETY: no arguments; the shim catches all C++ exceptions.
+    check(unsafe { ffi::vf_cuda_synchronize() })
+}
+
+/// Caps the caching allocator at `cap_bytes` on `device`: initialises the allocator first
+/// (a model with nothing on the GPU at load has not), then sets the fraction of the total
+/// the allocator itself measures against. Any failure is returned: a worker must not run
+/// uncapped where the plan counted on a cap.
+pub fn cap_allocator(device: usize, cap_bytes: u64) -> Result<f64, CudaError> {
+    init()?;
+    let total = total_memory(device)?;
+    if total == 0 {
+        return Err(CudaError::C10(
+            "the device reports 0 bytes of memory".into(),
+        ));
+    }
+    let fraction = (cap_bytes as f64 / total as f64).min(1.0);
+    set_memory_fraction(device, fraction)?;
+    Ok(fraction)
+}
+
 fn index(device: usize) -> c_int {
     c_int::try_from(device).unwrap_or(c_int::MAX)
 }
@@ -137,6 +179,10 @@ mod tests {
             assert_eq!(reset_peak(0), Err(CudaError::NoCuda));
             assert_eq!(empty_cache(), Err(CudaError::NoCuda));
             assert_eq!(set_memory_fraction(0, 0.5), Err(CudaError::NoCuda));
+            assert_eq!(init(), Err(CudaError::NoCuda));
+            assert_eq!(total_memory(0), Err(CudaError::NoCuda));
+            assert_eq!(synchronize(), Err(CudaError::NoCuda));
+            assert_eq!(cap_allocator(0, 1 << 30), Err(CudaError::NoCuda));
         }
     }
 }

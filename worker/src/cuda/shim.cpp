@@ -5,6 +5,7 @@
 // Status codes: 0 ok, 1 no CUDA device, 2 a c10/CUDA error (message via vf_cuda_last_error).
 
 #ifndef VF_NO_CUDA_BUILD
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -137,6 +138,55 @@ int vf_cuda_set_memory_fraction(int device, double fraction) noexcept {
 #ifndef VF_NO_CUDA_BUILD
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
                                                        static_cast<c10::DeviceIndex>(device));
+#endif
+    return VF_OK;
+  });
+}
+
+// Initialises CUDA in this process the way the first CUDA tensor would
+// (at::globalContext().lazyInitDevice(kCUDA): the CUDA hooks, then the caching allocator's
+// per-device state). Until then setMemoryFraction throws "Allocator not initialized for
+// device ?: did you call init?" (c10/cuda/CUDACachingAllocator.cpp in 2.11). Idempotent.
+int vf_cuda_init() noexcept {
+  return guarded([&] {
+    if (cuda_device_count() <= 0) {
+      return VF_NO_CUDA;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#endif
+    return VF_OK;
+  });
+}
+
+// The device's memory as the allocator's fraction counts it: setMemoryFraction's allowed
+// maximum is fraction × the device's total global memory, which cudaMemGetInfo's total
+// reports (the allocator's own getMemoryInfo, CUDACachingAllocator.h); usually a little
+// less than NVML's total.
+int vf_cuda_total_memory(int device, int64_t* total) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    auto info = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(
+        static_cast<c10::DeviceIndex>(device));
+    *total = static_cast<int64_t>(info.second);
+#endif
+    return VF_OK;
+  });
+}
+
+// Waits for the device's queued work; a kernel's asynchronous error (device-side assert,
+// illegal address) surfaces here, as a c10 error with its "CUDA error: …" text.
+int vf_cuda_synchronize() noexcept {
+  return guarded([&] {
+    if (cuda_device_count() <= 0) {
+      return VF_NO_CUDA;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    c10::cuda::device_synchronize();
 #endif
     return VF_OK;
   });

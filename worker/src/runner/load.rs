@@ -1,6 +1,8 @@
 //! Loading the TorchScript model: picking the device (`auto` = CUDA when libtorch sees a
-//! GPU), `CModule::load_on_device`, eval mode, and the allocator cap on CUDA. Every failure
-//! is one [`LoadError`] whose message names the file and the reason.
+//! GPU; a worker the plan placed on a GPU is told `cuda`, never `auto`), the allocator cap
+//! on CUDA (before the weights arrive, so they count against it), `CModule::load_on_device`,
+//! eval mode, and a check that the weights left room under the cap. Every failure is one
+//! [`LoadError`] whose message names the file and the reason.
 
 use std::path::Path;
 use std::time::Instant;
@@ -15,10 +17,50 @@ pub enum LoadError {
     #[error("cannot load model {path}: {reason}")]
     Model { path: String, reason: String },
     #[error(
-        "cannot load model {path}: device `cuda` was asked for, but libtorch sees no CUDA device"
+        "cannot load model {path}: this worker must run on a GPU, but libtorch sees no CUDA device (libtorch's own reason, if any, is on stderr above: 'CUDA initialization: …')"
     )]
     NoCuda { path: String },
+    /// The caching allocator's cap could not be set: running uncapped would break the plan.
+    #[error("cannot cap the CUDA allocator at {cap_mb} MB for model {path}: {reason}")]
+    Cap {
+        path: String,
+        cap_mb: u64,
+        reason: String,
+    },
+    /// The weights alone leave too little of the cap for a forward pass, or did not fit
+    /// under it at all (`weights_mb` unknown: loading them ran out of memory).
+    #[error(
+        "model {path}: its weights {} this worker's allocator cap of {cap_mb} MB; every request would get 507. Raise est_gpu_mem_typ (fewer workers per GPU) or --gpu-memory-utilization",
+        match weights_mb {
+            Some(w) if w >= cap_mb => format!("take {w} MB on the GPU, at least"),
+            Some(w) => format!("take {w} MB on the GPU, nearly all of"),
+            None => "ran out of memory while loading under".to_string(),
+        }
+    )]
+    TooBig {
+        path: String,
+        weights_mb: Option<u64>,
+        cap_mb: u64,
+    },
 }
+
+impl LoadError {
+    /// The worker's exit status for it: no CUDA at all (the machine cannot serve on its
+    /// GPUs as planned), or a load that failed and may be retried (a cap not set because the
+    /// GPU was busy or full is such a failure, fatal to this worker only).
+    pub fn exit_code(&self) -> i32 {
+        use vramfork::protocol::worker_exit;
+        match self {
+            LoadError::NoCuda { .. } => worker_exit::NO_CUDA,
+            LoadError::Cap { .. } | LoadError::Model { .. } | LoadError::TooBig { .. } => {
+                worker_exit::MODEL_LOAD
+            }
+        }
+    }
+}
+
+/// Weights past this share of the cap leave too little for any forward pass.
+const WEIGHTS_SHARE_LIMIT: f64 = 0.95;
 
 pub struct Loaded {
     pub module: CModule,
@@ -50,8 +92,8 @@ pub fn load_cpu(path: &str) -> Result<CModule, LoadError> {
     load(path, Device::Cpu, None).map(|l| l.module)
 }
 
-/// Loads the model on `device`; on CUDA, caps the caching allocator at `memory_fraction`.
-pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<Loaded, LoadError> {
+/// Loads the model on `device`; on CUDA, first caps the caching allocator at `cap_bytes`.
+pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<Loaded, LoadError> {
     let fail = |reason: String| LoadError::Model {
         path: path.into(),
         reason,
@@ -64,16 +106,41 @@ pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<
         }));
     }
     let start = Instant::now();
-    let mut module =
-        CModule::load_on_device(path, device).map_err(|e| fail(first_line(&e.to_string())))?;
+    if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
+        let fraction = cuda::cap_allocator(i, cap).map_err(|e| LoadError::Cap {
+            path: path.into(),
+            cap_mb: cap >> 20,
+            reason: e.to_string(),
+        })?;
+        tracing::info!(cap_mb = cap >> 20, fraction, "CUDA allocator capped");
+    }
+    let mut module = CModule::load_on_device(path, device).map_err(|e| {
+        let msg = e.to_string();
+        match (device, cap_bytes) {
+            // Under a cap, running out of memory while loading means the weights do not fit.
+            (Device::Cuda(_), Some(cap)) if crate::runner::is_out_of_memory(&msg) => {
+                LoadError::TooBig {
+                    path: path.into(),
+                    weights_mb: None,
+                    cap_mb: cap >> 20,
+                }
+            }
+            _ => fail(first_line(&msg)),
+        }
+    })?;
 
     module
         .f_set_eval()
         .map_err(|e| fail(first_line(&e.to_string())))?;
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
-    if let (Device::Cuda(i), Some(f)) = (device, memory_fraction) {
-        if let Err(e) = cuda::set_memory_fraction(i, f) {
-            tracing::warn!("could not cap the CUDA allocator at {f} of the GPU: {e}");
+    if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
+        let weights = cuda::memory_stats(i).map(|s| s.allocated).unwrap_or(0);
+        if too_big(weights, cap) {
+            return Err(LoadError::TooBig {
+                path: path.into(),
+                weights_mb: Some(weights >> 20),
+                cap_mb: cap >> 20,
+            });
         }
     }
     Ok(Loaded {
@@ -81,6 +148,11 @@ pub fn load(path: &str, device: Device, memory_fraction: Option<f64>) -> Result<
         device,
         model_ms,
     })
+}
+
+/// Whether weights of `weights` bytes leave too little of a `cap`-byte allocator cap.
+fn too_big(weights: u64, cap: u64) -> bool {
+    weights as f64 > cap as f64 * WEIGHTS_SHARE_LIMIT
 }
 
 /// libtorch messages carry a C++ backtrace after the first line; keep the useful part. A
@@ -109,6 +181,49 @@ fn first_line(msg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weights_filling_the_cap_are_refused_with_the_way_out() {
+        let mb = 1u64 << 20;
+        assert!(!too_big(900 * mb, 1000 * mb));
+        assert!(too_big(960 * mb, 1000 * mb));
+        assert!(too_big(2000 * mb, 1000 * mb));
+        let e = LoadError::TooBig {
+            path: "m.pt".into(),
+            weights_mb: Some(2000),
+            cap_mb: 1000,
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains(
+                "weights take 2000 MB on the GPU, at least this worker's allocator cap of 1000 MB"
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains("Raise est_gpu_mem_typ"), "{msg}");
+        assert_eq!(e.exit_code(), vramfork::protocol::worker_exit::MODEL_LOAD);
+        let cap = LoadError::Cap {
+            path: "m.pt".into(),
+            cap_mb: 1000,
+            reason: "CUDA allocator: Allocator not initialized".into(),
+        };
+        assert_eq!(cap.exit_code(), vramfork::protocol::worker_exit::MODEL_LOAD);
+        let unknown = LoadError::TooBig {
+            path: "m.pt".into(),
+            weights_mb: None,
+            cap_mb: 1000,
+        };
+        assert!(unknown
+            .to_string()
+            .contains("its weights ran out of memory while loading under this worker's allocator cap of 1000 MB"));
+        assert_eq!(
+            LoadError::NoCuda {
+                path: "m.pt".into()
+            }
+            .exit_code(),
+            vramfork::protocol::worker_exit::NO_CUDA
+        );
+    }
 
     #[test]
     fn load_errors_are_one_short_line() {

@@ -237,7 +237,7 @@ impl Runner {
     pub fn start(
         path: &str,
         wanted: vramfork::protocol::Device,
-        memory_fraction: Option<f64>,
+        cap_bytes: Option<u64>,
         preloaded: Option<CModule>,
         batching: Option<Batching>,
         profile: Option<Profile>,
@@ -258,7 +258,7 @@ impl Runner {
                         device: d,
                         model_ms: 0.0,
                     }),
-                    (d, _) => load::load(&path, d, memory_fraction),
+                    (d, _) => load::load(&path, d, cap_bytes),
                 });
                 match loaded {
                     Ok(l) => {
@@ -349,21 +349,49 @@ fn pass(module: &CModule, device: Device, args: &[Arg]) -> Result<IValue, RunErr
         .map(|a| tensors::to_ivalue(a, device))
         .collect::<Result<Vec<IValue>, _>>()
         .map_err(|e| classify(&e.to_string()))?;
-    tch::no_grad(|| module.forward_is(&args)).map_err(|e| {
-        let err = classify(&e.to_string());
-        if matches!(err, RunError::OutOfMemory(_)) {
-            // Hand the cached blocks back so the answer (and other processes) can proceed.
-            let _ = cuda::empty_cache();
-        }
-        err
-    })
+    let out = tch::no_grad(|| module.forward_is(&args)).map_err(|e| classify(&e.to_string()));
+    // Kernels run asynchronously: an error of this pass's (a device-side assert, an illegal
+    // address) is known only once the device has finished; wait here so that it is this
+    // pass's error, and the worker's last, not the next request's.
+    let out = match (out, device) {
+        (Ok(v), Device::Cuda(_)) => match cuda::synchronize() {
+            Ok(()) | Err(cuda::CudaError::NoCuda) => Ok(v),
+            Err(cuda::CudaError::C10(msg)) => Err(match classify(&msg) {
+                RunError::Model(line) => RunError::CudaFatal(line),
+                e => e,
+            }),
+        },
+        (out, _) => out,
+    };
+    if matches!(out, Err(RunError::OutOfMemory(_))) {
+        // Hand the cached blocks back so the answer (and other processes) can proceed.
+        let _ = cuda::empty_cache();
+    }
+    out
 }
 
 /// Outputs as JSON text, and v2's binary data if any was asked for.
 type Written = (Vec<u8>, Option<Vec<u8>>);
 
-/// The outputs written as the request asked.
+/// The outputs written as the request asked. Copying a CUDA output to the CPU is where a
+/// CUDA error can still surface: it is reported as one (the worker must go), not as an
+/// output the server cannot write.
 fn encode(out: &IValue, encoding: &Encoding) -> Result<Written, RunError> {
+    write_outputs(out, encoding).map_err(cuda_first)
+}
+
+/// An error whose text is a CUDA failure becomes that failure, whatever step reported it.
+fn cuda_first(e: RunError) -> RunError {
+    match &e {
+        RunError::Unsupported(m) | RunError::Request(m) | RunError::Model(m) => match classify(m) {
+            cuda @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_)) => cuda,
+            _ => e,
+        },
+        _ => e,
+    }
+}
+
+fn write_outputs(out: &IValue, encoding: &Encoding) -> Result<Written, RunError> {
     let mut outputs = Vec::new();
     let binary = match encoding {
         Encoding::Json => {
@@ -422,15 +450,47 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     format!("the model panicked: {}", useful_line(msg))
 }
 
+/// How libtorch 2.11 says a GPU allocation failed, on every allocator path (read from its
+/// libraries: `strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudnn_graph.so.9`):
+/// the native caching allocator and expandable segments ("CUDA out of memory. Tried to
+/// allocate …"), `backend:cudaMallocAsync` ("Allocation on device 0 would exceed allowed
+/// memory. (out of memory)"), a raw cudaMalloc through `C10_CUDA_CHECK` ("CUDA error: out
+/// of memory"), cuBLAS handle creation ("CUBLAS_STATUS_ALLOC_FAILED") and cuDNN 9
+/// ("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"). tch hands over only the text
+/// (`c10::OutOfMemoryError`'s class never reaches it), so the text decides.
+const OOM_MARKS: &[&str] = &[
+    "CUDA out of memory",
+    "would exceed allowed memory",
+    "CUDA error: out of memory",
+    "cudaErrorMemoryAllocation",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "ALLOCATION_FAILED",
+    "OutOfMemoryError",
+];
+
+/// Every other CUDA failure: after one, the process's CUDA context is unusable (sticky
+/// errors: device-side assert, illegal address, launch failure…).
+const CUDA_MARKS: &[&str] = &[
+    "CUDA error",
+    "CUDA driver error",
+    "CUBLAS_STATUS",
+    "cuDNN error",
+    "CUDNN_STATUS",
+    "device-side assert",
+    "illegal memory access",
+];
+
+/// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]).
+pub fn is_out_of_memory(msg: &str) -> bool {
+    OOM_MARKS.iter().any(|m| msg.contains(m))
+}
+
 /// Sorts a libtorch error into OOM, other CUDA errors, or a model error.
 pub fn classify(msg: &str) -> RunError {
     let line = useful_line(msg);
-    if msg.contains("CUDA out of memory") || msg.contains("OutOfMemoryError") {
+    if OOM_MARKS.iter().any(|m| msg.contains(m)) {
         RunError::OutOfMemory(line)
-    } else if msg.contains("CUDA error")
-        || msg.contains("CUBLAS_STATUS")
-        || msg.contains("cuDNN error")
-    {
+    } else if CUDA_MARKS.iter().any(|m| msg.contains(m)) {
         RunError::CudaFatal(line)
     } else {
         RunError::Model(line)
@@ -492,6 +552,66 @@ mod tests {
             classify(shape),
             RunError::Model("mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)".into())
         );
+    }
+
+    /// The texts libtorch 2.11 (cu130) produces, assembled from the literals in its
+    /// libraries (`strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudart.so.13`), each
+    /// followed by the backtrace tch passes on.
+    #[test]
+    fn every_pytorch_2_11_oom_text_is_an_oom() {
+        let suffix = "\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n\nException raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:44 (most recent call first):\nframe #0: ...";
+        let ooms = [
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Of the allocated memory 76.50 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)\nException raised from malloc at /pytorch/c10/cuda/CUDACachingAllocator.cpp:1458".to_string(),
+            "CUDA out of memory. Tried to allocate more than 1EB memory.\nException raised from malloc".to_string(),
+            "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated     : 70.00 GiB\nRequested               : 16.00 GiB\nDevice limit            : 79.19 GiB\nFree (according to CUDA): 8.00 GiB\nPyTorch limit (set by user-supplied memory fraction)\n                        : 75.00 GiB\nException raised from mallocAsync".to_string(),
+            format!("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}"),
+            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\nException raised from createCublasHandle".to_string(),
+            "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\nException raised from run_conv_plan".to_string(),
+        ];
+        for m in &ooms {
+            assert!(matches!(classify(m), RunError::OutOfMemory(_)), "{m}");
+        }
+        // The useful line is the first one, never the backtrace.
+        assert_eq!(
+            classify(&ooms[2]),
+            RunError::OutOfMemory(
+                "Allocation on device 0 would exceed allowed memory. (out of memory)".into()
+            )
+        );
+        for kind in [
+            "device-side assert triggered\nSearch for `cudaErrorAssert'",
+            "an illegal memory access was encountered\nSearch for `cudaErrorIllegalAddress'",
+            "unspecified launch failure\nSearch for `cudaErrorLaunchFailure'",
+            "misaligned address\nSearch for `cudaErrorMisalignedAddress'",
+        ] {
+            let m = format!("CUDA error: {kind} in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}");
+            assert!(matches!(classify(&m), RunError::CudaFatal(_)), "{m}");
+        }
+        for fatal in [
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
+            "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+            "CUDA driver error: an illegal memory access was encountered",
+        ] {
+            assert!(matches!(classify(fatal), RunError::CudaFatal(_)), "{fatal}");
+        }
+    }
+
+    /// A CUDA error met while copying outputs back (where an asynchronous one surfaces)
+    /// is that CUDA error, not an output the server cannot write (issue 24, item 5).
+    #[test]
+    fn a_cuda_error_while_writing_outputs_is_fatal() {
+        let copy = "cannot read the model's output tensor: Internal torch error: CUDA error: device-side assert triggered\nSearch for `cudaErrorAssert'";
+        assert!(matches!(
+            cuda_first(RunError::Unsupported(copy.into())),
+            RunError::CudaFatal(_)
+        ));
+        let oom = "cannot read output y: CUDA out of memory. Tried to allocate 20.00 MiB.";
+        assert!(matches!(
+            cuda_first(RunError::Request(oom.into())),
+            RunError::OutOfMemory(_)
+        ));
+        let plain = RunError::Unsupported("output 0 has dtype ComplexFloat".into());
+        assert_eq!(cuda_first(plain.clone()), plain);
     }
 
     #[test]
