@@ -6,9 +6,7 @@
 #[path = "support/nvml_sim.rs"]
 mod nvml_sim;
 
-use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nvml_sim::{nvml_return, SimComputeMode, SimGpu, SimGpus, SimMig, SimMigInstance};
@@ -19,32 +17,15 @@ use nvml_wrapper::{cuda_driver_version_major, cuda_driver_version_minor, Device,
 
 const MB: u64 = 1 << 20;
 
-/// The mock reads `NVML_MOCK_FILE` from the process environment: one test at a time.
-static ENV: Mutex<()> = Mutex::new(());
+/// The mock in this process.
+type Sim = nvml_sim::InProcess;
 
-struct Sim {
-    _guard: MutexGuard<'static, ()>,
-    _dir: tempfile::TempDir,
-    file: PathBuf,
-    lib: PathBuf,
+/// nvml-wrapper over the mock.
+trait Load {
+    fn nvml(&self) -> Nvml;
 }
 
-impl Sim {
-    fn new(gpus: &SimGpus) -> Sim {
-        let lib = nvml_sim::mock_library();
-        let guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("gpus.json");
-        gpus.write(&file);
-        std::env::set_var(nvml_sim::ENV_FILE, &file);
-        Sim {
-            _guard: guard,
-            _dir: dir,
-            file,
-            lib,
-        }
-    }
-
+impl Load for Sim {
     fn nvml(&self) -> Nvml {
         Nvml::builder()
             .lib_path(self.lib.as_os_str())

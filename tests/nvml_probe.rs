@@ -4,40 +4,22 @@
 #[path = "support/nvml_sim.rs"]
 mod nvml_sim;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::path::Path;
 
 use nvml_sim::{SimGpu, SimGpus};
 use vramfork::metadata::AppMetadata;
 use vramfork::plan::{plan, Policy};
 use vramfork::resources::{probe, GpuProbe, NvmlProbe, ProbeError, Resources, MB};
 
-/// The mock reads `NVML_MOCK_FILE` from the process environment: one test at a time.
-static ENV: Mutex<()> = Mutex::new(());
+/// The mock in this process.
+type Sim = nvml_sim::InProcess;
 
-struct Sim {
-    _guard: MutexGuard<'static, ()>,
-    _dir: tempfile::TempDir,
-    file: PathBuf,
-    lib: PathBuf,
+/// `resources::NvmlProbe` over the mock.
+trait Open {
+    fn open(&self) -> NvmlProbe;
 }
 
-impl Sim {
-    fn new(gpus: &SimGpus) -> Sim {
-        let lib = nvml_sim::mock_library();
-        let guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("gpus.json");
-        gpus.write(&file);
-        std::env::set_var(nvml_sim::ENV_FILE, &file);
-        Sim {
-            _guard: guard,
-            _dir: dir,
-            file,
-            lib,
-        }
-    }
-
+impl Open for Sim {
     fn open(&self) -> NvmlProbe {
         NvmlProbe::open(Some(&self.lib)).unwrap_or_else(|e| panic!("open mock NVML: {e}"))
     }

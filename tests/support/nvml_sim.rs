@@ -630,3 +630,34 @@ fn target_dir() -> PathBuf {
         .expect("test binary lies in target/<profile>/deps")
         .to_path_buf()
 }
+
+/// Serialises the tests of one test process that load the mock in-process: it reads
+/// `NVML_MOCK_FILE` from the process environment.
+static IN_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The mock loaded in this test process (not through a started `app`): the simulated
+/// machine written to a file of its own, `NVML_MOCK_FILE` pointing at it, and the other
+/// in-process tests of this binary waiting until this one is dropped.
+pub struct InProcess {
+    _guard: std::sync::MutexGuard<'static, ()>,
+    _dir: tempfile::TempDir,
+    pub file: PathBuf,
+    pub lib: PathBuf,
+}
+
+impl InProcess {
+    pub fn new(gpus: &SimGpus) -> InProcess {
+        let lib = mock_library();
+        let guard = IN_PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gpus.json");
+        gpus.write(&file);
+        std::env::set_var(ENV_FILE, &file);
+        InProcess {
+            _guard: guard,
+            _dir: dir,
+            file,
+            lib,
+        }
+    }
+}
