@@ -311,6 +311,17 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
             why.push(
                 "est_gpu_mem_typ is 0 (the app does not use a GPU): every worker on the CPU".into(),
             );
+            if !res.gpus.is_empty() {
+                // Often a forgotten or misspelt field: say so where the server starts.
+                warnings.push(format!(
+                    "{} GPU(s) visible, but {} declares no est_gpu_mem_typ (0 = the app uses no \
+                     GPU), so every worker runs on the CPU: set est_gpu_mem_typ (MB one worker \
+                     uses, as nvidia-smi shows it) to serve on the GPUs, or pass --device cpu to \
+                     say the CPU is meant",
+                    res.gpus.len(),
+                    meta.path.display()
+                ));
+            }
             PlacementMode::Cpu
         }
         Device::Auto if res.gpus.is_empty() => {
@@ -1653,5 +1664,30 @@ mod tests {
             .warnings
             .iter()
             .any(|w| w.contains("est_gpu_mem_typ 300 MB is less than one worker's CUDA context")));
+    }
+
+    /// Issue 29: an app with GPUs visible but no estimate is warned about where the server
+    /// starts, not only in `app plan`'s reasoning; `--device cpu` says the CPU is meant.
+    #[test]
+    fn gpus_visible_but_no_estimate_is_a_warning() {
+        let r = res(4, vec![a100_40(0)]);
+        let p = plan(&r, &meta(0, 0), &Policy::default()).unwrap();
+        assert_eq!(p.device, Device::Cpu);
+        assert!(
+            p.warnings.iter().any(|w| w.contains(
+                "1 GPU(s) visible, but /apps/demo/app-metadata.json declares no est_gpu_mem_typ"
+            )),
+            "{:?}",
+            p.warnings
+        );
+        let cpu = Policy {
+            device: Device::Cpu,
+            ..Policy::default()
+        };
+        assert!(plan(&r, &meta(0, 0), &cpu).unwrap().warnings.is_empty());
+        assert!(plan(&res(4, vec![]), &meta(0, 0), &Policy::default())
+            .unwrap()
+            .warnings
+            .is_empty());
     }
 }

@@ -1084,3 +1084,25 @@ fn the_operators_cuda_visible_devices_limits_the_gpus() {
     assert!(log.contains("'7' names no GPU"), "{log}");
     assert!(log.contains("worker(s) on cpu"), "{log}");
 }
+
+/// Issue 29: GPUs visible but no `est_gpu_mem_typ` (forgotten, or misspelt before that was
+/// refused): the production log warns that every worker runs on the CPU and says what to set.
+#[test]
+fn gpus_visible_but_no_estimate_warns_at_production_start() {
+    let sim = Sim::new(
+        SimGpus::new(vec![SimGpu::a100_40gb()]),
+        r#""est_gpu_mem_min": 0"#,
+    );
+    let s = sim.start(&["--production", "--workers", "1"], &[]);
+    let w = s.wait_workers(1);
+    let warn = s.wait_event("plan_warning", |e| e.message().contains("GPU(s) visible"));
+    assert_eq!(warn.level, "WARN", "{warn:?}");
+    for want in [
+        "declares no est_gpu_mem_typ",
+        "every worker runs on the CPU",
+        "--device cpu",
+    ] {
+        assert!(warn.message().contains(want), "{want}: {warn:?}");
+    }
+    assert_eq!(visible_devices(w[0]).as_deref(), Some(""));
+}
