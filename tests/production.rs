@@ -253,6 +253,53 @@ fn a_file_that_is_not_torchscript_says_how_to_export_one() {
     );
 }
 
+/// Issue 29: a worker binary the dynamic loader cannot start (a shared library it needs is
+/// missing: exit 127, as with libtorch out of reach) is named as such, not as a model that
+/// could not be loaded. The binary is a real one, linked here against a library then removed.
+#[test]
+fn a_worker_that_cannot_find_a_shared_library_is_named_as_such() {
+    let app = mlp();
+    let dir = app.dir.path();
+    std::fs::write(dir.join("lib.c"), "int vf_gone(void) { return 0; }\n").unwrap();
+    std::fs::write(
+        dir.join("main.c"),
+        "int vf_gone(void);\nint main(void) { return vf_gone(); }\n",
+    )
+    .unwrap();
+    let cc = |args: &[&str]| {
+        let out = std::process::Command::new("cc")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&["-shared", "-fPIC", "-o", "libvfgone.so", "lib.c"]);
+    cc(&["-o", "worker", "main.c", "-L.", "-lvfgone"]);
+    std::fs::remove_file(dir.join("libvfgone.so")).unwrap();
+    let worker = dir.join("worker").display().to_string();
+    let mut s = Server::spawn(
+        &app,
+        &["--production", "--workers", "1", "--worker-binary", &worker],
+        &[],
+    );
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(3), "{log}");
+    // The loader's own line names the library; the master says what it means.
+    assert!(log.contains("libvfgone.so"), "{log}");
+    assert!(log.contains("the worker could not start"), "{log}");
+    assert!(
+        log.contains("a shared library it needs was not found"),
+        "{log}"
+    );
+    assert!(!log.contains("the model could not be loaded"), "{log}");
+}
+
 #[test]
 fn port_in_use_exits_2() {
     let app = mlp();

@@ -61,6 +61,8 @@ pub struct View<'a> {
     pub ever_ready: bool,
     /// Boots that failed while no worker had ever been ready.
     pub first_boot_failures: u32,
+    /// The exit status of the last boot that failed, when it exited (not killed).
+    pub last_boot_code: Option<i32>,
     /// The last moment a worker was ready (or the master's start).
     pub last_ready_at: Instant,
     /// How many workers fit on a GPU (by NVML index), retiring ones included.
@@ -172,6 +174,27 @@ pub enum Action {
     Exit { code: i32, why: String },
 }
 
+/// Exit statuses of a process that never reached `main`: the shell's convention, which
+/// `execve` failures and the dynamic loader follow (127: a shared library not found).
+pub const EXIT_LOADER: i32 = 127;
+pub const EXIT_NOT_EXECUTABLE: i32 = 126;
+
+/// Why the first workers' failed boots end the service (exit 3), from how the last one
+/// ended: a worker that never started is not a model that could not be loaded.
+pub fn gave_up_booting(failures: u32, last_code: Option<i32>) -> String {
+    match last_code {
+        Some(EXIT_LOADER) => format!(
+            "the worker could not start: {failures} tries ended with exit status 127, the dynamic loader's: a shared library it needs was not found (named on stderr above; usually libtorch: its lib/ folder must be readable by this user, or on LD_LIBRARY_PATH)"
+        ),
+        Some(EXIT_NOT_EXECUTABLE) => format!(
+            "the worker could not start: {failures} tries ended with exit status 126 (the worker binary is not executable by this user)"
+        ),
+        _ => format!(
+            "the model could not be loaded: {failures} workers failed to boot and none ever became ready (the worker's reason is logged above)"
+        ),
+    }
+}
+
 pub fn decide(v: &View<'_>) -> Vec<Action> {
     let mut out = Vec::new();
     if let Some(stop) = v.stopping {
@@ -181,10 +204,7 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
     if !v.ever_ready && v.first_boot_failures >= FIRST_BOOT_TRIES {
         out.push(Action::Exit {
             code: exit::MODEL_LOAD,
-            why: format!(
-                "the model could not be loaded: {} workers failed to boot and none ever became ready (the worker's reason is logged above)",
-                v.first_boot_failures
-            ),
+            why: gave_up_booting(v.first_boot_failures, v.last_boot_code),
         });
         return out;
     }
@@ -467,6 +487,7 @@ mod tests {
         stopping: Option<Stopping>,
         ever_ready: bool,
         first_boot_failures: u32,
+        last_boot_code: Option<i32>,
         capacity: u32,
         admits: bool,
     }
@@ -484,6 +505,7 @@ mod tests {
                 stopping: None,
                 ever_ready: true,
                 first_boot_failures: 0,
+                last_boot_code: None,
                 capacity: 100,
                 admits: true,
             }
@@ -517,6 +539,7 @@ mod tests {
                 stopping: self.stopping,
                 ever_ready: self.ever_ready,
                 first_boot_failures: self.first_boot_failures,
+                last_boot_code: self.last_boot_code,
                 last_ready_at: self.t0,
                 gpu_capacity: &capacity,
                 gpu_admits: &gpu_admits,
@@ -665,6 +688,20 @@ mod tests {
         assert_eq!(w.decide(), vec![spawn(0), spawn(1)]);
         w.first_boot_failures = FIRST_BOOT_TRIES;
         assert!(matches!(w.decide()[..], [Action::Exit { code: 3, .. }]));
+        // Issue 29: a worker that never started is named as such, not as the model.
+        w.last_boot_code = Some(127);
+        match &w.decide()[..] {
+            [Action::Exit { code: 3, why }] => {
+                assert!(why.starts_with("the worker could not start"), "{why}");
+                assert!(
+                    why.contains("a shared library it needs was not found"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(gave_up_booting(3, Some(3)).starts_with("the model could not be loaded"));
+        assert!(gave_up_booting(3, Some(126)).contains("not executable"));
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub struct Supervisor {
     stopping: Option<Stopping>,
     ever_ready: bool,
     first_boot_failures: u32,
+    /// How the last failed boot exited (`decide::gave_up_booting`).
+    last_boot_code: Option<i32>,
     /// Why the master must stop with `exit::NO_CUDA`: a worker placed on a GPU came up
     /// without CUDA (`no_cuda`).
     no_cuda: Option<String>,
@@ -135,6 +137,7 @@ impl Supervisor {
             stopping: None,
             ever_ready: false,
             first_boot_failures: 0,
+            last_boot_code: None,
             no_cuda: None,
             last_ready_at: Instant::now(),
             gpus,
@@ -541,8 +544,13 @@ impl Supervisor {
                     Some(worker_exit::NO_CUDA) => "could not use its GPU",
                     Some(worker_exit::MODEL_LOAD) => "could not load the model",
                     Some(worker_exit::CONFIG) => "rejected its configuration",
+                    Some(super::decide::EXIT_LOADER) => {
+                        "could not start: the dynamic loader did not find a shared library (named on stderr above)"
+                    }
+                    Some(super::decide::EXIT_NOT_EXECUTABLE) => "could not be executed",
                     _ => "died while booting",
                 };
+                self.last_boot_code = code;
                 self.boot_failed(&w.state, now);
                 let slot = self.slots.iter().find(|s| s.id == w.state.slot);
                 let retry = slot
@@ -989,6 +997,7 @@ impl Supervisor {
             stopping: self.stopping,
             ever_ready: self.ever_ready,
             first_boot_failures: self.first_boot_failures,
+            last_boot_code: self.last_boot_code,
             last_ready_at: self.last_ready_at,
             gpu_capacity: &capacity,
             gpu_admits: &admits,
