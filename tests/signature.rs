@@ -345,3 +345,28 @@ fn kserve_rest_client_serves_the_two_input_and_the_text_model() {
         }
     }
 }
+
+/// Issue 29: a two-input model whose metadata declares one input would boot "ready" and
+/// answer 500 to every request; the warm-up pass finds the mismatch (libtorch checks the
+/// arguments against forward()'s schema) and the boot fails naming both sides. Both ways a
+/// worker starts: forked from the template (`--production`) and exec'd (development mode).
+#[test]
+fn declared_inputs_that_forward_does_not_take_fail_the_boot_naming_both() {
+    let app = App::new(
+        "pair.pt",
+        r#""inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]}]"#,
+    );
+    for args in [&["--production", "--workers", "1"][..], &[][..]] {
+        let mut s = Server::spawn(&app, args, &[]);
+        let st = s.wait_exit(common::PATIENCE);
+        let log = s.log_text();
+        assert_eq!(st.code(), Some(3), "{args:?}: {log}");
+        for want in [
+            "the metadata declares the inputs [features], which its forward() does not take",
+            "is missing value for argument 'scale'",
+            "Declare every argument of forward() (after self) in the metadata's `inputs`, in order",
+        ] {
+            assert!(log.contains(want), "{args:?}: missing {want:?} in:\n{log}");
+        }
+    }
+}

@@ -122,6 +122,7 @@ pub fn boot(
         preloaded,
         batching,
         profile,
+        metadata.inputs.clone(),
     )
     .map_err(|e| (e.exit_code(), e.to_string()))?;
     let device = match info.cuda {
@@ -170,7 +171,7 @@ pub fn boot(
         boot: BootTimes {
             process_ms,
             model_ms: info.model_ms,
-            warmup_ms: 0.0,
+            warmup_ms: info.warmup_ms,
         },
         device,
         heartbeat: Duration::from_millis(cfg.heartbeat_ms),

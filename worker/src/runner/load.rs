@@ -20,6 +20,16 @@ pub enum LoadError {
         "cannot load model {path}: this worker must run on a GPU, but libtorch sees no CUDA device (libtorch's own reason, if any, is on stderr above: 'CUDA initialization: …')"
     )]
     NoCuda { path: String },
+    /// The metadata's declared inputs cannot be passed to the model's `forward` (found by
+    /// the warm-up pass: libtorch checks the arguments against the schema before running).
+    #[error(
+        "model {path}: the metadata declares the inputs [{declared}], which its forward() does not take: {reason}. Declare every argument of forward() (after self) in the metadata's `inputs`, in order"
+    )]
+    Signature {
+        path: String,
+        declared: String,
+        reason: String,
+    },
     /// The caching allocator's cap could not be set: running uncapped would break the plan.
     #[error("cannot cap the CUDA allocator at {cap_mb} MB for model {path}: {reason}")]
     Cap {
@@ -52,9 +62,10 @@ impl LoadError {
         use vramfork::protocol::worker_exit;
         match self {
             LoadError::NoCuda { .. } => worker_exit::NO_CUDA,
-            LoadError::Cap { .. } | LoadError::Model { .. } | LoadError::TooBig { .. } => {
-                worker_exit::MODEL_LOAD
-            }
+            LoadError::Cap { .. }
+            | LoadError::Model { .. }
+            | LoadError::TooBig { .. }
+            | LoadError::Signature { .. } => worker_exit::MODEL_LOAD,
         }
     }
 }

@@ -26,7 +26,7 @@ pub use batch::Batching;
 pub use batcher::BatchCounts;
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use tensors::kind_of;
-pub use warmup::warm_up;
+pub use warmup::{mismatch, warm_up};
 
 use crate::cuda;
 use crate::input::{Arg, Inputs};
@@ -210,6 +210,8 @@ pub struct ModelInfo {
     /// The CUDA device index, when the model runs on a GPU.
     pub cuda: Option<usize>,
     pub model_ms: f64,
+    /// The warm-up pass an exec'd worker ran on the declared inputs (0: none).
+    pub warmup_ms: f64,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.
@@ -241,6 +243,7 @@ impl Runner {
         preloaded: Option<CModule>,
         batching: Option<Batching>,
         profile: Option<Profile>,
+        warm: Option<Vec<vramfork::metadata::TensorSpec>>,
     ) -> Result<(Runner, ModelInfo, Profiled), LoadError> {
         let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
         let (tx, rx) = mpsc::channel::<Job>(queue);
@@ -252,6 +255,8 @@ impl Runner {
             .name("vf-model".into())
             .spawn(move || {
                 load::configure_executor();
+                // A module the template loaded was warmed there already.
+                let warm = warm.filter(|_| preloaded.is_none() && profile.is_none());
                 let loaded = load::pick_device(wanted, &path).and_then(|d| match (d, preloaded) {
                     (Device::Cpu, Some(module)) => Ok(load::Loaded {
                         module,
@@ -262,12 +267,32 @@ impl Runner {
                 });
                 match loaded {
                     Ok(l) => {
+                        let warmup_ms = match warm
+                            .as_deref()
+                            .map(|specs| (specs, warm_up(&l.module, Some(specs), None, l.device)))
+                        {
+                            None | Some((_, Ok(None))) => 0.0,
+                            Some((_, Ok(Some(ms)))) => ms,
+                            Some((specs, Err(e))) => match mismatch(&path, specs, &e) {
+                                Some(refused) => {
+                                    let _ = loaded_tx.send(Err(refused));
+                                    return;
+                                }
+                                None => {
+                                    tracing::warn!(
+                                        "the warm-up pass on the declared input shape failed ({e}); starting cold"
+                                    );
+                                    0.0
+                                }
+                            },
+                        };
                         let info = ModelInfo {
                             cuda: match l.device {
                                 Device::Cuda(i) => Some(i),
                                 _ => None,
                             },
                             model_ms: l.model_ms,
+                            warmup_ms,
                         };
                         let profiled = profile.map(|p| {
                             warm_up(&l.module, Some(&p.specs), Some(&p.shapes), l.device)

@@ -11,7 +11,32 @@ use std::time::Instant;
 use tch::{CModule, Device, IValue, Tensor};
 use vramfork::metadata::{Datatype, TensorSpec};
 
+use super::load::LoadError;
 use super::{kind_of, useful_line};
+
+/// Whether a failed pass's message is libtorch refusing the arguments themselves (the
+/// check of `FunctionSchema::checkAndNormalizeInputs`, `ATen/core/function_schema_inl.h`
+/// in torch 2.11, made before the model runs): a missing argument, too many, or one of the
+/// wrong type.
+pub fn signature_mismatch(msg: &str) -> bool {
+    msg.contains("() is missing value for argument '")
+        || (msg.contains("argument(s) for operator '") && msg.contains("but received"))
+        || (msg.contains("Expected a value of type '") && msg.contains("for argument '"))
+}
+
+/// What a failed warm-up means: the declared inputs do not fit `forward()` (a boot
+/// failure: every request would fail the same way), or `None` (the worker starts cold).
+pub fn mismatch(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadError> {
+    signature_mismatch(msg).then(|| LoadError::Signature {
+        path: path.to_string(),
+        declared: specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        reason: msg.to_string(),
+    })
+}
 
 /// Runs the warm-up pass on `device`, with `shapes` (one per declared input; `None`: the
 /// declared shapes with `-1` as 1); `Ok(None)` when the metadata declares no input shape to
