@@ -208,6 +208,9 @@ pub struct AppMetadata {
     pub name: String,
     /// The TorchScript file, resolved against the metadata file's folder.
     pub model: Option<PathBuf>,
+    /// Shared libraries of TorchScript operators (`op_libraries`) the worker loads, in
+    /// order, before the model (torchvision's ops, a user's own), resolved like `model`.
+    pub op_libraries: Vec<PathBuf>,
     /// MB the model needs at least on a GPU; 0 = no minimum.
     pub est_gpu_mem_min: u64,
     /// MB one worker typically uses on a GPU; sizes the pool; 0 = the app uses no GPU.
@@ -315,6 +318,31 @@ impl AppMetadata {
                 )))
             }
         };
+        let op_libraries = match raw.get("op_libraries") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => {
+                let base = path.parent().unwrap_or(Path::new("."));
+                let mut libs = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    match item {
+                        Value::String(s) if !s.is_empty() => libs.push(base.join(s)),
+                        v => {
+                            return Err(field(format!(
+                                "field `op_libraries[{i}]` must be a non-empty string (the path of a shared library, relative to the metadata file), found {}",
+                                kind(v)
+                            )))
+                        }
+                    }
+                }
+                libs
+            }
+            Some(v) => {
+                return Err(field(format!(
+                    "field `op_libraries` must be a list of paths of shared libraries of TorchScript operators, found {}",
+                    kind(v)
+                )))
+            }
+        };
         let mb = |key: &str| -> Result<u64, MetadataError> {
             match raw.get(key) {
                 None | Some(Value::Null) => Ok(0),
@@ -388,6 +416,7 @@ impl AppMetadata {
             raw,
             name,
             model,
+            op_libraries,
             est_gpu_mem_min,
             est_gpu_mem_typ,
             inputs,
@@ -502,11 +531,12 @@ fn parse_profile_input(
 }
 
 /// The fields vramfork reads from the metadata.
-const KNOWN_FIELDS: [&str; 11] = [
+const KNOWN_FIELDS: [&str; 12] = [
     "name",
     "description",
     "version",
     "model",
+    "op_libraries",
     "est_gpu_mem_min",
     "est_gpu_mem_typ",
     "input",
@@ -789,6 +819,39 @@ mod tests {
         .unwrap();
         assert!(m.raw.contains_key("output") && m.raw.contains_key("est_gpu_mem_maximum"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn op_libraries_resolve_like_the_model_and_bad_ones_are_named() {
+        let m =
+            parse(r#"{"name": "d", "op_libraries": ["ops/libvision.so", "/opt/x.so"]}"#).unwrap();
+        assert_eq!(
+            m.op_libraries,
+            vec![
+                PathBuf::from("/apps/demo/ops/libvision.so"),
+                PathBuf::from("/opt/x.so")
+            ]
+        );
+        assert!(parse(r#"{"name": "d"}"#).unwrap().op_libraries.is_empty());
+        let e = parse(r#"{"name": "d", "op_libraries": ["a.so", 3]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("field `op_libraries[1]` must be a non-empty string"),
+            "{e}"
+        );
+        let e = parse(r#"{"name": "d", "op_libraries": "a.so"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("field `op_libraries` must be a list of paths"),
+            "{e}"
+        );
+        // A near miss of the new field is named too.
+        let e = parse(r#"{"name": "d", "op_libaries": ["a.so"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rename it to `op_libraries`"), "{e}");
     }
 
     #[test]

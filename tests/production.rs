@@ -300,6 +300,77 @@ fn a_worker_that_cannot_find_a_shared_library_is_named_as_such() {
     assert!(!log.contains("the model could not be loaded"), "{log}");
 }
 
+/// Issue 29: a model calling a custom operator (`torchvision::nms`, as every torchvision
+/// detection model does) needs the library that registers it. Without it the boot fails
+/// naming the operator and `op_libraries`; with torchvision's `_C.so` alone, dlopen's
+/// message gets the hint to list libpython first; with both, the model serves and answers
+/// what torch answered when the fixture was made (`tests/fixtures/nms_expected.json`).
+#[test]
+fn op_libraries_load_custom_operators_before_the_model() {
+    let libs = common::python_json("op_libraries.py", &[], b"");
+    let vision = libs["torchvision_c"]
+        .as_str()
+        .expect("torchvision is installed by scripts/setup-torch");
+    let libpython = libs["libpython"].as_str().unwrap_or_else(|| {
+        panic!("no {} found for the venv's Python: install it (Debian: apt-get install libpython3.11; scripts/test does)", libs["libpython_name"])
+    });
+    let inputs = r#""inputs": [{"name": "boxes", "datatype": "FP32", "shape": [-1, 4]},
+                               {"name": "scores", "datatype": "FP32", "shape": [-1]}]"#;
+
+    // No library: the operator is named, and where to declare its library.
+    let app = App::new("nms.pt", inputs);
+    let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &[]);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(3), "{}", s.log_text());
+    let log = s.log_text();
+    assert!(
+        log.contains("Unknown builtin op: torchvision::nms"),
+        "{log}"
+    );
+    assert!(
+        log.contains("list the shared library that registers it in the metadata's op_libraries"),
+        "{log}"
+    );
+
+    // torchvision's library alone wants Python's symbols: the hint says what to add.
+    let app = App::new(
+        "nms.pt",
+        &format!(r#"{inputs}, "op_libraries": ["{vision}"]"#),
+    );
+    let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &[]);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(3), "{}", s.log_text());
+    let log = s.log_text();
+    assert!(log.contains("(op_libraries[0] in the metadata)"), "{log}");
+    assert!(
+        log.contains("list Python's shared library (libpython3.X.so.1.0"),
+        "{log}"
+    );
+
+    // Both, in order: served, through the template (forked workers inherit the libraries)
+    // and by an exec'd worker (development mode).
+    let app = App::new(
+        "nms.pt",
+        &format!(r#"{inputs}, "op_libraries": ["{libpython}", "{vision}"]"#),
+    );
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::fixtures().join("nms_expected.json")).unwrap(),
+    )
+    .unwrap();
+    let body = serde_json::json!({"inputs": [
+        {"name": "boxes", "datatype": "FP32", "shape": [5, 4],
+         "data": expected["boxes"].as_array().unwrap().iter().flat_map(|b| b.as_array().unwrap().clone()).collect::<Vec<_>>()},
+        {"name": "scores", "datatype": "FP32", "shape": [5], "data": expected["scores"]},
+    ]})
+    .to_string();
+    for args in [&["--production", "--workers", "1"][..], &[][..]] {
+        let s = Server::start(&app, args);
+        let r = s.post("/v2/models/test%20app/infer", &body);
+        assert_eq!(r.status, 200, "{args:?}: {r:?}\n{}", s.log_text());
+        let out = &r.json()["outputs"][0];
+        assert_eq!(out["datatype"], "INT64", "{out}");
+        assert_eq!(out["data"], expected["keep"], "{args:?}: {out}");
+    }
+}
+
 #[test]
 fn port_in_use_exits_2() {
     let app = mlp();

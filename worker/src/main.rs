@@ -115,6 +115,11 @@ pub fn boot(
         }),
         _ => None,
     };
+    if preloaded.is_none() {
+        // Forked from the template: loaded there already, and inherited.
+        runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path)
+            .map_err(|e| (e.exit_code(), e.to_string()))?;
+    }
     let (runner, info, profiled) = runner::Runner::start(
         &cfg.model_path,
         wanted,

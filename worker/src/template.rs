@@ -44,6 +44,10 @@ pub fn run(process_ms: f64) -> i32 {
     process::set_intra_threads(1);
     crate::runner::configure_executor();
     let start = Instant::now();
+    if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
+        eprintln!("app-worker (template): {e}");
+        return worker_exit::MODEL_LOAD;
+    }
     let module = match crate::runner::load_cpu(&cfg.model_path) {
         Ok(m) => m,
         Err(e) => {

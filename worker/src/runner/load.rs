@@ -176,6 +176,12 @@ fn first_line(msg: &str) -> String {
         Some(next) if first.ends_with(':') => format!("{first} {next}"),
         _ => first.to_string(),
     };
+    if line.contains("Unknown builtin op:") {
+        // A custom operator (torchvision::nms, …) whose library is not in the process.
+        return format!(
+            "{line} The model calls an operator libtorch does not define: list the shared library that registers it in the metadata's op_libraries (for torchvision's operators: torchvision/_C.so from the torchvision wheel matching torch, after libpython3.X.so.1.0)"
+        );
+    }
     if let Some(i) = line.find("PytorchStreamReader failed") {
         // "… failed reading zip archive: failed finding central directory. This is an
         // internal miniz error. If you are seeing this error, …": keep the first sentence.
@@ -246,9 +252,10 @@ mod tests {
         assert_eq!(first_line("\n  boom\nframe #0"), "boom");
         // libtorch 2.11's message for a model calling an operator whose library is not
         // loaded: the cause is on the second line.
-        assert_eq!(
-            first_line("Internal torch error:\nUnknown builtin op: torchvision::nms.\nCould not find any similar ops to torchvision::nms. This op may not exist or may not be currently supported in TorchScript.\n:\n  File \"code/__torch__.py\", line 8"),
-            "Internal torch error: Unknown builtin op: torchvision::nms."
+        let op = first_line("Internal torch error:\nUnknown builtin op: torchvision::nms.\nCould not find any similar ops to torchvision::nms. This op may not exist or may not be currently supported in TorchScript.\n:\n  File \"code/__torch__.py\", line 8");
+        assert!(
+            op.starts_with("Internal torch error: Unknown builtin op: torchvision::nms. The model calls an operator libtorch does not define: list the shared library that registers it in the metadata's op_libraries"),
+            "{op}"
         );
     }
 }

@@ -9,6 +9,7 @@
 pub mod batch;
 mod batcher;
 mod load;
+mod ops;
 mod tensors;
 pub mod v2out;
 mod warmup;
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use batch::Batching;
 pub use batcher::BatchCounts;
 pub use load::{configure_executor, load_cpu, LoadError};
+pub use ops::load_all as load_op_libraries;
 pub use tensors::kind_of;
 pub use warmup::{mismatch, warm_up};
 
