@@ -664,6 +664,24 @@ fn ttin_and_ttou_add_and_remove_a_worker() {
     assert_eq!(s.post("/", MLP_INPUT).status, 200);
 }
 
+/// Issue 29: USR1 (gunicorn's "reopen logs", which log rotation sends) and USR2 (its binary
+/// upgrade) would end the master by their default action; they are acknowledged and the
+/// server goes on serving with the same workers.
+#[test]
+fn usr1_and_usr2_are_acknowledged_not_fatal() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    let one = s.wait_workers(1);
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        let mark = s.mark();
+        s.signal(sig);
+        let (_, e) = s.wait_event_after(mark, "signal_ignored", |_| true);
+        assert_eq!(e.level, "WARN", "{e:?}");
+    }
+    assert_eq!(s.post("/", MLP_INPUT).status, 200);
+    assert_eq!(s.wait_workers(1), one);
+}
+
 #[test]
 fn a_request_past_the_timeout_gets_504_and_its_worker_is_replaced() {
     let app = App::new("slow.pt", "");

@@ -25,6 +25,7 @@
 //! | `reload_started`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP |
 //! | `ttin`, `ttou` / `ttin_refused`, `ttou_refused` | info / warn | `workers` | TTIN, TTOU |
 //! | `stopping` | info | `how` (`graceful`, `quick`) | TERM, INT, QUIT |
+//! | `signal_ignored` | warn | | USR1 or USR2 (gunicorn's log reopen and binary upgrade): nothing to do |
 //!
 //! `in_flight` in `pool` is the sum of what the workers' last heartbeats (and retiring
 //! messages) said; it changes at heartbeat pace, not per request.

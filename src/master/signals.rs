@@ -10,6 +10,7 @@
 //! | TTIN       | one worker more (refused when it would not fit on the GPUs)             |
 //! | TTOU       | one worker fewer (never below one)                                      |
 //! | CHLD       | reap exited workers and replace them                                    |
+//! | USR1, USR2 | nothing but a warning: logs go to stderr (nothing to reopen) and there is no binary upgrade; gunicorn's meanings, which operators' log rotation sends, must not stop the server (their default action would) |
 
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -17,7 +18,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTTIN, SIGTTOU};
+use signal_hook::consts::{
+    SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2,
+};
 
 /// What the master was asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +31,8 @@ pub enum Intent {
     MoreWorkers,
     FewerWorkers,
     Reap,
+    /// USR1 or USR2: acknowledged with a warning, nothing else.
+    Ignored,
 }
 
 const TABLE: &[(i32, Intent)] = &[
@@ -38,6 +43,8 @@ const TABLE: &[(i32, Intent)] = &[
     (SIGTTIN, Intent::MoreWorkers),
     (SIGTTOU, Intent::FewerWorkers),
     (SIGCHLD, Intent::Reap),
+    (SIGUSR1, Intent::Ignored),
+    (SIGUSR2, Intent::Ignored),
 ];
 
 /// Recorded signals, and the read end of the pipe that wakes the loop.

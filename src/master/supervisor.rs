@@ -349,6 +349,10 @@ impl Supervisor {
                     );
                 }
             }
+            Intent::Ignored => tracing::warn!(
+                event = "signal_ignored",
+                "USR1/USR2 ignored: logs go to stderr, so there is nothing to reopen, and there is no binary upgrade (TERM and a new start replace the binary)"
+            ),
             Intent::Reap | Intent::Reload | Intent::MoreWorkers | Intent::FewerWorkers => {}
         }
     }
