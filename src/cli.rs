@@ -22,7 +22,8 @@ pub struct Cli {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub production: bool,
 
-    /// App metadata file (name, model, est_gpu_mem_min, est_gpu_mem_typ, input).
+    /// App metadata file (name, model, est_gpu_mem_min, est_gpu_mem_typ, input or inputs,
+    /// outputs, max_batch_size, profile_input, op_libraries; app-metadata.example.json).
     #[arg(long, global = true, env = "VRAMFORK_METADATA", value_name = "FILE")]
     pub metadata: Option<OsString>,
 
@@ -53,7 +54,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_WORKERS", value_name = "N")]
     pub workers: Option<String>,
 
-    /// Recycle a worker after N model requests (POST); 0 = never, 1 = after every request.
+    /// Recycle a worker after N model requests (POST / and v2 inferences); 0 = never, 1 =
+    /// after every request.
     /// [default: 0]
     #[arg(long, global = true, env = "VRAMFORK_MAX_REQUESTS", value_name = "N")]
     pub max_requests: Option<String>,
