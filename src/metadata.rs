@@ -596,6 +596,12 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
             kind(v)
         ));
     };
+    // Both keys are optional, so a misspelt one would silently mean "any shape, float32".
+    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "shape" | "dtype")) {
+        return Err(format!(
+            "field `input.{k}` is not one `input` takes: it has `shape` (sizes, -1 = any) and `dtype` (default float32)"
+        ));
+    }
     let shape = match o.get("shape") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_shape("input.shape", v)?),
@@ -819,6 +825,19 @@ mod tests {
         .unwrap();
         assert!(m.raw.contains_key("output") && m.raw.contains_key("est_gpu_mem_maximum"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn unknown_keys_inside_input_are_refused() {
+        let e = parse(r#"{"name": "d", "input": {"shap": [-1, 4]}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("field `input.shap` is not one `input` takes"),
+            "{e}"
+        );
+        assert!(parse(r#"{"name": "d", "input": {"shape": [-1, 4], "dtype": "int64"}}"#).is_ok());
+        assert!(parse(r#"{"name": "d", "input": {}}"#).is_ok());
     }
 
     #[test]
