@@ -380,3 +380,141 @@ fn unit_files_pass_systemd_analyze_verify() {
         out.status
     );
 }
+
+/// Issue 29: the install the README gives works as written. `deploy/install` puts the
+/// binaries and libtorch under a prefix (hard links here, to spare 3.6 GB) and writes the
+/// environment file the unit reads; the installed `app` then serves when run the way the
+/// unit runs it: as an unprivileged user (here `nobody`, for whom the build user's home and
+/// its libtorch are out of reach when that home is private), with only the unit's
+/// environment.
+#[test]
+fn the_installed_server_serves_as_an_unprivileged_user_with_the_units_environment() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to an unprivileged user needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prefix = root.path().join("opt");
+    let etc = root.path().join("etc");
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_app"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let torch = std::env::var("LIBTORCH").expect("LIBTORCH is set by scripts/env.sh");
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(repo.join("deploy/install"))
+        .args(["--bin", bin.to_str().unwrap(), "--torch", &torch, "--link"])
+        .args([
+            "--prefix",
+            prefix.to_str().unwrap(),
+            "--etc",
+            etc.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy/install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The model and metadata, where the service user can read them.
+    std::fs::copy(fixtures().join("mlp.pt"), etc.join("mlp.pt")).unwrap();
+    std::fs::write(
+        etc.join("metadata.json"),
+        r#"{"name": "installed", "model": "mlp.pt", "input": {"shape": [-1, 4]}}"#,
+    )
+    .unwrap();
+    // The unit's environment: the env file, nothing of ours.
+    let env_text = std::fs::read_to_string(etc.join("env")).unwrap();
+    let unit_env: Vec<(String, String)> = env_text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && l.contains('='))
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    assert!(
+        unit_env
+            .iter()
+            .any(|(k, v)| k == "LD_LIBRARY_PATH" && v.starts_with(prefix.to_str().unwrap())),
+        "{env_text}"
+    );
+    let as_nobody = |program: &PathBuf, args: &[&str]| {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(unit_env.iter().cloned())
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    let port = free_port();
+    let mut server = as_nobody(
+        &prefix.join("bin/app"),
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--metadata",
+            etc.join("metadata.json").to_str().unwrap(),
+            "--port",
+            &port.to_string(),
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Ready once the port takes a connection and a request gets 200 (the master binds first,
+    // its worker answers once it has loaded the model).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let status = loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let r = raw(port, "POST", "/", "", br#"{"inputs": [[1, 2, 3, 4]]}"#);
+            if r.status == 200 || std::time::Instant::now() > deadline {
+                break r.status;
+            }
+        } else if std::time::Instant::now() > deadline {
+            break 0;
+        }
+        if let Ok(Some(st)) = server.try_wait() {
+            let out = server.wait_with_output().unwrap();
+            panic!(
+                "the installed app exited ({st}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    // SAFETY: plain kill(2) of the child this test started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let out = server.wait_with_output().unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out.stderr));
+    // Where the build user's home is private (as root's is), the installed libraries are all
+    // the service user has: without the env file's LD_LIBRARY_PATH the worker cannot start.
+    let build_home_private = as_nobody(
+        &PathBuf::from("/usr/bin/test"),
+        &["-r", &format!("{torch}/lib/libtorch_cpu.so")],
+    )
+    .status()
+    .map(|s| !s.success())
+    .unwrap_or(false);
+    if build_home_private {
+        let st = as_nobody(&prefix.join("bin/app-worker"), &[])
+            .env_remove("LD_LIBRARY_PATH")
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(
+            st.code(),
+            Some(127),
+            "the worker found libtorch without the env file"
+        );
+    }
+}
