@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::slot::{Phase, Slot, WorkerState};
+use super::slot::{KillReason, Phase, Slot, WorkerState};
 use crate::exit;
 
 /// Workers already planned per GPU this round: (NVML index, count).
@@ -70,46 +70,6 @@ pub struct View<'a> {
     /// Whether a GPU has the free memory to admit one more worker now.
     pub gpu_admits: &'a dyn Fn(u32) -> bool,
     pub limits: Limits,
-}
-
-/// Why the master kills a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KillReason {
-    /// Still booting after `--boot-timeout`.
-    BootTimeout,
-    /// Ready, but no heartbeat for `--timeout`.
-    Heartbeat,
-    /// Retiring for longer than `--graceful-timeout` (plus [`KILL_GRACE`]).
-    GracefulTimeout,
-    /// The master is stopping and the worker outlived the stop's deadline.
-    StopTimeout,
-    /// Still booting with a configuration a newer reload superseded (it never served).
-    Superseded,
-}
-
-impl KillReason {
-    /// The `why` of the `worker_killed` event.
-    pub fn code(self) -> &'static str {
-        match self {
-            KillReason::BootTimeout => "boot_timeout",
-            KillReason::Heartbeat => "heartbeat",
-            KillReason::GracefulTimeout => "graceful_timeout",
-            KillReason::StopTimeout => "stop_timeout",
-            KillReason::Superseded => "superseded",
-        }
-    }
-}
-
-impl std::fmt::Display for KillReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            KillReason::BootTimeout => "did not load its model within --boot-timeout",
-            KillReason::Heartbeat => "sent no heartbeat within --timeout",
-            KillReason::GracefulTimeout => "did not finish retiring within --graceful-timeout",
-            KillReason::StopTimeout => "did not stop in time",
-            KillReason::Superseded => "it was booting a configuration a newer reload superseded",
-        })
-    }
 }
 
 /// Why a slot cannot start its worker yet.

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::decide::KillReason;
 use super::events::Pool;
-use super::slot::{Phase, WorkerState};
+use super::slot::{KillReason, Phase, WorkerState};
 use crate::metrics::endpoint::{SharedSource, Source};
 use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
 use crate::metrics::histogram::Hist;

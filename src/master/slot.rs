@@ -1,10 +1,50 @@
 //! Per-worker and per-slot state. A slot is a numbered place for one serving worker
 //! (`vf-worker-<slot>`); the worker in it goes Booting → Ready → Retiring → exited, and a
-//! slot whose worker keeps failing backs off before the next try.
+//! slot whose worker keeps failing backs off before the next try. Why the master killed a
+//! worker ([`KillReason`]) is recorded here, beside the state it ends.
 
 use std::time::{Duration, Instant};
 
-use super::decide::KillReason;
+/// Why the master kills a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// Still booting after `--boot-timeout`.
+    BootTimeout,
+    /// Ready, but no heartbeat for `--timeout`.
+    Heartbeat,
+    /// Retiring for longer than `--graceful-timeout` (plus the kill grace of `decide`).
+    GracefulTimeout,
+    /// The master is stopping and the worker outlived the stop's deadline.
+    StopTimeout,
+    /// Still booting with a configuration a newer reload superseded (it never served).
+    Superseded,
+}
+
+impl KillReason {
+    /// The `why` of the `worker_killed` event.
+    pub fn code(self) -> &'static str {
+        match self {
+            KillReason::BootTimeout => "boot_timeout",
+            KillReason::Heartbeat => "heartbeat",
+            KillReason::GracefulTimeout => "graceful_timeout",
+            KillReason::StopTimeout => "stop_timeout",
+            KillReason::Superseded => "superseded",
+        }
+    }
+}
+
+impl std::fmt::Display for KillReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KillReason::BootTimeout => "did not load its model within --boot-timeout",
+            KillReason::Heartbeat => "sent no heartbeat within --timeout",
+            KillReason::GracefulTimeout => "did not finish retiring within --graceful-timeout",
+            KillReason::StopTimeout => "did not stop in time",
+            KillReason::Superseded => "it was booting a configuration a newer reload superseded",
+        })
+    }
+}
+
 use crate::protocol::RetireReason;
 
 /// Where a worker is in its life.

@@ -14,13 +14,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::decide::{decide, Action, KillReason, Limits, Stopping, View, WaitReason};
+use super::decide::{decide, Action, Limits, Stopping, View, WaitReason};
 use super::events::{phase_name, Pool};
 use super::footprint::{Learner, Sample};
 use super::metrics::{exit_reason, MasterMetrics};
 use super::notify::Notifier;
 use super::signals::{Intent, Signals};
-use super::slot::{Phase, Slot, WorkerState};
+use super::slot::{KillReason, Phase, Slot, WorkerState};
 use super::spawn::{launch, worker_config, Launched, WorkerSpec};
 use super::template::Template;
 use crate::board::Board;
