@@ -371,6 +371,89 @@ fn op_libraries_load_custom_operators_before_the_model() {
     }
 }
 
+/// Issue 26: X-Request-Id is echoed on every answer — 200, 400, 404, 504 — and used as the
+/// v2 `id` when the body gives none (the body's own `id` wins); an unusable one (spaces)
+/// is replaced by a made one, never refused.
+#[test]
+fn request_ids_are_echoed_on_every_answer() {
+    let app = App::new("slow.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--request-timeout", "0.5"],
+    );
+    s.wait_workers(1);
+    let with = |id: &str| format!("X-Request-Id: {id}\r\n");
+    let cases = [
+        ("POST", "/", r#"{"inputs": [[1]]}"#, 200, "ok-1"),
+        ("POST", "/", r#"{"inputs": [[1], [2, 3]]}"#, 400, "bad-2"),
+        ("GET", "/nowhere", "", 404, "lost-3"),
+        ("POST", "/", r#"{"inputs": [[100000000]]}"#, 504, "stuck-4"),
+    ];
+    for (method, path, body, status, id) in cases {
+        let r = raw(s.port, method, path, &with(id), body.as_bytes());
+        assert_eq!(
+            r.status,
+            status,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.header("x-request-id"), Some(id), "{method} {path}");
+    }
+    s.wait_workers(1);
+    let infer = "/v2/models/test%20app/infer";
+    let v2 =
+        r#"{"inputs": [{"name": "input__0", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}"#;
+    let r = raw(s.port, "POST", infer, &with("v2-5"), v2.as_bytes());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["id"], "v2-5");
+    let own = v2.replacen('{', r#"{"id": "body-6","#, 1);
+    let r = raw(s.port, "POST", infer, &with("header-6"), own.as_bytes());
+    assert_eq!(
+        (r.json()["id"].clone(), r.header("x-request-id")),
+        ("body-6".into(), Some("header-6"))
+    );
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &with("has space"),
+        br#"{"inputs": [[1]]}"#,
+    );
+    let made = r.header("x-request-id").unwrap();
+    assert!(
+        made.len() == 32 && made.bytes().all(|c| c.is_ascii_hexdigit()),
+        "{made}"
+    );
+}
+
+/// Issue 26: the model thread's log lines carry the request id (the `request` span).
+#[test]
+fn the_model_threads_log_lines_carry_the_request_id() {
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[("VRAMFORK_LOG", "info,vramfork::master=debug,app_worker::runner=debug")],
+    );
+    s.wait_workers(1);
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "X-Request-Id: traced-7\r\n",
+        MLP_INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    let line = s.poll("the forward line of request traced-7", || {
+        s.log_text()
+            .lines()
+            .find(|l| l.contains("\"forward\"") && l.contains("traced-7"))
+            .map(str::to_string)
+    });
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["span"]["request_id"], "traced-7", "{line}");
+}
+
 #[test]
 fn port_in_use_exits_2() {
     let app = mlp();

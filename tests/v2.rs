@@ -182,7 +182,12 @@ fn every_v2_error_has_its_status_and_the_worker_survives_a_fuzz() {
         (&v["model_name"], &v["model_version"]),
         (&"test app".into(), &"3".into())
     );
-    assert!(v.get("id").is_none());
+    // No `id` in the body: the answer's is the request id, made by the worker and sent back
+    // as X-Request-Id (issue 26).
+    let made = r
+        .header("x-request-id")
+        .expect("every answer carries X-Request-Id");
+    assert_eq!(v["id"], made, "{v}");
     assert_eq!(v["outputs"][0]["shape"], serde_json::json!([1, 3]));
     let with_hw = ok.replacen('{', r#"{"parameters":{"hwFetch":true},"#, 1);
     for (path, body) in [

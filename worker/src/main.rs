@@ -15,6 +15,7 @@ mod listener;
 mod metrics;
 mod process;
 mod queue;
+mod request_id;
 mod routes;
 mod runner;
 mod server;

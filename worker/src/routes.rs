@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::hw::Hw;
 use crate::input::{parse_request, Inputs};
 use crate::metrics::{Endpoint, Recorder};
+use crate::request_id::{self, RequestId};
 use crate::runner::{Encoding, RunError, RunOutput, Runner};
 use crate::state::Shared;
 use crate::timeouts::BODY_READ;
@@ -147,9 +148,14 @@ impl From<ApiError> for Answer {
 }
 
 /// The hyper service: never fails, every outcome is an HTTP answer.
-pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    mut req: Request<Incoming>,
+    app: Arc<App>,
+) -> Result<Response<Body>, Infallible> {
     let endpoint = endpoint_of(req.method(), req.uri().path());
     let arrived = arrival(&req);
+    let id = RequestId::of(req.headers());
+    req.extensions_mut().insert(id.clone());
     let answer = route(req, &app).await.unwrap_or_else(Answer::from);
     if let Some(m) = &app.metrics {
         m.answered(
@@ -173,6 +179,7 @@ pub async fn handle(req: Request<Incoming>, app: Arc<App>) -> Result<Response<Bo
         }
     };
     h.insert("x-worker-pid", app.pid.clone());
+    h.insert(request_id::HEADER.clone(), id.0);
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }
@@ -200,6 +207,14 @@ fn endpoint_of(method: &Method, path: &str) -> Endpoint {
         ("/healthz", &Method::GET) => Endpoint::Health,
         _ => Endpoint::Other,
     }
+}
+
+/// The request's id ([`handle`] puts it in the extensions); empty outside `handle`.
+pub fn request_id_of(req: &Request<Incoming>) -> String {
+    req.extensions()
+        .get::<RequestId>()
+        .map(|i| i.as_str().to_string())
+        .unwrap_or_default()
 }
 
 /// When the request arrived (set by the connection), else now.
@@ -317,6 +332,7 @@ pub async fn model_request<T: Send + 'static>(
 ) -> Result<(RunOutput, T, bool), ApiError> {
     let arrived = arrival(&req);
     let endpoint = endpoint_of(req.method(), req.uri().path());
+    let id: Arc<str> = request_id_of(&req).into();
     if let Some(refused) = queue_wait_refusal(app, arrived) {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
@@ -345,7 +361,7 @@ pub async fn model_request<T: Send + 'static>(
             .await
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
-    let out = run(app, input, encoding, arrived).await;
+    let out = run(app, id, input, encoding, arrived).await;
     if app.body_sizes.unusual(size) {
         crate::heap::trim();
     }
@@ -372,6 +388,7 @@ const PARSE_INLINE_MAX: usize = 64 << 10;
 /// with 503 and `Retry-After`, never 504.
 async fn run(
     app: &App,
+    id: Arc<str>,
     input: Inputs,
     encoding: Encoding,
     arrived: Instant,
@@ -382,7 +399,7 @@ async fn run(
     }
     let mut ticket = app
         .runner
-        .submit(input, encoding)
+        .submit(id, input, encoding)
         .await
         .map_err(ApiError::Run)?;
     let mut watch = app.shared.subscribe();

@@ -358,3 +358,40 @@ fn an_idle_keep_alive_connection_outlives_the_header_deadline() {
     let r = c.request("POST", "/", MLP_REQ);
     assert_eq!((r.status, r.pid()), (200, w.pid()));
 }
+
+/// Issue 26: the request's X-Request-Id comes back on refusals too (here a 503 for waiting
+/// past `--max-queue-wait`), and a worker makes one for a request that has none.
+#[test]
+fn request_ids_come_back_on_refusals_and_are_made_when_missing() {
+    let mut w = Worker::ready(config("slow", |c| c["max_queue_wait_ms"] = json!(300)));
+    let mut a = w.connect();
+    assert_eq!(a.request("GET", "/healthz", "").status, 200);
+    let mut b = w.connect();
+    let made = b.request("GET", "/healthz", "");
+    let made = made.header("x-request-id").expect("a made id").to_string();
+    assert!(
+        made.len() == 32 && made.bytes().all(|c| c.is_ascii_hexdigit()),
+        "{made}"
+    );
+    a.send(
+        "POST",
+        "/",
+        &[("X-Request-Id", "busy-1")],
+        slow(150_000).as_bytes(),
+    );
+    w.wait_in_flight(1);
+    b.send(
+        "POST",
+        "/",
+        &[("X-Request-Id", "queued-2")],
+        slow(1).as_bytes(),
+    );
+    let r = b.read_response();
+    assert_eq!(r.status, 503, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-request-id"), Some("queued-2"));
+    let ra = a.read_response();
+    assert_eq!(
+        (ra.status, ra.header("x-request-id")),
+        (200, Some("busy-1"))
+    );
+}

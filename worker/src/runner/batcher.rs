@@ -174,6 +174,8 @@ fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
 /// output cannot be cut (then `false`).
 fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     let start = Instant::now();
+    let ids: Vec<&str> = jobs.iter().map(|j| &*j.id).collect();
+    let _span = tracing::info_span!("batch", request_ids = %ids.join(",")).entered();
     let rows: Vec<usize> = jobs.iter().map(|j| j.rows).collect();
     count(counts, rows.iter().sum());
     let out = guarded(|| {

@@ -86,6 +86,8 @@ const STARTED: u8 = 1;
 const WITHDRAWN: u8 = 2;
 
 struct Job {
+    /// The request's id (`X-Request-Id`), for the model thread's log lines.
+    id: Arc<str>,
     input: Inputs,
     encoding: Encoding,
     claim: Arc<AtomicU8>,
@@ -97,6 +99,7 @@ struct Job {
 
 /// A job the model thread has claimed: it runs.
 struct Taken {
+    id: Arc<str>,
     input: Inputs,
     encoding: Encoding,
     /// Its rows, when it is part of a batch.
@@ -113,6 +116,7 @@ impl Taken {
 
     /// Runs it on a pass of its own and answers it.
     fn run_alone(self, module: &CModule, device: Device) {
+        let _span = tracing::info_span!("request", request_id = %self.id).entered();
         let result = guarded(|| forward(module, device, &self.input, &self.encoding));
         self.answer(result);
     }
@@ -144,6 +148,7 @@ impl Job {
         }
         self.started.send_replace(Some(Instant::now()));
         Some(Taken {
+            id: self.id,
             input: self.input,
             encoding: self.encoding,
             rows: 0,
@@ -336,12 +341,18 @@ impl Runner {
     }
 
     /// Queues one forward pass (waiting for a queue slot when many are queued).
-    pub async fn submit(&self, input: Inputs, encoding: Encoding) -> Result<Ticket, RunError> {
+    pub async fn submit(
+        &self,
+        id: Arc<str>,
+        input: Inputs,
+        encoding: Encoding,
+    ) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
         let (started, started_rx) = watch::channel(None);
         let claim = Arc::new(AtomicU8::new(QUEUED));
         self.tx
             .send(Job {
+                id,
                 input,
                 encoding,
                 claim: claim.clone(),

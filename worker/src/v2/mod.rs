@@ -178,6 +178,8 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     };
     let specs = app.metadata.inputs.clone();
     let declared = app.metadata.outputs.clone();
+    // The answer's `id`: the body's, else the request's X-Request-Id.
+    let request_id = crate::routes::request_id_of(&req);
     let (out, (id, hw), last) = model_request(req, app, move |body| {
         let mut r =
             request::parse(&body, header_len, specs.as_deref()).map_err(ApiError::BadRequest)?;
@@ -189,9 +191,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let mut head = serde_json::Map::new();
     head.insert("model_name".into(), Value::String(name));
     head.insert("model_version".into(), Value::String(version));
-    if let Some(id) = id {
-        head.insert("id".into(), Value::String(id));
-    }
+    head.insert("id".into(), Value::String(id.unwrap_or(request_id)));
     if query_hw || hw {
         if let Some(line) = hw_fetch(Some("hwFetch"), app)? {
             head.insert("parameters".into(), json!({ "hwFetch": line }));
