@@ -433,7 +433,10 @@ fn the_model_threads_log_lines_carry_the_request_id() {
     let s = Server::start_env(
         &app,
         &["--production", "--workers", "1"],
-        &[("VRAMFORK_LOG", "info,vramfork::master=debug,app_worker::runner=debug")],
+        &[(
+            "VRAMFORK_LOG",
+            "info,vramfork::master=debug,app_worker::runner=debug",
+        )],
     );
     s.wait_workers(1);
     let r = raw(
