@@ -596,10 +596,18 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
             kind(v)
         ));
     };
-    // Both keys are optional, so a misspelt one would silently mean "any shape, float32".
-    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "shape" | "dtype")) {
+    // Both keys are optional, so a misspelt one would silently mean "any shape, float32";
+    // other keys (a description…) are kept as written.
+    let near =
+        |k: &str, known: &str| k != known && edit_distance(&k.to_ascii_lowercase(), known) <= 2;
+    if let Some((k, known)) = o.keys().find_map(|k| {
+        ["shape", "dtype"]
+            .into_iter()
+            .find(|n| near(k, n))
+            .map(|n| (k, n))
+    }) {
         return Err(format!(
-            "field `input.{k}` is not one `input` takes: it has `shape` (sizes, -1 = any) and `dtype` (default float32)"
+            "field `input.{k}` is so close to `input.{known}` that it looks like a typo of it; rename it to `{known}` (as it is, vramfork would ignore it)"
         ));
     }
     let shape = match o.get("shape") {
@@ -828,14 +836,20 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_inside_input_are_refused() {
+    fn misspelt_keys_inside_input_are_refused() {
         let e = parse(r#"{"name": "d", "input": {"shap": [-1, 4]}}"#)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("field `input.shap` is not one `input` takes"),
+            e.contains("field `input.shap` is so close to `input.shape`"),
             "{e}"
         );
+        let e = parse(r#"{"name": "d", "input": {"Dtype": "int64"}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rename it to `dtype`"), "{e}");
+        // Other keys are kept, not refused.
+        assert!(parse(r#"{"name": "d", "input": {"shape": [-1, 4], "description": "x"}}"#).is_ok());
         assert!(parse(r#"{"name": "d", "input": {"shape": [-1, 4], "dtype": "int64"}}"#).is_ok());
         assert!(parse(r#"{"name": "d", "input": {}}"#).is_ok());
     }

@@ -314,8 +314,8 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
             if !res.gpus.is_empty() {
                 // Often a forgotten or misspelt field: say so where the server starts.
                 warnings.push(format!(
-                    "{} GPU(s) visible, but {} declares no est_gpu_mem_typ (0 = the app uses no \
-                     GPU), so every worker runs on the CPU: set est_gpu_mem_typ (MB one worker \
+                    "{} GPU(s) visible, but {} declares no est_gpu_mem_typ, or 0 (= the app uses \
+                     no GPU), so every worker runs on the CPU: set est_gpu_mem_typ (MB one worker \
                      uses, as nvidia-smi shows it) to serve on the GPUs, or pass --device cpu to \
                      say the CPU is meant",
                     res.gpus.len(),

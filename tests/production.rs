@@ -763,8 +763,16 @@ fn usr1_and_usr2_are_acknowledged_not_fatal() {
         s.signal(sig);
         let (_, e) = s.wait_event_after(mark, "signal_ignored", |_| true);
         assert_eq!(e.level, "WARN", "{e:?}");
+        // `systemctl kill -s USR1` reaches every process of the service: workers too.
+        // SAFETY: kill(2) of this test's own server's worker.
+        assert_eq!(unsafe { libc::kill(one[0] as i32, sig) }, 0);
     }
-    assert_eq!(s.post("/", MLP_INPUT).status, 200);
+    let r = s.post("/", MLP_INPUT);
+    assert_eq!(
+        (r.status, r.pid()),
+        (200, one[0]),
+        "the same worker answers"
+    );
     assert_eq!(s.wait_workers(1), one);
 }
 

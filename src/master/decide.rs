@@ -144,10 +144,10 @@ pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 pub fn gave_up_booting(failures: u32, last_code: Option<i32>) -> String {
     match last_code {
         Some(EXIT_LOADER) => format!(
-            "the worker could not start: {failures} tries ended with exit status 127, the dynamic loader's: a shared library it needs was not found (named on stderr above; usually libtorch: its lib/ folder must be readable by this user, or on LD_LIBRARY_PATH)"
+            "the worker could not start: after {failures} failed tries, the last ended with exit status 127, the dynamic loader's: a shared library it needs was not found (named on stderr above; usually libtorch: its lib/ folder must be readable by this user, or on LD_LIBRARY_PATH)"
         ),
         Some(EXIT_NOT_EXECUTABLE) => format!(
-            "the worker could not start: {failures} tries ended with exit status 126 (the worker binary is not executable by this user)"
+            "the worker could not start: after {failures} failed tries, the last could not execute the worker binary (not executable by this user)"
         ),
         _ => format!(
             "the model could not be loaded: {failures} workers failed to boot and none ever became ready (the worker's reason is logged above)"

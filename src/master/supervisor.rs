@@ -524,6 +524,7 @@ impl Supervisor {
         if let Some(why) = st.killed {
             exited!(warn, "{name} killed: it {why}; replacing it");
             if st.phase == Phase::Booting {
+                self.last_boot_code = None;
                 self.boot_failed(&w.state, now);
             }
             return;
@@ -1116,6 +1117,9 @@ impl Supervisor {
             }
             Err(e) => {
                 let st = WorkerState::new(0, slot, generation, self.cfg_gen, gpu, now);
+                // exec refused it: not executable by this user (126), or missing.
+                self.last_boot_code = (e.kind() == std::io::ErrorKind::PermissionDenied)
+                    .then_some(super::decide::EXIT_NOT_EXECUTABLE);
                 self.boot_failed(&st, now);
                 tracing::error!(
                     "cannot start worker {slot} from {}: {e}",

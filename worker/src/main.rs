@@ -36,6 +36,7 @@ static ALLOCATOR: heap::RequestMemory = heap::RequestMemory;
 
 fn main() {
     let process_ms = process::ms_since_exec();
+    process::ignore_usr_signals();
     if std::env::var_os(ENV_TEMPLATE).is_some_and(|v| v == "1") {
         process::exit_now(template::run(process_ms));
     }

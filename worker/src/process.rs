@@ -135,3 +135,14 @@ pub fn collapse_anonymous_memory() {
         "anonymous memory collapsed into huge pages"
     );
 }
+
+/// USR1 and USR2 (gunicorn's log reopen and binary upgrade, which `systemctl kill -s USR1`
+/// sends to every process of the service) would end a worker or the template by their
+/// default action; the master acknowledges them, its workers ignore them. Set first thing in
+/// `main`, before any thread exists; forked workers inherit it.
+pub fn ignore_usr_signals() {
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}

@@ -174,8 +174,10 @@ fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
 /// output cannot be cut (then `false`).
 fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     let start = Instant::now();
-    let ids: Vec<&str> = jobs.iter().map(|j| &*j.id).collect();
-    let _span = tracing::info_span!("batch", request_ids = %ids.join(",")).entered();
+    // The first few ids, space-separated (ids may hold commas), and how many in all.
+    let ids: Vec<&str> = jobs.iter().take(8).map(|j| &*j.id).collect();
+    let _span =
+        tracing::info_span!("batch", requests = jobs.len(), request_ids = %ids.join(" ")).entered();
     let rows: Vec<usize> = jobs.iter().map(|j| j.rows).collect();
     count(counts, rows.iter().sum());
     let out = guarded(|| {

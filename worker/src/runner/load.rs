@@ -176,6 +176,14 @@ fn first_line(msg: &str) -> String {
         Some(next) if first.ends_with(':') => format!("{first} {next}"),
         _ => first.to_string(),
     };
+    let core_op = ["Unknown builtin op: aten::", "Unknown builtin op: prim::"]
+        .iter()
+        .any(|p| line.contains(p));
+    if line.contains("Unknown builtin op:") && core_op {
+        return format!(
+            "{line} The model uses an operator of a newer libtorch than this one (torch 2.11): export it with torch 2.11"
+        );
+    }
     if line.contains("Unknown builtin op:") {
         // A custom operator (torchvision::nms, …) whose library is not in the process.
         return format!(

@@ -35,12 +35,15 @@ pub fn load_all(paths: &[impl AsRef<Path>], model: &str) -> Result<(), LoadError
 }
 
 fn open(path: &Path) -> Result<(), String> {
-    if !path.is_file() {
-        return Err(if path.exists() {
-            "not a regular file".into()
-        } else {
-            "no such file".into()
-        });
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err("no such file".into()),
+        Err(e) => {
+            return Err(format!(
+                "{e} (it must be readable by the user the server runs as)"
+            ))
+        }
+        Ok(m) if !m.is_file() => return Err("not a regular file".into()),
+        Ok(_) => {}
     }
     let mut tried = Vec::new();
     loop {
@@ -74,8 +77,9 @@ fn missing_dependency(err: &str) -> Option<&str> {
 /// The folder this process loaded libtorch from (`/proc/self/maps`).
 fn torch_lib_dir() -> Option<std::path::PathBuf> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    // address perms offset dev inode path (the path may hold spaces)
     maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter_map(|l| l.splitn(6, ' ').nth(5).map(str::trim_start))
         .find(|p| p.ends_with("/libtorch_cpu.so"))
         .and_then(|p| Path::new(p).parent().map(Path::to_path_buf))
 }

@@ -19,14 +19,22 @@ use super::{kind_of, useful_line};
 /// in torch 2.11, made before the model runs): a missing argument, too many, or one of the
 /// wrong type.
 pub fn signature_mismatch(msg: &str) -> bool {
-    msg.contains("() is missing value for argument '")
-        || (msg.contains("argument(s) for operator '") && msg.contains("but received"))
-        || (msg.contains("Expected a value of type '") && msg.contains("for argument '"))
+    // tch puts "Internal torch error: " before libtorch's text.
+    msg.contains("forward() is missing value for argument '")
+        || (msg.contains("argument(s) for operator 'forward'") && msg.contains("but received"))
+        || (msg.contains("forward() Expected a value of type '") && msg.contains("for argument '"))
 }
 
-/// What a failed warm-up means: the declared inputs do not fit `forward()` (a boot
-/// failure: every request would fail the same way), or `None` (the worker starts cold).
+/// What a failed warm-up means: the declared inputs do not fit `forward()`, or the pass
+/// left the CUDA context unusable (a boot failure either way: every request would fail),
+/// or `None` (the worker starts cold).
 pub fn mismatch(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadError> {
+    if matches!(super::classify(msg), super::RunError::CudaFatal(_)) {
+        return Some(LoadError::Model {
+            path: path.to_string(),
+            reason: format!("the warm-up pass on the declared inputs hit a CUDA error: {msg}"),
+        });
+    }
     signature_mismatch(msg).then(|| LoadError::Signature {
         path: path.to_string(),
         declared: specs
@@ -87,5 +95,30 @@ pub fn warm_up(
         Ok(Ok(())) => Ok(Some(start.elapsed().as_secs_f64() * 1e3)),
         Ok(Err(e)) => Err(useful_line(&e.to_string())),
         Err(_) => Err("the model panicked".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// libtorch 2.11's argument checks (`ATen/core/function_schema_inl.h`), as tch shows
+    /// them; a model's own error, or another operator's schema check, is not a mismatch.
+    #[test]
+    fn only_forwards_own_argument_checks_are_mismatches() {
+        for yes in [
+            "Internal torch error: forward() is missing value for argument 'scale'. Declaration: forward(__torch__.Pair self, Tensor features, Tensor scale) -> ((Tensor, Tensor))",
+            "Internal torch error: Expected at most 2 argument(s) for operator 'forward', but received 3 argument(s). Declaration: forward(__torch__.M self, Tensor x) -> (Tensor)",
+            "Internal torch error: forward() Expected a value of type 'Tensor' for argument 'x' but instead found type 'List[str]'.",
+        ] {
+            assert!(signature_mismatch(yes), "{yes}");
+        }
+        for no in [
+            "Internal torch error: The following operation failed in the TorchScript interpreter. builtins.ValueError: negative",
+            "Internal torch error: linear() Expected a value of type 'Tensor' for argument 'weight' but instead found type 'int'.",
+            "Internal torch error: mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)",
+        ] {
+            assert!(!signature_mismatch(no), "{no}");
+        }
     }
 }
