@@ -752,6 +752,14 @@ impl Plan {
         pick.map_or(Target::NoRoom, |g| Target::Gpu(assignment(g)))
     }
 
+    /// How messages name device `index` (`GPU 1`, `GPU 0 MIG 2`).
+    pub fn gpu_label(&self, index: u32) -> String {
+        self.gpus
+            .iter()
+            .find(|g| g.index == index)
+            .map_or_else(|| format!("GPU {index}"), |g| g.label.clone())
+    }
+
     /// The plan as pretty JSON (`app plan --json`).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a plan always serializes")
@@ -872,11 +880,7 @@ impl Plan {
             match gpu {
                 None => writeln!(s, "  {slots} -> CPU")?,
                 Some(a) => {
-                    let label = self
-                        .gpus
-                        .iter()
-                        .find(|g| g.index == a.index)
-                        .map_or_else(|| format!("GPU {}", a.index), |g| g.label.clone());
+                    let label = self.gpu_label(a.index);
                     write!(s, "  {slots} -> {label} ({})", a.uuid)?;
                     match (a.cap_mb, a.memory_fraction) {
                         (Some(c), Some(f)) => writeln!(s, ", allocator cap {c} MB ({f})")?,

@@ -534,7 +534,7 @@ impl Supervisor {
         if let Some(gpu) = st.gpu.filter(|_| code == Some(worker_exit::NO_CUDA)) {
             let why = format!(
                 "{name} was placed on {} but libtorch sees no CUDA device there (its reason is logged above): {}",
-                self.gpu_label(gpu),
+                self.plan.gpu_label(gpu),
                 self.no_cuda_reason()
             );
             if self.ever_ready {
@@ -787,7 +787,7 @@ impl Supervisor {
                         self.no_cuda = Some(format!(
                             "worker {} (pid {pid}) was placed on {} but runs its model on '{device}': {}",
                             st.slot,
-                            self.gpu_label(gpu),
+                            self.plan.gpu_label(gpu),
                             self.no_cuda_reason()
                         ));
                     }
@@ -932,15 +932,6 @@ impl Supervisor {
             slot: id,
             gpu: Some(gpu),
         });
-    }
-
-    /// How messages name the plan's device `index` (`GPU 1`, `GPU 0 MIG 2`).
-    fn gpu_label(&self, index: u32) -> String {
-        self.plan
-            .gpus
-            .iter()
-            .find(|g| g.index == index)
-            .map_or_else(|| format!("GPU {index}"), |g| g.label.clone())
     }
 
     /// What the driver says of CUDA, for the `no_cuda` message.
