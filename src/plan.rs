@@ -65,6 +65,12 @@ pub const CUDA_CONTEXT_MB: u64 = 500;
 /// The least allocator cap a worker is planned with, in MB.
 pub const MIN_ALLOCATOR_MB: u64 = 64;
 
+/// MB one worker is planned as: the estimate, but at least a CUDA context plus
+/// [`MIN_ALLOCATOR_MB`] (rule 7).
+pub fn per_worker_mb(typ: u64) -> u64 {
+    typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB)
+}
+
 /// Default share of a GPU's memory the server may plan for, by the GPU's total memory:
 /// `(at least this many MB, fraction)`, first match wins.
 ///
@@ -394,11 +400,11 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                 }
             ));
         }
-        if mode == PlacementMode::GpuMemory && typ < CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB {
+        if mode == PlacementMode::GpuMemory && per_worker_mb(typ) > typ {
             warnings.push(format!(
                 "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({CUDA_CONTEXT_MB} \
                  MB) plus {MIN_ALLOCATOR_MB} MB for its tensors: each worker is planned as {} MB",
-                CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB
+                per_worker_mb(typ)
             ));
         }
     }
@@ -410,7 +416,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                 return Err(does_not_fit(gpus, min, typ, reserve));
             }
             let terms: Vec<String> = gpus.iter().map(|g| g.fits.to_string()).collect();
-            let per_worker = typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB);
+            let per_worker = per_worker_mb(typ);
             let divisor = if per_worker == typ {
                 format!("est_gpu_mem_typ {typ} MB")
             } else {
@@ -480,8 +486,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         for g in &mut gpus {
             g.fits = match g.compute_mode {
                 ComputeMode::Default => share,
-                ComputeMode::Prohibited => 0,
-                ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread => 1,
+                mode => mode.limit(1),
             };
         }
         let room: u32 = gpus.iter().map(|g| g.fits).sum();
@@ -581,7 +586,7 @@ fn gpu_plan(
         .unwrap_or_else(|| default_utilization(total_mb));
     let cap_mb = (total_mb as f64 * fraction).floor() as u64;
     let usable_mb = cap_mb.min(free_mb).saturating_sub(reserve);
-    let per_worker = typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB);
+    let per_worker = per_worker_mb(typ);
     let (fits, excluded) = match mode {
         PlacementMode::Cpu => (0, None),
         PlacementMode::GpuSpread => (
@@ -600,10 +605,9 @@ fn gpu_plan(
             )),
         ),
         PlacementMode::GpuMemory => {
-            let mut fits = u32::try_from(usable_mb / per_worker).unwrap_or(u32::MAX);
-            if g.compute_mode != ComputeMode::Default {
-                fits = fits.min(1);
-            }
+            let fits = g
+                .compute_mode
+                .limit(u32::try_from(usable_mb / per_worker).unwrap_or(u32::MAX));
             let excluded = (fits == 0).then(|| {
                 format!(
                     "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \

@@ -137,14 +137,7 @@ impl Learner {
             plan.gpus
                 .iter()
                 .filter(|g| g.excluded.is_none())
-                .map(|g| {
-                    let fits = (g.usable_mb / hw) as u32;
-                    match g.compute_mode {
-                        crate::resources::ComputeMode::Default => fits,
-                        // One process at a time there, whatever the memory.
-                        _ => fits.min(1),
-                    }
-                })
+                .map(|g| g.compute_mode.limit((g.usable_mb / hw) as u32))
                 .sum(),
         )
     }

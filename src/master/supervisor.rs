@@ -897,7 +897,7 @@ impl Supervisor {
         let fits_now = |g: &crate::plan::GpuPlan| -> Option<u64> {
             let free = probe.free_bytes(g.index).ok()? >> 20;
             let usable = ((g.total_mb as f64 * g.fraction) as u64).min(free);
-            let per_worker = typ.max(crate::plan::CUDA_CONTEXT_MB + crate::plan::MIN_ALLOCATOR_MB);
+            let per_worker = crate::plan::per_worker_mb(typ);
             (free >= min + reserve && usable.saturating_sub(reserve) >= per_worker).then_some(free)
         };
         let best = self
@@ -971,7 +971,7 @@ impl Supervisor {
             let on_it = slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32;
             match plan.gpus.iter().find(|g| g.index == gpu) {
                 Some(g) if g.compute_mode != crate::resources::ComputeMode::Default => {
-                    g.fits.min(1)
+                    g.compute_mode.limit(g.fits)
                 }
                 Some(g) => g.fits.max(on_it),
                 None => on_it,

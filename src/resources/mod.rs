@@ -47,6 +47,16 @@ pub enum ComputeMode {
 }
 
 impl ComputeMode {
+    /// The workers a GPU in this mode may run when `fits` would fit by memory: any number,
+    /// at most one (one process at a time may hold a CUDA context), or none.
+    pub fn limit(self, fits: u32) -> u32 {
+        match self {
+            ComputeMode::Default => fits,
+            ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread => fits.min(1),
+            ComputeMode::Prohibited => 0,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ComputeMode::Default => "default",

@@ -70,7 +70,7 @@ pub fn run(process_ms: f64) -> i32 {
         Ok(None) => 0.0,
         Err(e) => {
             let specs = metadata.inputs.as_deref().unwrap_or_default();
-            if let Some(refused) = crate::runner::mismatch(&cfg.model_path, specs, &e) {
+            if let Some(refused) = crate::runner::boot_refusal(&cfg.model_path, specs, &e) {
                 eprintln!("app-worker (template): {refused}");
                 return worker_exit::MODEL_LOAD;
             }

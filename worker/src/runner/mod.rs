@@ -28,7 +28,7 @@ pub use batcher::BatchCounts;
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use ops::load_all as load_op_libraries;
 pub use tensors::kind_of;
-pub use warmup::{mismatch, warm_up};
+pub use warmup::{boot_refusal, warm_up};
 
 use crate::cuda;
 use crate::input::{Arg, Inputs};
@@ -280,7 +280,7 @@ impl Runner {
                         {
                             None | Some((_, Ok(None))) => 0.0,
                             Some((_, Ok(Some(ms)))) => ms,
-                            Some((specs, Err(e))) => match mismatch(&path, specs, &e) {
+                            Some((specs, Err(e))) => match boot_refusal(&path, specs, &e) {
                                 Some(refused) => {
                                     let _ = loaded_tx.send(Err(refused));
                                     return;
@@ -526,7 +526,7 @@ pub fn is_out_of_memory(msg: &str) -> bool {
 /// Sorts a libtorch error into OOM, other CUDA errors, or a model error.
 pub fn classify(msg: &str) -> RunError {
     let line = useful_line(msg);
-    if OOM_MARKS.iter().any(|m| msg.contains(m)) {
+    if is_out_of_memory(msg) {
         RunError::OutOfMemory(line)
     } else if CUDA_MARKS.iter().any(|m| msg.contains(m)) {
         RunError::CudaFatal(line)

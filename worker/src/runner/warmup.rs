@@ -28,7 +28,7 @@ pub fn signature_mismatch(msg: &str) -> bool {
 /// What a failed warm-up means: the declared inputs do not fit `forward()`, or the pass
 /// left the CUDA context unusable (a boot failure either way: every request would fail),
 /// or `None` (the worker starts cold).
-pub fn mismatch(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadError> {
+pub fn boot_refusal(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadError> {
     if matches!(super::classify(msg), super::RunError::CudaFatal(_)) {
         return Some(LoadError::Model {
             path: path.to_string(),
