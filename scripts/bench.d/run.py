@@ -145,7 +145,9 @@ def private_mb(pid):
 
 def measure_real(cfg):
     """Real architectures (random weights) at the model's own speed: served ÷ the model's own
-    loop at c = 1, 4, 16 (2 workers x 1 torch thread; loop runs before and after, median);
+    loop at c = 1, 4, 16 (2 workers x 1 torch thread; `reps` rounds of the three, each round
+    between two loop runs; median served ÷ median loop, and each round against the mean of
+    the loop runs around it);
     PSS of the 2 workers and whether they were forked from the template; ResNet-50 with
     `--max-requests 1` ÷ persistent (c = 4). Then the small MLP against its combined
     ceiling: the HTTP floor (`http-floor`, bare hyper pre-forked on one socket, a fixed
@@ -154,14 +156,24 @@ def measure_real(cfg):
     secs = cfg["load_s"] + 1
     for name, m in REAL_MODELS.items():
         path, body, hl = real_request(name)
-        loops = [real_loop(name, secs)]
+        # Rounds interleaved with the loop (loop, c=1/4/16, loop, ..., loop), all while the
+        # server is up but idle, so a slow minute of this shared machine hits both sides.
+        loops = []
+        runs = {c: [] for c in REAL_CONCURRENCY}
+        round_ratios = {c: [] for c in REAL_CONCURRENCY}
         srv = real_server(name, f"real-{name}")
         try:
             for _ in range(2):
                 wrk(srv.port, body, 1, 1, path, hl)
-            served = {}
+            for _ in range(cfg["reps"]):
+                loops.append(real_loop(name, secs))
+                for c in REAL_CONCURRENCY:
+                    runs[c].append(wrk(srv.port, body, c, secs + (2 if c == 16 else 0), path, hl))
+            loops.append(real_loop(name, secs))
             for c in REAL_CONCURRENCY:
-                served[c] = summarize([wrk(srv.port, body, c, secs + (2 if c == 16 else 0), path, hl)])
+                for i, r in enumerate(runs[c]):
+                    round_ratios[c].append(r["rps"] / ((loops[i] + loops[i + 1]) / 2))
+            served = {c: summarize(runs[c]) for c in REAL_CONCURRENCY}
             procs = memory(srv)
             workers = [p for p in procs if p["role"].startswith("vf-worker")]
             private = [private_mb(p["pid"]) for p in workers]
@@ -169,12 +181,13 @@ def measure_real(cfg):
                        if e["fields"].get("event") == "worker_started"]
         finally:
             srv.stop()
-        loops.append(real_loop(name, secs))
         loop = median(loops)
         weights_mb = os.path.getsize(os.path.join(REAL, f"{name}.pt")) / 2**20
         row = {
             "label": m["label"], "loop_per_s": loop, "loop_runs": loops,
-            "served": {str(c): dict(r, ratio=r["rps"] / loop) for c, r in served.items()},
+            "served": {str(c): dict(r, ratio=r["rps"] / loop,
+                                    round_ratios=[round(x, 3) for x in round_ratios[c]])
+                       for c, r in served.items()},
             "workers_pss_mb": sum(p["pss_mb"] for p in workers),
             "workers_private_mb": private, "weights_mb": weights_mb,
             "pss_bound_mb": weights_mb + sum(private),
@@ -244,14 +257,18 @@ def measure_floor(cfg):
 
 
 def real_markdown(r):
+    reps = len(r[next(iter(REAL_MODELS))]["loop_runs"]) - 1
     lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread; loop: 2 forward-loop "
-             "processes × 1 thread, median of a run before and one after)", "",
+             f"processes × 1 thread; {reps} rounds of c=1/4/16, each between two loop runs; "
+             "cells: median req/s (**median ÷ median loop**; each round ÷ the loop runs around it))", "",
              "| model | loop passes/s | c=1 | c=4 | c=16 | PSS of 2 workers (MB) | weights + 2 × private (MB) | workers forked from the template |",
              "|---|---:|---|---|---|---:|---:|---|"]
     for name in REAL_MODELS:
         x = r[name]
-        cells = " | ".join(f"{x['served'][str(c)]['rps']:.1f} req/s (**{x['served'][str(c)]['ratio']:.2f}**)"
-                           for c in REAL_CONCURRENCY)
+        cells = " | ".join(
+            f"{x['served'][str(c)]['rps']:.1f} req/s (**{x['served'][str(c)]['ratio']:.2f}**; "
+            + " ".join(f"{v:.2f}" for v in x['served'][str(c)].get('round_ratios', [])) + ")"
+            for c in REAL_CONCURRENCY)
         lines.append(f"| {x['label']} | {x['loop_per_s']:.1f} | {cells} | {x['workers_pss_mb']:.0f} | "
                      f"{x['weights_mb']:.0f} + {sum(x['workers_private_mb']):.0f} = {x['pss_bound_mb']:.0f} | "
                      f"{'yes' if x['forked'] else 'no (' + ', '.join(map(str, x['methods'])) + ')'} |")
