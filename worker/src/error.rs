@@ -3,12 +3,17 @@
 
 use hyper::StatusCode;
 
+use crate::decode::BodyError;
 use crate::runner::RunError;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
-    /// Malformed JSON, missing/non-array `inputs`, ragged, non-numeric, wrong shape or dtype,
-    /// a bad query parameter.
+    /// A request body the model cannot take, whichever protocol and decoder found it
+    /// (`decode/`, `http/v2/request.rs`): not JSON, missing `inputs`, ragged, non-numeric,
+    /// wrong shape or dtype, a bad `BYTES` element, binary data of the wrong size.
+    #[error("{0}")]
+    Body(BodyError),
+    /// A bad query parameter or header, a body that could not be read.
     #[error("{0}")]
     BadRequest(String),
     #[error("no route for {0}; this server answers GET / (metadata), POST / (inference), GET /healthz and the v2 protocol under /v2")]
@@ -44,10 +49,25 @@ pub enum ApiError {
     Timeout(u64),
 }
 
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> ApiError {
+        ApiError::Body(e)
+    }
+}
+
 impl ApiError {
+    /// A method this path does not take.
+    pub fn not_allowed(method: &hyper::Method, path: &str, allow: &'static str) -> ApiError {
+        ApiError::MethodNotAllowed {
+            method: method.to_string(),
+            path: path.to_string(),
+            allow,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Body(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) | ApiError::NoSuchModel(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -101,6 +121,8 @@ mod tests {
     fn status_table() {
         let cases = [
             (ApiError::BadRequest("x".into()), 400),
+            (ApiError::Body(BodyError::NotJson("x".into())), 400),
+            (ApiError::Body(BodyError::Invalid("x".into())), 400),
             (ApiError::NotFound("/x".into()), 404),
             (ApiError::NoSuchModel("m".into()), 404),
             (

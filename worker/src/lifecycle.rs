@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use vramfork::protocol::{BootTimes, ControlMsg, RetireReason, WorkerMetrics};
 
-use crate::routes::App;
+use crate::app::App;
 
 /// `/metrics` served by this worker itself (development mode).
 pub struct ServeMetrics {
@@ -68,11 +68,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         if let Some(m) = plan.metrics {
             let b = plan.boot;
             let boot_s = (b.process_ms + b.model_ms + b.warmup_ms) / 1e3;
-            let source = Arc::new(crate::metrics::DevSource::new(
-                app.clone(),
-                m.config,
-                boot_s,
-            ));
+            let source = Arc::new(crate::report::DevSource::new(app.clone(), m.config, boot_s));
             m.listener.set_nonblocking(true)?;
             let l = tokio::net::TcpListener::from_std(m.listener)?;
             tokio::spawn(vramfork::metrics::endpoint::serve(l, source));
@@ -89,7 +85,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             }
         };
         // The last figures: what a recycled worker answered is not lost.
-        crate::metrics::report(&app, &mut None);
+        crate::report::report(&app, &mut None);
         if quick {
             return Ok(vramfork::protocol::worker_exit::OK);
         }
@@ -119,6 +115,6 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
             allocator_reserved: reserved,
             footprint,
         });
-        crate::metrics::report(&app, &mut reported);
+        crate::report::report(&app, &mut reported);
     }
 }

@@ -2,27 +2,28 @@
 //! the master (SPEC section 5; the contract is `vramfork::protocol`). Start-up order matters:
 //! configuration, process name, inherited fds, torch threads, then the model.
 
+mod app;
+mod args;
 mod config;
 mod control;
 mod cuda;
-mod elements;
+mod decode;
 mod error;
 mod heap;
+mod http;
 mod hw;
-mod input;
 mod lifecycle;
+mod listen_queue;
 mod listener;
 mod metrics;
 mod process;
-mod queue;
+mod report;
 mod request_id;
-mod routes;
 mod runner;
 mod server;
 mod state;
 mod template;
 mod timeouts;
-mod v2;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -171,7 +172,7 @@ pub fn boot(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
-    let app = Arc::new(routes::App::new(shared, runner, metadata, hw, &cfg));
+    let app = Arc::new(app::App::new(shared, runner, metadata, hw, &cfg));
     let plan = lifecycle::Plan {
         listener,
         app,

@@ -1,20 +1,15 @@
 //! What this worker counts for `/metrics` (when `--metrics-port` is given): answers by
 //! endpoint and status, bytes, request and forward-pass durations. Recording is a few
 //! relaxed atomic adds and one uncontended lock per answer; the figures leave the process
-//! with the heartbeat (only when they changed) and once more before it exits. In
-//! development mode the worker also builds the whole snapshot and serves it itself.
+//! with the heartbeat (only when they changed) and once more before it exits (`report.rs`).
+//! A leaf: it knows nothing of the request context.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use vramfork::metrics::endpoint::Source;
-use vramfork::metrics::exposition::{PlanGauges, Snapshot, WorkerRow};
-use vramfork::metrics::histogram::{AtomicHist, Hist};
+use vramfork::metrics::histogram::AtomicHist;
 use vramfork::metrics::traffic::{EndpointTraffic, Traffic, ENDPOINTS};
-use vramfork::protocol::{ControlMsg, WorkerMetrics};
-
-use crate::routes::App;
 
 /// The `endpoint` label of an answer (index into [`ENDPOINTS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,98 +88,6 @@ impl Recorder {
             );
         }
         t
-    }
-}
-
-impl App {
-    /// What this worker counted: its answers, and its batches from the model thread.
-    pub fn traffic(&self) -> Traffic {
-        let mut t = self
-            .metrics
-            .as_ref()
-            .map(Recorder::traffic)
-            .unwrap_or_default();
-        t.batches = self.runner.batches();
-        t
-    }
-}
-
-/// Sends the figures to the master when they changed since `last`.
-pub fn report(app: &App, last: &mut Option<Traffic>) {
-    if app.metrics.is_none() {
-        return;
-    }
-    let traffic = app.traffic();
-    if last.as_ref() == Some(&traffic) {
-        return;
-    }
-    *last = Some(traffic.clone());
-    app.shared.control.send(&ControlMsg::Metrics {
-        traffic,
-        allocator_peak: app.hw.allocator_peak(),
-    });
-}
-
-/// What a development-mode worker's `/metrics` listener answers from: this one worker is
-/// the whole server.
-pub struct DevSource {
-    pub app: Arc<App>,
-    pub cfg: WorkerMetrics,
-    /// Boot durations (one: this worker's).
-    pub boot: Hist,
-}
-
-impl DevSource {
-    pub fn new(app: Arc<App>, cfg: WorkerMetrics, boot_secs: f64) -> DevSource {
-        let mut boot = Hist::default();
-        boot.observe(boot_secs);
-        DevSource { app, cfg, boot }
-    }
-}
-
-impl Source for DevSource {
-    fn snapshot(&self) -> Snapshot {
-        let app = &self.app;
-        let c = app.shared.get();
-        Snapshot {
-            traffic: app.traffic(),
-            in_flight: u64::from(c.in_flight),
-            workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
-            planned: 1,
-            starts: [("exec".to_string(), 1)].into(),
-            boot: [("exec".to_string(), self.boot.clone())].into(),
-            exits: Default::default(),
-            gpus: app.hw.gpu_row().into_iter().collect(),
-            per_worker: vec![WorkerRow {
-                slot: 0,
-                gpu_used: app.hw.process_gpu_used(),
-                allocator_peak: app.hw.allocator_peak(),
-                rss: vramfork::metrics::resident_bytes(std::process::id()),
-                served: c.served,
-            }],
-            plan: PlanGauges {
-                cpu_bound: self.cfg.cpu_bound,
-                gpu_bound: self.cfg.gpu_bound,
-                workers: self.cfg.planned,
-                footprint_declared_mb: app.metadata.est_gpu_mem_typ,
-                footprint_measured_mb: None,
-                footprint_planned_mb: app.metadata.est_gpu_mem_typ,
-                footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
-            },
-        }
-    }
-
-    fn live(&self) -> Result<String, String> {
-        // Answered by the worker's own event loop: that it answers is the proof.
-        Ok("the worker's event loop answers".into())
-    }
-
-    fn ready(&self) -> Result<String, String> {
-        if self.app.shared.get().stopping() {
-            Err("stopping".into())
-        } else {
-            Ok("1 of 1 workers ready".into())
-        }
     }
 }
 

@@ -35,7 +35,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::routes::{self, App, Arrived};
+use crate::app::App;
+use crate::http::dispatch;
+use crate::http::request::Arrived;
 use crate::state::FRESH_FOR;
 use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE, RETIRE_IDLE_GRACE};
 
@@ -80,7 +82,7 @@ pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, grac
             _ = rx.wait_for(|c| c.stopping() || !c.can_accept(max, concurrency)) => continue,
         };
         if shared.defer_to_sibling() {
-            if !crate::queue::readable(fd) {
+            if !crate::listen_queue::readable(fd) {
                 // Taken by someone else: wait for the next connection.
                 guard.clear_ready();
                 deferring = None;
@@ -101,9 +103,9 @@ pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, grac
         }
         deferring = None;
         shared.show_taking();
-        match guard.try_io(|l| crate::queue::accept(l.get_ref())) {
+        match guard.try_io(|l| crate::listen_queue::accept(l.get_ref())) {
             Ok(Ok(stream)) => {
-                let waited = crate::queue::waited(&stream);
+                let waited = crate::listen_queue::waited(&stream);
                 let stream = match TcpStream::from_std(stream) {
                     Ok(s) => s,
                     Err(e) => {
@@ -283,7 +285,7 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
             let guard = RequestGuard::enter(app.clone(), state.clone());
             req.extensions_mut().insert(Arrived(guard.arrived));
             async move {
-                let resp = routes::handle(req, guard.app.clone()).await;
+                let resp = dispatch::handle(req, guard.app.clone()).await;
                 drop(guard);
                 resp
             }
@@ -314,7 +316,7 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
                 // Deadlines only move later with activity: act on this one if it still
                 // stands, and never close under a request whose bytes have arrived but are
                 // not read yet.
-                if state.deadline(retiring) != (at, expiry) || crate::queue::readable(fd) {
+                if state.deadline(retiring) != (at, expiry) || crate::listen_queue::readable(fd) {
                     continue;
                 }
                 match expiry {

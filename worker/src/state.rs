@@ -173,7 +173,7 @@ impl Shared {
     /// Whether connections wait in the listen queue that no worker has taken yet.
     pub fn others_waiting(&self) -> bool {
         let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
-        fd.is_some_and(crate::queue::readable)
+        fd.is_some_and(crate::listen_queue::readable)
     }
 
     /// Whether connections have waited in the listen queue for at least [`QUEUED_FOR`], as

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tch::{IValue, Kind, Tensor};
 
-use crate::input::{Arg, Inputs};
+use crate::args::{Arg, Inputs};
 
 /// Batching as configured: rows per pass, and how long to wait to fill a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,12 @@
 //! A request is claimed (and its ticket told it started) only when its pass begins, so a
 //! request waiting in a forming batch can still be withdrawn (`--max-queue-wait`, a stuck
 //! model) and then never runs.
+//!
+//! Batches can form only because the worker takes several requests at once when batching
+//! is on: the accept rule (`Counters::can_accept` in `state.rs`) lets a worker work on up
+//! to `max_batch_size` requests (one without batching, so an idle sibling is never passed
+//! over). What may be stacked together (same trailing shape and dtype, rows within the
+//! limit) and how outputs are cut back is `batch.rs`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -22,7 +28,7 @@ use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};
 use super::{encode, guarded, pass, reserved, Job, RunError, RunOutput, Taken, Written};
-use crate::input::Inputs;
+use crate::args::Inputs;
 
 /// Forward passes by rows, as `/metrics` reports them.
 pub type BatchCounts = Arc<Mutex<BTreeMap<u32, u64>>>;

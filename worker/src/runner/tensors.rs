@@ -1,4 +1,4 @@
-//! Tensors in and out of the model: a parsed [`InputArray`] moves to the model's device; what
+//! Tensors in and out of the model: a parsed argument ([`Arg`]) moves to the model's device; what
 //! the model returns is written as JSON text straight from the tensors' memory (no tree of
 //! JSON values in between).
 //!
@@ -10,24 +10,8 @@
 //! else (dicts, objects, None) is "unsupported output type".
 
 use tch::{Device, IValue, Kind, Tensor};
-use vramfork::metadata::Dtype;
 
-use crate::input::Arg;
-
-pub fn kind_of(d: Dtype) -> Kind {
-    match d {
-        Dtype::Float32 => Kind::Float,
-        Dtype::Float64 => Kind::Double,
-        Dtype::Float16 => Kind::Half,
-        Dtype::BFloat16 => Kind::BFloat16,
-        Dtype::Int64 => Kind::Int64,
-        Dtype::Int32 => Kind::Int,
-        Dtype::Int16 => Kind::Int16,
-        Dtype::Int8 => Kind::Int8,
-        Dtype::UInt8 => Kind::Uint8,
-        Dtype::Bool => Kind::Bool,
-    }
-}
+use crate::args::Arg;
 
 /// A model argument as the model takes it: a tensor on `device` (already of the declared
 /// dtype and the request's shape; on the CPU this is the same tensor), or a `List[str]`.
@@ -229,8 +213,9 @@ pub fn to_json(v: &IValue) -> Result<serde_json::Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::input::parse_body;
+    use crate::decode::numeric::parse_body;
     use serde_json::{json, Value};
+    use vramfork::metadata::Dtype;
     use vramfork::metadata::InputSpec;
 
     fn tensor_for(v: Value, dtype: Dtype) -> Tensor {

@@ -12,7 +12,8 @@ use tch::{CModule, Device, IValue, Tensor};
 use vramfork::metadata::{Datatype, TensorSpec};
 
 use super::load::LoadError;
-use super::{kind_of, useful_line};
+use super::useful_line;
+use crate::args::kind_of;
 
 /// Whether a failed pass's message is libtorch refusing the arguments themselves (the
 /// check of `FunctionSchema::checkAndNormalizeInputs`, `ATen/core/function_schema_inl.h`

@@ -9,15 +9,17 @@
 //! number takes at least two bytes with its separator); pages past the elements written are
 //! never touched, so they cost address space, not memory. The tensor handed on is a view of
 //! the elements written.
+//!
+//! Used for `POST /` bodies with one numeric input (`post.rs` chooses).
 
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
 use tch::{Device, Kind, Tensor};
-use vramfork::metadata::{Datatype, Dtype, InputSpec, TensorSpec};
+use vramfork::metadata::{Dtype, InputSpec};
 
-use crate::elements::{nested_shape, strings_from_json, tensor_from_json};
+use super::{BodyError, NOT_AN_OBJECT};
+use crate::args::{int_range, kind_of, Arg, Inputs};
 
 /// A validated request input: a contiguous CPU tensor of the metadata's dtype and the
 /// request's shape.
@@ -26,121 +28,10 @@ pub struct InputArray {
     pub tensor: Tensor,
 }
 
-/// One argument of the model's `forward`.
-#[derive(Debug)]
-pub enum Arg {
-    Tensor(Tensor),
-    /// A `BYTES` input: a TorchScript `List[str]`.
-    Strings(Vec<String>),
-}
-
-/// What the model is called with: its arguments in the declared order.
-#[derive(Debug)]
-pub struct Inputs {
-    pub args: Vec<Arg>,
-}
-
 impl From<InputArray> for Inputs {
     fn from(a: InputArray) -> Inputs {
         Inputs {
             args: vec![Arg::Tensor(a.tensor)],
-        }
-    }
-}
-
-/// Parses a `POST /` body for a model whose declared inputs are `inputs` (`None`: one
-/// numeric input of any shape, float32). One numeric input: `{"inputs": <nested array>}`
-/// (the streaming parser below). One `BYTES` input: `{"inputs": ["a document", …]}`.
-/// Several inputs: `{"inputs": {"<name>": <nested array>, …}}`, every declared input once.
-pub fn parse_request(body: &[u8], inputs: Option<&[TensorSpec]>) -> Result<Inputs, BodyError> {
-    match inputs {
-        None => parse_body(body, None).map(Inputs::from),
-        Some([one]) => match one.input_spec() {
-            Some(spec) => parse_body(body, Some(&spec)).map(Inputs::from),
-            None => parse_named(body, std::slice::from_ref(one)),
-        },
-        Some(specs) => parse_named(body, specs),
-    }
-}
-
-/// A body for text inputs or several named inputs (a JSON tree: these bodies are small next
-/// to the tensors the streaming parser is for).
-fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
-    let doc: Value = serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
-    let names = || {
-        specs
-            .iter()
-            .map(|s| format!("\"{}\"", s.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let invalid = BodyError::Invalid;
-    let Value::Object(mut doc) = doc else {
-        return Err(invalid(NOT_AN_OBJECT.into()));
-    };
-    let given = doc.remove("inputs").ok_or_else(|| {
-        let example: Vec<String> = specs.iter().map(|s| format!("\"{}\": …", s.name)).collect();
-        invalid(format!(
-            "request body has no `inputs` field; send {{\"inputs\": {{{}}}}}",
-            example.join(", ")
-        ))
-    })?;
-    let mut by_name = match given {
-        Value::Object(map) => map,
-        // The one input, given without its name.
-        v @ Value::Array(_) if specs.len() == 1 => {
-            serde_json::Map::from_iter([(specs[0].name.clone(), v)])
-        }
-        other => {
-            return Err(invalid(format!(
-                "`inputs` must be an object naming the model's inputs ({}), found {}",
-                names(),
-                vramfork::metadata::kind(&other)
-            )))
-        }
-    };
-    let mut args = Vec::with_capacity(specs.len());
-    for spec in specs {
-        let name = &spec.name;
-        let v = by_name.remove(name).ok_or_else(|| {
-            invalid(format!(
-                "`inputs` lacks input \"{name}\"; the model takes {}",
-                names()
-            ))
-        })?;
-        let shape = nested_shape(name, &v).map_err(invalid)?;
-        spec.check_shape(&shape)
-            .map_err(|e| invalid(format!("input {name}: {e}")))?;
-        let arg = match spec.datatype {
-            Datatype::Bytes => strings_from_json(name, &v, &shape),
-            Datatype::Tensor(dtype) => tensor_from_json(name, &v, &shape, dtype).map(Arg::Tensor),
-        }
-        .map_err(invalid)?;
-        args.push(arg);
-    }
-    if let Some(extra) = by_name.keys().next() {
-        return Err(invalid(format!(
-            "`inputs` has \"{extra}\", which is not an input of the model; it takes {}",
-            names()
-        )));
-    }
-    Ok(Inputs { args })
-}
-
-/// Why a body is refused (both are 400s; the message says which).
-#[derive(Debug, Clone, PartialEq)]
-pub enum BodyError {
-    /// Not JSON at all (syntax, truncated, trailing characters).
-    NotJson(String),
-    /// JSON, but not a request this model takes.
-    Invalid(String),
-}
-
-impl fmt::Display for BodyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BodyError::NotJson(e) => write!(f, "request body is not valid JSON: {e}"),
-            BodyError::Invalid(m) => f.write_str(m),
         }
     }
 }
@@ -259,7 +150,7 @@ impl Sink {
             .tensor
             .f_narrow(0, 0, self.len as i64)?
             .f_reshape(shape)?;
-        let want = crate::runner::kind_of(dtype);
+        let want = kind_of(dtype);
         if want == self.kind {
             Ok(t)
         } else {
@@ -271,7 +162,7 @@ impl Sink {
 fn storage_kind(d: Dtype) -> Kind {
     match d {
         Dtype::Float32 | Dtype::Float16 | Dtype::BFloat16 => Kind::Float,
-        other => crate::runner::kind_of(other),
+        other => kind_of(other),
     }
 }
 
@@ -287,17 +178,6 @@ fn float_overflow(d: Dtype) -> f64 {
         // (2 - 2^-24) × 2^127
         Dtype::Float32 => 3.402_823_567_797_336_6e38,
         _ => f64::INFINITY,
-    }
-}
-
-/// The values an integer dtype holds.
-pub(crate) fn int_range(d: Dtype) -> (i64, i64) {
-    match d {
-        Dtype::Int8 => (i8::MIN.into(), i8::MAX.into()),
-        Dtype::UInt8 => (0, u8::MAX.into()),
-        Dtype::Int16 => (i16::MIN.into(), i16::MAX.into()),
-        Dtype::Int32 => (i32::MIN.into(), i32::MAX.into()),
-        _ => (i64::MIN, i64::MAX),
     }
 }
 
@@ -453,8 +333,6 @@ impl Parser {
 struct DocSeed<'a> {
     p: &'a mut Parser,
 }
-
-const NOT_AN_OBJECT: &str = "request body must be a JSON object like {\"inputs\": [[...]]}";
 
 impl<'de> DeserializeSeed<'de> for DocSeed<'_> {
     type Value = ();
@@ -771,81 +649,6 @@ mod tests {
         assert_eq!(a.tensor.kind(), Kind::Double);
         let e = parse(json!([[1, 2, 3]]), Some(&s)).unwrap_err();
         assert!(e.contains("[1, 3]") && e.contains("[-1, 4]"), "{e}");
-    }
-
-    fn named(specs: &[(&str, vramfork::metadata::Datatype, &[i64])]) -> Vec<TensorSpec> {
-        specs
-            .iter()
-            .map(|(n, d, s)| TensorSpec {
-                name: n.to_string(),
-                datatype: *d,
-                shape: Some(s.to_vec()),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn named_inputs_and_text_bodies() {
-        use vramfork::metadata::Datatype::{Bytes, Tensor as T};
-        let specs = named(&[
-            ("a", T(Dtype::Float32), &[-1, 2]),
-            ("b", T(Dtype::Int64), &[-1]),
-        ]);
-        let body = br#"{"inputs": {"b": [7], "a": [[1, 2]]}}"#;
-        let r = parse_request(body, Some(&specs)).unwrap();
-        match &r.args[..] {
-            [Arg::Tensor(a), Arg::Tensor(b)] => {
-                assert_eq!((a.size(), a.kind()), (vec![1, 2], Kind::Float));
-                assert_eq!((b.size(), b.kind()), (vec![1], Kind::Int64));
-            }
-            other => panic!("{other:?}"),
-        }
-        let text = named(&[("docs", Bytes, &[-1])]);
-        for body in [
-            &br#"{"inputs": ["x y", "z"]}"#[..],
-            br#"{"inputs": {"docs": ["x y", "z"]}}"#,
-        ] {
-            match &parse_request(body, Some(&text)).unwrap().args[..] {
-                [Arg::Strings(s)] => assert_eq!(s, &["x y", "z"]),
-                other => panic!("{other:?}"),
-            }
-        }
-        let cases: [(&[u8], &[TensorSpec], &str); 5] = [
-            (
-                br#"{"inputs": [["x"]]}"#,
-                &text,
-                "input docs: inputs have shape [1, 1]",
-            ),
-            (
-                br#"{"inputs": "x"}"#,
-                &text,
-                "must be an object naming the model's inputs (\"docs\")",
-            ),
-            (
-                br#"{"other": 1}"#,
-                &specs,
-                "no `inputs` field; send {\"inputs\": {\"a\": …, \"b\": …}}",
-            ),
-            (br#"["x"]"#, &text, "must be a JSON object"),
-            (
-                br#"{"inputs": {"a": [[1, 2]], "b": [[7]]}}"#,
-                &specs,
-                "input b: inputs have shape [1, 1]",
-            ),
-        ];
-        for (body, specs, want) in cases {
-            let e = parse_request(body, Some(specs)).unwrap_err().to_string();
-            assert!(e.contains(want), "{e:?} lacks {want:?}");
-        }
-        // A single numeric input still goes through the streaming parser.
-        let one = named(&[("input__0", T(Dtype::Int32), &[-1])]);
-        match &parse_request(br#"{"inputs": [1, 2]}"#, Some(&one))
-            .unwrap()
-            .args[..]
-        {
-            [Arg::Tensor(t)] => assert_eq!(t.kind(), Kind::Int),
-            other => panic!("{other:?}"),
-        }
     }
 
     #[test]

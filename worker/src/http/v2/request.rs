@@ -10,9 +10,11 @@ use serde_json::{Map, Value};
 use tch::Tensor;
 use vramfork::metadata::{Datatype, TensorSpec, SINGLE_INPUT};
 
-use crate::elements::{element_count, strings_from_bytes, strings_from_json, tensor_from_json};
-use crate::input::{Arg, Inputs};
-use crate::runner::kind_of;
+use crate::args::{kind_of, Arg, Inputs};
+use crate::decode::elements::{
+    element_count, strings_from_bytes, strings_from_json, tensor_from_json,
+};
+use crate::decode::BodyError;
 use crate::runner::v2out::Wanted;
 
 #[derive(Deserialize)]
@@ -74,8 +76,16 @@ fn names(specs: Option<&[TensorSpec]>) -> String {
 }
 
 /// Parses a request body; `header_len` is `Inference-Header-Content-Length` when sent,
-/// `specs` the model's declared inputs.
+/// `specs` the model's declared inputs. Every refusal is a [`BodyError`] naming the input.
 pub fn parse(
+    body: &[u8],
+    header_len: Option<usize>,
+    specs: Option<&[TensorSpec]>,
+) -> Result<Infer, BodyError> {
+    parse_infer(body, header_len, specs).map_err(BodyError::Invalid)
+}
+
+fn parse_infer(
     body: &[u8],
     header_len: Option<usize>,
     specs: Option<&[TensorSpec]>,
@@ -242,6 +252,8 @@ fn one_input(
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The messages, as `BodyError::Invalid` carries them.
+    use super::parse_infer as parse;
 
     use vramfork::metadata::Dtype;
 

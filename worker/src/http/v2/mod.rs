@@ -4,7 +4,7 @@
 //! `version` (else `1`); its inputs and outputs are the metadata's `inputs` and `outputs`
 //! when declared, else `input__0` (the older `input`, when declared) and `output__0…` (see
 //! `request.rs` and `runner/v2out.rs`). Inference runs through the same path as
-//! `POST /` (`routes::model_request`): recycling, timeouts, 503/504/507 and hwFetch behave
+//! `POST /` (`http/pipeline.rs`): recycling, timeouts, 503/504/507 and hwFetch behave
 //! the same.
 
 pub mod request;
@@ -15,10 +15,11 @@ use serde_json::{json, Value};
 use vramfork::hwline::wants_hw_fetch;
 use vramfork::metadata::{TensorSpec, SINGLE_INPUT};
 
+use super::answer::{json_bytes, Answer};
+use super::pipeline::model_request;
+use super::request::{hw_fetch, request_id_of, INFERENCE_HEADER};
+use crate::app::App;
 use crate::error::ApiError;
-use crate::routes::{
-    hw_fetch, json_bytes, model_request, not_allowed, Answer, App, INFERENCE_HEADER,
-};
 use crate::runner::Encoding;
 
 /// What this server says of itself at `GET /v2`.
@@ -109,8 +110,8 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let (get, post) = (method == Method::GET, method == Method::POST);
     match t {
         Target::Infer if post => infer(req, app).await,
-        Target::Infer => Err(not_allowed(&method, &path, "POST")),
-        _ if !get => Err(not_allowed(&method, &path, "GET")),
+        Target::Infer => Err(ApiError::not_allowed(&method, &path, "POST")),
+        _ if !get => Err(ApiError::not_allowed(&method, &path, "GET")),
         Target::Server => Ok(Answer::ok(json!({
             "name": "vramfork",
             "version": env!("CARGO_PKG_VERSION"),
@@ -179,10 +180,9 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let specs = app.metadata.inputs.clone();
     let declared = app.metadata.outputs.clone();
     // The answer's `id`: the body's, else the request's X-Request-Id.
-    let request_id = crate::routes::request_id_of(&req);
+    let request_id = request_id_of(&req);
     let (out, (id, hw), last) = model_request(req, app, move |body| {
-        let mut r =
-            request::parse(&body, header_len, specs.as_deref()).map_err(ApiError::BadRequest)?;
+        let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
         Ok((r.inputs, Encoding::V2(r.wanted), (r.id, r.hw_fetch)))
     })

@@ -7,8 +7,7 @@ use serde_json::Value;
 use tch::Tensor;
 use vramfork::metadata::Dtype;
 
-use crate::input::{int_range, Arg};
-use crate::runner::kind_of;
+use crate::args::{int_range, kind_of, Arg};
 
 /// The number of elements of `shape`, refusing negative sizes and products a buffer of
 /// 8-byte elements could not hold.

@@ -1,0 +1,85 @@
+//! The worker's request context ([`App`]): everything a request needs, shared by all
+//! connections — the shared state, the model's runner, the metadata, the limits from the
+//! worker's configuration, what `/metrics` counts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::header::HeaderValue;
+use vramfork::metadata::AppMetadata;
+use vramfork::metrics::traffic::Traffic;
+
+use crate::hw::Hw;
+use crate::metrics::{Endpoint, Recorder};
+use crate::runner::Runner;
+use crate::state::Shared;
+
+/// Everything a request needs, shared by all connections.
+pub struct App {
+    pub shared: Arc<Shared>,
+    pub runner: Runner,
+    pub metadata: AppMetadata,
+    pub hw: Hw,
+    pub max_body_bytes: u64,
+    pub request_timeout: Duration,
+    /// Refuse (503) a request that waited longer than this before the model took it.
+    pub max_queue_wait: Option<Duration>,
+    /// Retire after a request that leaves the allocator above this many bytes.
+    pub max_gpu_bytes: Option<u64>,
+    /// What `/metrics` counts, when it is on.
+    pub metrics: Option<Recorder>,
+    /// The plan's footprint figures, when it was made from a measurement (`GET /`).
+    pub footprint: Option<vramfork::protocol::FootprintFigures>,
+    /// The body sizes seen, to hand memory back after an unusually large one.
+    pub body_sizes: crate::heap::BodySizes,
+    /// `X-Worker-Pid`, ready to send.
+    pub pid: HeaderValue,
+}
+
+impl App {
+    pub fn new(
+        shared: Arc<Shared>,
+        runner: Runner,
+        metadata: AppMetadata,
+        hw: Hw,
+        cfg: &vramfork::protocol::WorkerConfig,
+    ) -> App {
+        App {
+            shared,
+            runner,
+            metadata,
+            hw,
+            max_body_bytes: cfg.max_body_bytes,
+            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            max_queue_wait: (cfg.max_queue_wait_ms > 0)
+                .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
+            max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            metrics: cfg.metrics.is_some().then(Recorder::default),
+            footprint: cfg.footprint,
+            body_sizes: crate::heap::BodySizes::default(),
+            pid: HeaderValue::from(std::process::id()),
+        }
+    }
+}
+
+impl App {
+    /// Counts a model request's body bytes for `/metrics`.
+    pub fn count_bytes_in(&self, endpoint: Endpoint, n: usize) {
+        if let Some(m) = &self.metrics {
+            m.bytes_in(endpoint, n);
+        }
+    }
+}
+
+impl App {
+    /// What this worker counted: its answers, and its batches from the model thread.
+    pub fn traffic(&self) -> Traffic {
+        let mut t = self
+            .metrics
+            .as_ref()
+            .map(Recorder::traffic)
+            .unwrap_or_default();
+        t.batches = self.runner.batches();
+        t
+    }
+}

@@ -1,0 +1,32 @@
+//! Request bodies decoded into what the model is called with (`crate::args::Inputs`): the
+//! `POST /` formats (`post.rs`), the one-pass numeric parser for one numeric input
+//! (`numeric.rs`) and the named-input element parser shared with v2 (`elements.rs`). Every
+//! way a `POST /` body can be wrong is a [`BodyError`] whose message names where;
+//! `error.rs` maps it to its status (400), as it does the v2 parser's errors.
+
+pub mod elements;
+pub mod numeric;
+pub mod post;
+
+use std::fmt;
+
+/// Why a body is refused (both are 400s; the message says which).
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyError {
+    /// Not JSON at all (syntax, truncated, trailing characters).
+    NotJson(String),
+    /// JSON, but not a request this model takes.
+    Invalid(String),
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::NotJson(e) => write!(f, "request body is not valid JSON: {e}"),
+            BodyError::Invalid(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The message for a body that is JSON but not an object.
+pub const NOT_AN_OBJECT: &str = "request body must be a JSON object like {\"inputs\": [[...]]}";

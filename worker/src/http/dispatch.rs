@@ -1,0 +1,79 @@
+//! The hyper service: every request routed to its handler (`root.rs` for `/` and
+//! `/healthz`, `v2/` for the Open Inference Protocol), every outcome an HTTP answer with
+//! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
+//! `/metrics`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response};
+
+use super::answer::{Answer, Body};
+use super::request::{arrival, endpoint_of, INFERENCE_HEADER};
+use super::{root, v2};
+use crate::app::App;
+use crate::error::ApiError;
+use crate::request_id::{self, RequestId};
+
+/// The hyper service: never fails, every outcome is an HTTP answer.
+pub async fn handle(
+    mut req: Request<Incoming>,
+    app: Arc<App>,
+) -> Result<Response<Body>, Infallible> {
+    let endpoint = endpoint_of(req.method(), req.uri().path());
+    let arrived = arrival(&req);
+    let id = RequestId::of(req.headers());
+    req.extensions_mut().insert(id.clone());
+    let answer = route(req, &app).await.unwrap_or_else(Answer::from);
+    if let Some(m) = &app.metrics {
+        m.answered(
+            endpoint,
+            answer.status.as_u16(),
+            answer.body.len(),
+            arrived.elapsed(),
+        );
+    }
+    let mut resp = Response::new(Full::new(Bytes::from(answer.body)));
+    *resp.status_mut() = answer.status;
+    let h = resp.headers_mut();
+    match answer.header_len {
+        None => h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json")),
+        Some(n) => {
+            h.insert(INFERENCE_HEADER, HeaderValue::from(n));
+            h.insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            )
+        }
+    };
+    h.insert("x-worker-pid", app.pid.clone());
+    h.insert(request_id::HEADER.clone(), id.0);
+    if let Some(allow) = answer.allow {
+        h.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if let Some(s) = answer.retry_after {
+        h.insert(RETRY_AFTER, HeaderValue::from(s));
+    }
+    if answer.close || app.shared.must_close() {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(resp)
+}
+
+async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match (path.as_str(), &method) {
+        ("/", &Method::GET) => root::metadata(req.uri().query(), app),
+        ("/", &Method::POST) => root::infer(req, app).await,
+        ("/healthz", &Method::GET) => Ok(root::health(app)),
+        (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
+        ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
+        ("/healthz", _) => Err(ApiError::not_allowed(&method, &path, "GET")),
+        _ => Err(ApiError::NotFound(format!("{method} {path}"))),
+    }
+}

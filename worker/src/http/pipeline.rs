@@ -1,0 +1,222 @@
+//! The one inference pipeline both protocols share: refused at once when it waited past
+//! `--max-queue-wait`; counted towards `--max-requests` (retiring the worker when it is the
+//! last); its body read within the limits; parsed (off the event loop when large); run on the
+//! model thread, bounded by the queue wait and `--request-timeout`; the retire policy after
+//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`). A request that never
+//! reached the model is refused with 503 and `Retry-After`, never 504.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::CONTENT_LENGTH;
+use hyper::Request;
+use vramfork::protocol::RetireReason;
+
+use super::request::{arrival, endpoint_of, request_id_of};
+use crate::app::App;
+use crate::args::Inputs;
+use crate::error::ApiError;
+use crate::runner::{Encoding, RunError, RunOutput};
+use crate::state::Shared;
+use crate::timeouts::BODY_READ;
+
+/// A model request, whatever its protocol (`POST /`, v2 infer): refused at once when it
+/// waited past `--max-queue-wait`; counted towards `--max-requests` (retiring the worker
+/// when it is the last); its body read and counted as work; parsed by `parse` (on a
+/// blocking thread when large) into the model's input, the outputs' encoding and whatever
+/// the caller needs to answer; run. Returns the outputs, that extra, and whether this was
+/// the worker's last request.
+pub async fn model_request<T: Send + 'static>(
+    req: Request<Incoming>,
+    app: &App,
+    parse: impl FnOnce(Vec<u8>) -> Result<(Inputs, Encoding, T), ApiError> + Send + 'static,
+) -> Result<(RunOutput, T, bool), ApiError> {
+    let arrived = arrival(&req);
+    let endpoint = endpoint_of(req.method(), req.uri().path());
+    let id: Arc<str> = request_id_of(&req).into();
+    if let Some(refused) = queue_wait_refusal(app, arrived) {
+        // Read the (small, usually) body so the refusal is not lost to a reset.
+        if let Ok(body) = read_body(req, app.max_body_bytes).await {
+            app.count_bytes_in(endpoint, body.len());
+        }
+        return Err(refused);
+    }
+    let last = app.shared.claim_model_request();
+    if last {
+        // Retire now, not after the answer: the master starts the replacement while this
+        // request runs, and a client that gives up mid-request cannot leave the worker
+        // counted out but never retired.
+        app.shared.retire(RetireReason::MaxRequests);
+    }
+    let body = read_body(req, app.max_body_bytes).await?;
+    app.count_bytes_in(endpoint, body.len());
+    // From here on the request is work: this worker takes no new connection until it is
+    // answered (a body still arriving did not count).
+    let _work = Working::enter(&app.shared);
+    let size = body.len();
+    let parse = move || parse(body);
+    let (input, encoding, extra) = if size <= PARSE_INLINE_MAX {
+        parse()
+    } else {
+        tokio::task::spawn_blocking(parse)
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
+    }?;
+    let out = run(app, id, input, encoding, arrived).await;
+    if app.body_sizes.unusual(size) {
+        crate::heap::trim();
+    }
+    Ok((out?, extra, last))
+}
+
+/// The refusal for a request that has waited past `--max-queue-wait`, if it has.
+fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
+    let max = app.max_queue_wait?;
+    let waited = arrived.elapsed();
+    (waited > max).then_some(ApiError::QueueWait {
+        waited_ms: waited.as_millis() as u64,
+        max_ms: max.as_millis() as u64,
+    })
+}
+
+/// Bodies larger than this are parsed on a blocking thread, so that the worker's event loop
+/// (heartbeats, other connections) never waits for a parse.
+const PARSE_INLINE_MAX: usize = 64 << 10;
+
+/// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
+/// (counted from the request's arrival) and by the model becoming unusable; then for the
+/// pass, bounded by `--request-timeout`. A request that never reached the model is refused
+/// with 503 and `Retry-After`, never 504.
+async fn run(
+    app: &App,
+    id: Arc<str>,
+    input: Inputs,
+    encoding: Encoding,
+    arrived: Instant,
+) -> Result<RunOutput, ApiError> {
+    if app.shared.get().model_unusable {
+        // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
+        return Err(unusable(app));
+    }
+    let mut ticket = app
+        .runner
+        .submit(id, input, encoding)
+        .await
+        .map_err(ApiError::Run)?;
+    let mut watch = app.shared.subscribe();
+    let queue_deadline = app.max_queue_wait.map(|m| arrived + m);
+    tokio::select! {
+        _ = ticket.started() => {}
+        _ = watch.wait_for(|c| c.model_unusable) => {
+            if ticket.withdraw() {
+                return Err(unusable(app));
+            }
+        }
+        _ = sleep_until(queue_deadline) => {
+            if ticket.withdraw() {
+                return Err(queue_wait_refusal(app, arrived).unwrap_or(ApiError::QueueWait {
+                    waited_ms: arrived.elapsed().as_millis() as u64,
+                    max_ms: app.max_queue_wait.unwrap_or_default().as_millis() as u64,
+                }));
+            }
+        }
+    }
+    // Started (the withdrawals above failed only because it had): the pass is timed.
+    let run = ticket.result_within(app.request_timeout).await;
+    match run {
+        None => {
+            app.shared.model_stuck();
+            Err(ApiError::Timeout(app.request_timeout.as_millis() as u64))
+        }
+        Some(Err(e)) => {
+            match &e {
+                RunError::OutOfMemory(_) => app.shared.retire(RetireReason::OutOfMemory),
+                RunError::CudaFatal(_) => app.shared.cuda_fatal(),
+                _ => {}
+            }
+            Err(ApiError::Run(e))
+        }
+        Some(Ok(out)) => {
+            if let Some(m) = &app.metrics {
+                m.forward(out.forward);
+            }
+            if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
+                if used > limit {
+                    app.shared.retire(RetireReason::GpuMemory);
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Why a request cannot reach the model: it is stuck on another request, or CUDA failed and
+/// the worker is going away.
+fn unusable(app: &App) -> ApiError {
+    if app.shared.get().fatal {
+        ApiError::Unavailable
+    } else {
+        ApiError::ModelStuck
+    }
+}
+
+/// Sleeps until `at` (forever when `None`).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts a request as work (`Counters::working`) while it lives.
+struct Working<'a>(&'a Shared);
+
+impl<'a> Working<'a> {
+    fn enter(shared: &'a Shared) -> Working<'a> {
+        shared.update(|c| c.working += 1);
+        Working(shared)
+    }
+}
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        self.0.update(|c| c.working -= 1);
+    }
+}
+
+/// Reads the whole body into one buffer sized from `Content-Length` (no copy of the whole
+/// at the end): refused at once when `Content-Length` is over the limit, and never more than
+/// the limit while streaming; bounded in time by [`BODY_READ`].
+async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, ApiError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::BadRequest(format!("could not read the request body: {e}"))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > limit {
+                    return Err(ApiError::TooLarge { limit });
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ, read).await {
+        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Ok(buf),
+    }
+}

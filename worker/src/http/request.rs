@@ -1,0 +1,74 @@
+//! What every handler reads of a request besides its body: when it arrived, its id, the
+//! endpoint it is counted under, whether it asks for hwFetch; and the one header of Triton's
+//! binary extension both directions use.
+
+use std::time::Instant;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request};
+use serde_json::Value;
+use vramfork::hwline::wants_hw_fetch;
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::metrics::Endpoint;
+use crate::request_id::RequestId;
+
+/// Triton's binary tensor data extension: the length of the JSON header of a body that goes
+/// on with raw tensor data.
+pub const INFERENCE_HEADER: &str = "inference-header-content-length";
+
+/// When a request arrived (a request extension set by the connection): for a connection's
+/// first request, when it entered the listen queue; else its first byte.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
+
+/// The `endpoint` label an answer is counted under.
+pub fn endpoint_of(method: &Method, path: &str) -> Endpoint {
+    if path == "/v2" || path.starts_with("/v2/") {
+        return if method == Method::POST && path.ends_with("/infer") {
+            Endpoint::V2Infer
+        } else {
+            Endpoint::V2
+        };
+    }
+    match (path, method) {
+        ("/", &Method::POST) => Endpoint::Infer,
+        ("/", &Method::GET) => Endpoint::Metadata,
+        ("/healthz", &Method::GET) => Endpoint::Health,
+        _ => Endpoint::Other,
+    }
+}
+
+/// The request's id ([`handle`] puts it in the extensions); empty outside `handle`.
+pub fn request_id_of(req: &Request<Incoming>) -> String {
+    req.extensions()
+        .get::<RequestId>()
+        .map(|i| i.as_str().to_string())
+        .unwrap_or_default()
+}
+
+/// When the request arrived (set by the connection), else now.
+pub fn arrival(req: &Request<Incoming>) -> Instant {
+    req.extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |a| a.0)
+}
+
+/// `Some(line)` when the query asks for hwFetch.
+pub fn hw_fetch(query: Option<&str>, app: &App) -> Result<Option<String>, ApiError> {
+    if !wants_hw_fetch(query).map_err(|e| ApiError::BadRequest(e.to_string()))? {
+        return Ok(None);
+    }
+    Ok(Some(app.hw.line().unwrap_or_else(|e| {
+        tracing::warn!("hwFetch: {e}");
+        format!("unavailable: {e}")
+    })))
+}
+
+pub fn with_hw(mut body: Value, hw: Option<String>) -> Value {
+    if let (Some(line), Value::Object(map)) = (hw, &mut body) {
+        map.insert("hwFetch".into(), Value::String(line));
+    }
+    body
+}

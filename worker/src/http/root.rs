@@ -1,0 +1,73 @@
+//! The endpoints at `/` (SPEC section 8): `GET /` the metadata (with the measured footprint
+//! and hwFetch when asked), `POST /` inference, `GET /healthz`.
+
+use hyper::body::Incoming;
+use hyper::{Request, StatusCode};
+use serde_json::Value;
+use vramfork::hwline::wants_hw_fetch;
+
+use super::answer::{json_bytes, Answer};
+use super::pipeline::model_request;
+use super::request::{hw_fetch, with_hw};
+use crate::app::App;
+use crate::decode::post::parse_request;
+use crate::error::ApiError;
+use crate::runner::Encoding;
+
+/// `GET /`: the metadata as given, with the measured footprint beside the declared one
+/// (`--profile-memory`) and the hwFetch line when asked.
+pub fn metadata(query: Option<&str>, app: &App) -> Result<Answer, ApiError> {
+    let hw = hw_fetch(query, app)?;
+    let mut doc = app.metadata.raw.clone();
+    if let Some(f) = &app.footprint {
+        doc.insert(
+            "gpu_footprint_mb".into(),
+            serde_json::json!({
+                "declared": f.declared_mb,
+                "measured": f.measured_mb,
+                "planned": f.planned_mb,
+            }),
+        );
+    }
+    Ok(Answer::ok(with_hw(Value::Object(doc), hw)))
+}
+
+/// `GET /healthz`: 200 while this worker takes requests, 503 (try another worker) once it
+/// retires.
+pub fn health(app: &App) -> Answer {
+    if app.shared.get().stopping() {
+        Answer::retiring(serde_json::json!({"status": "retiring"}))
+    } else {
+        Answer::ok(serde_json::json!({"status": "ok"}))
+    }
+}
+
+/// `POST /`: `{"inputs": …}` in (`decode/post.rs`), `{"outputs": …}` out, through the
+/// pipeline every model request takes.
+pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
+    let hw_wanted =
+        wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let specs = app.metadata.inputs.clone();
+    let (out, (), last) = model_request(req, app, move |body| {
+        parse_request(&body, specs.as_deref())
+            .map(|input| (input, Encoding::Json, ()))
+            .map_err(ApiError::from)
+    })
+    .await?;
+    let outputs = out.outputs;
+    // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
+    let mut body = Vec::with_capacity(outputs.len() + 64);
+    body.extend_from_slice(b"{\"outputs\":");
+    body.extend_from_slice(&outputs);
+    drop(outputs);
+    if hw_wanted {
+        if let Some(line) = hw_fetch(Some("hwFetch"), app)? {
+            body.extend_from_slice(b",\"hwFetch\":");
+            body.extend_from_slice(&json_bytes(&Value::String(line)));
+        }
+    }
+    body.push(b'}');
+    let mut answer = Answer::with(StatusCode::OK, body);
+    answer.close = last;
+    Ok(answer)
+}

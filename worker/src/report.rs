@@ -1,0 +1,92 @@
+//! What leaves the worker about its traffic: the figures sent to the master with the
+//! heartbeat when they changed, and, in development mode, the `/metrics` source this one
+//! worker serves itself (it is the whole server).
+
+use std::sync::Arc;
+
+use vramfork::metrics::endpoint::Source;
+use vramfork::metrics::exposition::{PlanGauges, Snapshot, WorkerRow};
+use vramfork::metrics::histogram::Hist;
+use vramfork::metrics::traffic::Traffic;
+use vramfork::protocol::{ControlMsg, WorkerMetrics};
+
+use crate::app::App;
+
+/// Sends the figures to the master when they changed since `last`.
+pub fn report(app: &App, last: &mut Option<Traffic>) {
+    if app.metrics.is_none() {
+        return;
+    }
+    let traffic = app.traffic();
+    if last.as_ref() == Some(&traffic) {
+        return;
+    }
+    *last = Some(traffic.clone());
+    app.shared.control.send(&ControlMsg::Metrics {
+        traffic,
+        allocator_peak: app.hw.allocator_peak(),
+    });
+}
+
+/// What a development-mode worker's `/metrics` listener answers from: this one worker is
+/// the whole server.
+pub struct DevSource {
+    pub app: Arc<App>,
+    pub cfg: WorkerMetrics,
+    /// Boot durations (one: this worker's).
+    pub boot: Hist,
+}
+
+impl DevSource {
+    pub fn new(app: Arc<App>, cfg: WorkerMetrics, boot_secs: f64) -> DevSource {
+        let mut boot = Hist::default();
+        boot.observe(boot_secs);
+        DevSource { app, cfg, boot }
+    }
+}
+
+impl Source for DevSource {
+    fn snapshot(&self) -> Snapshot {
+        let app = &self.app;
+        let c = app.shared.get();
+        Snapshot {
+            traffic: app.traffic(),
+            in_flight: u64::from(c.in_flight),
+            workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
+            planned: 1,
+            starts: [("exec".to_string(), 1)].into(),
+            boot: [("exec".to_string(), self.boot.clone())].into(),
+            exits: Default::default(),
+            gpus: app.hw.gpu_row().into_iter().collect(),
+            per_worker: vec![WorkerRow {
+                slot: 0,
+                gpu_used: app.hw.process_gpu_used(),
+                allocator_peak: app.hw.allocator_peak(),
+                rss: vramfork::metrics::resident_bytes(std::process::id()),
+                served: c.served,
+            }],
+            plan: PlanGauges {
+                cpu_bound: self.cfg.cpu_bound,
+                gpu_bound: self.cfg.gpu_bound,
+                workers: self.cfg.planned,
+                footprint_declared_mb: app.metadata.est_gpu_mem_typ,
+                footprint_measured_mb: None,
+                footprint_planned_mb: app.metadata.est_gpu_mem_typ,
+                footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
+            },
+        }
+    }
+
+    fn live(&self) -> Result<String, String> {
+        // Answered by the worker's own event loop: that it answers is the proof.
+        Ok("the worker's event loop answers".into())
+    }
+
+    fn ready(&self) -> Result<String, String> {
+        if self.app.shared.get().stopping() {
+            Err("stopping".into())
+        } else {
+            Ok("1 of 1 workers ready".into())
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! What a model request can end in besides outputs ([`RunError`]), and how a libtorch
+//! message is sorted into one: CUDA out of memory (507, the worker retires), any other CUDA
+//! error (the context is unusable: the worker exits), or the model's own error; with the
+//! one line of the message a user can act on.
+
+/// What a model request can end in, besides outputs.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// The model itself raised (TorchScript `raise`, a shape error inside the model…).
+    #[error("the model failed: {0}")]
+    Model(String),
+    #[error("{0}")]
+    Unsupported(String),
+    /// The request asked for something the model's answer does not have (an output name).
+    #[error("{0}")]
+    Request(String),
+    #[error("CUDA out of memory while running the model: {0}")]
+    OutOfMemory(String),
+    /// Any other CUDA error: the context is unusable and the worker must exit.
+    #[error("CUDA error while running the model: {0}")]
+    CudaFatal(String),
+    /// The model thread is gone (it panicked out, or the worker is stopping).
+    #[error("the model thread is not running")]
+    Gone,
+}
+
+/// How libtorch 2.11 says a GPU allocation failed, on every allocator path (read from its
+/// libraries: `strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudnn_graph.so.9`):
+/// the native caching allocator and expandable segments ("CUDA out of memory. Tried to
+/// allocate …"), `backend:cudaMallocAsync` ("Allocation on device 0 would exceed allowed
+/// memory. (out of memory)"), a raw cudaMalloc through `C10_CUDA_CHECK` ("CUDA error: out
+/// of memory"), cuBLAS handle creation ("CUBLAS_STATUS_ALLOC_FAILED") and cuDNN 9
+/// ("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"). tch hands over only the text
+/// (`c10::OutOfMemoryError`'s class never reaches it), so the text decides.
+const OOM_MARKS: &[&str] = &[
+    "CUDA out of memory",
+    "would exceed allowed memory",
+    "CUDA error: out of memory",
+    "cudaErrorMemoryAllocation",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "ALLOCATION_FAILED",
+    "OutOfMemoryError",
+];
+
+/// Every other CUDA failure: after one, the process's CUDA context is unusable (sticky
+/// errors: device-side assert, illegal address, launch failure…).
+const CUDA_MARKS: &[&str] = &[
+    "CUDA error",
+    "CUDA driver error",
+    "CUBLAS_STATUS",
+    "cuDNN error",
+    "CUDNN_STATUS",
+    "device-side assert",
+    "illegal memory access",
+];
+
+/// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]).
+pub fn is_out_of_memory(msg: &str) -> bool {
+    OOM_MARKS.iter().any(|m| msg.contains(m))
+}
+
+/// Sorts a libtorch error into OOM, other CUDA errors, or a model error.
+pub fn classify(msg: &str) -> RunError {
+    let line = useful_line(msg);
+    if is_out_of_memory(msg) {
+        RunError::OutOfMemory(line)
+    } else if CUDA_MARKS.iter().any(|m| msg.contains(m)) {
+        RunError::CudaFatal(line)
+    } else {
+        RunError::Model(line)
+    }
+}
+
+/// The line of a libtorch message a user can act on: for a TorchScript exception the last
+/// line (`builtins.ValueError: …`), else the first; never the C++ backtrace.
+pub fn useful_line(msg: &str) -> String {
+    let lines: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let line = if msg.contains("The following operation failed in the TorchScript interpreter") {
+        lines.last().copied()
+    } else {
+        lines
+            .iter()
+            .copied()
+            .find(|l| !l.starts_with("Exception raised from"))
+    }
+    .unwrap_or("unknown error");
+    let mut line = line.to_string();
+    if line.len() > 500 {
+        let mut cut = 500;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
+/// An error whose text is a CUDA failure becomes that failure, whatever step reported it.
+pub fn cuda_first(e: RunError) -> RunError {
+    match &e {
+        RunError::Unsupported(m) | RunError::Request(m) | RunError::Model(m) => match classify(m) {
+            cuda @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_)) => cuda,
+            _ => e,
+        },
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torchscript_exceptions_keep_their_last_line() {
+        let msg = "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript ...\n  raise ValueError(\"x\")\n\nbuiltins.ValueError: negative input sum\n";
+        assert_eq!(
+            classify(msg),
+            RunError::Model("builtins.ValueError: negative input sum".into())
+        );
+    }
+
+    #[test]
+    fn cuda_errors_are_told_apart() {
+        let oom = "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79 GiB total)\nException raised from malloc at ...";
+        assert!(
+            matches!(classify(oom), RunError::OutOfMemory(m) if m.starts_with("CUDA out of memory. Tried"))
+        );
+        let fatal = "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported";
+        assert!(matches!(classify(fatal), RunError::CudaFatal(_)));
+        let shape = "mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)\nException raised from meta at x.cpp:1";
+        assert_eq!(
+            classify(shape),
+            RunError::Model("mat1 and mat2 shapes cannot be multiplied (1x5 and 4x8)".into())
+        );
+    }
+
+    /// The texts libtorch 2.11 (cu130) produces, assembled from the literals in its
+    /// libraries (`strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudart.so.13`), each
+    /// followed by the backtrace tch passes on.
+    #[test]
+    fn every_pytorch_2_11_oom_text_is_an_oom() {
+        let suffix = "\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n\nException raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:44 (most recent call first):\nframe #0: ...";
+        let ooms = [
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Of the allocated memory 76.50 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)\nException raised from malloc at /pytorch/c10/cuda/CUDACachingAllocator.cpp:1458".to_string(),
+            "CUDA out of memory. Tried to allocate more than 1EB memory.\nException raised from malloc".to_string(),
+            "Allocation on device 0 would exceed allowed memory. (out of memory)\nCurrently allocated     : 70.00 GiB\nRequested               : 16.00 GiB\nDevice limit            : 79.19 GiB\nFree (according to CUDA): 8.00 GiB\nPyTorch limit (set by user-supplied memory fraction)\n                        : 75.00 GiB\nException raised from mallocAsync".to_string(),
+            format!("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}"),
+            "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\nException raised from createCublasHandle".to_string(),
+            "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED\nException raised from run_conv_plan".to_string(),
+        ];
+        for m in &ooms {
+            assert!(matches!(classify(m), RunError::OutOfMemory(_)), "{m}");
+        }
+        // The useful line is the first one, never the backtrace.
+        assert_eq!(
+            classify(&ooms[2]),
+            RunError::OutOfMemory(
+                "Allocation on device 0 would exceed allowed memory. (out of memory)".into()
+            )
+        );
+        for kind in [
+            "device-side assert triggered\nSearch for `cudaErrorAssert'",
+            "an illegal memory access was encountered\nSearch for `cudaErrorIllegalAddress'",
+            "unspecified launch failure\nSearch for `cudaErrorLaunchFailure'",
+            "misaligned address\nSearch for `cudaErrorMisalignedAddress'",
+        ] {
+            let m = format!("CUDA error: {kind} in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}");
+            assert!(matches!(classify(&m), RunError::CudaFatal(_)), "{m}");
+        }
+        for fatal in [
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
+            "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+            "CUDA driver error: an illegal memory access was encountered",
+        ] {
+            assert!(matches!(classify(fatal), RunError::CudaFatal(_)), "{fatal}");
+        }
+    }
+
+    /// A CUDA error met while copying outputs back (where an asynchronous one surfaces)
+    /// is that CUDA error, not an output the server cannot write (issue 24, item 5).
+    #[test]
+    fn a_cuda_error_while_writing_outputs_is_fatal() {
+        let copy = "cannot read the model's output tensor: Internal torch error: CUDA error: device-side assert triggered\nSearch for `cudaErrorAssert'";
+        assert!(matches!(
+            cuda_first(RunError::Unsupported(copy.into())),
+            RunError::CudaFatal(_)
+        ));
+        let oom = "cannot read output y: CUDA out of memory. Tried to allocate 20.00 MiB.";
+        assert!(matches!(
+            cuda_first(RunError::Request(oom.into())),
+            RunError::OutOfMemory(_)
+        ));
+        let plain = RunError::Unsupported("output 0 has dtype ComplexFloat".into());
+        assert_eq!(cuda_first(plain.clone()), plain);
+    }
+
+    #[test]
+    fn long_messages_are_trimmed() {
+        let long = "x".repeat(2000);
+        assert!(useful_line(&long).chars().count() <= 501);
+    }
+}
