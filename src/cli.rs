@@ -218,6 +218,13 @@ pub struct Cli {
     /// [default: text]
     #[arg(long, global = true, env = "VRAMFORK_LOG_FORMAT")]
     pub log_format: Option<String>,
+
+    /// Write one access-log line per answered request to stderr (in --log-format): time,
+    /// request id, method, path, status, bytes in and out, time waiting, time in the model,
+    /// total, batch, worker slot and pid. [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_ACCESS_LOG",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub access_log: bool,
 }
 
 #[derive(Debug, Subcommand)]

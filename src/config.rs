@@ -74,6 +74,8 @@ pub struct Config {
     pub torch_threads: Option<usize>,
     pub worker_binary: PathBuf,
     pub log_json: bool,
+    /// `--access-log`: one line per answered request.
+    pub access_log: bool,
 }
 
 /// A configuration error: printed as one line, exit status 2.
@@ -423,6 +425,7 @@ impl Config {
             torch_threads,
             worker_binary,
             log_json,
+            access_log: cli.access_log,
         })
     }
 

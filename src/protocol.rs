@@ -134,6 +134,9 @@ pub struct WorkerConfig {
     pub board_seat: Option<u32>,
     /// Log as JSON lines.
     pub log_json: bool,
+    /// Write one access-log line per answered request (`--access-log`).
+    #[serde(default)]
+    pub access_log: bool,
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
     #[serde(default)]
     pub metrics: Option<WorkerMetrics>,

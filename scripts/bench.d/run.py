@@ -565,6 +565,49 @@ def scrape_ms(port):
     return (time.perf_counter() - t) * 1e3, len(body)
 
 
+def measure_access(cfg):
+    """The access log off vs on (`--access-log`, JSON lines to the server's log file): small
+    MLP, 2 workers, concurrency 16 and 64, the two servers' runs interleaved."""
+    out = {}
+    body = MODELS["mlp"]["body"]
+    srvs = {"off": Server("mlp", 2, tag="access-off"),
+            "on": Server("mlp", 2, tag="access-on", extra=("--access-log",))}
+    try:
+        for srv in srvs.values():
+            srv.wait_ready()
+            wrk(srv.port, body, 2, 1)  # warm-up
+        for c in (16, 64):
+            runs = {k: [] for k in srvs}
+            for i in range(cfg["reps"] + 2):
+                order = list(srvs.items()) if i % 2 == 0 else list(reversed(srvs.items()))
+                for k, srv in order:
+                    runs[k].append(wrk(srv.port, body, c, cfg["load_s"]))
+            out[str(c)] = {k: summarize(v) for k, v in runs.items()}
+            on, off = out[str(c)]["on"]["rps"], out[str(c)]["off"]["rps"]
+            out[str(c)]["ratio"] = on / off
+            log(f"access log c={c}: off {off:.0f} req/s, on {on:.0f} req/s ({on / off:.3f})")
+        with open(srvs["on"].log_path) as f:
+            out["lines"] = sum(1 for line in f if '"event":"access"' in line)
+    finally:
+        for srv in srvs.values():
+            srv.stop()
+    return out
+
+
+def access_markdown(a):
+    L = ["\n## Access log (`--access-log`) on vs off (small MLP, 2 workers)\n",
+         "The two servers' runs interleaved (order alternating), medians.\n",
+         "| c | off req/s (runs) | on req/s (runs) | on ÷ off | p50 off / on (ms) |",
+         "|---|---|---|---|---|"]
+    for c in ("16", "64"):
+        x = a[c]
+        L.append(f"| {c} | {fmt(x['off']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['off']['rps_all'])}) | "
+                 f"{fmt(x['on']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['on']['rps_all'])}) | "
+                 f"**{fmt(x['ratio'], 3)}** | {fmt(x['off']['p50_ms'], 3)} / {fmt(x['on']['p50_ms'], 3)} |")
+    L.append(f"\nAccess lines written by the server with the log on: {a['lines']:,}.\n")
+    return "\n".join(L) + "\n"
+
+
 def measure_metrics(cfg):
     """Metrics off vs on: small-model throughput, 2 workers, concurrency 8, the two servers'
     runs interleaved so they share the same stretch of time (the idle one costs a heartbeat
@@ -1485,7 +1528,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "access"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1517,6 +1560,7 @@ def main():
             "warm": (measure_warm, warm_markdown, "Template warm-up"),
             "batching": (measure_batching, batching_markdown, "Dynamic batching"),
             "real": (measure_real, real_markdown, "Real architectures"),
+            "access": (measure_access, access_markdown, "Access log cost"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0

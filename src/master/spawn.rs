@@ -81,6 +81,7 @@ pub fn worker_config(
         has_control: true,
         board_seat: None,
         log_json: cfg.log_json,
+        access_log: cfg.access_log,
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,

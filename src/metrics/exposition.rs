@@ -364,6 +364,11 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         "With batching on: rows run in the passes counted in vramfork_batches_total.",
         vec![(vec![], t.batch_rows())],
     );
+    f.counter(
+        "access_log_dropped",
+        "Access-log lines dropped because stderr could not keep up (--access-log); the requests were answered.",
+        vec![(vec![], t.access_log_dropped)],
+    );
     f.gauge(
         "requests_in_flight",
         "Requests being handled now (as of the workers' last heartbeats).",

@@ -54,6 +54,9 @@ pub struct Traffic {
     /// With batching on: forward passes of the model thread by the rows stacked into them.
     #[serde(default, with = "pairs")]
     pub batches: BTreeMap<u32, u64>,
+    /// Access-log lines dropped because stderr could not keep up (`--access-log`).
+    #[serde(default)]
+    pub access_log_dropped: u64,
 }
 
 impl Traffic {
@@ -65,6 +68,7 @@ impl Traffic {
         for (rows, n) in &o.batches {
             *self.batches.entry(*rows).or_default() += n;
         }
+        self.access_log_dropped += o.access_log_dropped;
     }
 
     /// Rows run in the passes counted in `batches`.

@@ -9,6 +9,7 @@ use hyper::header::HeaderValue;
 use vramfork::metadata::AppMetadata;
 use vramfork::metrics::traffic::Traffic;
 
+use crate::access_log::AccessLog;
 use crate::hw::Hw;
 use crate::metrics::{Endpoint, Recorder};
 use crate::runner::Runner;
@@ -30,6 +31,8 @@ pub struct App {
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
     pub footprint: Option<vramfork::protocol::FootprintFigures>,
+    /// The access log (`--access-log`), when it is on.
+    pub access_log: Option<Arc<AccessLog>>,
     /// The body sizes seen, to hand memory back after an unusually large one.
     pub body_sizes: crate::heap::BodySizes,
     /// `X-Worker-Pid`, ready to send.
@@ -56,6 +59,9 @@ impl App {
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
+            access_log: cfg
+                .access_log
+                .then(|| AccessLog::start(cfg.log_json, cfg.slot)),
             body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
         }
@@ -80,6 +86,7 @@ impl App {
             .map(Recorder::traffic)
             .unwrap_or_default();
         t.batches = self.runner.batches();
+        t.access_log_dropped = self.access_log.as_ref().map_or(0, |l| l.dropped());
         t
     }
 }

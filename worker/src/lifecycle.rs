@@ -84,7 +84,10 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
                 _ = quit.recv() => break true,
             }
         };
-        // The last figures: what a recycled worker answered is not lost.
+        // The last access-log lines and figures: what a recycled worker answered is not lost.
+        if let Some(log) = &app.access_log {
+            log.flush_at_exit();
+        }
         crate::report::report(&app, &mut None);
         if quick {
             return Ok(vramfork::protocol::worker_exit::OK);

@@ -2,6 +2,7 @@
 //! the master (SPEC section 5; the contract is `vramfork::protocol`). Start-up order matters:
 //! configuration, process name, inherited fds, torch threads, then the model.
 
+mod access_log;
 mod app;
 mod args;
 mod config;

@@ -1,10 +1,11 @@
 //! The hyper service: every request routed to its handler (`root.rs` for `/` and
 //! `/healthz`, `v2/` for the Open Inference Protocol), every outcome an HTTP answer with
 //! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
-//! `/metrics`.
+//! `/metrics` and recorded in the access log when it is on.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -15,6 +16,7 @@ use hyper::{Method, Request, Response};
 use super::answer::{Answer, Body};
 use super::request::{arrival, endpoint_of, INFERENCE_HEADER};
 use super::{root, v2};
+use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::request_id::{self, RequestId};
@@ -28,7 +30,29 @@ pub async fn handle(
     let arrived = arrival(&req);
     let id = RequestId::of(req.headers());
     req.extensions_mut().insert(id.clone());
+    // The access log's record, started before the request is handed on.
+    let access = app.access_log.as_ref().map(|_| {
+        let trace = Arc::new(Trace::default());
+        req.extensions_mut().insert(trace.clone());
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+        (req.method().to_string(), target, trace)
+    });
     let answer = route(req, &app).await.unwrap_or_else(Answer::from);
+    if let (Some(log), Some((method, target, trace))) = (&app.access_log, access) {
+        log.push(Record {
+            time: SystemTime::now(),
+            request_id: id.as_str().to_string(),
+            method,
+            target,
+            status: answer.status.as_u16(),
+            bytes_out: answer.body.len(),
+            total: arrived.elapsed(),
+            trace: Some(trace),
+        });
+    }
     if let Some(m) = &app.metrics {
         m.answered(
             endpoint,

@@ -15,6 +15,7 @@ use hyper::Request;
 use vramfork::protocol::RetireReason;
 
 use super::request::{arrival, endpoint_of, request_id_of};
+use crate::access_log::Trace;
 use crate::app::App;
 use crate::args::Inputs;
 use crate::error::ApiError;
@@ -36,10 +37,14 @@ pub async fn model_request<T: Send + 'static>(
     let arrived = arrival(&req);
     let endpoint = endpoint_of(req.method(), req.uri().path());
     let id: Arc<str> = request_id_of(&req).into();
+    let trace = req.extensions().get::<Arc<Trace>>().cloned();
     if let Some(refused) = queue_wait_refusal(app, arrived) {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
             app.count_bytes_in(endpoint, body.len());
+            if let Some(t) = &trace {
+                t.bytes_in(body.len());
+            }
         }
         return Err(refused);
     }
@@ -52,6 +57,9 @@ pub async fn model_request<T: Send + 'static>(
     }
     let body = read_body(req, app.max_body_bytes).await?;
     app.count_bytes_in(endpoint, body.len());
+    if let Some(t) = &trace {
+        t.bytes_in(body.len());
+    }
     // From here on the request is work: this worker takes no new connection until it is
     // answered (a body still arriving did not count).
     let _work = Working::enter(&app.shared);
@@ -64,7 +72,7 @@ pub async fn model_request<T: Send + 'static>(
             .await
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
-    let out = run(app, id, input, encoding, arrived).await;
+    let out = run(app, id, input, encoding, arrived, trace.as_deref()).await;
     if app.body_sizes.unusual(size) {
         crate::heap::trim();
     }
@@ -95,6 +103,7 @@ async fn run(
     input: Inputs,
     encoding: Encoding,
     arrived: Instant,
+    trace: Option<&Trace>,
 ) -> Result<RunOutput, ApiError> {
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
@@ -123,6 +132,10 @@ async fn run(
             }
         }
     }
+    if let Some(t) = trace {
+        let at = ticket.started_at().unwrap_or_else(Instant::now);
+        t.started(at.saturating_duration_since(arrived));
+    }
     // Started (the withdrawals above failed only because it had): the pass is timed.
     let run = ticket.result_within(app.request_timeout).await;
     match run {
@@ -141,6 +154,9 @@ async fn run(
         Some(Ok(out)) => {
             if let Some(m) = &app.metrics {
                 m.forward(out.forward);
+            }
+            if let Some(t) = trace {
+                t.ran(out.forward, out.batch);
             }
             if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
                 if used > limit {

@@ -235,12 +235,14 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
         rows = rows.iter().sum::<usize>(),
         "batched forward"
     );
+    let batch = jobs.len() as u32;
     for (job, w) in jobs.into_iter().zip(written) {
         job.answer(w.map(|(outputs, binary)| RunOutput {
             outputs,
             binary,
             gpu_reserved,
             forward,
+            batch,
         }));
     }
     true

@@ -59,6 +59,8 @@ pub struct RunOutput {
     pub gpu_reserved: Option<u64>,
     /// The input's move to the device, the forward pass and the outputs' copy into JSON.
     pub forward: std::time::Duration,
+    /// Requests in the pass it ran in (1: alone).
+    pub batch: u32,
 }
 
 /// A job's claim: who gets it first, the model thread or a withdrawal.
@@ -147,6 +149,11 @@ pub struct Ticket {
 }
 
 impl Ticket {
+    /// When its (latest) pass started, as the model thread set it; `None` before.
+    pub fn started_at(&self) -> Option<Instant> {
+        *self.started.borrow()
+    }
+
     /// Resolves once the model thread has taken the job (forever if it never does).
     pub async fn started(&mut self) {
         if self.started.wait_for(Option::is_some).await.is_err() {
@@ -441,6 +448,7 @@ fn forward(
         binary,
         gpu_reserved,
         forward,
+        batch: 1,
     })
 }
 

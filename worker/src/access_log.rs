@@ -1,0 +1,358 @@
+//! The access log (`--access-log`): one line per answered request, as text or as a JSON line
+//! in the shape of the other log lines (`--log-format`), written to stderr.
+//!
+//! Off the request path: an answer only pushes its [`Record`] into a bounded buffer (one
+//! uncontended lock, no system call, no formatting); a thread of its own formats what has
+//! gathered every [`FLUSH_EVERY`] and writes it in pieces of at most [`PIPE_BUF`] bytes,
+//! whole lines only, so that a line is never interleaved with another process's output on a
+//! pipe. When stderr is slow (a full pipe, a stalled journal) that thread waits, the buffer
+//! fills, and further records are dropped and counted (`vramfork_access_log_dropped_total`)
+//! rather than ever making a request wait.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How often the writer thread writes what has gathered.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// Records held at most while the writer is behind; more are dropped and counted.
+pub const CAPACITY: usize = 16_384;
+/// How long an exiting worker waits for a writer that is writing.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+/// The size up to which a write to a pipe is atomic (POSIX: at least 512; Linux: 4096).
+const PIPE_BUF: usize = 4096;
+
+/// What the pipeline learns about a model request, for its access-log line: set in the
+/// request's extensions by dispatch when the log is on, filled in as the request goes.
+#[derive(Debug)]
+pub struct Trace {
+    bytes_in: AtomicU64,
+    /// Microseconds from arrival to the start of its pass (listen queue + model queue);
+    /// `u64::MAX` until known.
+    wait_us: AtomicU64,
+    /// Microseconds of its pass; `u64::MAX` until known.
+    model_us: AtomicU64,
+    /// Requests in the pass it ran in (1: alone); 0 until known.
+    batch: AtomicU32,
+}
+
+impl Default for Trace {
+    fn default() -> Trace {
+        Trace {
+            bytes_in: AtomicU64::new(0),
+            wait_us: AtomicU64::new(u64::MAX),
+            model_us: AtomicU64::new(u64::MAX),
+            batch: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Trace {
+    pub fn bytes_in(&self, n: usize) {
+        self.bytes_in.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Its pass started after `waited` since the request arrived.
+    pub fn started(&self, waited: Duration) {
+        self.wait_us
+            .store(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Its pass took `took` and ran `batch` requests.
+    pub fn ran(&self, took: Duration, batch: u32) {
+        self.model_us
+            .store(took.as_micros() as u64, Ordering::Relaxed);
+        self.batch.store(batch, Ordering::Relaxed);
+    }
+}
+
+/// One answered request.
+#[derive(Debug)]
+pub struct Record {
+    pub time: SystemTime,
+    pub request_id: String,
+    pub method: String,
+    /// Path and query, as sent.
+    pub target: String,
+    pub status: u16,
+    pub bytes_out: usize,
+    /// From its arrival to its answer.
+    pub total: Duration,
+    /// What the pipeline learnt (none for requests that are not model requests).
+    pub trace: Option<Arc<Trace>>,
+}
+
+/// The log: a bounded buffer and the thread that writes it.
+pub struct AccessLog {
+    pending: Mutex<Vec<Record>>,
+    /// Records dropped because the buffer was full.
+    dropped: AtomicU64,
+    /// Serialises writes (the thread's and the final flush), so lines keep their order.
+    out: Mutex<()>,
+    json: bool,
+    slot: u32,
+    pid: u32,
+}
+
+impl AccessLog {
+    /// Starts the writer thread.
+    pub fn start(json: bool, slot: u32) -> Arc<AccessLog> {
+        let log = Arc::new(AccessLog {
+            pending: Mutex::new(Vec::with_capacity(256)),
+            dropped: AtomicU64::new(0),
+            out: Mutex::new(()),
+            json,
+            slot,
+            pid: std::process::id(),
+        });
+        let writer = log.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vf-access-log".into())
+            .spawn(move || loop {
+                std::thread::sleep(FLUSH_EVERY);
+                writer.flush();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("the access log's writer thread could not start ({e}); lines are written at exit only");
+        }
+        log
+    }
+
+    /// Takes one record (the request path: never blocks on output).
+    pub fn push(&self, r: Record) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.len() >= CAPACITY {
+            drop(p);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        p.push(r);
+    }
+
+    /// Records dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes what is left, unless the writer thread is stuck on a stderr nobody reads (then
+    /// what is left is counted as dropped): the worker calls it before it exits, and must
+    /// not wait on its output to do so.
+    pub fn flush_at_exit(&self) {
+        // The writer holds the output for a moment when it writes, for ever when stuck.
+        let deadline = std::time::Instant::now() + EXIT_WAIT;
+        while std::time::Instant::now() < deadline {
+            if let Ok(out) = self.out.try_lock() {
+                drop(out);
+                self.flush();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let left = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        self.dropped.fetch_add(left.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Writes everything gathered so far (the writer thread).
+    fn flush(&self) {
+        let _out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() {
+            return;
+        }
+        let mut text = String::with_capacity(batch.len() * 256);
+        let mut chunk_start = 0;
+        let mut stderr = std::io::stderr().lock();
+        for r in &batch {
+            let before = text.len();
+            self.line(r, &mut text);
+            if text.len() - chunk_start > PIPE_BUF && before > chunk_start {
+                // Write the whole lines before this one.
+                if stderr
+                    .write_all(&text.as_bytes()[chunk_start..before])
+                    .is_err()
+                {
+                    return;
+                }
+                chunk_start = before;
+            }
+        }
+        let _ = stderr.write_all(&text.as_bytes()[chunk_start..]);
+    }
+
+    /// Appends one line for `r`.
+    fn line(&self, r: &Record, out: &mut String) {
+        let t = r.trace.as_deref();
+        let us = |a: Option<u64>| a.filter(|v| *v != u64::MAX);
+        let bytes_in = t.map_or(0, |t| t.bytes_in.load(Ordering::Relaxed));
+        let wait = us(t.map(|t| t.wait_us.load(Ordering::Relaxed)));
+        let model = us(t.map(|t| t.model_us.load(Ordering::Relaxed)));
+        let batch = t.map_or(0, |t| t.batch.load(Ordering::Relaxed));
+        let ms = |v: u64| v as f64 / 1e3;
+        let total = r.total.as_micros() as u64;
+        let time = rfc3339(r.time);
+        if self.json {
+            let s = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".into());
+            let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| format!("{:.3}", ms(v)));
+            let _ = writeln!(
+                out,
+                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
+                s(&r.request_id),
+                s(&r.method),
+                s(&r.target),
+                r.status,
+                r.bytes_out,
+                opt(wait),
+                opt(model),
+                ms(total),
+                self.slot,
+                self.pid,
+            );
+        } else {
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| format!("{:.3}", ms(v)));
+            let _ = writeln!(
+                out,
+                "{time}  INFO access: {} {} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} slot={} pid={}",
+                r.method,
+                printable(&r.target),
+                r.status,
+                r.request_id,
+                r.bytes_out,
+                opt(wait),
+                opt(model),
+                ms(total),
+                self.slot,
+                self.pid,
+            );
+        }
+    }
+}
+
+/// A request target with control characters and spaces escaped, so that a text line stays
+/// one line with space-separated fields.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() || c == ' ' {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// `2026-11-23T21:50:00.123456Z` (UTC, microseconds), as the other log lines write time.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let mut s = String::with_capacity(27);
+    let _ = write!(
+        s,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_micros()
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_is_rfc3339_utc_with_microseconds() {
+        let t = UNIX_EPOCH + Duration::new(1_795_470_600, 123_456_000);
+        assert_eq!(rfc3339(t), "2026-11-23T21:50:00.123456Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        // A leap day.
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000000Z");
+    }
+
+    fn record(target: &str, trace: Option<Arc<Trace>>) -> Record {
+        Record {
+            time: UNIX_EPOCH,
+            request_id: "id-1".into(),
+            method: "POST".into(),
+            target: target.into(),
+            status: 200,
+            bytes_out: 12,
+            total: Duration::from_micros(2500),
+            trace,
+        }
+    }
+
+    fn log(json: bool) -> AccessLog {
+        AccessLog {
+            pending: Mutex::new(Vec::new()),
+            dropped: AtomicU64::new(0),
+            out: Mutex::new(()),
+            json,
+            slot: 3,
+            pid: 42,
+        }
+    }
+
+    #[test]
+    fn a_json_line_is_one_json_object_with_every_field() {
+        let t = Arc::new(Trace::default());
+        t.bytes_in(100);
+        t.started(Duration::from_micros(1500));
+        t.ran(Duration::from_micros(900), 4);
+        let mut s = String::new();
+        log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);
+        assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s:?}");
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        let f = &v["fields"];
+        assert_eq!(f["event"], "access");
+        assert_eq!(f["path"], "/v2/models/m\"x/infer?a=b");
+        assert_eq!(f["status"], 200);
+        assert_eq!(f["bytes_in"], 100);
+        assert_eq!(f["bytes_out"], 12);
+        assert_eq!(f["wait_ms"], 1.5);
+        assert_eq!(f["model_ms"], 0.9);
+        assert_eq!(f["total_ms"], 2.5);
+        assert_eq!(f["batch"], 4);
+        assert_eq!((f["slot"].as_u64(), f["pid"].as_u64()), (Some(3), Some(42)));
+        assert_eq!(v["target"], "vramfork::access");
+        // A request that never reached the model: no wait, no model time.
+        let mut s = String::new();
+        log(true).line(&record("/healthz", None), &mut s);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert!(v["fields"]["model_ms"].is_null() && v["fields"]["wait_ms"].is_null());
+    }
+
+    #[test]
+    fn a_text_line_stays_one_line() {
+        let mut s = String::new();
+        log(false).line(&record("/a b\nc", None), &mut s);
+        assert_eq!(s.matches('\n').count(), 1, "{s:?}");
+        assert!(s.contains(" POST /a\\ b\\nc 200 request_id=id-1 "), "{s:?}");
+        assert!(s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 slot=3 pid=42"));
+    }
+
+    #[test]
+    fn a_full_buffer_drops_and_counts() {
+        let l = log(true);
+        for _ in 0..CAPACITY + 5 {
+            l.push(record("/", None));
+        }
+        assert_eq!(l.dropped(), 5);
+        assert_eq!(l.pending.lock().unwrap().len(), CAPACITY);
+    }
+}
