@@ -47,7 +47,18 @@ pub enum ApiError {
     QueueWait { waited_ms: u64, max_ms: u64 },
     #[error("the request ran past the request timeout of {0} ms (--request-timeout); this worker is being replaced")]
     Timeout(u64),
+    /// The client's own deadline (`X-Request-Timeout`, v2 `parameters.timeout`) passed
+    /// before the request's pass could start: it never ran.
+    #[error("the request did not run: its deadline ({given_in} {limit_ms} ms) passed after it had waited {waited_ms} ms for the model")]
+    DeadlineExpired {
+        waited_ms: u64,
+        limit_ms: u64,
+        given_in: &'static str,
+    },
 }
+
+/// What a request whose client deadline passed before it ran gets (see README).
+pub const DEADLINE_STATUS: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
 
 impl From<BodyError> for ApiError {
     fn from(e: BodyError) -> ApiError {
@@ -75,11 +86,13 @@ impl ApiError {
             ApiError::Run(RunError::OutOfMemory(_)) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Run(RunError::Gone) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Run(RunError::Request(_)) => StatusCode::BAD_REQUEST,
+            ApiError::Run(RunError::Expired) => DEADLINE_STATUS,
             ApiError::Run(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable | ApiError::ModelStuck | ApiError::QueueWait { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::DeadlineExpired { .. } => DEADLINE_STATUS,
         }
     }
 
@@ -150,6 +163,15 @@ mod tests {
                 503,
             ),
             (ApiError::Timeout(5), 504),
+            (
+                ApiError::DeadlineExpired {
+                    waited_ms: 600,
+                    limit_ms: 500,
+                    given_in: "X-Request-Timeout",
+                },
+                DEADLINE_STATUS.as_u16(),
+            ),
+            (ApiError::Run(RunError::Expired), DEADLINE_STATUS.as_u16()),
         ];
         for (e, code) in cases {
             assert_eq!(e.status().as_u16(), code, "{e:?}");

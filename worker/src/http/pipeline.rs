@@ -6,7 +6,7 @@
 //! reached the model is refused with 503 and `Retry-After`, never 504.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -32,13 +32,16 @@ use crate::timeouts::BODY_READ;
 pub async fn model_request<T: Send + 'static>(
     req: Request<Incoming>,
     app: &App,
-    parse: impl FnOnce(Vec<u8>) -> Result<(Inputs, Encoding, T), ApiError> + Send + 'static,
+    parse: impl FnOnce(Vec<u8>) -> Result<Parsed<T>, ApiError> + Send + 'static,
 ) -> Result<(RunOutput, T, bool), ApiError> {
     let arrived = arrival(&req);
     let endpoint = endpoint_of(req.method(), req.uri().path());
     let id: Arc<str> = request_id_of(&req).into();
     let trace = req.extensions().get::<Arc<Trace>>().cloned();
-    if let Some(refused) = queue_wait_refusal(app, arrived) {
+    let header_deadline = Deadline::from_header(req.headers(), arrived)?;
+    let refused = queue_wait_refusal(app, arrived)
+        .or_else(|| header_deadline.as_ref().and_then(|d| d.refusal(arrived)));
+    if let Some(refused) = refused {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
             app.count_bytes_in(endpoint, body.len());
@@ -65,18 +68,107 @@ pub async fn model_request<T: Send + 'static>(
     let _work = Working::enter(&app.shared);
     let size = body.len();
     let parse = move || parse(body);
-    let (input, encoding, extra) = if size <= PARSE_INLINE_MAX {
+    let parsed = if size <= PARSE_INLINE_MAX {
         parse()
     } else {
         tokio::task::spawn_blocking(parse)
             .await
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
-    let out = run(app, id, input, encoding, arrived, trace.as_deref()).await;
+    // The earlier of the header's deadline and the body's.
+    let body_deadline = parsed.timeout.map(|t| Deadline {
+        at: arrived + t,
+        limit: t,
+        source: "parameters.timeout",
+    });
+    let deadline = match (header_deadline, body_deadline) {
+        (Some(a), Some(b)) => Some(if b.at < a.at { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    let job = Job {
+        id,
+        input: parsed.inputs,
+        encoding: parsed.encoding,
+        arrived,
+        deadline,
+    };
+    let out = run(app, job, trace.as_deref()).await;
     if app.body_sizes.unusual(size) {
         crate::heap::trim();
     }
-    Ok((out?, extra, last))
+    Ok((out?, parsed.extra, last))
+}
+
+/// What a protocol's parser makes of a body: the model's input, how to write its outputs,
+/// the client's timeout when the body gives one (v2 `parameters.timeout`), and whatever the
+/// handler needs to answer.
+pub struct Parsed<T> {
+    pub inputs: Inputs,
+    pub encoding: Encoding,
+    pub timeout: Option<Duration>,
+    pub extra: T,
+}
+
+/// The header a client gives its deadline in, in seconds from the request's arrival.
+pub const TIMEOUT_HEADER: &str = "x-request-timeout";
+
+/// A client's deadline: past it the request is not run.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    limit: Duration,
+    /// Where the client gave it (`X-Request-Timeout`, `parameters.timeout`).
+    source: &'static str,
+}
+
+impl Deadline {
+    /// `X-Request-Timeout: S` (seconds, > 0); a bad value is a 400.
+    fn from_header(h: &hyper::HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
+        let Some(v) = h.get(TIMEOUT_HEADER) else {
+            return Ok(None);
+        };
+        let secs = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= MAX_TIMEOUT_S)
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "X-Request-Timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (e.g. 2.5), not {v:?}"
+                ))
+            })?;
+        let limit = Duration::from_secs_f64(secs);
+        Ok(Some(Deadline {
+            at: arrived + limit,
+            limit,
+            source: "X-Request-Timeout",
+        }))
+    }
+
+    /// The refusal when it has passed.
+    fn refusal(&self, arrived: Instant) -> Option<ApiError> {
+        (Instant::now() >= self.at).then(|| self.expired(arrived))
+    }
+
+    fn expired(&self, arrived: Instant) -> ApiError {
+        ApiError::DeadlineExpired {
+            waited_ms: arrived.elapsed().as_millis() as u64,
+            limit_ms: self.limit.as_millis() as u64,
+            given_in: self.source,
+        }
+    }
+}
+
+/// The longest timeout a client may give (a day): anything longer is a mistake.
+const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+/// A parsed request on its way to the model.
+struct Job {
+    id: Arc<str>,
+    input: Inputs,
+    encoding: Encoding,
+    arrived: Instant,
+    deadline: Option<Deadline>,
 }
 
 /// The refusal for a request that has waited past `--max-queue-wait`, if it has.
@@ -94,24 +186,29 @@ fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError> {
 const PARSE_INLINE_MAX: usize = 64 << 10;
 
 /// Runs one input on the model: waits for the model thread, bounded by `--max-queue-wait`
-/// (counted from the request's arrival) and by the model becoming unusable; then for the
+/// and the client's deadline (both counted from the request's arrival; a request past its
+/// deadline never starts, and never joins a batch) and by the model becoming unusable; then
+/// for the
 /// pass, bounded by `--request-timeout`. A request that never reached the model is refused
 /// with 503 and `Retry-After`, never 504.
-async fn run(
-    app: &App,
-    id: Arc<str>,
-    input: Inputs,
-    encoding: Encoding,
-    arrived: Instant,
-    trace: Option<&Trace>,
-) -> Result<RunOutput, ApiError> {
+async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, ApiError> {
+    let Job {
+        id,
+        input,
+        encoding,
+        arrived,
+        deadline,
+    } = job;
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
         return Err(unusable(app));
     }
+    if let Some(refused) = deadline.and_then(|d| d.refusal(arrived)) {
+        return Err(refused);
+    }
     let mut ticket = app
         .runner
-        .submit(id, input, encoding)
+        .submit(id, input, encoding, deadline.map(|d| d.at))
         .await
         .map_err(ApiError::Run)?;
     let mut watch = app.shared.subscribe();
@@ -123,6 +220,11 @@ async fn run(
                 return Err(unusable(app));
             }
         }
+        _ = sleep_until(deadline.map(|d| d.at)) => {
+            if ticket.withdraw() {
+                return Err(deadline.expect("a deadline to sleep until").expired(arrived));
+            }
+        }
         _ = sleep_until(queue_deadline) => {
             if ticket.withdraw() {
                 return Err(queue_wait_refusal(app, arrived).unwrap_or(ApiError::QueueWait {
@@ -132,8 +234,7 @@ async fn run(
             }
         }
     }
-    if let Some(t) = trace {
-        let at = ticket.started_at().unwrap_or_else(Instant::now);
+    if let (Some(t), Some(at)) = (trace, ticket.started_at()) {
         t.started(at.saturating_duration_since(arrived));
     }
     // Started (the withdrawals above failed only because it had): the pass is timed.
@@ -143,6 +244,9 @@ async fn run(
             app.shared.model_stuck();
             Err(ApiError::Timeout(app.request_timeout.as_millis() as u64))
         }
+        Some(Err(RunError::Expired)) => Err(deadline
+            .map(|d| d.expired(arrived))
+            .unwrap_or(ApiError::Run(RunError::Expired))),
         Some(Err(e)) => {
             match &e {
                 RunError::OutOfMemory(_) => app.shared.retire(RetireReason::OutOfMemory),

@@ -7,7 +7,7 @@ use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
 
 use super::answer::{json_bytes, Answer};
-use super::pipeline::model_request;
+use super::pipeline::{model_request, Parsed};
 use super::request::{hw_fetch, with_hw};
 use crate::app::App;
 use crate::decode::post::parse_request;
@@ -49,9 +49,13 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let specs = app.metadata.inputs.clone();
     let (out, (), last) = model_request(req, app, move |body| {
-        parse_request(&body, specs.as_deref())
-            .map(|input| (input, Encoding::Json, ()))
-            .map_err(ApiError::from)
+        let inputs = parse_request(&body, specs.as_deref())?;
+        Ok(Parsed {
+            inputs,
+            encoding: Encoding::Json,
+            timeout: None,
+            extra: (),
+        })
     })
     .await?;
     let outputs = out.outputs;

@@ -22,6 +22,9 @@ pub enum RunError {
     /// The model thread is gone (it panicked out, or the worker is stopping).
     #[error("the model thread is not running")]
     Gone,
+    /// The client's deadline passed before the pass could start: it never ran.
+    #[error("the request's deadline passed before it could run")]
+    Expired,
 }
 
 /// How libtorch 2.11 says a GPU allocation failed, on every allocator path (read from its

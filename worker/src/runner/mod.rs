@@ -73,6 +73,8 @@ struct Job {
     id: Arc<str>,
     input: Inputs,
     encoding: Encoding,
+    /// The client's deadline: past it, the job never starts.
+    deadline: Option<Instant>,
     claim: Arc<AtomicU8>,
     /// When its (latest) pass started: set when it is taken, and again when it runs alone
     /// after its batch failed, so that `--request-timeout` counts its own pass.
@@ -114,14 +116,28 @@ impl Taken {
 }
 
 impl Job {
-    /// Whether it may still run: not withdrawn, and its client still waits.
+    /// Whether it may still run: not withdrawn, its client still waits, and its client's
+    /// deadline has not passed.
     fn live(&self) -> bool {
-        self.claim.load(Ordering::SeqCst) == QUEUED && !self.reply.is_closed()
+        self.claim.load(Ordering::SeqCst) == QUEUED
+            && !self.reply.is_closed()
+            && self.deadline.is_none_or(|d| Instant::now() < d)
     }
 
     /// Claims the job for the model (telling its ticket it started); `None` when it was
-    /// withdrawn or its client is gone: it never runs.
+    /// withdrawn, its client is gone or its deadline passed: it never runs (and a job past
+    /// its deadline is answered [`RunError::Expired`], so it never joins a batch either).
     fn take(self) -> Option<Taken> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            let withdrawn = self
+                .claim
+                .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok();
+            if withdrawn {
+                let _ = self.reply.send(Err(RunError::Expired));
+            }
+            return None;
+        }
         let taken = self
             .claim
             .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
@@ -328,12 +344,14 @@ impl Runner {
             .clone()
     }
 
-    /// Queues one forward pass (waiting for a queue slot when many are queued).
+    /// Queues one forward pass (waiting for a queue slot when many are queued); past
+    /// `deadline` it will not start.
     pub async fn submit(
         &self,
         id: Arc<str>,
         input: Inputs,
         encoding: Encoding,
+        deadline: Option<Instant>,
     ) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
         let (started, started_rx) = watch::channel(None);
@@ -343,6 +361,7 @@ impl Runner {
                 id,
                 input,
                 encoding,
+                deadline,
                 claim: claim.clone(),
                 started,
                 reply,

@@ -16,7 +16,7 @@ use vramfork::hwline::wants_hw_fetch;
 use vramfork::metadata::{TensorSpec, SINGLE_INPUT};
 
 use super::answer::{json_bytes, Answer};
-use super::pipeline::model_request;
+use super::pipeline::{model_request, Parsed};
 use super::request::{hw_fetch, request_id_of, INFERENCE_HEADER};
 use crate::app::App;
 use crate::error::ApiError;
@@ -184,7 +184,12 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let (out, (id, hw), last) = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
-        Ok((r.inputs, Encoding::V2(r.wanted), (r.id, r.hw_fetch)))
+        Ok(Parsed {
+            inputs: r.inputs,
+            encoding: Encoding::V2(r.wanted),
+            timeout: r.timeout,
+            extra: (r.id, r.hw_fetch),
+        })
     })
     .await?;
     let (name, version) = model_id(app);

@@ -50,6 +50,24 @@ pub struct Infer {
     pub wanted: Wanted,
     /// `parameters.hwFetch: true`.
     pub hw_fetch: bool,
+    /// `parameters.timeout` (microseconds, as Triton defines it; 0 = none): the client's
+    /// deadline, from the request's arrival.
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// `parameters.timeout`: a whole number of microseconds; 0 (Triton: "no timeout") or
+/// absent is none.
+fn timeout(params: &Map<String, Value>) -> Result<Option<std::time::Duration>, String> {
+    match params.get("timeout") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n
+            .as_u64()
+            .filter(|us| *us > 0)
+            .map(std::time::Duration::from_micros)),
+        Some(other) => Err(format!(
+            "parameter timeout must be a whole number of microseconds (0 = none), not {other}"
+        )),
+    }
 }
 
 fn flag(params: &Map<String, Value>, key: &str) -> Result<bool, String> {
@@ -108,6 +126,7 @@ fn parse_infer(
         Some(other) => return Err(format!("`id` must be a string, not {other}")),
     };
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
+    let timeout = timeout(&h.parameters)?;
     let binary_default = flag(&h.parameters, "binary_data_output")?;
     let wanted_count = specs.map_or(1, <[TensorSpec]>::len);
     if h.inputs.len() != wanted_count {
@@ -168,6 +187,7 @@ fn parse_infer(
         },
         wanted,
         hw_fetch,
+        timeout,
     })
 }
 
