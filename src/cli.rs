@@ -219,6 +219,26 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_LOG_FORMAT")]
     pub log_format: Option<String>,
 
+    /// Require `Authorization: Bearer <key>` on the serving port (all but /healthz and
+    /// /v2/health/*): the keys, one per line, re-read on HUP. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_API_KEY_FILE",
+        value_name = "FILE"
+    )]
+    pub api_key_file: Option<OsString>,
+
+    /// Require `Authorization: Bearer <key>` for GET /metrics on --metrics-port (its
+    /// /health/* stay open): the keys, one per line, read at every scrape. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_METRICS_API_KEY_FILE",
+        value_name = "FILE"
+    )]
+    pub metrics_api_key_file: Option<OsString>,
+
     /// Write one access-log line per answered request to stderr (in --log-format): time,
     /// request id, method, path, status, bytes in and out, time waiting, time in the model,
     /// total, batch, worker slot and pid. [default: off]

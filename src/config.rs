@@ -76,6 +76,10 @@ pub struct Config {
     pub log_json: bool,
     /// `--access-log`: one line per answered request.
     pub access_log: bool,
+    /// `--api-key-file` (absolute), checked: the serving port requires a key from it.
+    pub api_key_file: Option<PathBuf>,
+    /// `--metrics-api-key-file` (absolute), checked: `/metrics` requires a key from it.
+    pub metrics_api_key_file: Option<PathBuf>,
 }
 
 /// A configuration error: printed as one line, exit status 2.
@@ -248,6 +252,18 @@ impl Config {
             return Err(ConfigError(format!(
                 "--metrics-port {port} is the serving port (--port): give metrics a port of their own"
             )));
+        }
+        let api_key_file = key_file(&c, "--api-key-file", cli.api_key_file.as_deref())?;
+        let metrics_api_key_file = key_file(
+            &c,
+            "--metrics-api-key-file",
+            cli.metrics_api_key_file.as_deref(),
+        )?;
+        if metrics_api_key_file.is_some() && metrics_port.is_none() {
+            return Err(ConfigError(
+                "--metrics-api-key-file protects --metrics-port's /metrics: give --metrics-port too"
+                    .into(),
+            ));
         }
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
@@ -426,6 +442,8 @@ impl Config {
             worker_binary,
             log_json,
             access_log: cli.access_log,
+            api_key_file,
+            metrics_api_key_file,
         })
     }
 
@@ -447,6 +465,15 @@ impl Config {
             env: &|_| None,
             args: &[],
         };
+        // The key files are read again: a HUP is how new keys are rolled out.
+        for (flag, f) in [
+            ("--api-key-file", &self.api_key_file),
+            ("--metrics-api-key-file", &self.metrics_api_key_file),
+        ] {
+            if let Some(f) = f {
+                key_file(&c, flag, Some(f.as_os_str()))?;
+            }
+        }
         let max_batch_size = batching(
             &metadata,
             self.max_batch_size_override,
@@ -535,6 +562,20 @@ fn worker_override(
             ))),
         },
     }
+}
+
+/// A key file option: the file must hold valid keys now (`crate::auth`).
+fn key_file(
+    c: &Checker,
+    flag: &str,
+    v: Option<&std::ffi::OsStr>,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let path = absolute(Path::new(v));
+    crate::auth::ApiKeys::load(&path).map_err(|e| ConfigError(format!("{}: {e}", c.name(flag))))?;
+    Ok(Some(path))
 }
 
 fn absolute(p: &Path) -> PathBuf {

@@ -6,6 +6,7 @@
 //! (`worker/`) depends on it for the protocol and the metadata types.
 
 pub mod activation;
+pub mod auth;
 pub mod board;
 pub mod cli;
 pub mod config;

@@ -172,7 +172,11 @@ fn run(cfg: Config) -> i32 {
         None => None,
         Some(l) => {
             let m = MasterMetrics::new(&plan, cfg.nvml_library.clone());
-            if let Err(e) = metrics::endpoint::spawn_thread(l, m.source()) {
+            if let Err(e) = metrics::endpoint::spawn_thread(
+                l,
+                m.source(),
+                metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone()),
+            ) {
                 return fail(ConfigError(format!(
                     "cannot start the metrics listener: {e}"
                 )));

@@ -137,6 +137,14 @@ pub struct WorkerConfig {
     /// Write one access-log line per answered request (`--access-log`).
     #[serde(default)]
     pub access_log: bool,
+    /// `--api-key-file`: the worker reads the keys from it when it boots (the keys are
+    /// never in the environment).
+    #[serde(default)]
+    pub api_key_file: Option<String>,
+    /// `--metrics-api-key-file`, for a worker that serves `/metrics` itself (development
+    /// mode).
+    #[serde(default)]
+    pub metrics_api_key_file: Option<String>,
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
     #[serde(default)]
     pub metrics: Option<WorkerMetrics>,

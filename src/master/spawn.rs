@@ -82,6 +82,11 @@ pub fn worker_config(
         board_seat: None,
         log_json: cfg.log_json,
         access_log: cfg.access_log,
+        api_key_file: cfg.api_key_file.as_ref().map(|p| p.display().to_string()),
+        metrics_api_key_file: cfg
+            .metrics_api_key_file
+            .as_ref()
+            .map(|p| p.display().to_string()),
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ACCEPT, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -37,8 +37,62 @@ pub type SharedSource = Arc<dyn Source>;
 /// How long a scraper may take to send its request head.
 const HEADER_READ: Duration = Duration::from_secs(10);
 
+/// `/metrics` behind token auth (`--metrics-api-key-file`): the key file, read at every
+/// scrape (so a changed file counts at once), and the refusals so far by reason.
+#[derive(Default)]
+pub struct MetricsAuth {
+    pub key_file: Option<std::path::PathBuf>,
+    refused: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl MetricsAuth {
+    pub fn new(key_file: Option<std::path::PathBuf>) -> MetricsAuth {
+        MetricsAuth {
+            key_file,
+            refused: Default::default(),
+        }
+    }
+
+    /// `Err(answer)` when the scrape may not see the metrics.
+    #[allow(clippy::result_large_err)]
+    fn check(&self, req: &Request<Incoming>) -> Result<(), Response<Full<Bytes>>> {
+        let Some(path) = &self.key_file else {
+            return Ok(());
+        };
+        let keys = crate::auth::ApiKeys::load(path).map_err(|e| {
+            tracing::error!("metrics: {e}");
+            plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the metrics key file cannot be read (see the server's log)".into(),
+            )
+        })?;
+        let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+        keys.check(given).map_err(|f| {
+            *self
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(format!("metrics/{}", f.reason()))
+                .or_default() += 1;
+            let mut r = plain(StatusCode::UNAUTHORIZED, f.message().into());
+            r.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static(f.challenge()));
+            r
+        })
+    }
+}
+
 /// Serves scrapes on `listener` until the runtime is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
+    serve_with(listener, source, Arc::new(MetricsAuth::default())).await
+}
+
+/// [`serve`], with `/metrics` behind `auth`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    source: SharedSource,
+    auth: Arc<MetricsAuth>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -49,8 +103,9 @@ pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
             }
         };
         let source = source.clone();
+        let auth = auth.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| answer(req, source.clone()));
+            let svc = service_fn(move |req| answer(req, source.clone(), auth.clone()));
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_READ)
@@ -62,8 +117,13 @@ pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
     }
 }
 
-/// Runs [`serve`] on a thread of its own (the master's way).
-pub fn spawn_thread(listener: std::net::TcpListener, source: SharedSource) -> std::io::Result<()> {
+/// Runs [`serve_with`] on a thread of its own (the master's way).
+pub fn spawn_thread(
+    listener: std::net::TcpListener,
+    source: SharedSource,
+    auth: MetricsAuth,
+) -> std::io::Result<()> {
+    let auth = Arc::new(auth);
     listener.set_nonblocking(true)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -73,7 +133,7 @@ pub fn spawn_thread(listener: std::net::TcpListener, source: SharedSource) -> st
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, source).await,
+                    Ok(l) => serve_with(l, source, auth).await,
                     Err(e) => tracing::error!("metrics listener: {e}"),
                 }
             })
@@ -96,6 +156,7 @@ fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
 async fn answer(
     req: Request<Incoming>,
     source: SharedSource,
+    auth: Arc<MetricsAuth>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path();
     if !matches!(path, "/metrics" | "/health/live" | "/health/ready") {
@@ -134,11 +195,25 @@ async fn answer(
             ),
         });
     }
+    if let Err(refused) = auth.check(&req) {
+        return Ok(refused);
+    }
     let format = Format::from_accept(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
-    let text = tokio::task::spawn_blocking(move || encode(&source.snapshot(), format))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
+    let text = tokio::task::spawn_blocking(move || {
+        let mut snap = source.snapshot();
+        let refused = auth
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (k, n) in refused {
+            *snap.traffic.auth_failures.entry(k).or_default() += n;
+        }
+        encode(&snap, format)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
     Ok(match text {
         Ok(text) => {
             let body = if head {

@@ -365,6 +365,17 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         vec![(vec![], t.batch_rows())],
     );
     f.counter(
+        "auth_failures",
+        "Requests refused by token auth (--api-key-file, --metrics-api-key-file), by port (serving, metrics) and reason (missing, malformed, invalid).",
+        t.auth_failures
+            .iter()
+            .filter_map(|(k, n)| {
+                let (port, reason) = k.split_once('/')?;
+                Some((l(&[("port", port), ("reason", reason)]), *n))
+            })
+            .collect(),
+    );
+    f.counter(
         "access_log_dropped",
         "Access-log lines dropped because stderr could not keep up (--access-log); the requests were answered.",
         vec![(vec![], t.access_log_dropped)],

@@ -57,6 +57,10 @@ pub struct Traffic {
     /// Access-log lines dropped because stderr could not keep up (`--access-log`).
     #[serde(default)]
     pub access_log_dropped: u64,
+    /// Requests refused by token auth, by `<port>/<reason>` (`serving/missing`,
+    /// `metrics/invalid`…).
+    #[serde(default)]
+    pub auth_failures: BTreeMap<String, u64>,
 }
 
 impl Traffic {
@@ -69,6 +73,9 @@ impl Traffic {
             *self.batches.entry(*rows).or_default() += n;
         }
         self.access_log_dropped += o.access_log_dropped;
+        for (k, n) in &o.auth_failures {
+            *self.auth_failures.entry(k.clone()).or_default() += n;
+        }
     }
 
     /// Rows run in the passes counted in `batches`.

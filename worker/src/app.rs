@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::header::HeaderValue;
+use vramfork::auth::ApiKeys;
 use vramfork::metadata::AppMetadata;
 use vramfork::metrics::traffic::Traffic;
 
@@ -31,6 +32,8 @@ pub struct App {
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
     pub footprint: Option<vramfork::protocol::FootprintFigures>,
+    /// `--api-key-file`'s keys: every request but the health checks needs one.
+    pub api_keys: Option<ApiKeys>,
     /// The access log (`--access-log`), when it is on.
     pub access_log: Option<Arc<AccessLog>>,
     /// The body sizes seen, to hand memory back after an unusually large one.
@@ -46,6 +49,7 @@ impl App {
         metadata: AppMetadata,
         hw: Hw,
         cfg: &vramfork::protocol::WorkerConfig,
+        api_keys: Option<ApiKeys>,
     ) -> App {
         App {
             shared,
@@ -59,6 +63,7 @@ impl App {
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
+            api_keys,
             access_log: cfg
                 .access_log
                 .then(|| AccessLog::start(cfg.log_json, cfg.slot)),

@@ -3,6 +3,8 @@
 
 use hyper::StatusCode;
 
+use vramfork::auth::AuthFailure;
+
 use crate::decode::BodyError;
 use crate::runner::RunError;
 
@@ -47,6 +49,9 @@ pub enum ApiError {
     QueueWait { waited_ms: u64, max_ms: u64 },
     #[error("the request ran past the request timeout of {0} ms (--request-timeout); this worker is being replaced")]
     Timeout(u64),
+    /// Token auth (`--api-key-file`) refused the request; answered before its body is read.
+    #[error("{}", .0.message())]
+    Unauthorized(AuthFailure),
     /// The client's own deadline (`X-Request-Timeout`, v2 `parameters.timeout`) passed
     /// before the request's pass could start: it never ran.
     #[error("the request did not run: its deadline ({given_in} {limit_ms} ms) passed after it had waited {waited_ms} ms for the model")]
@@ -93,6 +98,7 @@ impl ApiError {
             }
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::DeadlineExpired { .. } => DEADLINE_STATUS,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -117,6 +123,7 @@ impl ApiError {
                 | ApiError::ModelStuck
                 | ApiError::QueueWait { .. }
                 | ApiError::Timeout(_)
+                | ApiError::Unauthorized(_)
                 | ApiError::Run(RunError::OutOfMemory(_) | RunError::CudaFatal(_) | RunError::Gone)
         )
     }
@@ -172,6 +179,7 @@ mod tests {
                 DEADLINE_STATUS.as_u16(),
             ),
             (ApiError::Run(RunError::Expired), DEADLINE_STATUS.as_u16()),
+            (ApiError::Unauthorized(AuthFailure::Invalid), 401),
         ];
         for (e, code) in cases {
             assert_eq!(e.status().as_u16(), code, "{e:?}");

@@ -15,6 +15,8 @@ use crate::app::App;
 pub struct ServeMetrics {
     pub listener: std::net::TcpListener,
     pub config: WorkerMetrics,
+    /// `--metrics-api-key-file`.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 pub struct Plan {
@@ -71,7 +73,12 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             let source = Arc::new(crate::report::DevSource::new(app.clone(), m.config, boot_s));
             m.listener.set_nonblocking(true)?;
             let l = tokio::net::TcpListener::from_std(m.listener)?;
-            tokio::spawn(vramfork::metrics::endpoint::serve(l, source));
+            let auth = vramfork::metrics::endpoint::MetricsAuth::new(m.key_file);
+            tokio::spawn(vramfork::metrics::endpoint::serve_with(
+                l,
+                source,
+                Arc::new(auth),
+            ));
         }
 
         let server = crate::server::serve(listener, app.clone(), plan.graceful);

@@ -82,10 +82,18 @@ pub fn boot(
             .ok()
     });
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
+    // Read now, when the worker boots: a HUP replaces the workers, which read it again.
+    let api_keys = cfg
+        .api_key_file
+        .as_deref()
+        .map(|f| vramfork::auth::ApiKeys::load(std::path::Path::new(f)))
+        .transpose()
+        .map_err(config_err)?;
     let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
         Some(config) => Some(lifecycle::ServeMetrics {
             listener: listener::inherit_metrics().map_err(config_err)?,
             config,
+            key_file: cfg.metrics_api_key_file.clone().map(Into::into),
         }),
         None => None,
     };
@@ -173,7 +181,7 @@ pub fn boot(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
-    let app = Arc::new(app::App::new(shared, runner, metadata, hw, &cfg));
+    let app = Arc::new(app::App::new(shared, runner, metadata, hw, &cfg, api_keys));
     let plan = lifecycle::Plan {
         listener,
         app,

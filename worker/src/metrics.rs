@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use vramfork::auth::AuthFailure;
 use vramfork::metrics::histogram::AtomicHist;
 use vramfork::metrics::traffic::{EndpointTraffic, Traffic, ENDPOINTS};
 
@@ -37,6 +38,8 @@ struct Counts {
 pub struct Recorder {
     endpoints: [Counts; ENDPOINTS.len()],
     forward: AtomicHist,
+    /// Token-auth refusals by [`AuthFailure`] (missing, malformed, invalid).
+    auth: [AtomicU64; 3],
 }
 
 impl Recorder {
@@ -61,6 +64,11 @@ impl Recorder {
             .fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// A request token auth refused.
+    pub fn auth_failure(&self, f: AuthFailure) {
+        self.auth[f as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A forward pass that produced an answer.
     pub fn forward(&self, took: Duration) {
         self.forward.observe(took);
@@ -72,6 +80,16 @@ impl Recorder {
             forward: self.forward.load(),
             ..Traffic::default()
         };
+        for f in [
+            AuthFailure::Missing,
+            AuthFailure::Malformed,
+            AuthFailure::Invalid,
+        ] {
+            let n = self.auth[f as usize].load(Ordering::Relaxed);
+            if n > 0 {
+                t.auth_failures.insert(format!("serving/{}", f.reason()), n);
+            }
+        }
         for (name, c) in ENDPOINTS.iter().zip(&self.endpoints) {
             let codes = c.codes.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if codes.is_empty() {

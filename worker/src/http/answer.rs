@@ -22,6 +22,8 @@ pub struct Answer {
     /// `Inference-Header-Content-Length`: the length of the JSON header of a v2 answer
     /// whose body goes on with binary data.
     pub header_len: Option<usize>,
+    /// `WWW-Authenticate` (a 401 of token auth).
+    pub challenge: Option<&'static str>,
 }
 
 impl Answer {
@@ -46,6 +48,7 @@ impl Answer {
             allow: None,
             retry_after: None,
             header_len: None,
+            challenge: None,
         }
     }
 }
@@ -62,6 +65,10 @@ impl From<ApiError> for Answer {
             },
             retry_after: e.retry_after(),
             header_len: None,
+            challenge: match &e {
+                ApiError::Unauthorized(f) => Some(f.challenge()),
+                _ => None,
+            },
         }
     }
 }

@@ -10,7 +10,9 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
@@ -40,7 +42,10 @@ pub async fn handle(
             .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
         (req.method().to_string(), target, trace)
     });
-    let answer = route(req, &app).await.unwrap_or_else(Answer::from);
+    let answer = match authorized(&req, &app) {
+        Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
+        Err(e) => Answer::from(e),
+    };
     if let (Some(log), Some((method, target, trace))) = (&app.access_log, access) {
         log.push(Record {
             time: SystemTime::now(),
@@ -79,6 +84,9 @@ pub async fn handle(
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }
+    if let Some(c) = answer.challenge {
+        h.insert(WWW_AUTHENTICATE, HeaderValue::from_static(c));
+    }
     if let Some(s) = answer.retry_after {
         h.insert(RETRY_AFTER, HeaderValue::from(s));
     }
@@ -86,6 +94,27 @@ pub async fn handle(
         h.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Ok(resp)
+}
+
+/// Paths open without a key: the health checks load balancers and probes call.
+const OPEN: [&str; 3] = ["/healthz", "/v2/health/live", "/v2/health/ready"];
+
+/// Token auth (`--api-key-file`), decided on the request head alone: a refused request's
+/// body is never read, and its connection closes.
+fn authorized(req: &Request<Incoming>, app: &App) -> Result<(), ApiError> {
+    let Some(keys) = &app.api_keys else {
+        return Ok(());
+    };
+    if OPEN.contains(&req.uri().path()) {
+        return Ok(());
+    }
+    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    keys.check(given).map_err(|f| {
+        if let Some(m) = &app.metrics {
+            m.auth_failure(f);
+        }
+        ApiError::Unauthorized(f)
+    })
 }
 
 async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
