@@ -25,7 +25,7 @@
 //!    GPUs, which is what start-then-stop recycling and TTIN need.
 //! 6. An override larger than the GPU bound is accepted: the first `gpu_bound` slots are
 //!    placed, the rest are listed in [`Plan::unplaced`] with a warning; the master starts
-//!    them only when admission passes ([`Plan::next_target`], [`Plan::admits`]).
+//!    them only when admission passes ([`Plan::next_target`], [`admits`]).
 //! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `usable / fits −
 //!    CUDA_CONTEXT_MB`: every worker's CUDA context comes on top of what its caching
 //!    allocator may take, so caps and contexts of as many workers as fit sum to at most
@@ -598,7 +598,7 @@ fn gpu_plan(
             0,
             Some("compute mode prohibited: no process may use it".to_string()),
         ),
-        PlacementMode::GpuMemory if free_mb < min + reserve => (
+        PlacementMode::GpuMemory if !admits(free_mb, min, reserve) => (
             0,
             Some(format!(
                 "{free_mb} MB free < est_gpu_mem_min {min} MB + reserve {reserve} MB"
@@ -677,6 +677,15 @@ impl GpuPlan {
     }
 }
 
+/// Admission (SPEC, from djl-serving), the one rule for it: a GPU with `free_mb` free takes
+/// one more worker only when that covers `est_gpu_mem_min` plus the reserve. The plan asks
+/// it of each GPU's free memory at start (rule 3); the supervisor asks it before every
+/// start on a GPU and before it places a slot beyond the plan
+/// (`master::rules::Admission`, which settles whose metadata counts after a reload).
+pub fn admits(free_mb: u64, est_gpu_mem_min: u64, reserve_mb: u64) -> bool {
+    free_mb >= est_gpu_mem_min + reserve_mb
+}
+
 fn does_not_fit(gpus: Vec<GpuPlan>, min: u64, typ: u64, reserve: u64) -> PlanError {
     let per_gpu: Vec<String> = gpus
         .iter()
@@ -720,15 +729,10 @@ impl Plan {
         self.est_gpu_mem_min + self.reserve_mb
     }
 
-    /// Whether a GPU with `free_mb` free now admits one more worker.
-    pub fn admits(&self, free_mb: u64) -> bool {
-        free_mb >= self.admission_mb()
-    }
-
     /// Where one more worker should go, given how many run on each GPU now
     /// (`running_on(index)`): the GPU with the most capacity left (memory placement), the
     /// one with the fewest workers (spread), or the CPU. Admission is still to be checked
-    /// against the GPU's free memory now ([`Plan::admits`]).
+    /// against the GPU's free memory now ([`admits`]).
     pub fn next_target(&self, running_on: impl Fn(u32) -> u32) -> Target {
         let pick = match self.mode {
             PlacementMode::Cpu => return Target::Cpu,
@@ -1495,7 +1499,8 @@ mod tests {
             t => panic!("{t:?}"),
         }
         assert_eq!(p.next_target(|i| [2, 7][i as usize]), Target::NoRoom);
-        assert!(p.admits(3500) && !p.admits(3499));
+        assert_eq!(p.admission_mb(), 3500);
+        assert!(admits(3500, 3000, 500) && !admits(3499, 3000, 500));
 
         let cpu = plan(&res(4, vec![]), &meta(0, 0), &Policy::default()).unwrap();
         assert_eq!(cpu.next_target(|_| 0), Target::Cpu);

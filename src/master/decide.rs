@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::slot::{KillReason, Phase, Slot, WorkerState};
+use super::slot::{KillReason, Phase, RetireAsk, Slot, WorkerState};
 use crate::exit;
 
 /// Workers already planned per GPU this round: (NVML index, count).
@@ -125,7 +125,7 @@ pub enum Action {
     /// A slot waits: its GPU lacks room or free memory.
     Wait { slot: u32, why: WaitReason },
     /// Ask a worker to retire gracefully (TERM).
-    Retire { pid: u32, why: &'static str },
+    Retire { pid: u32, why: RetireAsk },
     /// Ask a worker to exit at once (QUIT).
     Quit { pid: u32 },
     /// SIGKILL.
@@ -199,7 +199,7 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
         if w.slot >= v.target && w.occupies_slot() {
             out.push(Action::Retire {
                 pid: w.pid,
-                why: "fewer workers",
+                why: RetireAsk::FewerWorkers,
             });
         }
     }
@@ -294,7 +294,7 @@ fn stopping(v: &View<'_>, stop: Stopping, out: &mut Vec<Action>) {
             out.push(match stop {
                 Stopping::Graceful(_) => Action::Retire {
                     pid: w.pid,
-                    why: "stopping",
+                    why: RetireAsk::Stopping,
                 },
                 Stopping::Quick(_) => Action::Quit { pid: w.pid },
             });
@@ -371,7 +371,7 @@ fn reload(
         {
             out.push(Action::Retire {
                 pid: old.pid,
-                why: "reload: replaced by a worker with the new configuration",
+                why: RetireAsk::ReloadReplaced,
             });
         }
     }
@@ -422,7 +422,7 @@ fn reload(
     } else {
         out.push(Action::Retire {
             pid: old.pid,
-            why: "reload: no GPU room beside it, stop-then-start",
+            why: RetireAsk::ReloadNoRoom,
         });
     }
 }
@@ -635,7 +635,7 @@ mod tests {
             w.decide(),
             vec![Action::Retire {
                 pid: 11,
-                why: "fewer workers"
+                why: RetireAsk::FewerWorkers
             }]
         );
     }
@@ -693,11 +693,11 @@ mod tests {
             vec![
                 Action::Retire {
                     pid: 10,
-                    why: "stopping"
+                    why: RetireAsk::Stopping
                 },
                 Action::Retire {
                     pid: 11,
-                    why: "stopping"
+                    why: RetireAsk::Stopping
                 }
             ]
         );
@@ -742,7 +742,7 @@ mod tests {
             w.decide(),
             vec![Action::Retire {
                 pid: 10,
-                why: "reload: replaced by a worker with the new configuration"
+                why: RetireAsk::ReloadReplaced
             }]
         );
         // old one retiring: slot 1 is next once it has exited
@@ -809,7 +809,7 @@ mod tests {
             w.decide(),
             vec![Action::Retire {
                 pid: 10,
-                why: "reload: no GPU room beside it, stop-then-start"
+                why: RetireAsk::ReloadNoRoom
             }]
         );
     }

@@ -9,23 +9,39 @@
 //! | `address_unused` | warn | `host`, `port` | `--host`/`--port` were given but systemd's socket is used |
 //! | `metrics_listening` | info | `addr` | `--metrics-port` is bound (`/metrics` is served there) |
 //! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
+//! | `plan_warning` | warn | | the plan has something to say (no GPU seen, an override beyond what fits…) |
+//! | `memory_profiling` | info | `pid`, `gpu` | `--profile-memory`: one worker is started to measure its GPU footprint (the profiling worker has no slot) |
+//! | `memory_profiled` | info | `source` (`profiled`, `remembered`), `gpu`, `measured_mb`, `planned_mb`, `declared_typ_mb`, `declared_min_mb`, `workers`, `estimate_workers` | the plan is made from a measured (or `--footprint-file`) footprint |
+//! | `memory_profile_failed` | warn | `measured_mb`, `planned_mb`, `declared_typ_mb` (when it measured) | the measurement failed, or fits no GPU: the plan uses `est_gpu_mem_typ` as declared |
+//! | `memory_profile_skipped` | warn | | `--profile-memory on`, but no worker is planned on a GPU |
+//! | `footprint_from_free_memory` | warn | `pid`, `gpu`, `mb` | NVML does not list the profiling worker's pid (container PID namespace): its footprint is the fall of the GPU's free memory |
+//! | `footprint_file_error` | warn | | `--footprint-file` could not be read or written (once) |
+//! | `footprint_file_detached` | info | | a reload changed the model: `--footprint-file` is no longer updated |
 //! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |
 //! | `worker_ready` | info | `slot`, `pid`, `generation`, `device` (`cuda:0`, `cpu`, `cpu (simulated GPU)`), `ms`, `model_ms`, `warmup_ms` | it accepts connections |
 //! | `no_cuda` | error | | a worker placed on a GPU came up without CUDA (or could not cap its allocator): the master exits 5 |
-//! | `footprint_from_free_memory` | warn | `pid`, `gpu`, `mb` | NVML does not list the profiling worker's pid (container PID namespace): its footprint is the fall of the GPU's free memory |
-//! | `worker_retiring` | debug | `slot`, `pid`, `reason`, `served`, `in_flight` | it stopped accepting |
+//! | `worker_retiring` | debug | `slot`, `pid`, `reason`, `served`, `in_flight` | it stopped accepting (the worker's own message: `reason` is why it retires) |
+//! | `worker_retire_asked` | info | `slot`, `pid`, `generation`, `why` ([`RetireAsk`](super::slot::RetireAsk): `fewer_workers`, `stopping`, `quick_stop`, `reload_replaced`, `reload_no_room`), `signal` (`SIGTERM`: retire gracefully; `SIGQUIT`: exit now) | the master asked a worker to go |
+//! | `worker_killed` | warn | `slot`, `pid`, `generation`, `why` ([`KillReason`](super::slot::KillReason): `boot_timeout`, `heartbeat`, `graceful_timeout`, `stop_timeout`, `superseded`) | the master sent SIGKILL |
 //! | `worker_exited` | info, warn, error | `slot`, `pid`, `generation`, `phase`, `code` or `signal`, `served`, `reason`, `killed` | the master reaped it |
-//! | `worker_killed` | warn | `pid`, `why` (`boot_timeout`, `heartbeat`, `graceful_timeout`, `stop_timeout`) | the master sent SIGKILL |
 //! | `worker_waits` | warn | `slot`, `why` (`unplaced`, `gpu_room`, `gpu_memory`), `gpu` | a slot cannot start its worker yet (each reason once per 10 s) |
 //! | `worker_placed` | warn | `slot`, `gpu`, `free_mb` | a slot beyond the plan got a GPU that now has room |
-//! | `plan_warning` | warn | | the plan has something to say (no GPU seen, an override beyond what fits…) |
 //! | `pool` | debug | `workers` (wanted), `ready`, `booting`, `retiring`, `in_flight` | any of these changed |
-//! | `reload_started`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP |
+//! | `footprint_observed` | debug | `observed_mb`, `planned_mb` | the highest GPU footprint seen of a serving worker grew |
+//! | `footprint_without_context` | warn | `slot`, `pid` | NVML lists no memory for a serving worker: its footprint is its allocator's peak alone (once) |
+//! | `footprint_exceeded` | warn | `observed_mb`, `planned_mb`, `capacity`, `workers`, `adapt`, `slots` (each slot's mark) | a serving worker passed the footprint the plan assumed (once): TTIN is refused from then on |
+//! | `workers_adapted` | warn | `workers`, `capacity`, `observed_mb`, `planned_mb` | `--adapt-workers` lowered the worker count by one (the retirement follows: `worker_retire_asked`, `fewer_workers`) |
+//! | `reload_started`, `reload_superseded`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP; `reload_superseded`: a HUP during a reload |
 //! | `ttin`, `ttou` / `ttin_refused`, `ttou_refused` | info / warn | `workers` | TTIN, TTOU |
 //! | `stopping` | info | `how` (`graceful`, `quick`) | TERM, INT, QUIT |
 //! | `signal_ignored` | warn | | USR1 or USR2 (gunicorn's log reopen and binary upgrade): nothing to do |
+//!
+//! Why a worker went: it retired by itself (`worker_retiring`, its `reason`), the master asked
+//! it to (`worker_retire_asked`, `why`) or killed it (`worker_killed`, `why`); its
+//! `worker_exited` repeats `reason` and `killed`. The reasons the master acts on are defined
+//! in `slot.rs`, beside the worker state they end.
 //!
 //! `in_flight` in `pool` is the sum of what the workers' last heartbeats (and retiring
 //! messages) said; it changes at heartbeat pace, not per request.
@@ -90,6 +106,75 @@ pub fn phase_name(p: Phase) -> &'static str {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// The event names in the first column of the table above.
+    fn table() -> Vec<String> {
+        let mut names = Vec::new();
+        for line in include_str!("events.rs").lines() {
+            let Some(row) = line.strip_prefix("//! | `") else {
+                continue;
+            };
+            let first = row.split(" |").next().unwrap_or_default();
+            names.extend(
+                first
+                    .split('`')
+                    .skip_while(|s| s.is_empty())
+                    .step_by(2)
+                    .map(str::to_string),
+            );
+        }
+        names
+    }
+
+    /// Every event name logged (`event` set to a string literal) in the crate's sources (`src/`), with the file it is in.
+    fn logged() -> Vec<(String, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<(String, String)>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    let pattern = concat!("event", " = \"");
+                    for (i, _) in text.match_indices(pattern) {
+                        let rest = &text[i + pattern.len()..];
+                        let name = &rest[..rest.find('"').unwrap()];
+                        out.push((name.to_string(), path.display().to_string()));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn every_event_logged_is_in_the_table_and_every_row_is_logged() {
+        let table = table();
+        let logged = logged();
+        assert!(table.len() >= 40, "{table:?}");
+        assert!(logged.len() >= table.len(), "{logged:?}");
+        let missing: Vec<_> = logged
+            .iter()
+            .filter(|(name, _)| !table.contains(name))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "logged but not in the table of src/master/events.rs: {missing:?}"
+        );
+        let stale: Vec<_> = table
+            .iter()
+            .filter(|name| !logged.iter().any(|(n, _)| n == *name))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "in the table of src/master/events.rs but never logged: {stale:?}"
+        );
+    }
 
     #[test]
     fn pool_counts_phases_and_in_flight() {

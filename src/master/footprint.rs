@@ -95,6 +95,7 @@ impl Learner {
                         self.context_warned = true;
                         tracing::warn!(
                             event = "footprint_without_context",
+                            slot = w.slot,
                             pid = w.pid,
                             "NVML lists no memory for worker pid {} (a container without the host's PID namespace?): its footprint is the allocator's peak alone, without the CUDA context",
                             w.pid
@@ -119,6 +120,13 @@ impl Learner {
             self.save(now, false);
         }
         grew
+    }
+
+    /// Records a high-water mark as if a serving worker had shown it (tests without NVML).
+    #[cfg(test)]
+    pub fn observed(&mut self, mb: u64) {
+        self.high_water_mb = self.high_water_mb.max(Some(mb));
+        self.check();
     }
 
     /// Marks the assumption broken when the high-water mark passed it; `true` the first time.

@@ -10,6 +10,7 @@ pub mod measured;
 pub mod metrics;
 pub mod notify;
 pub mod profile;
+pub mod rules;
 pub mod signals;
 pub mod slot;
 pub mod spawn;

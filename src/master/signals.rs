@@ -75,6 +75,18 @@ impl Signals {
         Ok(Signals { counts, wake: read })
     }
 
+    /// Signals that were never installed: nothing is ever recorded. For tests that hand the
+    /// supervisor its intents as values (`Supervisor::on_intent`).
+    #[cfg(test)]
+    pub fn detached() -> std::io::Result<Signals> {
+        let (read, _write) = UnixStream::pair()?;
+        read.set_nonblocking(true)?;
+        Ok(Signals {
+            counts: Vec::new(),
+            wake: read,
+        })
+    }
+
     /// The descriptor to poll: readable when a signal arrived.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.wake.as_fd()

@@ -1,7 +1,8 @@
 //! Per-worker and per-slot state. A slot is a numbered place for one serving worker
 //! (`vf-worker-<slot>`); the worker in it goes Booting → Ready → Retiring → exited, and a
 //! slot whose worker keeps failing backs off before the next try. Why the master killed a
-//! worker ([`KillReason`]) is recorded here, beside the state it ends.
+//! worker ([`KillReason`]) or asked it to go ([`RetireAsk`]) is defined here, beside the
+//! state it ends; `events.rs` says which event carries each.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,49 @@ impl std::fmt::Display for KillReason {
             KillReason::GracefulTimeout => "did not finish retiring within --graceful-timeout",
             KillReason::StopTimeout => "did not stop in time",
             KillReason::Superseded => "it was booting a configuration a newer reload superseded",
+        })
+    }
+}
+
+/// Why the master asks a worker to go: to retire gracefully (TERM: it stops accepting and
+/// finishes its requests) or, for a quick stop, to exit at once (QUIT). A worker that
+/// retires by itself (its request limit, …) says why in its own message
+/// ([`RetireReason`], the `worker_retiring` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetireAsk {
+    /// Its slot is at or beyond the target (TTOU, `--adapt-workers`).
+    FewerWorkers,
+    /// TERM: the master stops gracefully.
+    Stopping,
+    /// INT or QUIT: the master stops now (the worker gets QUIT).
+    QuickStop,
+    /// Reload: a worker with the new configuration is ready in its slot.
+    ReloadReplaced,
+    /// Reload: its GPU has no room for the replacement beside it (stop-then-start).
+    ReloadNoRoom,
+}
+
+impl RetireAsk {
+    /// The `why` of the `worker_retire_asked` event.
+    pub fn code(self) -> &'static str {
+        match self {
+            RetireAsk::FewerWorkers => "fewer_workers",
+            RetireAsk::Stopping => "stopping",
+            RetireAsk::QuickStop => "quick_stop",
+            RetireAsk::ReloadReplaced => "reload_replaced",
+            RetireAsk::ReloadNoRoom => "reload_no_room",
+        }
+    }
+}
+
+impl std::fmt::Display for RetireAsk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RetireAsk::FewerWorkers => "fewer workers",
+            RetireAsk::Stopping => "stopping",
+            RetireAsk::QuickStop => "stopping now",
+            RetireAsk::ReloadReplaced => "reload: replaced by a worker with the new configuration",
+            RetireAsk::ReloadNoRoom => "reload: no GPU room beside it, stop-then-start",
         })
     }
 }

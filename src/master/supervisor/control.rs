@@ -1,0 +1,188 @@
+//! The workers' control channels ([`ControlMsg`]): ready, heartbeats, metrics and
+//! retiring, applied to what the master knows of each worker; the template's readiness;
+//! and the end of a reload once no worker of an older configuration is left.
+
+use std::io::Read;
+use std::time::Instant;
+
+use super::{Live, Supervisor};
+use crate::master::slot::{Phase, WorkerState};
+use crate::protocol::{take_line, ControlMsg};
+
+impl Supervisor {
+    pub(super) fn read_control(&mut self) {
+        let now = Instant::now();
+        if let Some(t) = self.template.as_mut() {
+            if let Some(boot) = t.poll_ready() {
+                let ms = t.started.elapsed().as_secs_f64() * 1e3;
+                let warmup_ms = boot.warmup_ms;
+                tracing::info!(
+                    event = "template_ready",
+                    pid = t.pid,
+                    ms,
+                    warmup_ms,
+                    "template process (pid {}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it",
+                    t.pid
+                );
+            }
+        }
+        for i in 0..self.workers.len() {
+            let msgs = read_lines(&mut self.workers[i]);
+            let mut state = self.workers[i].state.clone();
+            self.absorb(&mut state, msgs, now);
+            self.workers[i].state = state;
+        }
+        if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
+            self.last_ready_at = now;
+        }
+        if self.reloading
+            && !self
+                .workers
+                .iter()
+                .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
+        {
+            let metadata = self.cfg.metadata.path.display().to_string();
+            let model = self.cfg.model_display();
+            let (outcome, what) = if self.rolled_back {
+                (
+                    "rolled_back",
+                    "reload rolled back: every worker runs the last configuration that served",
+                )
+            } else {
+                (
+                    "reloaded",
+                    "reload complete: every worker runs the new configuration",
+                )
+            };
+            tracing::info!(
+                event = "reload_complete",
+                outcome,
+                metadata,
+                model,
+                "{what} ({metadata}, model {model})"
+            );
+            self.reloading = false;
+            self.fallback = None;
+            self.notify.reload_done();
+        }
+    }
+
+    /// Applies a worker's control messages to what the master knows of it.
+    pub(super) fn absorb(&mut self, st: &mut WorkerState, msgs: Vec<ControlMsg>, now: Instant) {
+        for msg in msgs {
+            match msg {
+                ControlMsg::Ready {
+                    pid,
+                    boot_ms,
+                    device,
+                } => {
+                    let simulated = self.cfg.simulated_gpus && device.contains("simulated");
+                    let off_gpu = !device.starts_with("cuda") && !simulated;
+                    if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
+                        self.no_cuda = Some(format!(
+                            "worker {} (pid {pid}) was placed on {} but runs its model on '{device}': {}",
+                            st.slot,
+                            self.plan.gpu_label(gpu),
+                            self.no_cuda_reason()
+                        ));
+                    }
+                    st.set_phase(Phase::Ready, now);
+                    if st.cfg_gen == self.cfg_gen {
+                        self.gen_proven = true;
+                    }
+                    st.last_heartbeat = now;
+                    self.ever_ready = true;
+                    self.last_ready_at = now;
+                    if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
+                        s.succeeded();
+                    }
+                    let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
+                    if let Some(m) = &self.metrics {
+                        m.worker_ready(st.pid, ms / 1e3);
+                    }
+                    tracing::info!(
+                        event = "worker_ready",
+                        slot = st.slot,
+                        pid,
+                        generation = st.generation,
+                        device,
+                        ms,
+                        model_ms = boot_ms.model_ms,
+                        warmup_ms = boot_ms.warmup_ms,
+                        "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+                        st.slot,
+                        st.generation,
+                        boot_ms.model_ms,
+                        boot_ms.warmup_ms
+                    );
+                }
+                ControlMsg::Metrics {
+                    traffic,
+                    allocator_peak,
+                } => {
+                    if let Some(m) = &self.metrics {
+                        m.report(st.pid, traffic, allocator_peak);
+                    }
+                }
+                // Only a profiling worker sends it, and those are the profiler's own.
+                ControlMsg::Footprint { .. } => {}
+                ControlMsg::Heartbeat {
+                    served,
+                    in_flight,
+                    allocator_peak,
+                    allocator_reserved,
+                    footprint,
+                } => {
+                    st.allocator = allocator_peak.zip(allocator_reserved);
+                    st.footprint = footprint;
+                    st.last_heartbeat = now;
+                    st.served = served;
+                    st.in_flight = in_flight;
+                }
+                ControlMsg::Retiring {
+                    reason,
+                    served,
+                    in_flight,
+                } => {
+                    st.set_phase(Phase::Retiring, now);
+                    st.retire_reason = Some(reason);
+                    st.served = served;
+                    st.in_flight = in_flight;
+                    tracing::debug!(
+                        event = "worker_retiring",
+                        slot = st.slot,
+                        pid = st.pid,
+                        reason = reason.code(),
+                        served,
+                        in_flight,
+                        "worker {} (pid {}) retiring after {served} requests ({in_flight} in flight): {reason:?}",
+                        st.slot,
+                        st.pid
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Reads what a worker's control channel holds and parses the complete lines.
+pub(super) fn read_lines(w: &mut Live) -> Vec<ControlMsg> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match (&w.control).read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => w.buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(text) = take_line(&mut w.buf) {
+        match ControlMsg::from_line(&text) {
+            Ok(m) => out.push(m),
+            Err(e) => tracing::warn!(
+                "worker pid {}: bad control message {text:?}: {e}",
+                w.state.pid
+            ),
+        }
+    }
+    out
+}

@@ -1,0 +1,183 @@
+//! Reaping: a worker (or a template) exited. One `worker_exited` event per worker, at the
+//! level its end deserves; a failed boot backs its slot off, counts towards giving up, and
+//! during a reload rolls back to the last configuration that served.
+
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::control::read_lines;
+use super::Supervisor;
+use crate::master::events::phase_name;
+use crate::master::metrics::exit_reason;
+use crate::master::slot::{KillReason, Phase, WorkerState};
+use crate::protocol::worker_exit;
+
+impl Supervisor {
+    pub(super) fn reap(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    self.on_exit(pid.as_raw() as u32, Some(code), None)
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.on_exit(pid.as_raw() as u32, None, Some(sig))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    pub(super) fn on_exit(&mut self, pid: u32, code: Option<i32>, sig: Option<Signal>) {
+        if let Some(i) = self.old_templates.iter().position(|p| *p == pid) {
+            self.old_templates.swap_remove(i);
+            return;
+        }
+        if self.template.as_ref().is_some_and(|t| t.pid == pid) {
+            self.template_exited(code, sig);
+            return;
+        }
+        let Some(i) = self.workers.iter().position(|w| w.state.pid == pid) else {
+            return;
+        };
+        let mut w = self.workers.swap_remove(i);
+        // A worker that died showing "free" must not be waited for by its siblings.
+        if let (Some(b), Some(seat)) = (&self.board, w.seat) {
+            b.clear(seat);
+        }
+        let now = Instant::now();
+        // Messages it sent just before exiting (a ready, a retiring) still count.
+        let msgs = read_lines(&mut w);
+        self.absorb(&mut w.state, msgs, now);
+        let st = &w.state;
+        if let Some(m) = &self.metrics {
+            m.exited(pid, exit_reason(st, code, sig));
+        }
+        let status = match (code, sig) {
+            (Some(c), _) => format!("exit status {c}"),
+            (_, Some(s)) => format!("signal {s}"),
+            _ => "unknown status".into(),
+        };
+        let name = format!(
+            "worker {} (pid {pid}, generation {})",
+            st.slot, st.generation
+        );
+        // One `worker_exited` event whatever the outcome; its level and message say how.
+        macro_rules! exited {
+            ($level:ident, $($msg:tt)+) => {
+                tracing::$level!(
+                    event = "worker_exited",
+                    slot = st.slot,
+                    pid,
+                    generation = st.generation,
+                    phase = phase_name(st.phase),
+                    code,
+                    signal = sig.map(|s| s.as_str()),
+                    served = st.served,
+                    reason = st.retire_reason.map(|r| r.code()),
+                    killed = st.killed.map(|k| k.code()),
+                    $($msg)+
+                )
+            };
+        }
+        if self.stopping.is_some() {
+            exited!(debug, "{name} stopped: {status}");
+            return;
+        }
+        if st.killed == Some(KillReason::Superseded) {
+            exited!(info, "{name} stopped: {}", KillReason::Superseded);
+            return;
+        }
+        if let Some(why) = st.killed {
+            exited!(warn, "{name} killed: it {why}; replacing it");
+            if st.phase == Phase::Booting {
+                self.last_boot_code = None;
+                self.boot_failed(&w.state, now);
+            }
+            return;
+        }
+        // Before any worker served, a GPU worker without CUDA means the machine cannot
+        // serve as planned; later (a GPU lost while serving) it is one more failed boot.
+        if let Some(gpu) = st.gpu.filter(|_| code == Some(worker_exit::NO_CUDA)) {
+            let why = format!(
+                "{name} was placed on {} but libtorch sees no CUDA device there (its reason is logged above): {}",
+                self.plan.gpu_label(gpu),
+                self.no_cuda_reason()
+            );
+            if self.ever_ready {
+                tracing::error!(event = "no_cuda", "{why}");
+            } else {
+                self.no_cuda = Some(why);
+            }
+        }
+        match st.phase {
+            Phase::Booting => {
+                let what = match code {
+                    Some(worker_exit::NO_CUDA) => "could not use its GPU",
+                    Some(worker_exit::MODEL_LOAD) => "could not load the model",
+                    Some(worker_exit::CONFIG) => "rejected its configuration",
+                    Some(crate::master::decide::EXIT_LOADER) => {
+                        "could not start: the dynamic loader did not find a shared library (named on stderr above)"
+                    }
+                    Some(crate::master::decide::EXIT_NOT_EXECUTABLE) => "could not be executed",
+                    _ => "died while booting",
+                };
+                self.last_boot_code = code;
+                self.boot_failed(&w.state, now);
+                let slot = self.slots.iter().find(|s| s.id == w.state.slot);
+                let retry = slot
+                    .and_then(|s| s.backoff_until)
+                    .map(|t| t.saturating_duration_since(now))
+                    .unwrap_or_default();
+                exited!(error, "{name} {what} ({status}); next try in {retry:.1?}");
+            }
+            _ if code == Some(0) => exited!(
+                info,
+                "{name} exited after {} requests{}",
+                st.served,
+                st.retire_reason
+                    .map(|r| format!(" ({r:?})"))
+                    .unwrap_or_default()
+            ),
+            _ => exited!(
+                warn,
+                "{name} died ({status}) after {} requests; replacing it",
+                st.served
+            ),
+        }
+    }
+
+    pub(super) fn boot_failed(&mut self, w: &WorkerState, now: Instant) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
+            s.failed(now);
+        }
+        if !self.ever_ready {
+            self.first_boot_failures += 1;
+        }
+        if w.cfg_gen == self.cfg_gen {
+            if let Some((good, good_gen)) = self.fallback.take() {
+                tracing::error!(
+                    event = "reload_failed",
+                    "reload failed: a worker with the new configuration did not boot; going back to the last configuration that served"
+                );
+                // The last good configuration becomes the current one: its workers stay,
+                // and workers of any other (superseded) configuration are replaced by it.
+                self.cfg = good;
+                self.cfg_gen += 1;
+                self.gen_proven = true;
+                self.rolled_back = true;
+                for l in &mut self.workers {
+                    if l.state.cfg_gen == good_gen {
+                        l.state.cfg_gen = self.cfg_gen;
+                    }
+                }
+                if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
+                    s.succeeded();
+                }
+            }
+        }
+    }
+}
