@@ -297,6 +297,9 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--torch-threads", "VRAMFORK_TORCH_THREADS"),
     ("--worker-binary", "VRAMFORK_WORKER_BINARY"),
     ("--log-format", "VRAMFORK_LOG_FORMAT"),
+    ("--api-key-file", "VRAMFORK_API_KEY_FILE"),
+    ("--metrics-api-key-file", "VRAMFORK_METRICS_API_KEY_FILE"),
+    ("--access-log", "VRAMFORK_ACCESS_LOG"),
 ];
 
 #[cfg(test)]

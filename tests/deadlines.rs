@@ -16,7 +16,9 @@ use common::{raw, App, Event, Server};
 const LONG: u64 = 150_000;
 /// One torch thread: on a machine whose cores are busy with other work, two OpenMP threads
 /// make each of slow.pt's small matmuls wait for a core (passes 20-60× slower, measured).
-const ONE_THREAD: [&str; 2] = ["--torch-threads", "1"];
+/// And no --max-queue-wait: on a busy machine the long pass may pass its 10 s default, which
+/// would refuse the requests behind it for another reason than the one tested.
+const ONE_THREAD: [&str; 4] = ["--torch-threads", "1", "--max-queue-wait", "0"];
 /// The refusal's status (worker/src/error.rs `DEADLINE_STATUS`).
 const REFUSED: u16 = 503;
 
@@ -78,6 +80,8 @@ fn a_deadline_that_passes_during_the_pass_still_gets_its_answer() {
             "1",
             ONE_THREAD[0],
             ONE_THREAD[1],
+            ONE_THREAD[2],
+            ONE_THREAD[3],
         ],
     );
     s.wait_workers(1);
@@ -105,6 +109,8 @@ fn bad_timeouts_are_refused_with_400() {
             "1",
             ONE_THREAD[0],
             ONE_THREAD[1],
+            ONE_THREAD[2],
+            ONE_THREAD[3],
         ],
     );
     s.wait_workers(1);
@@ -145,6 +151,8 @@ fn a_request_past_its_deadline_is_not_run() {
             "--access-log",
             ONE_THREAD[0],
             ONE_THREAD[1],
+            ONE_THREAD[2],
+            ONE_THREAD[3],
         ],
     );
     s.wait_workers(1);
@@ -195,6 +203,8 @@ fn with_batching_an_expired_request_never_joins_a_batch() {
             "--access-log",
             ONE_THREAD[0],
             ONE_THREAD[1],
+            ONE_THREAD[2],
+            ONE_THREAD[3],
         ],
     );
     s.wait_workers(1);
@@ -256,6 +266,8 @@ fn tritonclients_timeout_argument_is_honoured() {
             "4",
             ONE_THREAD[0],
             ONE_THREAD[1],
+            ONE_THREAD[2],
+            ONE_THREAD[3],
         ],
     );
     s.wait_workers(1);

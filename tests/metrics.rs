@@ -632,7 +632,18 @@ fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
     // stop.
     let app = App::new("slow.pt", "");
     // A graceful timeout no busy machine can make the slow request outlast.
-    let (mut s, mport) = start(&app, &["--workers", "1", "--graceful-timeout", "300"]);
+    // One torch thread: two make slow.pt crawl on a machine busy with other tests.
+    let (mut s, mport) = start(
+        &app,
+        &[
+            "--workers",
+            "1",
+            "--graceful-timeout",
+            "300",
+            "--torch-threads",
+            "1",
+        ],
+    );
     s.wait_workers(1);
     assert_eq!(probe(mport, "/health/ready").0, 200);
     let port = s.port;

@@ -39,8 +39,11 @@ pub async fn model_request<T: Send + 'static>(
     let id: Arc<str> = request_id_of(&req).into();
     let trace = req.extensions().get::<Arc<Trace>>().cloned();
     let header_deadline = Deadline::from_header(req.headers(), arrived)?;
-    let refused = queue_wait_refusal(app, arrived)
-        .or_else(|| header_deadline.as_ref().and_then(|d| d.refusal(arrived)));
+    // The client's own deadline first: when both have passed, it is what the client asked.
+    let refused = header_deadline
+        .as_ref()
+        .and_then(|d| d.refusal(arrived))
+        .or_else(|| queue_wait_refusal(app, arrived));
     if let Some(refused) = refused {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
