@@ -104,6 +104,50 @@ fn requests_past_max_queue_wait_are_refused_with_retry_after() {
     }
 }
 
+/// A body that takes longer to arrive than --max-queue-wait is not an overload: an idle
+/// worker answers it (the wait counts the listen and model queues, not the upload). Found by
+/// the bounded-parsing tests: an idle worker refused such uploads with "overloaded".
+#[test]
+fn a_slow_upload_to_an_idle_worker_is_not_refused_as_overloaded() {
+    let app = App::new("mlp.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--max-queue-wait", "1"],
+    );
+    s.wait_workers(1);
+    let body = MLP_INPUT.as_bytes();
+    // Six slow clients (before the fix, 5 of 6 such uploads got 503 "overloaded"; one alone
+    // sometimes slipped through).
+    let conns: Vec<std::net::TcpStream> = (0..6)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            write!(
+                c,
+                "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .unwrap();
+            c.write_all(&body[..body.len() - 1]).unwrap();
+            c
+        })
+        .collect();
+    // The clients are slow: their last byte comes after more than --max-queue-wait.
+    thread::sleep(Duration::from_millis(1_500));
+    let answers: Vec<Response> = conns
+        .into_iter()
+        .map(|mut c| {
+            c.write_all(&body[body.len() - 1..]).unwrap();
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut c, &mut got).unwrap();
+            parse_response(&got).unwrap()
+        })
+        .collect();
+    for r in &answers {
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+}
+
 /// Connections that send half a request, and bodies that drip, cost a worker nothing: a
 /// normal client is answered while they are all still open and unanswered.
 #[test]

@@ -44,6 +44,10 @@ pub async fn model_request<T: Send + 'static>(
         .as_ref()
         .and_then(|d| d.refusal(arrived))
         .or_else(|| queue_wait_refusal(app, arrived));
+    // From here the worker has the request: reading its body and parsing it are not waiting
+    // for a worker, and do not count against --max-queue-wait (a slow upload to an idle
+    // worker is not an overload).
+    let taken_at = Instant::now();
     if let Some(refused) = refused {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
@@ -93,6 +97,7 @@ pub async fn model_request<T: Send + 'static>(
         input: parsed.inputs,
         encoding: parsed.encoding,
         arrived,
+        queue_from: arrived + taken_at.elapsed(),
         deadline,
     };
     let out = run(app, job, trace.as_deref()).await;
@@ -171,6 +176,10 @@ struct Job {
     input: Inputs,
     encoding: Encoding,
     arrived: Instant,
+    /// What `--max-queue-wait` counts from: its arrival, moved on by the time this worker
+    /// spent reading and parsing its body (so it counts the listen queue and the model
+    /// queue only).
+    queue_from: Instant,
     deadline: Option<Deadline>,
 }
 
@@ -200,6 +209,7 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
         input,
         encoding,
         arrived,
+        queue_from,
         deadline,
     } = job;
     if app.shared.get().model_unusable {
@@ -215,7 +225,7 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
         .await
         .map_err(ApiError::Run)?;
     let mut watch = app.shared.subscribe();
-    let queue_deadline = app.max_queue_wait.map(|m| arrived + m);
+    let queue_deadline = app.max_queue_wait.map(|m| queue_from + m);
     tokio::select! {
         _ = ticket.started() => {}
         _ = watch.wait_for(|c| c.model_unusable) => {
@@ -230,15 +240,15 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
         }
         _ = sleep_until(queue_deadline) => {
             if ticket.withdraw() {
-                return Err(queue_wait_refusal(app, arrived).unwrap_or(ApiError::QueueWait {
-                    waited_ms: arrived.elapsed().as_millis() as u64,
+                return Err(queue_wait_refusal(app, queue_from).unwrap_or(ApiError::QueueWait {
+                    waited_ms: queue_from.elapsed().as_millis() as u64,
                     max_ms: app.max_queue_wait.unwrap_or_default().as_millis() as u64,
                 }));
             }
         }
     }
     if let (Some(t), Some(at)) = (trace, ticket.started_at()) {
-        t.started(at.saturating_duration_since(arrived));
+        t.started(at.saturating_duration_since(queue_from));
     }
     // Started (the withdrawals above failed only because it had): the pass is timed.
     let run = ticket.result_within(app.request_timeout).await;
