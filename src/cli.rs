@@ -23,7 +23,8 @@ pub struct Cli {
     pub production: bool,
 
     /// App metadata file (name, model, est_gpu_mem_min, est_gpu_mem_typ, input or inputs,
-    /// outputs, max_batch_size, profile_input, op_libraries; app-metadata.example.json).
+    /// outputs, max_batch_size, profile_input, warmup_inputs, op_libraries;
+    /// app-metadata.example.json).
     #[arg(long, global = true, env = "VRAMFORK_METADATA", value_name = "FILE")]
     pub metadata: Option<OsString>,
 
