@@ -183,3 +183,35 @@ fn bad_warmup_passes_and_warmup_inputs_stop_the_start_naming_them() {
         }
     }
 }
+
+/// After a HUP the new workers (from a new template) warm up on the reloaded metadata's
+/// `warmup_inputs`.
+#[test]
+fn a_reload_warms_the_new_workers_on_the_new_warmup_inputs() {
+    let app = App::new(
+        "counter.pt",
+        r#""input": {"shape": [-1, -1]}, "warmup_inputs": [1, 3]"#,
+    );
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    let first = s.wait_workers(1);
+    let r = s.post("/", r#"{"inputs": [[1, 2]]}"#);
+    assert_eq!(
+        r.json()["outputs"][0],
+        serde_json::json!([2.0, 1.0, 1.0, 3.0, 1.0])
+    );
+    app.write_metadata(
+        "counter.pt",
+        r#""input": {"shape": [-1, -1]}, "warmup_inputs": [1, 9]"#,
+    );
+    let mark = s.mark();
+    s.signal(libc::SIGHUP);
+    let (_, done) = s.wait_event_after(mark, "reload_complete", |_| true);
+    assert_eq!(done.str("outcome"), Some("reloaded"), "{done:?}");
+    let second = s.wait_workers_where(1, |p| !p.contains(&first[0]));
+    let r = s.post("/", r#"{"inputs": [[1, 2]]}"#);
+    assert_eq!(r.pid(), second[0], "{}", s.log_text());
+    assert_eq!(
+        r.json()["outputs"][0],
+        serde_json::json!([2.0, 1.0, 1.0, 9.0, 1.0])
+    );
+}
