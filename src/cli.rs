@@ -23,7 +23,8 @@ pub struct Cli {
     pub production: bool,
 
     /// App metadata file (name, model, est_gpu_mem_min, est_gpu_mem_typ, input or inputs,
-    /// outputs, max_batch_size, profile_input, op_libraries; app-metadata.example.json).
+    /// outputs, max_batch_size, profile_input, warmup_inputs, op_libraries;
+    /// app-metadata.example.json).
     #[arg(long, global = true, env = "VRAMFORK_METADATA", value_name = "FILE")]
     pub metadata: Option<OsString>,
 
@@ -118,6 +119,13 @@ pub struct Cli {
         value_name = "MS"
     )]
     pub batch_timeout_ms: Option<String>,
+
+    /// Forward passes on zeros a process that loads the model runs before it serves (the
+    /// template, and workers that are exec'd), at the metadata's `warmup_inputs` or declared
+    /// input shapes, and with batching at max_batch_size rows too; 0 = none (and no check of
+    /// the declared inputs at boot). [default: 2]
+    #[arg(long, global = true, env = "VRAMFORK_WARMUP_PASSES", value_name = "N")]
+    pub warmup_passes: Option<String>,
 
     /// Measure a worker's GPU memory before planning: auto (on when the workers go on a GPU
     /// and the metadata declares an input shape), on or off. [default: auto]
@@ -280,6 +288,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--max-queue-wait", "VRAMFORK_MAX_QUEUE_WAIT"),
     ("--max-batch-size", "VRAMFORK_MAX_BATCH_SIZE"),
     ("--batch-timeout-ms", "VRAMFORK_BATCH_TIMEOUT_MS"),
+    ("--warmup-passes", "VRAMFORK_WARMUP_PASSES"),
     ("--profile-memory", "VRAMFORK_PROFILE_MEMORY"),
     ("--memory-headroom", "VRAMFORK_MEMORY_HEADROOM"),
     ("--adapt-workers", "VRAMFORK_ADAPT_WORKERS"),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::cli::{Cli, Command, OPTION_ENV};
 use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
 use crate::plan::{Policy, WorkerOverride};
-use crate::protocol::Device;
+use crate::protocol::{Device, DEFAULT_WARMUP_PASSES};
 
 /// What `app` was asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,8 @@ pub struct Config {
     pub max_batch_size_override: Option<u32>,
     /// How long the model thread may wait to fill a batch.
     pub batch_timeout: Duration,
+    /// `--warmup-passes`: forward passes before a process that loads the model serves.
+    pub warmup_passes: u32,
     /// `--profile-memory`: `None` = auto.
     pub profile_memory: Option<bool>,
     /// `--memory-headroom`: the plan assumes measured footprint × this.
@@ -81,6 +83,10 @@ pub struct Config {
     /// `--metrics-api-key-file` (absolute), checked: `/metrics` requires a key from it.
     pub metrics_api_key_file: Option<PathBuf>,
 }
+
+/// The most `--warmup-passes` accepted: more passes than this buy nothing and delay every
+/// worker's boot.
+const MAX_WARMUP_PASSES: u32 = 100;
 
 /// A configuration error: printed as one line, exit status 2.
 #[derive(Debug, thiserror::Error)]
@@ -307,6 +313,21 @@ impl Config {
         }
         let batch_timeout = Duration::from_millis(batch_timeout_ms);
         let max_batch_size = batching(&metadata, max_batch_size_override, batch_timeout, &c)?;
+        let warmup_passes = match cli.warmup_passes.as_deref() {
+            None => DEFAULT_WARMUP_PASSES,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if n <= MAX_WARMUP_PASSES => n,
+                _ => {
+                    return Err(c.bad(
+                        "--warmup-passes",
+                        v,
+                        &format!(
+                            "expected a whole number 0..={MAX_WARMUP_PASSES} (0 = no warm-up pass)"
+                        ),
+                    ))
+                }
+            },
+        };
         let profile_memory = match cli.profile_memory.as_deref().map(str::trim) {
             None | Some("auto") => None,
             Some("on") => Some(true),
@@ -426,6 +447,7 @@ impl Config {
             max_batch_size,
             max_batch_size_override,
             batch_timeout,
+            warmup_passes,
             profile_memory,
             memory_headroom,
             adapt_workers: cli.adapt_workers,
@@ -758,6 +780,26 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn warmup_passes_default_to_2_and_bad_ones_are_named() {
+        let e = Env::new();
+        assert_eq!(e.run(&[]).unwrap().warmup_passes, 2);
+        assert_eq!(e.run(&["--warmup-passes", "0"]).unwrap().warmup_passes, 0);
+        assert_eq!(
+            e.run(&["--warmup-passes", "100"]).unwrap().warmup_passes,
+            100
+        );
+        for v in ["-1", "101", "two", "1.5", ""] {
+            let err = e.run(&["--warmup-passes", v]).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "invalid value '{v}' for --warmup-passes: expected a whole number 0..=100 (0 = no warm-up pass)"
+                )),
+                "{v}: {err}"
+            );
+        }
     }
 
     #[test]

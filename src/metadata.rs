@@ -227,6 +227,9 @@ pub struct AppMetadata {
     /// The input to profile a worker's memory with (`profile_input`): a shape per declared
     /// input, by name; inputs not named take their declared shape with `-1` as 1.
     pub profile_input: Option<BTreeMap<String, Vec<i64>>>,
+    /// The input shapes the warm-up passes use (`warmup_inputs`), by input name, in the
+    /// same form as `profile_input`; inputs not named take their declared shape, `-1` as 1.
+    pub warmup_inputs: Option<BTreeMap<String, Vec<i64>>>,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -409,7 +412,11 @@ impl AppMetadata {
         }
         let profile_input = match raw.get("profile_input") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(parse_profile_input(v, inputs.as_deref()).map_err(field)?),
+            Some(v) => Some(parse_shapes("profile_input", v, inputs.as_deref()).map_err(field)?),
+        };
+        let warmup_inputs = match raw.get("warmup_inputs") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_shapes("warmup_inputs", v, inputs.as_deref()).map_err(field)?),
         };
         Ok(AppMetadata {
             path: path.to_path_buf(),
@@ -423,6 +430,49 @@ impl AppMetadata {
             outputs,
             max_batch_size,
             profile_input,
+            warmup_inputs,
+        })
+    }
+
+    /// The input shapes of the warm-up passes, one set (a shape per declared input, in
+    /// order) per shape the worker will run at: with batching (`max_batch_size` > 1), the
+    /// full batch first (`max_batch_size` rows in the leading dimension of every input that
+    /// declares it `-1` or declares no shape), then the one-request shape —
+    /// `warmup_inputs`' where given, else the declared shape with `-1` as 1. `None` when an
+    /// input has neither a declared shape nor a `warmup_inputs` one.
+    pub fn warmup_shapes(&self, max_batch_size: u32) -> Option<Vec<Vec<Vec<i64>>>> {
+        let specs = self.inputs.as_ref()?;
+        let one: Vec<Vec<i64>> = specs
+            .iter()
+            .map(|s| {
+                if let Some(w) = self.warmup_inputs.as_ref().and_then(|w| w.get(&s.name)) {
+                    return Some(w.clone());
+                }
+                Some(
+                    s.shape
+                        .as_ref()?
+                        .iter()
+                        .map(|d| if *d < 0 { 1 } else { *d })
+                        .collect(),
+                )
+            })
+            .collect::<Option<_>>()?;
+        let batched: Vec<Vec<i64>> = specs
+            .iter()
+            .zip(&one)
+            .map(|(s, shape)| {
+                let mut shape = shape.clone();
+                let open = s.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
+                if max_batch_size > 1 && open && !shape.is_empty() {
+                    shape[0] = i64::from(max_batch_size);
+                }
+                shape
+            })
+            .collect();
+        Some(if batched == one {
+            vec![one]
+        } else {
+            vec![batched, one]
         })
     }
 
@@ -475,23 +525,25 @@ pub fn unbatchable_input(inputs: Option<&[TensorSpec]>, max_batch_size: u32) -> 
     ))
 }
 
-/// `profile_input`: one shape (a model with one declared input) or an object of shapes by
-/// input name; each must fit its input's declared shape with every size ≥ 1.
-fn parse_profile_input(
+/// `profile_input` or `warmup_inputs` (`key`): one shape (a model with one declared input)
+/// or an object of shapes by input name; each must fit its input's declared shape with every
+/// size ≥ 1.
+fn parse_shapes(
+    key: &str,
     v: &Value,
     inputs: Option<&[TensorSpec]>,
 ) -> Result<BTreeMap<String, Vec<i64>>, String> {
     let Some(specs) = inputs else {
-        return Err(
-            "field `profile_input` needs the model's inputs declared (`input` or `inputs`)".into(),
-        );
+        return Err(format!(
+            "field `{key}` needs the model's inputs declared (`input` or `inputs`)"
+        ));
     };
     let given: Vec<(String, &Value)> = match v {
         Value::Array(_) => match specs {
             [one] => vec![(one.name.clone(), v)],
             _ => {
                 return Err(format!(
-                    "field `profile_input`: the model has {} inputs; give an object of shapes by input name",
+                    "field `{key}`: the model has {} inputs; give an object of shapes by input name",
                     specs.len()
                 ))
             }
@@ -499,7 +551,7 @@ fn parse_profile_input(
         Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
         other => {
             return Err(format!(
-                "field `profile_input` must be a shape (an array of sizes) or an object of shapes by input name, found {}",
+                "field `{key}` must be a shape (an array of sizes) or an object of shapes by input name, found {}",
                 kind(other)
             ))
         }
@@ -508,14 +560,26 @@ fn parse_profile_input(
     for (name, shape) in given {
         let Some(spec) = specs.iter().find(|s| s.name == name) else {
             return Err(format!(
-                "field `profile_input`: the model has no input named '{name}'"
+                "field `{key}`: the model has no input named '{name}'"
             ));
         };
-        let field = format!("profile_input.{name}");
-        let shape = parse_shape(&field, shape)?;
-        if let Some(d) = shape.iter().position(|d| *d < 1) {
-            return Err(format!("`{field}[{d}]` must be a size ≥ 1"));
-        }
+        let field = format!("{key}.{name}");
+        let Value::Array(dims) = shape else {
+            return Err(format!(
+                "field `{field}` must be an array of sizes ≥ 1, found {}",
+                kind(shape)
+            ));
+        };
+        let shape = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d.as_i64() {
+                Some(n) if n >= 1 => Ok(n),
+                _ => Err(format!(
+                    "field `{field}[{i}]` must be a size ≥ 1, found {d}"
+                )),
+            })
+            .collect::<Result<Vec<i64>, String>>()?;
         if let Some(declared) = &spec.shape {
             let fits = declared.len() == shape.len()
                 && declared.iter().zip(&shape).all(|(w, g)| *w == -1 || w == g);
@@ -531,7 +595,7 @@ fn parse_profile_input(
 }
 
 /// The fields vramfork reads from the metadata.
-const KNOWN_FIELDS: [&str; 12] = [
+const KNOWN_FIELDS: [&str; 13] = [
     "name",
     "description",
     "version",
@@ -544,6 +608,7 @@ const KNOWN_FIELDS: [&str; 12] = [
     "outputs",
     "max_batch_size",
     "profile_input",
+    "warmup_inputs",
 ];
 /// Fields other apps' metadata carries on purpose that are close to one vramfork reads
 /// (CLAMS app metadata's `output`, its versions and licences).
@@ -777,6 +842,64 @@ mod tests {
             (r#"{"name": "a", "input": {"shape": [-1, 4]}, "profile_input": "big"}"#.into(), "must be a shape (an array of sizes) or an object"),
             (format!(r#"{{"name": "a", {two}, "profile_input": [8, 3]}}"#), "the model has 2 inputs; give an object"),
             (format!(r#"{{"name": "a", {two}, "profile_input": {{"g": [1]}}}}"#), "no input named 'g'"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(want), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn warmup_inputs_fit_the_declared_inputs_and_make_the_warm_up_shapes() {
+        // Without warmup_inputs: the declared shapes, -1 as 1.
+        let m = parse(r#"{"name": "a", "input": {"shape": [-1, 3, -1]}}"#).unwrap();
+        assert_eq!(m.warmup_shapes(0), Some(vec![vec![vec![1, 3, 1]]]));
+        // With batching: the full batch first, then one request's shape.
+        assert_eq!(
+            m.warmup_shapes(4),
+            Some(vec![vec![vec![4, 3, 1]], vec![vec![1, 3, 1]]])
+        );
+        // One row per batch is the one-request shape alone.
+        assert_eq!(m.warmup_shapes(1), Some(vec![vec![vec![1, 3, 1]]]));
+        assert_eq!(parse(r#"{"name": "a"}"#).unwrap().warmup_shapes(0), None);
+        assert_eq!(
+            parse(r#"{"name": "a", "input": {}}"#)
+                .unwrap()
+                .warmup_shapes(0),
+            None
+        );
+        // An input without a declared shape takes warmup_inputs' (and the batch in front).
+        let m = parse(r#"{"name": "a", "input": {}, "warmup_inputs": [2, 5]}"#).unwrap();
+        assert_eq!(
+            m.warmup_shapes(8),
+            Some(vec![vec![vec![8, 5]], vec![vec![2, 5]]])
+        );
+        let bert = r#""inputs": [{"name": "ids", "datatype": "INT64", "shape": [-1, -1]},
+                                {"name": "mask", "datatype": "INT64", "shape": [-1, -1]},
+                                {"name": "fixed", "datatype": "FP32", "shape": [2, 3]}]"#;
+        let m = parse(&format!(
+            r#"{{"name": "a", {bert}, "warmup_inputs": {{"ids": [1, 128], "mask": [1, 128]}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(
+            m.warmup_shapes(0),
+            Some(vec![vec![vec![1, 128], vec![1, 128], vec![2, 3]]])
+        );
+        // A fixed leading dimension is not a batch dimension: it keeps its size.
+        assert_eq!(
+            m.warmup_shapes(16).unwrap()[0],
+            vec![vec![16, 128], vec![16, 128], vec![2, 3]]
+        );
+        for (text, want) in [
+            (r#"{"name": "a", "warmup_inputs": [1]}"#.to_string(), "field `warmup_inputs` needs the model's inputs declared"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_inputs": [1, 5]}"#.into(), "`warmup_inputs.input__0` is [1, 5], which input 'input__0' (shape [-1, 4], -1 = any size) does not accept"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_inputs": [1, 4, 1]}"#.into(), "`warmup_inputs.input__0` is [1, 4, 1]"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_inputs": [-1, 4]}"#.into(), "field `warmup_inputs.input__0[0]` must be a size ≥ 1, found -1"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_inputs": [1, 4.5]}"#.into(), "field `warmup_inputs.input__0[1]` must be a size ≥ 1, found 4.5"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_inputs": 3}"#.into(), "field `warmup_inputs` must be a shape (an array of sizes) or an object of shapes by input name, found a number"),
+            (format!(r#"{{"name": "a", {bert}, "warmup_inputs": [1, 128]}}"#), "field `warmup_inputs`: the model has 3 inputs; give an object"),
+            (format!(r#"{{"name": "a", {bert}, "warmup_inputs": {{"tokens": [1, 128]}}}}"#), "field `warmup_inputs`: the model has no input named 'tokens'"),
+            (format!(r#"{{"name": "a", {bert}, "warmup_inputs": {{"ids": "1x128"}}}}"#), "field `warmup_inputs.ids` must be an array of sizes ≥ 1, found a string"),
+            (r#"{"name": "a", "input": {"shape": [-1, 4]}, "warmup_input": [1, 4]}"#.into(), "rename it to `warmup_inputs`"),
         ] {
             let e = err(&text);
             assert!(e.contains(want), "{text}: {e}");

@@ -111,6 +111,10 @@ pub struct WorkerConfig {
     /// How long the model thread may wait for more requests to fill a batch (ms).
     #[serde(default)]
     pub batch_timeout_ms: u64,
+    /// Forward passes a process that loads the model runs before it is ready
+    /// (`--warmup-passes`: the template, exec'd workers); 0 = none.
+    #[serde(default = "default_warmup_passes")]
+    pub warmup_passes: u32,
     /// Run one forward pass on the device at the metadata's profile input right after
     /// loading and report what it used ([`ControlMsg::Footprint`]) before `Ready`.
     #[serde(default)]
@@ -151,6 +155,16 @@ pub struct WorkerConfig {
     /// When the plan came from a measured footprint: the figures, shown by `GET /`.
     #[serde(default)]
     pub footprint: Option<FootprintFigures>,
+}
+
+/// `--warmup-passes`' default: TorchScript's profiling executor profiles on a function's
+/// first call and optimizes on its second, so two passes leave a model optimized whichever
+/// executor runs it; the first also pays the one-time costs (kernels loaded, allocator
+/// grown).
+pub const DEFAULT_WARMUP_PASSES: u32 = 2;
+
+fn default_warmup_passes() -> u32 {
+    DEFAULT_WARMUP_PASSES
 }
 
 /// One worker's GPU memory as declared, measured and planned (MB), for `GET /`.

@@ -808,6 +808,147 @@ def warm_markdown(w):
     return "\n".join(L) + "\n"
 
 
+# ---------------------------------------------------------------- warm exec'd workers
+
+FIRST_PASSES = [0, 1, 2, 3]  # --warmup-passes compared (2 is the default)
+
+
+def timed_post(port, body, timeout=30.0):
+    """One POST / on a fresh connection, read to the end; (status, ms) or None."""
+    req = (
+        f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    ).encode()
+    t0 = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(req)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    ms = (time.perf_counter() - t0) * 1e3
+    return int(data.split(b" ", 2)[1]), ms
+
+
+def first_vs_steady(meta_path, model_path, body, passes, steady_n):
+    """Starts app-worker by exec the way the master starts a GPU worker (and development
+    mode its one worker): configuration in the environment, listening socket on fd 3,
+    control socket on fd 4, 1 torch thread, `warmup_passes` = `passes`. Once it reports
+    ready, times its first POST / and `steady_n` more (each on a fresh connection, one at a
+    time); returns (first ms, median of the second half of the rest, the worker's
+    warmup_ms), or None when it failed."""
+    with open(meta_path) as f:
+        md = f.read()
+    cfg = {
+        "slot": 0, "generation": 0, "metadata_json": md, "metadata_path": meta_path,
+        "model_path": model_path, "device": "cpu", "gpu": None, "max_requests": 0,
+        "max_worker_gpu_mb": None, "max_body_bytes": 1 << 20, "request_timeout_ms": 60000,
+        "heartbeat_ms": 1000, "graceful_timeout_ms": 1000, "torch_threads": 1,
+        "nvml_library": None, "has_control": True, "log_json": True, "warmup_passes": passes,
+    }
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    port = lsock.getsockname()[1]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    import fcntl
+    lfd = fcntl.fcntl(lsock.fileno(), fcntl.F_DUPFD, 100)
+    cfd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, 100)
+
+    def child():
+        os.dup2(lfd, 3)
+        os.dup2(cfd, 4)
+
+    env = dict(os.environ, VRAMFORK_WORKER_CONFIG=json.dumps(cfg), LISTEN_FDS="1",
+               VRAMFORK_LOG="warn")
+    env.pop("VRAMFORK_TEMPLATE", None)
+    p = subprocess.Popen([os.path.join(BIN, "app-worker")], env=env, preexec_fn=child,
+                         close_fds=False, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(lfd)
+    os.close(cfd)
+    theirs.close()
+    ours.settimeout(60)
+    buf = b""
+    try:
+        while b"\n" not in buf:
+            chunk = ours.recv(4096)
+            if not chunk:
+                return None
+            buf += chunk
+        msg = json.loads(buf.split(b"\n")[0])
+        if msg.get("msg") != "ready":
+            return None
+        times = []
+        for _ in range(1 + steady_n):
+            r = timed_post(port, body)
+            if r is None or r[0] != 200:
+                return None
+            times.append(r[1])
+        return times[0], median(times[1 + steady_n // 2:]), msg["boot_ms"]["warmup_ms"]
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        ours.close()
+        lsock.close()
+
+
+def measure_first(cfg):
+    """Warm exec'd workers: an exec'd worker's first request against its steady latency, for
+    each --warmup-passes in FIRST_PASSES (2 is the default), on the medium model (~5.5 ms
+    pass) and the small MLP; `starts` fresh workers per setting, the settings interleaved;
+    ratio = median over starts of first ÷ steady."""
+    starts = cfg["first_starts"]
+    out = {}
+    for name in ("medium", "mlp"):
+        m = MODELS[name]
+        runs = {n: [] for n in FIRST_PASSES}
+        for _ in range(starts):
+            for n in FIRST_PASSES:
+                r = first_vs_steady(m["metadata"], m["model"], m["body"], n, cfg["first_steady"])
+                if r:
+                    runs[n].append(r)
+        out[name] = {}
+        for n, rs in runs.items():
+            v = {
+                "first_ms": median([r[0] for r in rs]),
+                "steady_ms": median([r[1] for r in rs]),
+                "ratio": median([r[0] / r[1] for r in rs]),
+                "ratios": [r[0] / r[1] for r in rs],
+                "warmup_ms": median([r[2] for r in rs]),
+                "starts": len(rs),
+            }
+            out[name][str(n)] = v
+            log(f"first {name} --warmup-passes {n}: first {fmt(v['first_ms'], 2)} ms, steady "
+                f"{fmt(v['steady_ms'], 2)} ms, ratio {fmt(v['ratio'], 2)} "
+                f"({', '.join(fmt(x, 2) for x in v['ratios'])}), warm-up {fmt(v['warmup_ms'], 1)} ms")
+    return out
+
+
+def first_markdown(f):
+    L = ["\n## Warm exec'd workers: first request ÷ steady (1 torch thread, requests one at a "
+         "time, each on a fresh connection)\n"]
+    L.append("| model | --warmup-passes | first request (ms) | steady (ms) | first ÷ steady, "
+             "median (each start) | warm-up (ms) |")
+    L.append("|---|---|---|---|---|---|")
+    for name, rows in f.items():
+        for n, v in rows.items():
+            dflt = " (default)" if n == "2" else ""
+            L.append(f"| {name} | {n}{dflt} | {fmt(v['first_ms'], 2)} | {fmt(v['steady_ms'], 2)} | "
+                     f"**{fmt(v['ratio'], 2)}** ({', '.join(fmt(x, 2) for x in v['ratios'])}) | "
+                     f"{fmt(v['warmup_ms'], 1)} |")
+    return "\n".join(L) + "\n"
+
+
 # ---------------------------------------------------------------- dynamic batching
 
 METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
@@ -1383,6 +1524,8 @@ def markdown(res):
         L.append(v2_markdown(res["v2"]))
     if "warm" in res:
         L.append(warm_markdown(res["warm"]))
+    if "first" in res:
+        L.append(first_markdown(res["first"]))
     if "batching" in res:
         L.append(batching_markdown(res["batching"]))
     L.append("\n![throughput and latency](results.svg)\n")
@@ -1528,7 +1671,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "access"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "first", "access"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1545,10 +1688,12 @@ def main():
         return 0
     if a.quick:
         cfg = {"reps": 1, "load_s": 2, "limit_s": 2, "boot_n": 3, "cold_n": 3,
-               "recycle_c": [2], "scrapes": 10, "batch_reps": 1, "batch_load_s": 2}
+               "recycle_c": [2], "scrapes": 10, "batch_reps": 1, "batch_load_s": 2,
+               "first_starts": 3, "first_steady": 10}
     else:
         cfg = {"reps": 3, "load_s": 4, "limit_s": 3, "boot_n": 5, "cold_n": 5,
-               "recycle_c": [2, 8], "scrapes": 50, "batch_reps": 3, "batch_load_s": 3}
+               "recycle_c": [2, 8], "scrapes": 50, "batch_reps": 3, "batch_load_s": 3,
+               "first_starts": 7, "first_steady": 20}
     os.makedirs(TMP, exist_ok=True)
     t0 = time.monotonic()
     res = {"quick": a.quick, "config": cfg, "command": a.command, "machine": machine(),
@@ -1561,6 +1706,7 @@ def main():
             "batching": (measure_batching, batching_markdown, "Dynamic batching"),
             "real": (measure_real, real_markdown, "Real architectures"),
             "access": (measure_access, access_markdown, "Access log cost"),
+            "first": (measure_first, first_markdown, "Warm exec'd workers"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
@@ -1582,6 +1728,7 @@ def main():
     res["metrics"] = measure_metrics(cfg)
     res["v2"] = measure_v2(cfg)
     res["warm"] = measure_warm(cfg)
+    res["first"] = measure_first(cfg)
     res["batching"] = measure_batching(cfg)
     res["real"] = measure_real(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])

@@ -74,6 +74,7 @@ pub fn worker_config(
         max_batch_size: cfg.max_batch_size,
         profile: false,
         batch_timeout_ms: cfg.batch_timeout.as_millis() as u64,
+        warmup_passes: cfg.warmup_passes,
         heartbeat_ms: HEARTBEAT_MS,
         graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,

@@ -139,7 +139,7 @@ pub fn boot(
         preloaded,
         batching,
         profile,
-        metadata.inputs.clone(),
+        runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size),
     )
     .map_err(|e| (e.exit_code(), e.to_string()))?;
     let device = match info.cuda {
@@ -175,7 +175,13 @@ pub fn boot(
             "batching on"
         );
     }
-    tracing::info!(device, model_ms = info.model_ms, "model loaded");
+    tracing::info!(
+        device,
+        model_ms = info.model_ms,
+        warmup_ms = info.warmup_ms,
+        warmup_passes = info.warmup_passes,
+        "model loaded"
+    );
 
     let shared = Arc::new(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),

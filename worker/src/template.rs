@@ -1,6 +1,6 @@
 //! The template process (`vf-template`): loads libtorch and the model on the CPU once, warms
-//! it with one forward pass on the declared input shape (`runner/warmup.rs`, one intra-op
-//! thread), stays single-threaded, and forks ready-to-serve workers on the master's request
+//! it with `--warmup-passes` forward passes (`runner/warmup.rs`, one intra-op thread), stays
+//! single-threaded, and forks ready-to-serve workers on the master's request
 //! ([`TemplateRequest`]). It never touches CUDA and never starts a thread (checked after the
 //! warm-up), so a `fork()` of it is safe; each worker starts its own threads (and, on a GPU,
 //! its own CUDA context) after the fork.
@@ -56,28 +56,19 @@ pub fn run(process_ms: f64) -> i32 {
         }
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
-    // The warm-up pass runs on this thread alone (one intra-op thread, set above).
-    let warmup_ms = match crate::runner::warm_up(
+    // The warm-up passes run on this thread alone (one intra-op thread, set above).
+    let plan = crate::runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size);
+    let warmup_ms = match crate::runner::warm(
         &module,
-        metadata.inputs.as_deref(),
-        None,
+        plan.as_ref(),
+        &cfg.model_path,
         tch::Device::Cpu,
+        true,
     ) {
-        Ok(Some(ms)) => {
-            tracing::debug!(ms, "template warm-up pass");
-            ms
-        }
-        Ok(None) => 0.0,
-        Err(e) => {
-            let specs = metadata.inputs.as_deref().unwrap_or_default();
-            if let Some(refused) = crate::runner::boot_refusal(&cfg.model_path, specs, &e) {
-                eprintln!("app-worker (template): {refused}");
-                return worker_exit::MODEL_LOAD;
-            }
-            tracing::warn!(
-                "template: the warm-up pass on the declared input shape failed ({e}); workers start cold"
-            );
-            0.0
+        Ok(w) => w.ms,
+        Err(refused) => {
+            eprintln!("app-worker (template): {refused}");
+            return worker_exit::MODEL_LOAD;
         }
     };
     process::collapse_anonymous_memory();

@@ -29,7 +29,7 @@ pub use batcher::BatchCounts;
 pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use ops::load_all as load_op_libraries;
-pub use warmup::{boot_refusal, warm_up};
+pub use warmup::{warm, Warmup};
 
 use crate::args::{Arg, Inputs};
 use crate::cuda;
@@ -221,8 +221,10 @@ pub struct ModelInfo {
     /// The CUDA device index, when the model runs on a GPU.
     pub cuda: Option<usize>,
     pub model_ms: f64,
-    /// The warm-up pass an exec'd worker ran on the declared inputs (0: none).
+    /// The warm-up an exec'd worker ran (0: none).
     pub warmup_ms: f64,
+    /// Its forward passes.
+    pub warmup_passes: u32,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.
@@ -254,7 +256,7 @@ impl Runner {
         preloaded: Option<CModule>,
         batching: Option<Batching>,
         profile: Option<Profile>,
-        warm: Option<Vec<vramfork::metadata::TensorSpec>>,
+        warm: Option<Warmup>,
     ) -> Result<(Runner, ModelInfo, Profiled), LoadError> {
         let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
         let (tx, rx) = mpsc::channel::<Job>(queue);
@@ -278,37 +280,25 @@ impl Runner {
                 });
                 match loaded {
                     Ok(l) => {
-                        let warmup_ms = match warm
-                            .as_deref()
-                            .map(|specs| (specs, warm_up(&l.module, Some(specs), None, l.device)))
-                        {
-                            None | Some((_, Ok(None))) => 0.0,
-                            Some((_, Ok(Some(ms)))) => ms,
-                            Some((specs, Err(e))) => match boot_refusal(&path, specs, &e) {
-                                Some(refused) => {
+                        let warmed =
+                            match warmup::warm(&l.module, warm.as_ref(), &path, l.device, false) {
+                                Ok(w) => w,
+                                Err(refused) => {
                                     let _ = loaded_tx.send(Err(refused));
                                     return;
                                 }
-                                None => {
-                                    tracing::warn!(
-                                        "the warm-up pass on the declared input shape failed ({e}); starting cold"
-                                    );
-                                    0.0
-                                }
-                            },
-                        };
+                            };
                         let info = ModelInfo {
                             cuda: match l.device {
                                 Device::Cuda(i) => Some(i),
                                 _ => None,
                             },
                             model_ms: l.model_ms,
-                            warmup_ms,
+                            warmup_ms: warmed.ms,
+                            warmup_passes: warmed.passes,
                         };
-                        let profiled = profile.map(|p| {
-                            warm_up(&l.module, Some(&p.specs), Some(&p.shapes), l.device)
-                                .and_then(|ms| ms.ok_or_else(|| "no input to run".to_string()))
-                        });
+                        let profiled = profile
+                            .map(|p| warmup::warm_up(&l.module, &p.specs, &p.shapes, l.device));
                         let _ = loaded_tx.send(Ok((info, profiled)));
                         match batching {
                             Some(b) => batcher::serve(l.module, l.device, rx, b, counts),

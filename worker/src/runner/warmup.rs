@@ -1,19 +1,105 @@
-//! The template's warm-up: one forward pass on an input the metadata's declared `inputs`
-//! allow (`-1` dimensions as 1; zeros, or one empty string for a `BYTES` input), run on the
-//! template's one thread before it forks workers. What a model's first passes cost — the
-//! TorchScript executor building its plan, the allocator growing its heaps, oneDNN choosing
-//! and generating kernels — is then paid once, in memory every forked worker inherits,
-//! instead of by the first request of every worker (which with `--max-requests 1` is every
-//! request).
+//! The warm-up: `--warmup-passes` forward passes (2 by default) on zeros (one empty string
+//! per element of a `BYTES` input) at the shapes the worker will run — the metadata's
+//! `warmup_inputs`, else the declared `inputs` with `-1` dimensions as 1, and with batching
+//! a full batch of `max_batch_size` rows first — run by the template on its one thread
+//! before it forks workers, and by every worker that loads the model itself (exec'd: GPU
+//! workers, development mode) before it is ready. What a model's first passes cost — the
+//! TorchScript executor building (and, profiling, optimizing) its plan, CUDA loading its
+//! kernels lazily, the allocator growing its heaps, oneDNN choosing and generating kernels —
+//! is then paid before the first request instead of by it (which with `--max-requests 1` is
+//! every request). The first pass also checks the declared inputs against `forward()`
+//! ([`boot_refusal`]).
 
 use std::time::Instant;
 
 use tch::{CModule, Device, IValue, Tensor};
-use vramfork::metadata::{Datatype, TensorSpec};
+use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
 use super::load::LoadError;
 use super::useful_line;
 use crate::args::kind_of;
+
+/// The warm-up a process runs after loading the model.
+#[derive(Debug, Clone)]
+pub struct Warmup {
+    pub specs: Vec<TensorSpec>,
+    /// One set of input shapes per shape the worker will run at
+    /// ([`AppMetadata::warmup_shapes`]); each pass runs at every set, in order.
+    pub shapes: Vec<Vec<Vec<i64>>>,
+    pub passes: u32,
+}
+
+impl Warmup {
+    /// `passes` (`--warmup-passes`) at the shapes the metadata gives; `None` when there is
+    /// nothing to run: no pass wanted, or an input with no shape to build one from.
+    pub fn plan(metadata: &AppMetadata, passes: u32, max_batch_size: u32) -> Option<Warmup> {
+        if passes == 0 {
+            return None;
+        }
+        Some(Warmup {
+            specs: metadata.inputs.clone()?,
+            shapes: metadata.warmup_shapes(max_batch_size)?,
+            passes,
+        })
+    }
+}
+
+/// A warm-up that ran: its total time and how many forward passes it made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Warmed {
+    pub ms: f64,
+    pub passes: u32,
+}
+
+/// Runs the warm-up on `device`: `Ok` with what ran (nothing without a plan); `Err` when a
+/// pass failed in a way that ends the boot ([`boot_refusal`]). Any other failure is a
+/// warning, and the worker (or, from the `template`, every worker) starts cold.
+pub fn warm(
+    module: &CModule,
+    plan: Option<&Warmup>,
+    path: &str,
+    device: Device,
+    template: bool,
+) -> Result<Warmed, LoadError> {
+    let Some(plan) = plan else {
+        return Ok(Warmed::default());
+    };
+    let start = Instant::now();
+    let mut pass_ms = Vec::new();
+    for _ in 0..plan.passes {
+        for shapes in &plan.shapes {
+            match warm_up(module, &plan.specs, shapes, device) {
+                Ok(ms) => pass_ms.push(ms),
+                Err(e) => {
+                    if let Some(refused) = boot_refusal(path, &plan.specs, &e) {
+                        return Err(refused);
+                    }
+                    let (who, cold) = match template {
+                        true => ("template: ", "workers start cold"),
+                        false => ("", "starting cold"),
+                    };
+                    tracing::warn!(
+                        "{who}the warm-up pass on the declared input shape failed ({e}; shapes {shapes:?}); {cold}"
+                    );
+                    return Ok(Warmed::default());
+                }
+            }
+        }
+    }
+    let warmed = Warmed {
+        ms: start.elapsed().as_secs_f64() * 1e3,
+        passes: plan.passes * plan.shapes.len() as u32,
+    };
+    tracing::debug!(
+        ms = warmed.ms,
+        passes = warmed.passes,
+        ?pass_ms,
+        shapes = ?plan.shapes,
+        template,
+        "warm-up done"
+    );
+    Ok(warmed)
+}
 
 /// Whether a failed pass's message is libtorch refusing the arguments themselves (the
 /// check of `FunctionSchema::checkAndNormalizeInputs`, `ATen/core/function_schema_inl.h`
@@ -47,32 +133,19 @@ pub fn boot_refusal(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadE
     })
 }
 
-/// Runs the warm-up pass on `device`, with `shapes` (one per declared input; `None`: the
-/// declared shapes with `-1` as 1); `Ok(None)` when the metadata declares no input shape to
-/// make one from, `Ok(Some(ms))` when it ran, `Err` with the model's message when the pass
-/// failed.
+/// One forward pass on `device` with zeros of `shapes` (one per declared input); its
+/// duration in ms, or the model's message when it failed.
 pub fn warm_up(
     module: &CModule,
-    inputs: Option<&[TensorSpec]>,
-    shapes: Option<&[Vec<i64>]>,
+    specs: &[TensorSpec],
+    shapes: &[Vec<i64>],
     device: Device,
-) -> Result<Option<f64>, String> {
-    let Some(specs) = inputs else {
-        return Ok(None);
-    };
+) -> Result<f64, String> {
     let mut args = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
-        let shape: Vec<i64> = match (shapes.and_then(|s| s.get(i)), &spec.shape) {
-            (Some(s), _) => s.clone(),
-            (None, Some(declared)) => declared
-                .iter()
-                .map(|d| if *d < 0 { 1 } else { *d })
-                .collect(),
-            (None, None) => return Ok(None),
-        };
+    for (spec, shape) in specs.iter().zip(shapes) {
         args.push(match spec.datatype {
             Datatype::Tensor(dtype) => {
-                IValue::Tensor(Tensor::zeros(&shape, (kind_of(dtype), device)))
+                IValue::Tensor(Tensor::zeros(shape, (kind_of(dtype), device)))
             }
             Datatype::Bytes => {
                 let n: i64 = shape.iter().product();
@@ -93,7 +166,7 @@ pub fn warm_up(
         })
     }));
     match run {
-        Ok(Ok(())) => Ok(Some(start.elapsed().as_secs_f64() * 1e3)),
+        Ok(Ok(())) => Ok(start.elapsed().as_secs_f64() * 1e3),
         Ok(Err(e)) => Err(useful_line(&e.to_string())),
         Err(_) => Err("the model panicked".into()),
     }
