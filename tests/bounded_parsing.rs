@@ -16,6 +16,8 @@
 //!   passes when the read that completes it crosses the limit: 480,000 bytes did here,
 //!   500,000 did not; 1 MB never can); a target under 65,534 bytes: beyond, 431 or 414
 //!   and the connection closed.
+//! - Chunked bodies' trailers (100 fields, 16 KiB) and chunk extensions (16 KiB): beyond,
+//!   400.
 //! - Deadlines (`worker/src/timeouts.rs`): a head still arriving 10 s after its first byte
 //!   is dropped, even while bytes keep coming; a body not complete 30 s after its head gets
 //!   408.
@@ -430,6 +432,60 @@ fn too_many_or_too_large_headers_are_refused_and_the_worker_serves_on() {
     }
     let live = common::http(mport, "GET", "/health/live", None);
     assert_eq!(live.status, 200, "the master's listener serves on");
+}
+
+/// Trailers and chunk extensions of a chunked body, bounded by hyper's chunk decoder
+/// (`proto/h1/decode.rs` in hyper 1.x): trailer fields at most 100 and 16 KiB in all,
+/// chunk extensions at most 16 KiB. Beyond, the body cannot be read: 400 ("could not read
+/// the request body"), from the same worker, which serves on. A small trailer is fine.
+#[test]
+fn trailers_and_chunk_extensions_are_bounded() {
+    let app = mlp();
+    let (s, pid) = one_worker(&app, &[]);
+    let body = MLP_INPUT.as_bytes();
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let chunked = |ext: &str, trailers: &str| -> Vec<u8> {
+        let mut r = format!("{head}{:x}{ext}\r\n", body.len()).into_bytes();
+        r.extend_from_slice(body);
+        r.extend_from_slice(format!("\r\n0\r\n{trailers}\r\n").as_bytes());
+        r
+    };
+    let many: String = (0..101).map(|i| format!("X-T{i}: 1\r\n")).collect();
+    let cases = [
+        ("a small trailer", chunked("", "X-T: 1\r\n"), 200),
+        ("101 trailer fields", chunked("", &many), 400),
+        (
+            "a 20 kB trailer",
+            chunked("", &format!("X-T: {}\r\n", "v".repeat(20_000))),
+            400,
+        ),
+        (
+            "a 1 MB chunk extension",
+            chunked(&format!(";a={}", "v".repeat(1 << 20)), ""),
+            400,
+        ),
+    ];
+    for (what, req, want) in cases {
+        let (got, reset) = send_hostile(s.port, req);
+        let (status, headers, answer) =
+            parse_raw(&got).unwrap_or_else(|e| panic!("{what}: no answer ({e}; reset: {reset})"));
+        let answer = String::from_utf8_lossy(answer);
+        assert_eq!(status, want, "{what}: {answer}");
+        let from = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-worker-pid"));
+        assert_eq!(
+            from.map(|(_, v)| v.as_str()),
+            Some(pid.to_string().as_str())
+        );
+        if want == 400 {
+            assert!(
+                answer.contains("could not read the request body"),
+                "{what}: {answer}"
+            );
+        }
+        still_serves(&s, pid, MLP_INPUT);
+    }
 }
 
 /// Sends `first` then drips `drip` one byte at a time (every 100 ms, at most `max` bytes)
