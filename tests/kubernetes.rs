@@ -1,7 +1,8 @@
 //! The Kubernetes manifests (`deploy/kubernetes/`): valid against a current Kubernetes
 //! schema in strict mode (PyPI `kubernetes-validate`), and consistent with the server they
 //! deploy: the probes, the scrape annotations and the autoscaler's metric are checked
-//! against the real `app` started with the ConfigMap's settings.
+//! against the real `app` started with the ConfigMap's settings, and the NetworkPolicy
+//! selects the Deployment's pods and admits exactly its two ports, each from its own peers.
 
 mod common;
 
@@ -200,4 +201,120 @@ fn manifests_agree_with_the_server_they_deploy() {
         "the HPA's metric {metric} is not exported:\n{}",
         scrape.body
     );
+}
+
+/// A NetworkPolicy port (a name or a number) as the container port it means.
+fn container_port_named<'a>(container: &'a Value, port: &Value) -> &'a Value {
+    container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| match port {
+            Value::String(name) => p["name"] == name.as_str(),
+            n => p["containerPort"] == *n,
+        })
+        .unwrap_or_else(|| panic!("the NetworkPolicy's port {port} is no container port"))
+}
+
+#[test]
+fn the_network_policy_selects_the_pods_and_admits_each_port_from_its_own_peers() {
+    let docs = documents();
+    let deployment = kind(&docs, "Deployment");
+    let pod = &deployment["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let policy = kind(&docs, "NetworkPolicy");
+    let spec = &policy["spec"];
+
+    // The pod selector matches the Deployment's pods: every label it asks for is on the pod
+    // template, and it asks for at least one (an empty selector would pick every pod of the
+    // namespace).
+    let wanted = spec["podSelector"]["matchLabels"].as_object().unwrap();
+    assert!(!wanted.is_empty(), "an empty podSelector selects every pod");
+    let labels = &pod["metadata"]["labels"];
+    for (k, v) in wanted {
+        assert_eq!(&labels[k], v, "pod label {k}");
+    }
+    assert!(spec.get("podSelector").unwrap()["matchExpressions"].is_null());
+    let types: Vec<&str> = spec["policyTypes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"Ingress"), "{types:?}");
+    // Egress is listed with no rule: no outbound connection at all.
+    if types.contains(&"Egress") {
+        assert_eq!(spec["egress"], serde_json::json!([]), "egress rules");
+    }
+
+    // Each ingress rule names its ports (a rule without ports admits every port) and its
+    // peers (a rule without `from`, or with an empty selector, admits everyone); together
+    // they admit the container's ports, each port by one rule.
+    let mut admitted: Vec<(String, Vec<Value>)> = Vec::new();
+    for rule in spec["ingress"].as_array().unwrap() {
+        let from = rule["from"].as_array().expect("every rule names its peers");
+        assert!(!from.is_empty(), "a rule with no peers admits everyone");
+        for peer in from {
+            assert!(peer.get("ipBlock").is_none(), "peers by label only: {peer}");
+            for sel in ["podSelector", "namespaceSelector"] {
+                if let Some(s) = peer.get(sel) {
+                    assert!(
+                        s["matchLabels"].as_object().is_some_and(|m| !m.is_empty()),
+                        "an empty {sel} admits every pod or namespace: {peer}"
+                    );
+                }
+            }
+        }
+        let ports = rule["ports"]
+            .as_array()
+            .expect("every rule names its ports");
+        assert!(!ports.is_empty());
+        for p in ports {
+            assert_eq!(p["protocol"], "TCP", "{p}");
+            let c = container_port_named(container, &p["port"]);
+            admitted.push((c["name"].as_str().unwrap().to_string(), from.clone()));
+        }
+    }
+    let mut names: Vec<&str> = admitted.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    let mut container_ports: Vec<&str> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    container_ports.sort();
+    assert_eq!(names, container_ports, "each container port admitted once");
+    let peers =
+        |port: &str| -> &Vec<Value> { &admitted.iter().find(|(n, _)| n == port).unwrap().1 };
+
+    // The serving port: client pods, or pods of client namespaces.
+    let client = serde_json::json!({"vramfork-client": "true"});
+    assert_eq!(
+        peers("http"),
+        &vec![
+            serde_json::json!({"podSelector": {"matchLabels": client}}),
+            serde_json::json!({"namespaceSelector": {"matchLabels": client}}),
+        ]
+    );
+    // The metrics port (scrapes, and the probes the kubelet sends from the node, which
+    // NetworkPolicy always allows): the monitoring namespace only.
+    assert_eq!(
+        peers("metrics"),
+        &vec![serde_json::json!({"namespaceSelector": {"matchLabels":
+            {"kubernetes.io/metadata.name": "monitoring"}}})]
+    );
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+
+    // The Service sends only to ports the policy admits.
+    let service = kind(&docs, "Service");
+    for p in service["spec"]["ports"].as_array().unwrap() {
+        let target = container_port_named(container, &p["targetPort"]);
+        assert!(
+            names.contains(&target["name"].as_str().unwrap()),
+            "Service port {p} goes to a port the policy does not admit"
+        );
+    }
 }
