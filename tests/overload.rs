@@ -73,9 +73,18 @@ fn keep_alive_clients_are_served_in_turn() {
 #[test]
 fn requests_past_max_queue_wait_are_refused_with_retry_after() {
     let app = App::new("slow.pt", "");
+    // One torch thread: two make slow.pt crawl on a machine busy with other tests.
     let s = Server::start(
         &app,
-        &["--production", "--workers", "1", "--max-queue-wait", "1"],
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--max-queue-wait",
+            "1",
+            "--torch-threads",
+            "1",
+        ],
     );
     s.wait_workers(1);
     // Ten clients at once, each request ~0.4 s of model time: the later ones wait seconds.

@@ -229,18 +229,18 @@ impl AccessLog {
     }
 }
 
-/// A request target with control characters and spaces escaped, so that a text line stays
-/// one line with space-separated fields.
+/// A request target with spaces as `%20` and control characters escaped (`\n`), so that a
+/// text line stays one line with space-separated fields.
 fn printable(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() || c == ' ' {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            ' ' => out.push_str("%20"),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `2026-11-23T21:50:00.123456Z` (UTC, microseconds), as the other log lines write time.
@@ -342,7 +342,7 @@ mod tests {
         let mut s = String::new();
         log(false).line(&record("/a b\nc", None), &mut s);
         assert_eq!(s.matches('\n').count(), 1, "{s:?}");
-        assert!(s.contains(" POST /a\\ b\\nc 200 request_id=id-1 "), "{s:?}");
+        assert!(s.contains(" POST /a%20b\\nc 200 request_id=id-1 "), "{s:?}");
         assert!(s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 slot=3 pid=42"));
     }
 
