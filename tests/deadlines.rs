@@ -22,6 +22,14 @@ const ONE_THREAD: [&str; 4] = ["--torch-threads", "1", "--max-queue-wait", "0"];
 /// The refusal's status (worker/src/error.rs `DEADLINE_STATUS`).
 const REFUSED: u16 = 503;
 
+/// One worker serving slow.pt, with `extra` arguments (and [`ONE_THREAD`]).
+fn server(app: &App, extra: &[&str]) -> Server {
+    let mut args = vec!["--production", "--workers", "1"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&ONE_THREAD);
+    Server::start(app, &args)
+}
+
 fn body(n: u64) -> String {
     format!(r#"{{"inputs": [[{n}]]}}"#)
 }
@@ -72,18 +80,7 @@ fn access_line(s: &Server, id: &str) -> Event {
 #[test]
 fn a_deadline_that_passes_during_the_pass_still_gets_its_answer() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            ONE_THREAD[0],
-            ONE_THREAD[1],
-            ONE_THREAD[2],
-            ONE_THREAD[3],
-        ],
-    );
+    let s = server(&app, &[]);
     s.wait_workers(1);
     warm(&s);
     // ~0.4 s of work against a 0.05 s deadline: it starts at once, so it runs and answers.
@@ -101,18 +98,7 @@ fn a_deadline_that_passes_during_the_pass_still_gets_its_answer() {
 #[test]
 fn bad_timeouts_are_refused_with_400() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            ONE_THREAD[0],
-            ONE_THREAD[1],
-            ONE_THREAD[2],
-            ONE_THREAD[3],
-        ],
-    );
+    let s = server(&app, &[]);
     s.wait_workers(1);
     warm(&s);
     for bad in ["0", "-1", "soon", "nan", "1e9"] {
@@ -142,19 +128,7 @@ fn bad_timeouts_are_refused_with_400() {
 #[test]
 fn a_request_past_its_deadline_is_not_run() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--access-log",
-            ONE_THREAD[0],
-            ONE_THREAD[1],
-            ONE_THREAD[2],
-            ONE_THREAD[3],
-        ],
-    );
+    let s = server(&app, &["--access-log"]);
     s.wait_workers(1);
     warm(&s);
     let long = busy(&s);
@@ -192,21 +166,7 @@ fn a_request_past_its_deadline_is_not_run() {
 #[test]
 fn with_batching_an_expired_request_never_joins_a_batch() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--max-batch-size",
-            "4",
-            "--access-log",
-            ONE_THREAD[0],
-            ONE_THREAD[1],
-            ONE_THREAD[2],
-            ONE_THREAD[3],
-        ],
-    );
+    let s = server(&app, &["--max-batch-size", "4", "--access-log"]);
     s.wait_workers(1);
     warm(&s);
     let long = busy(&s);
@@ -256,20 +216,7 @@ fn with_batching_an_expired_request_never_joins_a_batch() {
 #[test]
 fn tritonclients_timeout_argument_is_honoured() {
     let app = App::new("slow.pt", "");
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--max-batch-size",
-            "4",
-            ONE_THREAD[0],
-            ONE_THREAD[1],
-            ONE_THREAD[2],
-            ONE_THREAD[3],
-        ],
-    );
+    let s = server(&app, &["--max-batch-size", "4"]);
     s.wait_workers(1);
     warm(&s);
     let url = format!("127.0.0.1:{}", s.port);
