@@ -11,6 +11,7 @@ pub mod board;
 pub mod cli;
 pub mod config;
 pub mod develop;
+pub mod documents;
 pub mod exit;
 pub mod hwline;
 pub mod listen;

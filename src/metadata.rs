@@ -144,6 +144,9 @@ pub struct TensorSpec {
     /// `-1` accepts any size in that dimension. `None` (only from the older `input` without
     /// a shape): any shape.
     pub shape: Option<Vec<i64>>,
+    /// A `BYTES` input's declared pre-processing (`tokenizer` or `image`): what the worker
+    /// turns its documents into before `forward` (`documents.rs`).
+    pub document: Option<crate::documents::Document>,
 }
 
 impl TensorSpec {
@@ -386,9 +389,12 @@ impl AppMetadata {
                 name: SINGLE_INPUT.into(),
                 datatype: Datatype::Tensor(spec.dtype),
                 shape: spec.shape,
+                document: None,
             }]),
             (None, inputs) => inputs,
         };
+        let mut inputs = inputs;
+        documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
         let outputs = declared("outputs")?;
         let max_batch_size = match raw.get("max_batch_size") {
             None | Some(Value::Null) => 0,
@@ -523,6 +529,41 @@ pub fn unbatchable_input(inputs: Option<&[TensorSpec]>, max_batch_size: u32) -> 
         "batching (max_batch_size {max_batch_size}) needs a leading batch dimension on every input, but input `{}` is declared with shape [] (a scalar)",
         spec.name
     ))
+}
+
+/// The `tokenizer` and `image` blocks of the declared `inputs` (none on `outputs`), with the
+/// shape a document input has: `[-1]`, one document per row.
+fn documents(
+    raw: &Map<String, Value>,
+    inputs: Option<&mut [TensorSpec]>,
+    path: &Path,
+) -> Result<(), String> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    if let (Some(Value::Array(items)), Some(specs)) = (raw.get("inputs"), inputs) {
+        for (i, (item, spec)) in items.iter().zip(specs.iter_mut()).enumerate() {
+            let Value::Object(o) = item else { continue };
+            let at = format!("inputs[{i}]");
+            spec.document =
+                crate::documents::parse(&at, o, spec.datatype == Datatype::Bytes, base)?;
+            if spec.document.is_some() && spec.shape.as_ref().is_some_and(|s| s.len() != 1) {
+                return Err(format!(
+                    "field `{at}.shape`: a document input has one dimension, the documents ([-1])"
+                ));
+            }
+        }
+    }
+    if let Some(Value::Array(items)) = raw.get("outputs") {
+        for (i, item) in items.iter().enumerate() {
+            for block in ["tokenizer", "image"] {
+                if item.get(block).is_some() {
+                    return Err(format!(
+                        "field `outputs[{i}].{block}`: pre-processing applies to inputs only"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `profile_input` or `warmup_inputs` (`key`): one shape (a model with one declared input)
@@ -762,6 +803,7 @@ fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
             name,
             datatype,
             shape: Some(shape),
+            document: None,
         });
     }
     Ok(specs)
@@ -1027,6 +1069,7 @@ mod tests {
                 name: "input__0".into(),
                 datatype: Datatype::Tensor(Dtype::Float64),
                 shape: Some(vec![-1, 4]),
+                document: None,
             }]
         );
         assert_eq!(

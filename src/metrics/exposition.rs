@@ -351,6 +351,13 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         "Model forward passes that produced an answer.",
         vec![(vec![], t.forward.clone())],
     );
+    if t.preprocess.count() > 0 {
+        f.histogram(
+            "preprocess_duration",
+            "Document pre-processing (text tokenized, images decoded) per request, on the worker's pool.",
+            vec![(vec![], t.preprocess.clone())],
+        );
+    }
     f.counter(
         "batches",
         "With batching on: forward passes by the rows stacked into them (size: 1, 2, 3-4, 5-8, ...).",

@@ -51,6 +51,9 @@ pub struct Traffic {
     pub endpoints: BTreeMap<String, EndpointTraffic>,
     /// Forward passes that produced an answer.
     pub forward: Hist,
+    /// Document pre-processing (tokenizing, decoding images) of requests, per request.
+    #[serde(default)]
+    pub preprocess: Hist,
     /// With batching on: forward passes of the model thread by the rows stacked into them.
     #[serde(default, with = "pairs")]
     pub batches: BTreeMap<u32, u64>,
@@ -69,6 +72,7 @@ impl Traffic {
             self.endpoints.entry(name.clone()).or_default().add(t);
         }
         self.forward.add(&o.forward);
+        self.preprocess.add(&o.preprocess);
         for (rows, n) in &o.batches {
             *self.batches.entry(*rows).or_default() += n;
         }

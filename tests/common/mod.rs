@@ -351,6 +351,16 @@ impl Server {
     pub fn post(&self, path: &str, body: &str) -> Response {
         http(self.port, "POST", path, Some(body))
     }
+
+    /// The port of the metrics listener (`--metrics-port`), from the master's
+    /// `metrics_listening` event.
+    pub fn metrics_port(&self) -> u16 {
+        let e = self.wait_event("metrics_listening", |_| true);
+        e.str("addr")
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {:?}", e.fields))
+    }
 }
 
 /// Workers reported ready and not since retiring or gone, replaying `events`.

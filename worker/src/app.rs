@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use hyper::header::HeaderValue;
 use vramfork::auth::ApiKeys;
-use vramfork::metadata::AppMetadata;
+use vramfork::metadata::{AppMetadata, TensorSpec};
 use vramfork::metrics::traffic::Traffic;
 
 use crate::access_log::AccessLog;
+use crate::documents::Documents;
 use crate::hw::Hw;
 use crate::metrics::{Endpoint, Recorder};
 use crate::runner::Runner;
@@ -40,6 +41,10 @@ pub struct App {
     pub body_sizes: crate::heap::BodySizes,
     /// `X-Worker-Pid`, ready to send.
     pub pid: HeaderValue,
+    /// The declared pre-processing of document inputs, when the model has any.
+    pub documents: Option<Arc<Documents>>,
+    /// The declared inputs (pre-processing names them in its messages).
+    pub input_specs: Arc<Vec<TensorSpec>>,
 }
 
 impl App {
@@ -50,7 +55,9 @@ impl App {
         hw: Hw,
         cfg: &vramfork::protocol::WorkerConfig,
         api_keys: Option<ApiKeys>,
+        documents: Option<Documents>,
     ) -> App {
+        let input_specs = Arc::new(metadata.inputs.clone().unwrap_or_default());
         App {
             shared,
             runner,
@@ -69,6 +76,8 @@ impl App {
                 .then(|| AccessLog::start(cfg.log_json, cfg.slot)),
             body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
+            documents: documents.map(Arc::new),
+            input_specs,
         }
     }
 }

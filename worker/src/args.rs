@@ -12,6 +12,15 @@ pub enum Arg {
     Tensor(Tensor),
     /// A `BYTES` input: a TorchScript `List[str]`.
     Strings(Vec<String>),
+    /// A document input's raw elements (images, as v2 binary data or a raw `POST /` body),
+    /// before pre-processing turns them into a tensor (`documents/`).
+    Blobs(Vec<Vec<u8>>),
+    /// A tokenized text input (`[rows, length]`) padded to its request's longest document
+    /// with `pad`: the batcher pads the requests of one pass to the longest among them.
+    Padded {
+        tensor: Tensor,
+        pad: i64,
+    },
 }
 
 /// What the model is called with: its arguments in the declared order.

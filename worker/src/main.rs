@@ -9,6 +9,7 @@ mod config;
 mod control;
 mod cuda;
 mod decode;
+mod documents;
 mod error;
 mod heap;
 mod http;
@@ -132,6 +133,15 @@ pub fn boot(
         runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path)
             .map_err(|e| (e.exit_code(), e.to_string()))?;
     }
+    // The tokenizers of text inputs, read before the model so that a bad one fails the boot
+    // at once, naming the input and the file.
+    let documents = documents::Documents::load(metadata.inputs.as_deref(), cfg.torch_threads)
+        .map_err(|e| {
+            (
+                worker_exit::CONFIG,
+                format!("app metadata {}: {e}", metadata.path.display()),
+            )
+        })?;
     let (runner, info, profiled) = runner::Runner::start(
         &cfg.model_path,
         wanted,
@@ -187,7 +197,9 @@ pub fn boot(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
-    let app = Arc::new(app::App::new(shared, runner, metadata, hw, &cfg, api_keys));
+    let app = Arc::new(app::App::new(
+        shared, runner, metadata, hw, &cfg, api_keys, documents,
+    ));
     let plan = lifecycle::Plan {
         listener,
         app,

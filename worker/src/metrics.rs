@@ -38,6 +38,7 @@ struct Counts {
 pub struct Recorder {
     endpoints: [Counts; ENDPOINTS.len()],
     forward: AtomicHist,
+    preprocess: AtomicHist,
     /// Token-auth refusals by [`AuthFailure`] (missing, malformed, invalid).
     auth: [AtomicU64; 3],
 }
@@ -74,10 +75,16 @@ impl Recorder {
         self.forward.observe(took);
     }
 
+    /// A request's documents pre-processed.
+    pub fn preprocessed(&self, took: Duration) {
+        self.preprocess.observe(took);
+    }
+
     /// Everything so far.
     pub fn traffic(&self) -> Traffic {
         let mut t = Traffic {
             forward: self.forward.load(),
+            preprocess: self.preprocess.load(),
             ..Traffic::default()
         };
         for f in [

@@ -174,9 +174,16 @@ pub fn strings_from_json(name: &str, data: &Value, shape: &[i64]) -> Result<Arg,
 }
 
 /// Raw `BYTES` data (Triton's binary form: each element a 4-byte little-endian length, then
-/// that many bytes), exactly `count` elements filling `raw`; each must be UTF-8.
-pub fn strings_from_bytes(name: &str, mut raw: &[u8], count: usize) -> Result<Arg, String> {
+/// that many bytes), exactly `count` elements filling `raw`; each must be UTF-8, unless the
+/// input is a document (`blobs`: its elements kept as bytes for pre-processing).
+pub fn strings_from_bytes(
+    name: &str,
+    mut raw: &[u8],
+    count: usize,
+    blobs: bool,
+) -> Result<Arg, String> {
     let mut strings = Vec::with_capacity(count.min(raw.len() / 4));
+    let mut kept = Vec::new();
     for i in 0..count {
         let Some((len, rest)) = raw.split_first_chunk::<4>() else {
             return Err(format!(
@@ -191,6 +198,11 @@ pub fn strings_from_bytes(name: &str, mut raw: &[u8], count: usize) -> Result<Ar
             ));
         }
         let (bytes, rest) = rest.split_at(len);
+        if blobs {
+            kept.push(bytes.to_vec());
+            raw = rest;
+            continue;
+        }
         let s = String::from_utf8(bytes.to_vec())
             .map_err(|e| format!("input {name}: element {i} is not valid UTF-8 ({e})"))?;
         strings.push(checked(name, i, s)?);
@@ -201,6 +213,9 @@ pub fn strings_from_bytes(name: &str, mut raw: &[u8], count: usize) -> Result<Ar
             "input {name}: {} bytes are left after its {count} elements",
             raw.len()
         ));
+    }
+    if blobs {
+        return Ok(Arg::Blobs(kept));
     }
     Ok(Arg::Strings(strings))
 }
@@ -224,7 +239,7 @@ mod tests {
     fn strings(a: Arg) -> Vec<String> {
         match a {
             Arg::Strings(s) => s,
-            Arg::Tensor(_) => panic!("a tensor"),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -281,7 +296,7 @@ mod tests {
             raw.extend_from_slice(&(d.len() as u32).to_le_bytes());
             raw.extend_from_slice(d.as_bytes());
         }
-        let b = strings(strings_from_bytes("docs", &raw, 3).unwrap());
+        let b = strings(strings_from_bytes("docs", &raw, 3, false).unwrap());
         assert_eq!(a, docs);
         assert_eq!(a, b);
         // Nested data is read row-major.
@@ -298,15 +313,20 @@ mod tests {
         );
         let e = strings_from_json("docs", &json!(["a\u{0}b"]), &[1]).unwrap_err();
         assert!(e.contains("element 0 contains a NUL"), "{e}");
-        let e = strings_from_bytes("docs", &[2, 0, 0, 0, 0xff, 0xfe], 1).unwrap_err();
+        let e = strings_from_bytes("docs", &[2, 0, 0, 0, 0xff, 0xfe], 1, false).unwrap_err();
         assert!(e.contains("element 0 is not valid UTF-8"), "{e}");
-        let e = strings_from_bytes("docs", &[9, 0, 0, 0, b'a'], 1).unwrap_err();
+        // A document input keeps its elements as bytes (an image is not UTF-8).
+        match strings_from_bytes("img", &[2, 0, 0, 0, 0xff, 0xfe, 0, 0, 0, 0], 2, true) {
+            Ok(Arg::Blobs(b)) => assert_eq!(b, [vec![0xff, 0xfe], vec![]]),
+            other => panic!("{other:?}"),
+        }
+        let e = strings_from_bytes("docs", &[9, 0, 0, 0, b'a'], 1, false).unwrap_err();
         assert!(e.contains("says it has 9 bytes, but only 1 remain"), "{e}");
-        let e = strings_from_bytes("docs", &[1, 0, 0, 0, b'a', 0], 1).unwrap_err();
+        let e = strings_from_bytes("docs", &[1, 0, 0, 0, b'a', 0], 1, false).unwrap_err();
         assert!(e.contains("1 bytes are left"), "{e}");
-        let e = strings_from_bytes("docs", &[1, 0, 0, 0, b'a'], 2).unwrap_err();
+        let e = strings_from_bytes("docs", &[1, 0, 0, 0, b'a'], 2, false).unwrap_err();
         assert!(e.contains("ends before element 1 of 2"), "{e}");
-        let e = strings_from_bytes("docs", &[0xff, 0xff, 0xff, 0xff], 1).unwrap_err();
+        let e = strings_from_bytes("docs", &[0xff, 0xff, 0xff, 0xff], 1, false).unwrap_err();
         assert!(e.contains("says it has 4294967295 bytes"), "{e}");
     }
 }

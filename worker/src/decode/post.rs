@@ -102,6 +102,7 @@ mod tests {
                 name: n.to_string(),
                 datatype: *d,
                 shape: Some(s.to_vec()),
+                document: None,
             })
             .collect()
     }

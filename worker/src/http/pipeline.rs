@@ -82,6 +82,18 @@ pub async fn model_request<T: Send + 'static>(
             .await
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
+    // Documents pre-processed (tokenized, decoded) on the pool, off the event loop.
+    let mut parsed = parsed;
+    if let Some(docs) = &app.documents {
+        let (inputs, took) = docs
+            .run(&app.input_specs, parsed.inputs)
+            .await
+            .map_err(ApiError::BadRequest)?;
+        parsed.inputs = inputs;
+        if let Some(m) = &app.metrics {
+            m.preprocessed(took);
+        }
+    }
     // The earlier of the header's deadline and the body's.
     let body_deadline = parsed.timeout.map(|t| Deadline {
         at: arrived + t,

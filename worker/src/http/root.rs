@@ -6,10 +6,14 @@ use hyper::{Request, StatusCode};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
 
+use vramfork::documents::Document;
+use vramfork::metadata::TensorSpec;
+
 use super::answer::{json_bytes, Answer};
 use super::pipeline::{model_request, Parsed};
 use super::request::{hw_fetch, with_hw};
 use crate::app::App;
+use crate::args::{Arg, Inputs};
 use crate::decode::post::parse_request;
 use crate::error::ApiError;
 use crate::runner::Encoding;
@@ -48,8 +52,17 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let specs = app.metadata.inputs.clone();
+    let raw = raw_document(&req, specs.as_deref())?;
     let (out, (), last) = model_request(req, app, move |body| {
-        let inputs = parse_request(&body, specs.as_deref())?;
+        let inputs = match raw {
+            Some(RawDocument::Image) => Inputs {
+                args: vec![Arg::Blobs(vec![body])],
+            },
+            Some(RawDocument::Text) => Inputs {
+                args: vec![Arg::Blobs(vec![body])],
+            },
+            None => parse_request(&body, specs.as_deref())?,
+        };
         Ok(Parsed {
             inputs,
             encoding: Encoding::Json,
@@ -74,4 +87,45 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let mut answer = Answer::with(StatusCode::OK, body);
     answer.close = last;
     Ok(answer)
+}
+
+/// A `POST /` body that is one document as it is, not JSON: `Content-Type: image/jpeg` or
+/// `image/png` for a model whose one input is an image, `text/plain` for one whose one input
+/// is text.
+enum RawDocument {
+    Image,
+    Text,
+}
+
+/// What the body's `Content-Type` makes of it: `None` for JSON (the default); a 400 when it
+/// names a document the model does not take.
+fn raw_document(
+    req: &Request<Incoming>,
+    specs: Option<&[TensorSpec]>,
+) -> Result<Option<RawDocument>, ApiError> {
+    let Some(ct) = req.headers().get(hyper::header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    let want = match essence {
+        "image/jpeg" | "image/png" => RawDocument::Image,
+        "text/plain" => RawDocument::Text,
+        _ => return Ok(None),
+    };
+    let fits = match (specs, &want) {
+        (Some([one]), RawDocument::Image) => matches!(one.document, Some(Document::Image(_))),
+        (Some([one]), RawDocument::Text) => matches!(one.document, Some(Document::Text(_))),
+        _ => false,
+    };
+    if !fits {
+        let kind = match want {
+            RawDocument::Image => "an image input",
+            RawDocument::Text => "a text input (a `tokenizer`)",
+        };
+        return Err(ApiError::BadRequest(format!(
+            "a {essence} body is one document for a model whose one input is {kind}; this model's declared inputs are not: send {{\"inputs\": …}} as JSON"
+        )));
+    }
+    Ok(Some(want))
 }

@@ -26,6 +26,9 @@ pub enum ArgKey {
     Tensor(Kind, Vec<i64>),
     /// A `List[str]` (stacked by concatenation).
     Strings,
+    /// A tokenized text tensor of this dtype: its rows may have any length (padded to the
+    /// longest when stacked).
+    Padded(Kind),
 }
 
 /// A request's stacking key and its rows; `None` when it cannot be stacked (no arguments, a
@@ -44,6 +47,12 @@ pub fn key_of(input: &Inputs) -> Option<(Vec<ArgKey>, usize)> {
                 )
             }
             Arg::Strings(s) => (ArgKey::Strings, s.len()),
+            Arg::Padded { tensor, .. } => {
+                let size = tensor.size();
+                let (&r, _) = size.split_first()?;
+                (ArgKey::Padded(tensor.kind()), usize::try_from(r).ok()?)
+            }
+            Arg::Blobs(_) => return None,
         };
         if *rows.get_or_insert(r) != r {
             return None;
@@ -84,6 +93,30 @@ pub fn stack(inputs: &[&Inputs]) -> Result<Vec<Arg>, String> {
                 }
                 Ok(Arg::Strings(all))
             }
+            Arg::Padded { pad, .. } => {
+                let parts = inputs
+                    .iter()
+                    .map(|inp| match inp.args.get(i) {
+                        Some(Arg::Padded { tensor, .. }) => Ok(tensor),
+                        _ => Err(format!("argument {i} differs between batched requests")),
+                    })
+                    .collect::<Result<Vec<&Tensor>, String>>()?;
+                let longest = parts.iter().map(|t| t.size()[1]).max().unwrap_or(0);
+                let padded: Vec<Tensor> = parts
+                    .iter()
+                    .map(|t| match longest - t.size()[1] {
+                        0 => t.shallow_clone(),
+                        n => {
+                            let tail = Tensor::full([t.size()[0], n], *pad, (t.kind(), t.device()));
+                            Tensor::cat(&[t.shallow_clone(), tail], 1)
+                        }
+                    })
+                    .collect();
+                Tensor::f_cat(&padded, 0)
+                    .map(|tensor| Arg::Padded { tensor, pad: *pad })
+                    .map_err(|e| crate::runner::useful_line(&e.to_string()))
+            }
+            Arg::Blobs(_) => Err("raw document bytes cannot be batched".into()),
         })
         .collect()
 }

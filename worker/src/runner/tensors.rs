@@ -17,9 +17,17 @@ use crate::args::Arg;
 /// dtype and the request's shape; on the CPU this is the same tensor), or a `List[str]`.
 pub fn to_ivalue(arg: &Arg, device: Device) -> Result<IValue, tch::TchError> {
     Ok(match arg {
-        Arg::Tensor(t) if device == Device::Cpu => IValue::Tensor(t.shallow_clone()),
-        Arg::Tensor(t) => IValue::Tensor(t.f_to_device(device)?),
+        Arg::Tensor(t) | Arg::Padded { tensor: t, .. } if device == Device::Cpu => {
+            IValue::Tensor(t.shallow_clone())
+        }
+        Arg::Tensor(t) | Arg::Padded { tensor: t, .. } => IValue::Tensor(t.f_to_device(device)?),
         Arg::Strings(s) => IValue::StringList(s.clone()),
+        // Pre-processing turns every blob into a tensor before a request is queued.
+        Arg::Blobs(_) => {
+            return Err(tch::TchError::Convert(
+                "raw document bytes reached the model without pre-processing".into(),
+            ))
+        }
     })
 }
 

@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use tch::{CModule, Device, IValue, Tensor};
+use vramfork::documents::{Document, Feed, Padding};
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
 use super::load::LoadError;
@@ -143,6 +144,14 @@ pub fn warm_up(
 ) -> Result<f64, String> {
     let mut args = Vec::with_capacity(specs.len());
     for (spec, shape) in specs.iter().zip(shapes) {
+        if let Some(doc) = &spec.document {
+            // What its documents become: zeros at the rows the shape gives.
+            let rows = shape.first().copied().unwrap_or(1);
+            for (t, kind) in document_args(doc, rows) {
+                args.push(IValue::Tensor(t.to_kind(kind).to_device(device)));
+            }
+            continue;
+        }
         args.push(match spec.datatype {
             Datatype::Tensor(dtype) => {
                 IValue::Tensor(Tensor::zeros(shape, (kind_of(dtype), device)))
@@ -169,6 +178,38 @@ pub fn warm_up(
         Ok(Ok(())) => Ok(start.elapsed().as_secs_f64() * 1e3),
         Ok(Err(e)) => Err(useful_line(&e.to_string())),
         Err(_) => Err("the model panicked".into()),
+    }
+}
+
+/// The tensors a document input gives `forward` for `rows` documents, as zeros (ones for an
+/// attention mask): a text input's feeds at `max_length` tokens with `"max_length"`
+/// padding, else 16 (or fewer), an image input's `[rows, 3, H, W]`.
+fn document_args(doc: &Document, rows: i64) -> Vec<(Tensor, tch::Kind)> {
+    let cpu = Device::Cpu;
+    match doc {
+        Document::Text(t) => {
+            let len = match t.padding {
+                Padding::MaxLength => t.max_length,
+                Padding::Longest => t.max_length.min(16),
+            } as i64;
+            t.feeds
+                .iter()
+                .map(|f| {
+                    let t = match f {
+                        Feed::AttentionMask => Tensor::ones([rows, len], (tch::Kind::Int64, cpu)),
+                        _ => Tensor::zeros([rows, len], (tch::Kind::Int64, cpu)),
+                    };
+                    (t, tch::Kind::Int64)
+                })
+                .collect()
+        }
+        Document::Image(i) => {
+            let [h, w] = i.size.map(i64::from);
+            vec![(
+                Tensor::zeros([rows, 3, h, w], (tch::Kind::Float, cpu)),
+                kind_of(i.dtype),
+            )]
+        }
     }
 }
 

@@ -252,7 +252,12 @@ fn one_input(
             let (bytes, rest) = tail.split_at(size);
             *tail = rest;
             match datatype {
-                Datatype::Bytes => strings_from_bytes(name, bytes, count),
+                Datatype::Bytes => strings_from_bytes(
+                    name,
+                    bytes,
+                    count,
+                    spec.is_some_and(|s| s.document.is_some()),
+                ),
                 Datatype::Tensor(dtype) => {
                     Tensor::f_from_data_size(bytes, &input.shape, kind_of(dtype))
                         .map(Arg::Tensor)
@@ -282,13 +287,14 @@ mod tests {
             name: SINGLE_INPUT.into(),
             datatype: Datatype::Tensor(Dtype::Float32),
             shape: Some(vec![-1, 4]),
+            document: None,
         }]
     }
 
     fn tensor(i: &Infer, at: usize) -> &Tensor {
         match &i.inputs.args[at] {
             Arg::Tensor(t) => t,
-            Arg::Strings(_) => panic!("strings"),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -362,11 +368,13 @@ mod tests {
                 name: "features".into(),
                 datatype: Datatype::Tensor(Dtype::Float32),
                 shape: Some(vec![-1, 3]),
+                document: None,
             },
             TensorSpec {
                 name: "docs".into(),
                 datatype: Datatype::Bytes,
                 shape: Some(vec![-1]),
+                document: None,
             },
         ]
     }
@@ -388,7 +396,7 @@ mod tests {
         assert_eq!(tensor(&r, 0).size(), [1, 3]);
         match &r.inputs.args[1] {
             Arg::Strings(s) => assert_eq!(s, &["ab", "café"]),
-            Arg::Tensor(_) => panic!("a tensor"),
+            other => panic!("{other:?}"),
         }
         let json = br#"{"inputs":[{"name":"features","shape":[1,3],"datatype":"FP32","data":[1,2,3]},{"name":"docs","shape":[1],"datatype":"BYTES","data":["x"]}]}"#;
         assert!(parse(json, None, Some(&p)).is_ok());

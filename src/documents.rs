@@ -1,0 +1,557 @@
+//! Declared pre-processing of documents (issue 27): a `BYTES` input of the metadata may
+//! carry a `tokenizer` block (text the worker tokenizes into `input_ids`,
+//! `attention_mask`, `token_type_ids`) or an `image` block (JPEG or PNG the worker decodes,
+//! resizes and normalises into `[N, 3, H, W]`). This file owns what the metadata says and
+//! its checks, with errors naming the field; the worker does the work (`worker/src/documents`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::metadata::{kind, Dtype};
+
+/// What a document input becomes before `forward`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Document {
+    Text(TextSpec),
+    Image(ImageSpec),
+}
+
+/// A `tokenizer` block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextSpec {
+    /// The `tokenizer.json` (Hugging Face's format), resolved against the metadata's folder.
+    pub file: PathBuf,
+    /// Tokens per document at most, special tokens included.
+    pub max_length: usize,
+    /// Longer documents are cut to `max_length` (`true`) or refused with 400 (`false`).
+    pub truncation: bool,
+    pub padding: Padding,
+    /// The `forward` arguments this input becomes, in order, at its place among the inputs.
+    pub feeds: Vec<Feed>,
+    /// The id padding uses; `None`: the tokenizer's own padding id, else `[PAD]`, `<pad>`, 0.
+    pub pad_id: Option<u32>,
+}
+
+/// How the rows of one forward pass are padded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Padding {
+    /// To the longest document of the pass (a request, or a batch of requests).
+    Longest,
+    /// Always to `max_length`.
+    MaxLength,
+}
+
+/// One tensor a tokenized document gives the model (int64, `[rows, length]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    InputIds,
+    AttentionMask,
+    TokenTypeIds,
+}
+
+impl Feed {
+    pub const NAMES: &'static str = "\"input_ids\", \"attention_mask\", \"token_type_ids\"";
+
+    pub fn parse(s: &str) -> Option<Feed> {
+        Some(match s {
+            "input_ids" => Feed::InputIds,
+            "attention_mask" => Feed::AttentionMask,
+            "token_type_ids" => Feed::TokenTypeIds,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Feed::InputIds => "input_ids",
+            Feed::AttentionMask => "attention_mask",
+            Feed::TokenTypeIds => "token_type_ids",
+        }
+    }
+}
+
+/// An `image` block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSpec {
+    /// The tensor's `[height, width]`.
+    pub size: [u32; 2],
+    pub resize: Resize,
+    /// Per channel, in the order of `channels`, applied after scaling pixels to 0..1.
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub channels: Channels,
+    /// `float32`, `float16`, `bfloat16`, `float64` (scaled and normalised) or `uint8` (the
+    /// pixels as they are; `mean` and `std` must then be left out).
+    pub dtype: Dtype,
+    /// Images with more pixels than this are refused from their header, before decoding.
+    pub max_pixels: u64,
+}
+
+/// How an image is brought to `size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resize {
+    /// Straight to `size`, aspect ratio not kept.
+    Stretch,
+    /// The shorter side to this many pixels (aspect kept, the longer side rounded down, as
+    /// torchvision's `Resize(n)`), then the centre cut to `size` (torchvision's `CenterCrop`).
+    ShorterSideThenCrop(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channels {
+    Rgb,
+    Bgr,
+}
+
+/// The default `max_pixels`: 40 megapixels (a 12-bit camera's largest frame and then some);
+/// decoding one takes 120 MB as RGB.
+pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
+/// The largest `max_length` accepted.
+pub const MAX_TOKENS_LIMIT: usize = 1 << 16;
+/// The largest side of `size` accepted.
+pub const MAX_SIDE: u32 = 8192;
+
+/// The document block of `inputs[i]` (`at` names it, e.g. `inputs[0]`), if it has one;
+/// `base` is the metadata's folder.
+pub fn parse(
+    at: &str,
+    o: &Map<String, Value>,
+    is_bytes: bool,
+    base: &Path,
+) -> Result<Option<Document>, String> {
+    let doc = match (o.get("tokenizer"), o.get("image")) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "field `{at}` has both `tokenizer` and `image`; an input is text or an image"
+            ))
+        }
+        (Some(t), None) => Document::Text(text(&format!("{at}.tokenizer"), t, base)?),
+        (None, Some(i)) => Document::Image(image(&format!("{at}.image"), i)?),
+    };
+    if !is_bytes {
+        let block = match doc {
+            Document::Text(_) => "tokenizer",
+            Document::Image(_) => "image",
+        };
+        return Err(format!(
+            "field `{at}.{block}` needs `{at}.datatype` \"BYTES\" (clients send the documents; the model gets the tensors)"
+        ));
+    }
+    Ok(Some(doc))
+}
+
+fn object<'a>(at: &str, v: &'a Value) -> Result<&'a Map<String, Value>, String> {
+    match v {
+        Value::Object(o) => Ok(o),
+        other => Err(format!(
+            "field `{at}` must be an object, found {}",
+            kind(other)
+        )),
+    }
+}
+
+fn unknown(at: &str, o: &Map<String, Value>, known: &[&str]) -> Result<(), String> {
+    match o.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(format!(
+            "field `{at}.{k}` is not known; `{at}` takes {}",
+            known.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+fn whole(at: &str, v: Option<&Value>, min: u64, max: u64) -> Result<Option<u64>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| (min..=max).contains(n))
+            .map(Some)
+            .ok_or_else(|| format!("field `{at}` must be a whole number {min}..={max}, found {v}")),
+    }
+}
+
+fn text(at: &str, v: &Value, base: &Path) -> Result<TextSpec, String> {
+    let o = object(at, v)?;
+    unknown(
+        at,
+        o,
+        &[
+            "file",
+            "max_length",
+            "truncation",
+            "padding",
+            "feeds",
+            "pad_id",
+        ],
+    )?;
+    let file = match o.get("file") {
+        Some(Value::String(s)) if !s.is_empty() => base.join(s),
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.file` must be the path of a tokenizer.json, found {}",
+                kind(v)
+            ))
+        }
+        None => {
+            return Err(format!(
+                "field `{at}.file` is missing (the tokenizer.json, relative to the metadata)"
+            ))
+        }
+    };
+    if !file.is_file() {
+        return Err(format!(
+            "field `{at}.file`: {} is not a file",
+            file.display()
+        ));
+    }
+    let max_length = whole(
+        &format!("{at}.max_length"),
+        o.get("max_length"),
+        1,
+        MAX_TOKENS_LIMIT as u64,
+    )?
+    .ok_or_else(|| format!("field `{at}.max_length` is missing (tokens per document at most)"))?
+        as usize;
+    let truncation = match o.get("truncation") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.truncation` must be true (cut long documents) or false (refuse them), found {v}"
+            ))
+        }
+    };
+    let padding = match o.get("padding") {
+        None | Some(Value::Null) => Padding::Longest,
+        Some(Value::String(s)) if s == "longest" => Padding::Longest,
+        Some(Value::String(s)) if s == "max_length" => Padding::MaxLength,
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.padding` must be \"longest\" or \"max_length\", found {v}"
+            ))
+        }
+    };
+    let feeds = match o.get("feeds") {
+        None | Some(Value::Null) => vec![Feed::InputIds, Feed::AttentionMask],
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let mut feeds = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let f = item.as_str().and_then(Feed::parse).ok_or_else(|| {
+                    format!(
+                        "field `{at}.feeds[{i}]` must be one of {}, found {item}",
+                        Feed::NAMES
+                    )
+                })?;
+                if feeds.contains(&f) {
+                    return Err(format!(
+                        "field `{at}.feeds[{i}]`: \"{}\" is listed twice",
+                        f.name()
+                    ));
+                }
+                feeds.push(f);
+            }
+            feeds
+        }
+        Some(v) => {
+            return Err(format!(
+            "field `{at}.feeds` must be a non-empty array of {} in forward()'s order, found {v}",
+            Feed::NAMES
+        ))
+        }
+    };
+    let pad_id =
+        whole(&format!("{at}.pad_id"), o.get("pad_id"), 0, u32::MAX as u64)?.map(|n| n as u32);
+    Ok(TextSpec {
+        file,
+        max_length,
+        truncation,
+        padding,
+        feeds,
+        pad_id,
+    })
+}
+
+fn three(at: &str, v: Option<&Value>, default: f32, positive: bool) -> Result<[f32; 3], String> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok([default; 3]);
+    };
+    let bad = || {
+        format!(
+            "field `{at}` must be an array of 3 numbers (one per channel){}, found {v}",
+            if positive { ", each above 0" } else { "" }
+        )
+    };
+    let items = v.as_array().filter(|a| a.len() == 3).ok_or_else(bad)?;
+    let mut out = [0.0; 3];
+    for (o, item) in out.iter_mut().zip(items) {
+        let x = item.as_f64().ok_or_else(bad)? as f32;
+        if !x.is_finite() || (positive && x <= 0.0) {
+            return Err(bad());
+        }
+        *o = x;
+    }
+    Ok(out)
+}
+
+fn image(at: &str, v: &Value) -> Result<ImageSpec, String> {
+    let o = object(at, v)?;
+    unknown(
+        at,
+        o,
+        &[
+            "size",
+            "resize",
+            "shorter_side",
+            "mean",
+            "std",
+            "channels",
+            "dtype",
+            "max_pixels",
+        ],
+    )?;
+    let size = match o.get("size") {
+        Some(Value::Array(a)) if a.len() == 2 => {
+            let side = |i: usize| {
+                a[i].as_u64()
+                    .filter(|n| (1..=u64::from(MAX_SIDE)).contains(n))
+                    .map(|n| n as u32)
+                    .ok_or_else(|| {
+                        format!(
+                            "field `{at}.size[{i}]` must be a whole number 1..={MAX_SIDE}, found {}",
+                            a[i]
+                        )
+                    })
+            };
+            [side(0)?, side(1)?]
+        }
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.size` must be [height, width], found {v}"
+            ))
+        }
+        None => return Err(format!("field `{at}.size` is missing ([height, width])")),
+    };
+    let shorter = whole(
+        &format!("{at}.shorter_side"),
+        o.get("shorter_side"),
+        1,
+        u64::from(MAX_SIDE),
+    )?;
+    let resize = match (o.get("resize").and_then(Value::as_str), o.get("resize")) {
+        (_, None) | (_, Some(Value::Null)) | (Some("stretch"), _) => {
+            if shorter.is_some() {
+                return Err(format!(
+                    "field `{at}.shorter_side` goes with `\"resize\": \"center_crop\"`"
+                ));
+            }
+            Resize::Stretch
+        }
+        (Some("center_crop"), _) => {
+            let n = shorter.unwrap_or(u64::from(size[0].max(size[1]))) as u32;
+            if n < size[0].min(size[1]) {
+                return Err(format!(
+                    "field `{at}.shorter_side` ({n}) is smaller than `{at}.size` {size:?}: nothing to cut the centre from"
+                ));
+            }
+            Resize::ShorterSideThenCrop(n)
+        }
+        (_, Some(v)) => {
+            return Err(format!(
+                "field `{at}.resize` must be \"stretch\" (to `size`) or \"center_crop\" (the shorter side to `shorter_side`, then the centre), found {v}"
+            ))
+        }
+    };
+    let dtype = match o.get("dtype") {
+        None | Some(Value::Null) => Dtype::Float32,
+        Some(Value::String(s)) => match Dtype::parse(s) {
+            Some(
+                d @ (Dtype::Float32
+                | Dtype::Float16
+                | Dtype::BFloat16
+                | Dtype::Float64
+                | Dtype::UInt8),
+            ) => d,
+            _ => {
+                return Err(format!(
+                "field `{at}.dtype` must be \"float32\", \"float16\", \"bfloat16\", \"float64\" or \"uint8\", found \"{s}\""
+            ))
+            }
+        },
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.dtype` must be a string, found {}",
+                kind(v)
+            ))
+        }
+    };
+    if dtype == Dtype::UInt8 && (o.contains_key("mean") || o.contains_key("std")) {
+        return Err(format!(
+            "field `{at}`: `mean` and `std` apply to float images; with \"dtype\": \"uint8\" the model gets the pixels as they are"
+        ));
+    }
+    let channels = match o.get("channels") {
+        None | Some(Value::Null) => Channels::Rgb,
+        Some(Value::String(s)) if s == "RGB" => Channels::Rgb,
+        Some(Value::String(s)) if s == "BGR" => Channels::Bgr,
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.channels` must be \"RGB\" or \"BGR\", found {v}"
+            ))
+        }
+    };
+    let max_pixels = whole(&format!("{at}.max_pixels"), o.get("max_pixels"), 1, 1 << 32)?
+        .unwrap_or(DEFAULT_MAX_PIXELS);
+    Ok(ImageSpec {
+        size,
+        resize,
+        mean: three(&format!("{at}.mean"), o.get("mean"), 0.0, false)?,
+        std: three(&format!("{at}.std"), o.get("std"), 1.0, true)?,
+        channels,
+        dtype,
+        max_pixels,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_json(block: &str, bytes: bool) -> Result<Option<Document>, String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tok.json"), "{}").unwrap();
+        let v: Value = serde_json::from_str(block).unwrap();
+        parse("inputs[0]", v.as_object().unwrap(), bytes, dir.path())
+    }
+
+    #[test]
+    fn text_blocks_take_defaults_and_name_bad_fields() {
+        let Some(Document::Text(t)) = parse_json(
+            r#"{"tokenizer": {"file": "tok.json", "max_length": 8}}"#,
+            true,
+        )
+        .unwrap() else {
+            panic!("not text")
+        };
+        assert_eq!(t.max_length, 8);
+        assert!(t.truncation);
+        assert_eq!(t.padding, Padding::Longest);
+        assert_eq!(t.feeds, [Feed::InputIds, Feed::AttentionMask]);
+        assert!(t.file.ends_with("tok.json"));
+        for (block, want) in [
+            (
+                r#"{"tokenizer": {"file": "tok.json"}}"#,
+                "`inputs[0].tokenizer.max_length` is missing",
+            ),
+            (
+                r#"{"tokenizer": {"file": "nope.json", "max_length": 8}}"#,
+                "`inputs[0].tokenizer.file`",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 0}}"#,
+                "`inputs[0].tokenizer.max_length` must be a whole number 1..=",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "padding": "left"}}"#,
+                "`inputs[0].tokenizer.padding`",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "feeds": ["input_ids", "input_ids"]}}"#,
+                "listed twice",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "feeds": ["ids"]}}"#,
+                "`inputs[0].tokenizer.feeds[0]`",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "lower": true}}"#,
+                "`inputs[0].tokenizer.lower` is not known",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8}, "image": {"size": [2, 2]}}"#,
+                "both `tokenizer` and `image`",
+            ),
+        ] {
+            let e = parse_json(block, true).unwrap_err();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+        let e = parse_json(
+            r#"{"tokenizer": {"file": "tok.json", "max_length": 8}}"#,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("needs `inputs[0].datatype` \"BYTES\""), "{e}");
+    }
+
+    #[test]
+    fn image_blocks_take_defaults_and_name_bad_fields() {
+        let Some(Document::Image(i)) = parse_json(
+            r#"{"image": {"size": [224, 224], "resize": "center_crop", "shorter_side": 256,
+                          "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}"#,
+            true,
+        )
+        .unwrap() else {
+            panic!("not an image")
+        };
+        assert_eq!(i.size, [224, 224]);
+        assert_eq!(i.resize, Resize::ShorterSideThenCrop(256));
+        assert_eq!((i.dtype, i.channels), (Dtype::Float32, Channels::Rgb));
+        assert_eq!(i.max_pixels, DEFAULT_MAX_PIXELS);
+        let Some(Document::Image(i)) = parse_json(r#"{"image": {"size": [4, 6]}}"#, true).unwrap()
+        else {
+            panic!("not an image")
+        };
+        assert_eq!(
+            (i.resize, i.mean, i.std),
+            (Resize::Stretch, [0.0; 3], [1.0; 3])
+        );
+        for (block, want) in [
+            (r#"{"image": {}}"#, "`inputs[0].image.size` is missing"),
+            (
+                r#"{"image": {"size": [0, 3]}}"#,
+                "`inputs[0].image.size[0]`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "std": [1, 0, 1]}}"#,
+                "`inputs[0].image.std`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "mean": [1, 1]}}"#,
+                "`inputs[0].image.mean`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "resize": "fit"}}"#,
+                "`inputs[0].image.resize`",
+            ),
+            (
+                r#"{"image": {"size": [9, 9], "resize": "center_crop", "shorter_side": 4}}"#,
+                "smaller than",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "shorter_side": 4}}"#,
+                "goes with",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "dtype": "int64"}}"#,
+                "`inputs[0].image.dtype`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "dtype": "uint8", "mean": [0, 0, 0]}}"#,
+                "pixels as they are",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "channels": "RGBA"}}"#,
+                "`inputs[0].image.channels`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "max_pixels": 0}}"#,
+                "`inputs[0].image.max_pixels`",
+            ),
+        ] {
+            let e = parse_json(block, true).unwrap_err();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! Documents in, answers out (issue 27): text tokenized and images decoded inside the
+//! worker, declared in the metadata. The artefacts are made on the spot by
+//! `tests/support/make_documents.py` with the test venv's packages — a WordPiece
+//! `tokenizer.json` trained on the README, a BERT-architecture classifier (transformers,
+//! random weights, traced), torchvision's ResNet-18 (random weights), a model returning its
+//! input, JPEG and PNG files written by Pillow — together with what Python makes of them
+//! (the tokenizer and the model in Python, torchvision's transforms on the PIL images). The
+//! worker's answers must equal Python's: for text within float tolerance of the same model,
+//! for images within the rounding the decoders differ by (below).
+
+mod common;
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use common::{binary, python_json, raw, Raw, Server};
+use serde_json::{json, Value};
+
+/// The artefacts, made once per version of the script (kept in the target's temporary
+/// directory; tests running at once may each make them, the first rename wins).
+fn artefacts() -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/make_documents.py");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(&script).unwrap().hash(&mut h);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("documents-{:x}", h.finish()));
+    if dir.join("expected.json").is_file() {
+        return dir;
+    }
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let made = python_json(
+        "make_documents.py",
+        &[tmp.path().to_str().unwrap(), readme.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(made["ok"], true, "{made}");
+    let tmp = tmp.keep();
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another test made them first.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    dir
+}
+
+fn expected(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap()
+}
+
+/// An app in a fresh directory holding (links to) the artefacts and `metadata`, whose
+/// `model` and `tokenizer.file` are relative to it as users write them.
+struct DocApp {
+    app: common::App,
+}
+
+impl DocApp {
+    fn new(art: &Path, metadata: Value) -> DocApp {
+        let app = common::App {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        for f in std::fs::read_dir(art).unwrap() {
+            let f = f.unwrap().path();
+            std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
+        }
+        std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+        DocApp { app }
+    }
+
+    /// `app --production --workers 1 --torch-threads 1 ARGS`, listening.
+    fn start(&self, args: &[&str]) -> Server {
+        Server::start(&self.app, &self.args(args))
+    }
+
+    fn args<'a>(&self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec!["--production", "--workers", "1", "--torch-threads", "1"];
+        all.extend_from_slice(args);
+        all
+    }
+}
+
+fn text_metadata(model: &str, tokenizer: Value, batch: u32) -> Value {
+    json!({
+        "name": "text app",
+        "model": model,
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1], "tokenizer": tokenizer}],
+        "max_batch_size": batch,
+    })
+}
+
+fn image_metadata(model: &str, image: Value, batch: u32) -> Value {
+    json!({
+        "name": "image app",
+        "model": model,
+        "inputs": [{"name": "image", "datatype": "BYTES", "shape": [-1], "image": image}],
+        "max_batch_size": batch,
+    })
+}
+
+fn imagenet() -> Value {
+    json!({"size": [224, 224], "resize": "center_crop", "shorter_side": 256,
+           "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]})
+}
+
+/// `outputs` of a 200 answer.
+fn outputs(r: &Raw) -> Value {
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["outputs"].clone()
+}
+
+fn post_json(s: &Server, body: &Value) -> Raw {
+    raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(body).unwrap(),
+    )
+}
+
+/// Every number of `got` within `tol` of `want` (same nesting).
+fn assert_close(got: &Value, want: &Value, tol: f64, what: &str) {
+    let (g, w) = (flat(got), flat(want));
+    assert_eq!(g.len(), w.len(), "{what}: {got} vs {want}");
+    let worst = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(worst <= tol, "{what}: differs by {worst} (> {tol})");
+}
+
+fn flat(v: &Value) -> Vec<f64> {
+    match v {
+        Value::Array(a) => a.iter().flat_map(flat).collect(),
+        Value::Number(n) => vec![n.as_f64().unwrap()],
+        other => panic!("not a number: {other}"),
+    }
+}
+
+/// Triton's binary form of `BYTES` elements: each a 4-byte little-endian length, then it.
+fn bytes_elements(items: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in items {
+        out.extend((i.len() as u32).to_le_bytes());
+        out.extend_from_slice(i);
+    }
+    out
+}
+
+/// Float tolerance of the same model on the same tokens (a padded batch adds masked
+/// positions, which change the sums' order only).
+const TEXT_TOL: f64 = 1e-4;
+
+#[test]
+fn sentences_get_the_answers_python_gives_on_every_protocol() {
+    let art = artefacts();
+    let want = expected(&art);
+    let sentences: Vec<&str> = want["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let logits = &want["logits"];
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
+            8,
+        ),
+    );
+    let s = app.start(&[]);
+    s.wait_workers(1);
+    // POST / with the documents as a list (rows of different lengths, padded together;
+    // the last one cut to max_length) and as a named input.
+    let all = outputs(&post_json(&s, &json!({"inputs": sentences})));
+    assert_close(&all, logits, TEXT_TOL, "POST / list");
+    let named = outputs(&post_json(&s, &json!({"inputs": {"text": [sentences[1]]}})));
+    assert_close(&named, &json!([logits[1]]), TEXT_TOL, "POST / named");
+    // One document as a text/plain body.
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain; charset=utf-8\r\n",
+        sentences[3].as_bytes(),
+    );
+    assert_close(&outputs(&r), &json!([logits[3]]), TEXT_TOL, "text/plain");
+    // v2 with JSON strings and with binary data.
+    let infer = "/v2/models/text%20app/infer";
+    let v2 = json!({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                "data": [sentences[0], sentences[2]]}]});
+    let r = raw(s.port, "POST", infer, "", &serde_json::to_vec(&v2).unwrap());
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_close(
+        &r.json()["outputs"][0]["data"],
+        &json!([logits[0], logits[2]]),
+        TEXT_TOL,
+        "v2 JSON",
+    );
+    let data = bytes_elements(&[sentences[4].as_bytes()]);
+    let header = format!(
+        r#"{{"inputs":[{{"name":"text","datatype":"BYTES","shape":[1],"parameters":{{"binary_data_size":{}}}}}]}}"#,
+        data.len()
+    );
+    let (extra, body) = binary(&header, &data);
+    let r = raw(s.port, "POST", infer, &extra, &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_close(
+        &r.json()["outputs"][0]["data"],
+        &json!([logits[4]]),
+        TEXT_TOL,
+        "v2 binary",
+    );
+}
+
+#[test]
+fn bad_text_is_a_400_naming_the_input_and_the_worker_keeps_serving() {
+    let art = artefacts();
+    let want = expected(&art);
+    let long = want["sentences"][4].as_str().unwrap();
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    // Too long with truncation off.
+    let r = post_json(&s, &json!({"inputs": ["short", long]}));
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        e.contains("input text: element 1 has")
+            && e.contains("max_length is 24 and truncation is off"),
+        "{e}"
+    );
+    // Not UTF-8: a text/plain body and v2 binary data.
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain\r\n",
+        b"caf\xe9",
+    );
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        e.contains("input text: element 0 is not valid UTF-8"),
+        "{e}"
+    );
+    let data = bytes_elements(&[b"ok", b"\xff\xfe"]);
+    let header = format!(
+        r#"{{"inputs":[{{"name":"text","datatype":"BYTES","shape":[2],"parameters":{{"binary_data_size":{}}}}}]}}"#,
+        data.len()
+    );
+    let (extra, body) = binary(&header, &data);
+    let r = raw(s.port, "POST", "/v2/models/text%20app/infer", &extra, &body);
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        e.contains("input text: element 1 is not valid UTF-8"),
+        "{e}"
+    );
+    // A number where a document belongs; an image body for a text model.
+    let r = post_json(&s, &json!({"inputs": [3]}));
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: image/png\r\n",
+        b"\x89PNG",
+    );
+    assert_eq!(r.status, 400);
+    let e = r.json()["error"].as_str().unwrap().to_string();
+    assert!(e.contains("one input is an image input"), "{e}");
+    // The same worker answers what fits.
+    let r = post_json(&s, &json!({"inputs": ["short"]}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn batched_documents_of_mixed_lengths_equal_one_by_one() {
+    let art = artefacts();
+    let want = expected(&art);
+    let sentences: Vec<String> = want["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    // The model taking token_type_ids too (BERT's three inputs), in forward()'s order.
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert3.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"],
+                   "feeds": ["input_ids", "attention_mask", "token_type_ids"]}),
+            8,
+        ),
+    );
+    // A long batch window, so that requests sent together share passes.
+    let s = app.start(&["--batch-timeout-ms", "300", "--metrics-port", "0"]);
+    let mport = s.metrics_port();
+    s.wait_workers(1);
+    let port = s.port;
+    let answers: Vec<(usize, Value)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = sentences
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                sc.spawn(move || {
+                    let r = raw(
+                        port,
+                        "POST",
+                        "/",
+                        "Content-Type: text/plain\r\n",
+                        text.as_bytes(),
+                    );
+                    (i, outputs(&r))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, got) in answers {
+        assert_close(
+            &got,
+            &json!([want["logits"][i]]),
+            TEXT_TOL,
+            &format!("sentence {i}"),
+        );
+    }
+    // The workers' figures reach /metrics with their heartbeat: wait until every request's
+    // pre-processing (its own histogram) is counted.
+    let preprocessed = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("vramfork_preprocess_duration_seconds_count"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let text = s.poll("the pre-processing counted in /metrics", || {
+        let text = common::http(mport, "GET", "/metrics", None).body;
+        (preprocessed(&text) == Some(sentences.len() as f64)).then_some(text)
+    });
+    // They did share passes: a pass of more than one row was counted.
+    let shared = text.lines().any(|l| {
+        l.starts_with("vramfork_batches_total{") && !l.contains("size=\"1\"") && !l.ends_with(" 0")
+    });
+    assert!(shared, "no batch of more than one request:\n{text}");
+}
+
+/// Images: decoders differ by a level or two (libjpeg-turbo in Pillow, zune-jpeg here;
+/// Pillow rounds between its two resize passes): within 3/255 of a pixel, after
+/// normalisation by std ≈ 0.22, is 0.06.
+const PIXEL_TOL: f64 = 0.06;
+
+#[test]
+fn images_get_the_answers_torchvision_gives() {
+    let art = artefacts();
+    let want = expected(&art);
+    let files: Vec<&str> = want["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    // The pre-processed tensor itself (a model returning its input): Resize(40) then
+    // CenterCrop(32) then Normalize; and a stretch to 24×36 without normalisation.
+    let crop = DocApp::new(
+        &art,
+        image_metadata(
+            "ident.pt",
+            json!({"size": [32, 32], "resize": "center_crop", "shorter_side": 40,
+                   "mean": want["mean"], "std": want["std"]}),
+            0,
+        ),
+    );
+    let stretch = DocApp::new(
+        &art,
+        image_metadata("ident.pt", json!({"size": [24, 36]}), 0),
+    );
+    let (c, st) = (crop.start(&[]), stretch.start(&[]));
+    c.wait_workers(1);
+    st.wait_workers(1);
+    for f in &files {
+        let bytes = std::fs::read(art.join(f)).unwrap();
+        let ct = if f.ends_with(".jpg") {
+            "image/jpeg"
+        } else {
+            "image/png"
+        };
+        let r = raw(
+            c.port,
+            "POST",
+            "/",
+            &format!("Content-Type: {ct}\r\n"),
+            &bytes,
+        );
+        assert_close(&outputs(&r)[0], &want["small_crop"][f], PIXEL_TOL, f);
+        let r = raw(
+            st.port,
+            "POST",
+            "/",
+            &format!("Content-Type: {ct}\r\n"),
+            &bytes,
+        );
+        assert_close(&outputs(&r)[0], &want["stretch"][f], PIXEL_TOL / 4.0, f);
+    }
+    drop((c, st));
+    // ResNet-18 on the ImageNet pipeline: a JPEG body, and every file at once through v2
+    // binary data (one request, four images) and as base64 in JSON.
+    let app = DocApp::new(&art, image_metadata("resnet.pt", imagenet(), 4));
+    let s = app.start(&[]);
+    s.wait_workers(1);
+    let logits_tol = 0.02;
+    let cat = std::fs::read(art.join("cat.jpg")).unwrap();
+    let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &cat);
+    assert_close(
+        &outputs(&r),
+        &json!([want["resnet"]["cat.jpg"]]),
+        logits_tol,
+        "cat.jpg",
+    );
+    let blobs: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(art.join(f)).unwrap())
+        .collect();
+    let data = bytes_elements(&blobs.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    let header = format!(
+        r#"{{"inputs":[{{"name":"image","datatype":"BYTES","shape":[{}],"parameters":{{"binary_data_size":{}}}}}]}}"#,
+        files.len(),
+        data.len()
+    );
+    let (extra, body) = binary(&header, &data);
+    let r = raw(
+        s.port,
+        "POST",
+        "/v2/models/image%20app/infer",
+        &extra,
+        &body,
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let all: Vec<Value> = files.iter().map(|f| want["resnet"][f].clone()).collect();
+    assert_close(
+        &r.json()["outputs"][0]["data"],
+        &json!(all),
+        logits_tol,
+        "v2 binary",
+    );
+    use base64::Engine;
+    let b64: Vec<String> = blobs
+        .iter()
+        .map(|b| base64::engine::general_purpose::STANDARD.encode(b))
+        .collect();
+    let r = post_json(&s, &json!({"inputs": b64}));
+    assert_close(&outputs(&r), &json!(all), logits_tol, "base64 JSON");
+}
+
+#[test]
+fn bad_images_are_a_400_and_the_worker_is_unchanged() {
+    let art = artefacts();
+    let app = DocApp::new(
+        &art,
+        image_metadata(
+            "ident.pt",
+            json!({"size": [8, 8], "max_pixels": 1000000}),
+            0,
+        ),
+    );
+    let s = app.start(&["--max-body-mb", "4"]);
+    let pid = s.wait_workers(1)[0];
+    let jpeg = std::fs::read(art.join("cat.jpg")).unwrap();
+    let wide = std::fs::read(art.join("wide.png")).unwrap();
+    // A PNG header claiming 30,000 × 30,000 pixels (and nothing else): refused from the
+    // header, never decoded.
+    let mut bomb = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    bomb.extend(30_000u32.to_be_bytes());
+    bomb.extend(30_000u32.to_be_bytes());
+    bomb.extend([8, 2, 0, 0, 0]);
+    bomb.extend(crc32(&bomb[12..]).to_be_bytes());
+    // The start of its image data (a decoder reads the header up to it).
+    let idat_at = bomb.len() + 4;
+    bomb.extend(2u32.to_be_bytes());
+    bomb.extend(b"IDAT\x78\x9c");
+    bomb.extend(crc32(&bomb[idat_at..]).to_be_bytes());
+    let gif = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;".to_vec();
+    for (body, want) in [
+        (
+            bomb,
+            "30000×30000 (900000000 pixels); this input takes at most 1000000",
+        ),
+        (jpeg[..jpeg.len() / 3].to_vec(), "the JPEG is cut short"),
+        (wide[..wide.len() / 2].to_vec(), "cannot decode the image"),
+        (b"plain words".to_vec(), "not a JPEG or PNG image"),
+        (gif, "GIF images are not supported"),
+        (jpeg.clone(), "is 500×375 (187500 pixels)"),
+    ] {
+        let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &body);
+        let e = String::from_utf8_lossy(&r.body).to_string();
+        if want.starts_with("is 500") {
+            // Within the limit: decoded and answered.
+            assert_eq!(r.status, 200, "{e}");
+            continue;
+        }
+        assert_eq!(r.status, 400, "{e}");
+        assert!(
+            e.contains("input image: element 0: ") && e.contains(want),
+            "{e}"
+        );
+        assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    }
+    // Base64 that is not.
+    let r = post_json(&s, &json!({"inputs": ["%%%"]}));
+    assert_eq!(r.status, 400);
+    assert!(String::from_utf8_lossy(&r.body).contains("element 0 is not base64"));
+    // The worker is the one that started, and answers.
+    let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &jpeg);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn bad_declarations_stop_the_start_with_the_field_named() {
+    let art = artefacts();
+    std::fs::write(art.join("not-a-tokenizer.json"), "not json").unwrap();
+    for (metadata, want, code) in [
+        (
+            text_metadata(
+                "bert.pt",
+                json!({"file": "not-a-tokenizer.json", "max_length": 8}),
+                0,
+            ),
+            "input text (`inputs[0].tokenizer.file`): cannot load the tokenizer",
+            vramfork::exit::MODEL_LOAD,
+        ),
+        (
+            text_metadata(
+                "bert.pt",
+                json!({"file": "missing.json", "max_length": 8}),
+                0,
+            ),
+            "field `inputs[0].tokenizer.file`",
+            vramfork::exit::CONFIG,
+        ),
+        (
+            text_metadata("bert.pt", json!({"file": "tokenizer.json"}), 0),
+            "field `inputs[0].tokenizer.max_length` is missing",
+            vramfork::exit::CONFIG,
+        ),
+        (
+            image_metadata("ident.pt", json!({"size": [8]}), 0),
+            "field `inputs[0].image.size` must be [height, width]",
+            vramfork::exit::CONFIG,
+        ),
+    ] {
+        let app = DocApp::new(&art, metadata);
+        let mut s = Server::spawn(&app.app, &app.args(&[]), &[]);
+        let status = s.wait_exit(std::time::Duration::from_secs(120));
+        assert_eq!(status.code(), Some(code), "{}", s.log_text());
+        assert!(
+            s.log_text().contains(want),
+            "{want:?} not in\n{}",
+            s.log_text()
+        );
+    }
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}

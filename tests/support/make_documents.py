@@ -1,0 +1,161 @@
+"""Makes the artefacts of tests/documents.rs in OUTDIR, on the spot, with the packages of the
+test venv (tokenizers, transformers, torchvision, Pillow), and what Python makes of them:
+
+- tokenizer.json: a BERT-style WordPiece tokenizer trained on local text (the project's
+  README), with [CLS] … [SEP] around each document;
+- bert.pt: a BERT-architecture classifier (transformers' BertForSequenceClassification,
+  random weights, 2 layers) traced with forward(input_ids, attention_mask) -> logits;
+  bert3.pt: the same model taking token_type_ids too;
+- resnet.pt: torchvision's ResNet-18 (random weights, 10 classes), scripted;
+- ident.pt: returns its input (so a test sees the pre-processed tensor itself);
+- cat.jpg, wide.png, rgba.png, gray.png: images written by Pillow;
+- expected.json: the tokens, logits and tensors Python gives for them.
+
+Usage: make_documents.py OUTDIR README
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from torchvision import models as tv_models
+from torchvision import transforms as T
+from transformers import BertConfig, BertForSequenceClassification
+
+out, readme = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+np.random.seed(0)
+
+# --- the tokenizer, trained on local text
+tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+with open(readme, encoding="utf-8") as f:
+    lines = [l for l in f.read().splitlines() if l.strip()]
+tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=800, special_tokens=special))
+cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+tok.post_processor = processors.TemplateProcessing(
+    single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+)
+tok.decoder = decoders.WordPiece()
+tok.save(os.path.join(out, "tokenizer.json"))
+
+MAX_LENGTH = 24
+sentences = [
+    "vramfork serves TorchScript models over HTTP.",
+    "Workers are recycled after a number of requests, without failing one.",
+    "GPU",
+    "Ünïcödé text, emoji 🚀 and 中文 are tokenized as Python does.",
+    "A very long document " + "that goes on and on " * 12 + "until it is cut.",
+]
+tok.enable_truncation(max_length=MAX_LENGTH)
+encs = [tok.encode(s) for s in sentences]
+
+# --- the BERT-architecture classifier
+cfg = BertConfig(
+    vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=128, max_position_embeddings=64, num_labels=3, torchscript=True,
+    attn_implementation="eager",
+)
+bert = BertForSequenceClassification(cfg).eval()
+
+
+class Two(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
+class Three(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
+
+
+def padded(es, width=None):
+    width = width or max(len(e.ids) for e in es)
+    ids = torch.zeros(len(es), width, dtype=torch.long)
+    mask = torch.zeros(len(es), width, dtype=torch.long)
+    for i, e in enumerate(es):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        mask[i, : len(e.ids)] = 1
+    return ids, mask
+
+
+with torch.no_grad():
+    ids, mask = padded(encs[:2])
+    two = torch.jit.trace(Two(bert), (ids, mask))
+    three = torch.jit.trace(Three(bert), (ids, mask, torch.zeros_like(ids)))
+    two.save(os.path.join(out, "bert.pt"))
+    three.save(os.path.join(out, "bert3.pt"))
+    # One document at a time, as Python would run them (no padding): the answers expected.
+    single = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0].tolist() for e in encs]
+    # The traced model follows other shapes (checked here, not assumed).
+    ids, mask = padded(encs)
+    traced_all = two(ids, mask)
+    assert torch.allclose(traced_all, torch.tensor(single), atol=1e-4), (traced_all, single)
+
+# --- images written by Pillow
+yy, xx = np.mgrid[0:375, 0:500]
+rgb = np.stack([(xx * 255 / 500), (yy * 255 / 375), ((xx + yy) % 64) * 4], axis=-1)
+rgb = (rgb + np.random.randint(0, 30, rgb.shape)).clip(0, 255).astype(np.uint8)
+Image.fromarray(rgb).save(os.path.join(out, "cat.jpg"), quality=92)
+wide = np.random.randint(0, 256, (120, 300, 3), dtype=np.uint8)
+wide[:, :150] //= 3
+Image.fromarray(wide).save(os.path.join(out, "wide.png"))
+rgba = np.random.randint(0, 256, (90, 70, 4), dtype=np.uint8)
+Image.fromarray(rgba, "RGBA").save(os.path.join(out, "rgba.png"))
+gray = (np.add.outer(np.arange(64), np.arange(80)) * 2 % 256).astype(np.uint8)
+Image.fromarray(gray, "L").save(os.path.join(out, "gray.png"))
+files = ["cat.jpg", "wide.png", "rgba.png", "gray.png"]
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+imagenet = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+small_crop = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+stretch = T.Compose([T.Resize((24, 36)), T.ToTensor()])
+
+
+def load(f):
+    return Image.open(os.path.join(out, f)).convert("RGB")
+
+
+resnet = tv_models.resnet18(weights=None, num_classes=10).eval()
+torch.jit.script(resnet).save(os.path.join(out, "resnet.pt"))
+
+
+class Ident(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+torch.jit.script(Ident()).save(os.path.join(out, "ident.pt"))
+with torch.no_grad():
+    resnet_out = {f: resnet(imagenet(load(f)).unsqueeze(0))[0].tolist() for f in files}
+expected = {
+    "max_length": MAX_LENGTH,
+    "sentences": sentences,
+    "ids": [e.ids for e in encs],
+    "type_ids": [e.type_ids for e in encs],
+    "logits": single,
+    "pad_id": tok.token_to_id("[PAD]"),
+    "files": files,
+    "resnet": resnet_out,
+    "small_crop": {f: small_crop(load(f)).tolist() for f in files},
+    "stretch": {f: stretch(load(f)).tolist() for f in files},
+    "mean": MEAN,
+    "std": STD,
+}
+with open(os.path.join(out, "expected.json"), "w") as f:
+    json.dump(expected, f)
+print(json.dumps({"ok": True, "vocab": tok.get_vocab_size()}))
