@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use crate::metadata::{kind, Dtype};
+use crate::schema::{kind, Dtype};
 
 /// What a document input becomes before `forward`.
 #[derive(Debug, Clone, PartialEq)]

@@ -22,3 +22,4 @@ pub mod metrics;
 pub mod plan;
 pub mod protocol;
 pub mod resources;
+pub mod schema;

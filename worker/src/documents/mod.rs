@@ -29,7 +29,7 @@ pub struct Documents {
 }
 
 enum Prep {
-    Text(text::Text),
+    Text(Box<text::Text>),
     Image(vramfork::documents::ImageSpec),
 }
 
@@ -47,9 +47,9 @@ impl Documents {
                 Ok(match &s.document {
                     None => None,
                     Some(Document::Text(t)) => {
-                        Some(Prep::Text(text::Text::load(t).map_err(|e| {
+                        Some(Prep::Text(Box::new(text::Text::load(t).map_err(|e| {
                             format!("input {} (`inputs[{i}].tokenizer.file`): {e}", s.name)
-                        })?))
+                        })?)))
                     }
                     Some(Document::Image(i)) => Some(Prep::Image(i.clone())),
                 })
