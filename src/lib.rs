@@ -14,6 +14,7 @@ pub mod develop;
 pub mod documents;
 pub mod exit;
 pub mod hwline;
+pub mod labels;
 pub mod listen;
 pub mod logging;
 pub mod master;

@@ -152,6 +152,8 @@ pub struct AppMetadata {
     /// The input shapes the warm-up passes use (`warmup_inputs`), by input name, in the
     /// same form as `profile_input`; inputs not named take their declared shape, `-1` as 1.
     pub warmup_inputs: Option<BTreeMap<String, Vec<i64>>>,
+    /// Class names of classification outputs (`outputs[i].labels`), by output index.
+    pub labels: BTreeMap<usize, crate::labels::Labels>,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -315,6 +317,7 @@ impl AppMetadata {
         let mut inputs = inputs;
         documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
         let outputs = declared("outputs")?;
+        let labels = labels(&raw, outputs.as_deref(), path).map_err(field)?;
         let max_batch_size = match raw.get("max_batch_size") {
             None | Some(Value::Null) => 0,
             Some(Value::Number(n)) => n
@@ -356,6 +359,7 @@ impl AppMetadata {
             max_batch_size,
             profile_input,
             warmup_inputs,
+            labels,
         })
     }
 
@@ -483,6 +487,26 @@ fn documents(
         }
     }
     Ok(())
+}
+
+/// The `labels` blocks of the declared `outputs`, by output index.
+fn labels(
+    raw: &Map<String, Value>,
+    outputs: Option<&[TensorSpec]>,
+    path: &Path,
+) -> Result<BTreeMap<usize, crate::labels::Labels>, String> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut out = BTreeMap::new();
+    if let (Some(Value::Array(items)), Some(specs)) = (raw.get("outputs"), outputs) {
+        for (i, (item, spec)) in items.iter().zip(specs).enumerate() {
+            let Value::Object(o) = item else { continue };
+            let classes = spec.shape.as_ref().and_then(|s| s.last().copied());
+            if let Some(l) = crate::labels::parse(&format!("outputs[{i}]"), o, base, classes)? {
+                out.insert(i, l);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `profile_input` or `warmup_inputs` (`key`): one shape (a model with one declared input)

@@ -585,3 +585,48 @@ fn crc32(data: &[u8]) -> u32 {
     }
     !c
 }
+
+#[test]
+fn labels_name_the_best_classes_of_each_row() {
+    let art = artefacts();
+    let want = expected(&art);
+    let mut m = text_metadata(
+        "bert.pt",
+        json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
+        0,
+    );
+    m["outputs"] = json!([{"name": "logits", "datatype": "FP32", "shape": [-1, 3],
+                           "labels": {"file": "labels.json", "top_k": 2, "softmax": true}}]);
+    let app = DocApp::new(&art, m);
+    std::fs::write(
+        app.app.dir.path().join("labels.json"),
+        r#"{"0": "negative", "1": "neutral", "2": "positive"}"#,
+    )
+    .unwrap();
+    let s = app.start(&[]);
+    s.wait_workers(1);
+    let sentences = &want["sentences"];
+    let r = post_json(&s, &json!({"inputs": [sentences[0], sentences[3]]}));
+    let answer = r.json();
+    assert_close(
+        &answer["outputs"],
+        &json!([want["logits"][0], want["logits"][3]]),
+        TEXT_TOL,
+        "outputs",
+    );
+    let names = ["negative", "neutral", "positive"];
+    for (row, i) in [0, 3].into_iter().enumerate() {
+        let logits = flat(&want["logits"][i]);
+        let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+        let exp: Vec<f64> = logits.iter().map(|x| (x - max).exp()).collect();
+        let sum: f64 = exp.iter().sum();
+        let mut ranked: Vec<(usize, f64)> = exp.iter().map(|e| e / sum).enumerate().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let got = &answer["labels"][row];
+        assert_eq!(got.as_array().unwrap().len(), 2, "{answer}");
+        for (k, (class, p)) in ranked.into_iter().take(2).enumerate() {
+            assert_eq!(got[k][0], names[class], "{answer}");
+            assert!((got[k][1].as_f64().unwrap() - p).abs() < 1e-4, "{answer}");
+        }
+    }
+}

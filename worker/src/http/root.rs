@@ -55,10 +55,8 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let raw = raw_document(&req, specs.as_deref())?;
     let (out, (), last) = model_request(req, app, move |body| {
         let inputs = match raw {
-            Some(RawDocument::Image) => Inputs {
-                args: vec![Arg::Blobs(vec![body])],
-            },
-            Some(RawDocument::Text) => Inputs {
+            // One document, as it is: pre-processing decodes it.
+            Some(_) => Inputs {
                 args: vec![Arg::Blobs(vec![body])],
             },
             None => parse_request(&body, specs.as_deref())?,
@@ -76,6 +74,10 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let mut body = Vec::with_capacity(outputs.len() + 64);
     body.extend_from_slice(b"{\"outputs\":");
     body.extend_from_slice(&outputs);
+    if !app.metadata.labels.is_empty() {
+        body.extend_from_slice(b",\"labels\":");
+        body.extend_from_slice(&json_bytes(&labelled(app, &outputs)?));
+    }
     drop(outputs);
     if hw_wanted {
         if let Some(line) = hw_fetch(Some("hwFetch"), app)? {
@@ -87,6 +89,72 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let mut answer = Answer::with(StatusCode::OK, body);
     answer.close = last;
     Ok(answer)
+}
+
+/// The best classes of each row of the labelled output (`outputs[i].labels`), best first:
+/// `[[[name, score], …], …]`, one list per row. With one labelled output among several,
+/// the rows are its rows; with several labelled, an object by output name.
+fn labelled(app: &App, outputs: &[u8]) -> Result<Value, ApiError> {
+    let internal = |e: String| ApiError::Run(crate::runner::RunError::Unsupported(e));
+    let all: Value = serde_json::from_slice(outputs).map_err(|e| {
+        internal(format!(
+            "the outputs could not be read back for labels: {e}"
+        ))
+    })?;
+    let declared = app.metadata.outputs.as_ref().map_or(1, Vec::len);
+    let mut by_output = serde_json::Map::new();
+    for (&i, labels) in &app.metadata.labels {
+        let out = if declared == 1 { &all } else { &all[i] };
+        let rows: Vec<Vec<f64>> = match out {
+            Value::Array(items) if items.iter().all(Value::is_number) => {
+                vec![items.iter().filter_map(Value::as_f64).collect()]
+            }
+            Value::Array(items) => items
+                .iter()
+                .map(|r| {
+                    r.as_array()
+                        .filter(|r| r.iter().all(Value::is_number))
+                        .map(|r| r.iter().filter_map(Value::as_f64).collect())
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    internal("the labelled output is not a list of rows of scores".into())
+                })?,
+            _ => {
+                return Err(internal(
+                    "the labelled output is not a tensor of scores".into(),
+                ))
+            }
+        };
+        let ranked = rows
+            .iter()
+            .map(|r| {
+                labels.top(r).map(|top| {
+                    Value::Array(
+                        top.into_iter()
+                            .map(|(name, score)| serde_json::json!([name, score]))
+                            .collect(),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(internal)?;
+        let name = app
+            .metadata
+            .outputs
+            .as_ref()
+            .and_then(|o| o.get(i))
+            .map_or_else(|| format!("output__{i}"), |o| o.name.clone());
+        by_output.insert(name, Value::Array(ranked));
+    }
+    Ok(match by_output.len() {
+        1 => by_output
+            .into_iter()
+            .next()
+            .map(|(_, v)| v)
+            .unwrap_or(Value::Null),
+        _ => Value::Object(by_output),
+    })
 }
 
 /// A `POST /` body that is one document as it is, not JSON: `Content-Type: image/jpeg` or
