@@ -186,6 +186,17 @@ fn sentences_get_the_answers_python_gives_on_every_protocol() {
         sentences[3].as_bytes(),
     );
     assert_close(&outputs(&r), &json!([logits[3]]), TEXT_TOL, "text/plain");
+    // Where its time went: the pre-processing and the pass (W3C Server-Timing, ms).
+    let timing = r.header("server-timing").unwrap_or_default().to_string();
+    let durs: Vec<f64> = timing
+        .split(", ")
+        .zip(["preprocess;dur=", "forward;dur="])
+        .filter_map(|(part, name)| part.strip_prefix(name)?.parse().ok())
+        .collect();
+    assert!(
+        durs.len() == 2 && durs.iter().all(|d| *d > 0.0),
+        "{timing:?}"
+    );
     // v2 with JSON strings and with binary data.
     let infer = "/v2/models/text%20app/infer";
     let v2 = json!({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],

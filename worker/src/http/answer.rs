@@ -24,6 +24,9 @@ pub struct Answer {
     pub header_len: Option<usize>,
     /// `WWW-Authenticate` (a 401 of token auth).
     pub challenge: Option<&'static str>,
+    /// `Server-Timing` of a model request whose documents were pre-processed: the
+    /// pre-processing and the forward pass (W3C Server Timing, milliseconds).
+    pub timing: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 impl Answer {
@@ -49,6 +52,7 @@ impl Answer {
             retry_after: None,
             header_len: None,
             challenge: None,
+            timing: None,
         }
     }
 }
@@ -69,8 +73,18 @@ impl From<ApiError> for Answer {
                 ApiError::Unauthorized(f) => Some(f.challenge()),
                 _ => None,
             },
+            timing: None,
         }
     }
+}
+
+/// `Server-Timing: preprocess;dur=…, forward;dur=…` (milliseconds).
+pub fn server_timing((pre, fwd): (std::time::Duration, std::time::Duration)) -> String {
+    format!(
+        "preprocess;dur={:.3}, forward;dur={:.3}",
+        pre.as_secs_f64() * 1e3,
+        fwd.as_secs_f64() * 1e3
+    )
 }
 
 pub fn json_bytes(v: &Value) -> Vec<u8> {

@@ -87,6 +87,11 @@ pub async fn handle(
     if let Some(c) = answer.challenge {
         h.insert(WWW_AUTHENTICATE, HeaderValue::from_static(c));
     }
+    if let Some(t) = answer.timing {
+        if let Ok(v) = HeaderValue::from_str(&super::answer::server_timing(t)) {
+            h.insert("server-timing", v);
+        }
+    }
     if let Some(s) = answer.retry_after {
         h.insert(RETRY_AFTER, HeaderValue::from(s));
     }

@@ -84,12 +84,14 @@ pub async fn model_request<T: Send + 'static>(
     }?;
     // Documents pre-processed (tokenized, decoded) on the pool, off the event loop.
     let mut parsed = parsed;
+    let mut preprocess = None;
     if let Some(docs) = &app.documents {
         let (inputs, took) = docs
             .run(&app.input_specs, parsed.inputs)
             .await
             .map_err(ApiError::BadRequest)?;
         parsed.inputs = inputs;
+        preprocess = Some(took);
         if let Some(m) = &app.metrics {
             m.preprocessed(took);
         }
@@ -116,7 +118,9 @@ pub async fn model_request<T: Send + 'static>(
     if app.body_sizes.unusual(size) {
         crate::heap::trim();
     }
-    Ok((out?, parsed.extra, last))
+    let mut out = out?;
+    out.preprocess = preprocess;
+    Ok((out, parsed.extra, last))
 }
 
 /// What a protocol's parser makes of a body: the model's input, how to write its outputs,

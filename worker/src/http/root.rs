@@ -69,6 +69,7 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
         })
     })
     .await?;
+    let out_timing = out.preprocess.map(|p| (p, out.forward));
     let outputs = out.outputs;
     // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
     let mut body = Vec::with_capacity(outputs.len() + 64);
@@ -87,6 +88,7 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     }
     body.push(b'}');
     let mut answer = Answer::with(StatusCode::OK, body);
+    answer.timing = out_timing;
     answer.close = last;
     Ok(answer)
 }

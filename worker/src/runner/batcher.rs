@@ -243,6 +243,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
             gpu_reserved,
             forward,
             batch,
+            preprocess: None,
         }));
     }
     true

@@ -61,6 +61,8 @@ pub struct RunOutput {
     pub forward: std::time::Duration,
     /// Requests in the pass it ran in (1: alone).
     pub batch: u32,
+    /// Its documents' pre-processing (set by the pipeline; `None`: it had none).
+    pub preprocess: Option<std::time::Duration>,
 }
 
 /// A job's claim: who gets it first, the model thread or a withdrawal.
@@ -458,6 +460,7 @@ fn forward(
         gpu_reserved,
         forward,
         batch: 1,
+        preprocess: None,
     })
 }
 

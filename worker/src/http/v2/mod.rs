@@ -192,6 +192,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         })
     })
     .await?;
+    let out_timing = out.preprocess.map(|p| (p, out.forward));
     let (name, version) = model_id(app);
     let mut head = serde_json::Map::new();
     head.insert("model_name".into(), Value::String(name));
@@ -209,6 +210,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     body.extend_from_slice(&out.outputs);
     body.push(b'}');
     let mut answer = Answer::with(StatusCode::OK, body);
+    answer.timing = out_timing;
     if let Some(tail) = out.binary {
         answer.header_len = Some(answer.body.len());
         answer.body.extend_from_slice(&tail);
