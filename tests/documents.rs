@@ -223,6 +223,14 @@ fn sentences_get_the_answers_python_gives_on_every_protocol() {
         TEXT_TOL,
         "v2 binary",
     );
+    // NVIDIA's own client, the sentences as BYTES strings.
+    let url = format!("127.0.0.1:{}", s.port);
+    let got = python_json(
+        "triton_documents.py",
+        &[&url, "text app", "text", "--text"],
+        sentences.join("\n").as_bytes(),
+    );
+    assert_close(&got["output"], logits, TEXT_TOL, "tritonclient");
 }
 
 #[test]
@@ -471,6 +479,16 @@ fn images_get_the_answers_torchvision_gives() {
         .collect();
     let r = post_json(&s, &json!({"inputs": b64}));
     assert_close(&outputs(&r), &json!(all), logits_tol, "base64 JSON");
+    // NVIDIA's own client, the files as binary BYTES elements.
+    let url = format!("127.0.0.1:{}", s.port);
+    let paths: Vec<String> = files
+        .iter()
+        .map(|f| art.join(f).display().to_string())
+        .collect();
+    let mut args = vec![url.as_str(), "image app", "image", "--files"];
+    args.extend(paths.iter().map(String::as_str));
+    let got = python_json("triton_documents.py", &args, b"");
+    assert_close(&got["output"], &json!(all), logits_tol, "tritonclient");
 }
 
 #[test]
