@@ -304,6 +304,34 @@ mod tests {
     }
 
     #[test]
+    fn tokenized_rows_of_different_lengths_are_padded_to_the_longest() {
+        let ids = |rows: &[&[i64]]| Inputs {
+            args: vec![Arg::Padded {
+                tensor: Tensor::from_slice2(rows),
+                pad: 7,
+            }],
+        };
+        let (a, b) = (ids(&[&[1, 2]]), ids(&[&[3, 4, 5, 6], &[8, 9, 10, 11]]));
+        // Lengths differ, the key does not: they may share a pass.
+        assert_eq!(key_of(&a).unwrap().0, key_of(&b).unwrap().0);
+        assert_eq!(key_of(&b).unwrap().1, 2);
+        let stacked = stack(&[&a, &b]).unwrap();
+        let Arg::Padded { tensor, pad: 7 } = &stacked[0] else {
+            panic!("{stacked:?}")
+        };
+        assert_eq!(tensor.size(), [3, 4]);
+        assert_eq!(
+            Vec::<i64>::try_from(tensor.flatten(0, -1)).unwrap(),
+            [1, 2, 7, 7, 3, 4, 5, 6, 8, 9, 10, 11]
+        );
+        // A tokenized tensor and a plain one of the same shape do not share a key.
+        let plain = Inputs {
+            args: vec![Arg::Tensor(Tensor::from_slice2(&[[1i64, 2]]))],
+        };
+        assert_ne!(key_of(&plain).unwrap().0, key_of(&a).unwrap().0);
+    }
+
+    #[test]
     fn stacked_outputs_are_cut_back_per_request() {
         let (a, b) = (tensor(1, 2), tensor(3, 2));
         let stacked = stack(&[&a, &b]).unwrap();
