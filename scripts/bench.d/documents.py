@@ -103,7 +103,7 @@ def client(kind, mode, port, seconds, q):
         if kind == "text":
             from tokenizers import Tokenizer
             tok = Tokenizer.from_file(os.path.join(TMP, "tokenizer.json"))
-            tok.enable_truncation(max_length=128)
+            tok.enable_truncation(max_length=64)
         else:
             import io
             from PIL import Image
@@ -167,7 +167,7 @@ def metadata(kind, mode):
     """The app's metadata: the document declared (worker mode) or the tensors (client mode)."""
     if kind == "text":
         inputs = ([{"name": "text", "datatype": "BYTES", "shape": [-1],
-                    "tokenizer": {"file": "tokenizer.json", "max_length": 128}}]
+                    "tokenizer": {"file": "tokenizer.json", "max_length": 64}}]
                   if mode == "worker" else
                   [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
                    {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]}])
