@@ -247,6 +247,25 @@ pub struct Cli {
     )]
     pub metrics_api_key_file: Option<OsString>,
 
+    /// Serve HTTPS: the server's certificate chain (PEM, leaf first), on the serving port
+    /// and on --metrics-port. Needs --tls-key. Re-read when the files change. [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<OsString>,
+
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC).
+    #[arg(long, global = true, env = "VRAMFORK_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<OsString>,
+
+    /// Mutual TLS: CA certificates (PEM); every client must present a certificate signed by
+    /// one of them. Needs --tls-cert. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_TLS_CLIENT_CA",
+        value_name = "FILE"
+    )]
+    pub tls_client_ca: Option<OsString>,
+
     /// Write one access-log line per answered request to stderr (in --log-format): time,
     /// request id, method, path, status, bytes in and out, time waiting, time in the model,
     /// total, batch, worker slot and pid. [default: off]
@@ -309,6 +328,9 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--api-key-file", "VRAMFORK_API_KEY_FILE"),
     ("--metrics-api-key-file", "VRAMFORK_METRICS_API_KEY_FILE"),
     ("--access-log", "VRAMFORK_ACCESS_LOG"),
+    ("--tls-cert", "VRAMFORK_TLS_CERT"),
+    ("--tls-key", "VRAMFORK_TLS_KEY"),
+    ("--tls-client-ca", "VRAMFORK_TLS_CLIENT_CA"),
 ];
 
 #[cfg(test)]

@@ -82,6 +82,9 @@ pub struct Config {
     pub api_key_file: Option<PathBuf>,
     /// `--metrics-api-key-file` (absolute), checked: `/metrics` requires a key from it.
     pub metrics_api_key_file: Option<PathBuf>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca` (absolute), checked: both ports serve
+    /// HTTPS.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 /// The most `--warmup-passes` accepted: more passes than this buy nothing and delay every
@@ -271,6 +274,12 @@ impl Config {
                     .into(),
             ));
         }
+        let tls = tls_files(
+            &c,
+            cli.tls_cert.as_deref(),
+            cli.tls_key.as_deref(),
+            cli.tls_client_ca.as_deref(),
+        )?;
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
         let max_requests_jitter = c.uint(
@@ -466,6 +475,7 @@ impl Config {
             access_log: cli.access_log,
             api_key_file,
             metrics_api_key_file,
+            tls,
         })
     }
 
@@ -495,6 +505,10 @@ impl Config {
             if let Some(f) = f {
                 key_file(&c, flag, Some(f.as_os_str()))?;
             }
+        }
+        // And the TLS files: new workers read them (a HUP after a rotation).
+        if let Some(t) = &self.tls {
+            check_tls(&c, t)?;
         }
         let max_batch_size = batching(
             &metadata,
@@ -598,6 +612,65 @@ fn key_file(
     let path = absolute(Path::new(v));
     crate::auth::ApiKeys::load(&path).map_err(|e| ConfigError(format!("{}: {e}", c.name(flag))))?;
     Ok(Some(path))
+}
+
+/// `--tls-cert`, `--tls-key`, `--tls-client-ca`: all or nothing (the CA only with the
+/// other two), and the files must make a working server configuration.
+fn tls_files(
+    c: &Checker,
+    cert: Option<&std::ffi::OsStr>,
+    key: Option<&std::ffi::OsStr>,
+    client_ca: Option<&std::ffi::OsStr>,
+) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+    let files = match (cert, key) {
+        (None, None) => {
+            if client_ca.is_some() {
+                return Err(ConfigError(format!(
+                    "{} asks for client certificates over TLS: give {} and {} too",
+                    c.name("--tls-client-ca"),
+                    c.name("--tls-cert"),
+                    c.name("--tls-key")
+                )));
+            }
+            return Ok(None);
+        }
+        (Some(_), None) => {
+            return Err(ConfigError(format!(
+                "{} needs {} (its private key)",
+                c.name("--tls-cert"),
+                c.name("--tls-key")
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError(format!(
+                "{} needs {} (the certificate it is the key of)",
+                c.name("--tls-key"),
+                c.name("--tls-cert")
+            )))
+        }
+        (Some(cert), Some(key)) => crate::tls::TlsFiles {
+            cert: absolute(Path::new(cert)),
+            key: absolute(Path::new(key)),
+            client_ca: client_ca.map(|p| absolute(Path::new(p))),
+        },
+    };
+    check_tls(c, &files)?;
+    Ok(Some(files))
+}
+
+fn check_tls(c: &Checker, files: &crate::tls::TlsFiles) -> Result<(), ConfigError> {
+    files.server_config().map(drop).map_err(|e| {
+        ConfigError(format!(
+            "TLS ({}, {}{}): {e}",
+            c.name("--tls-cert"),
+            c.name("--tls-key"),
+            if files.client_ca.is_some() {
+                format!(", {}", c.name("--tls-client-ca"))
+            } else {
+                String::new()
+            }
+        ))
+    })
 }
 
 fn absolute(p: &Path) -> PathBuf {

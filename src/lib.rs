@@ -24,3 +24,4 @@ pub mod plan;
 pub mod protocol;
 pub mod resources;
 pub mod schema;
+pub mod tls;

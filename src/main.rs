@@ -120,6 +120,7 @@ fn run(cfg: Config) -> i32 {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let metrics_listener = match cfg.metrics_port {
         None => None,
         Some(port) => match listen::bind_plain(&cfg.host, port, "--metrics-port") {
@@ -128,7 +129,7 @@ fn run(cfg: Config) -> i32 {
                 tracing::info!(
                     event = "metrics_listening",
                     addr = maddr,
-                    "metrics at http://{maddr}/metrics"
+                    "metrics at {scheme}://{maddr}/metrics"
                 );
                 Some(l)
             }
@@ -141,7 +142,7 @@ fn run(cfg: Config) -> i32 {
             addr,
             socket,
             workers = 1,
-            "listening on http://{addr} (development mode: one process)"
+            "listening on {scheme}://{addr} (development mode: one process)"
         );
         let e = develop::exec_worker(&cfg, &plan, listener, metrics_listener);
         return fail(ConfigError(format!(
@@ -164,7 +165,7 @@ fn run(cfg: Config) -> i32 {
         addr,
         socket,
         workers = plan.workers,
-        "listening on http://{addr} with {} workers ({})",
+        "listening on {scheme}://{addr} with {} workers ({})",
         plan.workers,
         plan.source
     );
@@ -172,10 +173,21 @@ fn run(cfg: Config) -> i32 {
         None => None,
         Some(l) => {
             let m = MasterMetrics::new(&plan, cfg.nvml_library.clone());
+            // Checked by the configuration already; read again here for the metrics port.
+            let tls = match cfg
+                .tls
+                .clone()
+                .map(vramfork::tls::Reloading::new)
+                .transpose()
+            {
+                Ok(t) => t.map(std::sync::Arc::new),
+                Err(e) => return fail(ConfigError(format!("TLS: {e}"))),
+            };
             if let Err(e) = metrics::endpoint::spawn_thread(
                 l,
                 m.source(),
                 metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone()),
+                tls,
             ) {
                 return fail(ConfigError(format!(
                     "cannot start the metrics listener: {e}"

@@ -149,6 +149,10 @@ pub struct WorkerConfig {
     /// mode).
     #[serde(default)]
     pub metrics_api_key_file: Option<String>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: the worker serves HTTPS, reading the
+    /// files when it boots and again when they change.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsFiles>,
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
     #[serde(default)]
     pub metrics: Option<WorkerMetrics>,

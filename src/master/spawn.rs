@@ -88,6 +88,7 @@ pub fn worker_config(
             .metrics_api_key_file
             .as_ref()
             .map(|p| p.display().to_string()),
+        tls: cfg.tls.clone(),
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,

@@ -84,14 +84,16 @@ impl MetricsAuth {
 
 /// Serves scrapes on `listener` until the runtime is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
-    serve_with(listener, source, Arc::new(MetricsAuth::default())).await
+    serve_with(listener, source, Arc::new(MetricsAuth::default()), None).await
 }
 
-/// [`serve`], with `/metrics` behind `auth`.
+/// [`serve`], with `/metrics` behind `auth`, over TLS when `tls` is given (the handshake
+/// under the same deadline as a request head).
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     source: SharedSource,
     auth: Arc<MetricsAuth>,
+    tls: Option<Arc<crate::tls::Reloading>>,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -104,16 +106,32 @@ pub async fn serve_with(
         };
         let source = source.clone();
         let auth = auth.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| answer(req, source.clone(), auth.clone()));
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ)
-                .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!("metrics connection ended: {e}");
+            let Some(tls) = tls else {
+                return serve_connection(stream, source, auth).await;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+            match tokio::time::timeout(HEADER_READ, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, source, auth).await,
+                Ok(Err(e)) => tracing::debug!("metrics: TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!("metrics: TLS handshake not complete in time"),
             }
         });
+    }
+}
+
+async fn serve_connection<S>(stream: S, source: SharedSource, auth: Arc<MetricsAuth>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| answer(req, source.clone(), auth.clone()));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ)
+        .serve_connection(TokioIo::new(stream), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!("metrics connection ended: {e}");
     }
 }
 
@@ -122,6 +140,7 @@ pub fn spawn_thread(
     listener: std::net::TcpListener,
     source: SharedSource,
     auth: MetricsAuth,
+    tls: Option<Arc<crate::tls::Reloading>>,
 ) -> std::io::Result<()> {
     let auth = Arc::new(auth);
     listener.set_nonblocking(true)?;
@@ -133,7 +152,7 @@ pub fn spawn_thread(
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve_with(l, source, auth).await,
+                    Ok(l) => serve_with(l, source, auth, tls).await,
                     Err(e) => tracing::error!("metrics listener: {e}"),
                 }
             })

@@ -35,6 +35,8 @@ pub struct App {
     pub footprint: Option<vramfork::protocol::FootprintFigures>,
     /// `--api-key-file`'s keys: every request but the health checks needs one.
     pub api_keys: Option<ApiKeys>,
+    /// `--tls-cert`/`--tls-key`: connections are TLS, with the newest good certificate.
+    pub tls: Option<Arc<vramfork::tls::Reloading>>,
     /// The access log (`--access-log`), when it is on.
     pub access_log: Option<Arc<AccessLog>>,
     /// The body sizes seen, to hand memory back after an unusually large one.
@@ -71,6 +73,7 @@ impl App {
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
             api_keys,
+            tls: None,
             access_log: cfg
                 .access_log
                 .then(|| AccessLog::start(cfg.log_json, cfg.slot)),

@@ -17,6 +17,8 @@ pub struct ServeMetrics {
     pub config: WorkerMetrics,
     /// `--metrics-api-key-file`.
     pub key_file: Option<std::path::PathBuf>,
+    /// `--tls-cert`: the metrics port serves HTTPS too.
+    pub tls: Option<Arc<vramfork::tls::Reloading>>,
 }
 
 pub struct Plan {
@@ -78,6 +80,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
                 l,
                 source,
                 Arc::new(auth),
+                m.tls,
             ));
         }
 

@@ -90,11 +90,19 @@ pub fn boot(
         .map(|f| vramfork::auth::ApiKeys::load(std::path::Path::new(f)))
         .transpose()
         .map_err(config_err)?;
+    let tls = cfg
+        .tls
+        .clone()
+        .map(vramfork::tls::Reloading::new)
+        .transpose()
+        .map_err(|e| config_err(format!("TLS: {e}")))?
+        .map(Arc::new);
     let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
         Some(config) => Some(lifecycle::ServeMetrics {
             listener: listener::inherit_metrics().map_err(config_err)?,
             config,
             key_file: cfg.metrics_api_key_file.clone().map(Into::into),
+            tls: tls.clone(),
         }),
         None => None,
     };
@@ -197,9 +205,10 @@ pub fn boot(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
-    let app = Arc::new(app::App::new(
-        shared, runner, metadata, hw, &cfg, api_keys, documents,
-    ));
+    let app = Arc::new(app::App {
+        tls,
+        ..app::App::new(shared, runner, metadata, hw, &cfg, api_keys, documents)
+    });
     let plan = lifecycle::Plan {
         listener,
         app,

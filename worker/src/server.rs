@@ -152,8 +152,9 @@ pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, grac
 /// What a connection is doing, for its deadlines and the worker's counters.
 struct ConnState {
     accepted: Instant,
-    /// When its first request arrived, if it was already waiting in the listen queue.
-    queued_since: Option<Instant>,
+    /// When its first request arrived, if it was already waiting in the listen queue (over
+    /// TLS: when the ClientHello did, moved on by the handshake's time).
+    queued_since: Mutex<Option<Instant>>,
     /// Counted in `Counters::awaiting`.
     awaiting: AtomicBool,
     /// When bytes of a request head that is not a request yet began to arrive.
@@ -172,7 +173,7 @@ impl ConnState {
         let now = Instant::now();
         Arc::new(ConnState {
             accepted: now,
-            queued_since: queued.map(|q| now - q),
+            queued_since: Mutex::new(queued.map(|q| now - q)),
             awaiting: AtomicBool::new(true),
             head_since: Mutex::new(None),
             in_request: AtomicBool::new(false),
@@ -214,7 +215,11 @@ impl ConnState {
                 c.awaiting -= 1;
             }
         });
-        let queued = if first { self.queued_since } else { None };
+        let queued = if first {
+            *self.queued_since.lock().unwrap_or_else(|p| p.into_inner())
+        } else {
+            None
+        };
         queued.or(head).unwrap_or(now)
     }
 
@@ -224,6 +229,34 @@ impl ConnState {
         let fresh = self.fresh.swap(false, Ordering::SeqCst);
         app.shared.update(|c| {
             c.in_flight -= 1;
+            if fresh {
+                c.fresh -= 1;
+            }
+        });
+    }
+
+    /// The TLS handshake took `d`: like a request's upload, it is not time spent waiting for
+    /// a worker (`--max-queue-wait`), so the first request's arrival moves on by it.
+    fn handshake_took(&self, d: Duration) {
+        if let Some(q) = self
+            .queued_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            *q += d;
+        }
+    }
+
+    /// The connection is gone: it no longer counts as open, nor as awaiting a request.
+    fn closed(&self, app: &App) {
+        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
+        let fresh = self.fresh.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.open -= 1;
+            if awaiting {
+                c.awaiting -= 1;
+            }
             if fresh {
                 c.fresh -= 1;
             }
@@ -272,6 +305,41 @@ enum Expiry {
 async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     let _ = stream.set_nodelay(true);
     let fd = stream.as_raw_fd();
+    let Some(tls) = app.tls.clone() else {
+        return serve_http(stream, fd, app, state).await;
+    };
+    // The handshake runs under the deadline of a new connection's request head: a client
+    // that stalls in it is dropped as one that stalls in its head is, and until its request
+    // arrives it counts as a connection awaiting its head (`Counters::can_accept`), not as a
+    // request worked on, so the worker goes on accepting others.
+    let started = Instant::now();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+    match tokio::time::timeout_at(
+        (state.accepted + HEADER_READ).into(),
+        acceptor.accept(stream),
+    )
+    .await
+    {
+        Ok(Ok(stream)) => {
+            state.handshake_took(started.elapsed());
+            serve_http(stream, fd, app, state).await
+        }
+        Ok(Err(e)) => {
+            tracing::debug!("TLS handshake failed: {e}");
+            state.closed(&app);
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake not complete within {HEADER_READ:?}: dropped");
+            state.closed(&app);
+        }
+    }
+}
+
+/// Serves HTTP/1.1 on a connection (plain, or TLS after the handshake) until it ends.
+async fn serve_http<S>(stream: S, fd: std::os::fd::RawFd, app: Arc<App>, state: Arc<ConnState>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let shared = app.shared.clone();
     let app_for_state = app.clone();
     let io = Watched {
@@ -334,27 +402,17 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
                 if state.fresh.load(Ordering::SeqCst) => state.stale(&app_for_state),
         }
     }
-    let awaiting = state.awaiting.swap(false, Ordering::SeqCst);
-    let fresh = state.fresh.swap(false, Ordering::SeqCst);
-    shared.update(|c| {
-        c.open -= 1;
-        if awaiting {
-            c.awaiting -= 1;
-        }
-        if fresh {
-            c.fresh -= 1;
-        }
-    });
+    state.closed(&app_for_state);
 }
 
 /// The connection's socket, noticing when bytes arrive (the start of a request head).
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     state: Arc<ConnState>,
     app: Arc<App>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -369,7 +427,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
