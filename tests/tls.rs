@@ -528,3 +528,62 @@ fn bad_tls_options_stop_the_server_at_start() {
         );
     }
 }
+
+/// `--max-queue-wait` works through TLS: the wait counts from the ClientHello's arrival in
+/// the listen queue, less the handshake's own time. Ten clients at once on one worker, each
+/// request ~0.4 s of model time: the later ones are refused with 503 and `Retry-After`.
+#[test]
+fn max_queue_wait_refuses_late_requests_over_tls_too() {
+    let app = App::new("slow.pt", "");
+    let pki = Pki::new(app.dir.path(), "ca");
+    pki.issue("ca", "server");
+    let s = start(
+        &app,
+        &pki,
+        &["--max-queue-wait", "1", "--torch-threads", "1"],
+    );
+    s.wait_workers(1);
+    let ca = pki.path("ca.pem");
+    let handles: Vec<_> = (0..10)
+        .map(|_| {
+            let (port, ca) = (s.port, ca.clone());
+            std::thread::spawn(move || {
+                curl(
+                    port,
+                    "/",
+                    &[
+                        "--cacert",
+                        &ca,
+                        "-i",
+                        "--max-time",
+                        "60",
+                        "--data",
+                        r#"{"inputs": [[18000]]}"#,
+                    ],
+                )
+            })
+        })
+        .collect();
+    let answers: Vec<(i32, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(answers.iter().all(|(code, _)| *code == 0), "{answers:?}");
+    let ok = answers
+        .iter()
+        .filter(|(_, o)| o.starts_with("HTTP/1.1 200"))
+        .count();
+    let refused: Vec<&String> = answers
+        .iter()
+        .map(|(_, o)| o)
+        .filter(|o| o.starts_with("HTTP/1.1 503"))
+        .collect();
+    assert_eq!(ok + refused.len(), 10, "{answers:?}");
+    assert!(ok >= 1, "{answers:?}");
+    assert!(!refused.is_empty(), "nothing was refused: {answers:?}");
+    for r in refused {
+        let lower = r.to_lowercase();
+        assert!(lower.contains("retry-after: 1"), "{r}");
+        assert!(
+            r.contains("--max-queue-wait") && r.contains("did not run"),
+            "{r}"
+        );
+    }
+}

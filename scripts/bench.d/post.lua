@@ -3,7 +3,9 @@
 -- percentiles in microseconds. The body is $BENCH_BODY, or the bytes of the file
 -- $BENCH_BODY_FILE (binary bodies: environment variables cannot hold NUL bytes). With
 -- $BENCH_HEADER_LEN set, the body is a v2 binary request: Inference-Header-Content-Length
--- is sent and the content type is application/octet-stream.
+-- is sent and the content type is application/octet-stream. With $BENCH_CLOSE set, every
+-- request says `Connection: close`, so wrk opens a new connection (and over https a new TLS
+-- handshake) for each.
 wrk.method = "POST"
 local file = os.getenv("BENCH_BODY_FILE")
 if file then
@@ -19,6 +21,9 @@ if header_len then
   wrk.headers["Content-Type"] = "application/octet-stream"
 else
   wrk.headers["Content-Type"] = "application/json"
+end
+if os.getenv("BENCH_CLOSE") then
+  wrk.headers["Connection"] = "close"
 end
 
 done = function(summary, latency, requests)

@@ -13,6 +13,7 @@ import random
 import re
 import signal
 import socket
+import ssl
 import statistics
 import struct
 import subprocess
@@ -78,14 +79,21 @@ def free_port():
     return port
 
 
-def post_once(port, body, timeout=5.0):
-    """One POST / on a fresh connection; returns the status code (None on a socket error)."""
+def post_once(port, body, timeout=5.0, tls=False):
+    """One POST / on a fresh connection (over TLS, trusting any certificate, with `tls`);
+    returns the status code (None on a socket error)."""
     req = (
         f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
     ).encode()
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+            s = raw
+            if tls:
+                ctx = ssl.create_default_context()
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+                s = ctx.wrap_socket(raw)
             s.sendall(req)
             data = b""
             while b"\r\n" not in data:
@@ -296,7 +304,9 @@ class Server:
     def __init__(self, model, workers, max_requests=0, tag="run", metrics=False, metadata=None,
                  extra=()):
         """`model` names an entry of MODELS (its request body); `metadata` replaces its
-        metadata file when given; `extra`: more `app` arguments."""
+        metadata file when given; `extra`: more `app` arguments (with `--tls-cert`, the
+        readiness check speaks TLS)."""
+        self.tls = "--tls-cert" in extra
         self.port = free_port()
         self.metrics_port = free_port() if metrics else None
         self.model = model
@@ -332,7 +342,7 @@ class Server:
                 raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log_path}")
             ready = sum(1 for e in read_log(self.log_path) if " ready in " in e["msg"]
                         and e["msg"].startswith("worker "))
-            if ready >= self.workers and post_once(self.port, body) == 200:
+            if ready >= self.workers and post_once(self.port, body, tls=self.tls) == 200:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"app not ready in {deadline_s} s; see {self.log_path}")
@@ -406,12 +416,15 @@ def read_log(path):
 # ---------------------------------------------------------------- load generator
 
 
-def wrk(port, body, conns, seconds, path="/", header_len=None):
+def wrk(port, body, conns, seconds, path="/", header_len=None, scheme="http", close=False):
     """wrk POSTing `body` (str or bytes) to `path`; `header_len` makes it a v2 binary request
-    (Inference-Header-Content-Length)."""
+    (Inference-Header-Content-Length); `scheme` https for TLS; `close`: a new connection per
+    request."""
     cmd = ["wrk", "-t", "1", "-c", str(conns), "-d", f"{seconds}s", "--timeout", "10s",
-           "-s", os.path.join(HERE, "post.lua"), f"http://127.0.0.1:{port}{path}"]
+           "-s", os.path.join(HERE, "post.lua"), f"{scheme}://127.0.0.1:{port}{path}"]
     env = dict(os.environ)
+    if close:
+        env["BENCH_CLOSE"] = "1"
     if isinstance(body, bytes) or len(body) > 64 << 10:
         # A file: binary bodies cannot travel in the environment, nor can large ones.
         env["BENCH_BODY_FILE"] = os.path.join(TMP, f"body-{port}.bin")
@@ -592,6 +605,59 @@ def measure_access(cfg):
         for srv in srvs.values():
             srv.stop()
     return out
+
+
+def measure_tls(cfg):
+    """TLS vs plain HTTP (`--tls-cert`/`--tls-key`, an ECDSA P-256 certificate made with
+    openssl): small MLP, 2 workers, c=16, keep-alive and a new connection per request (each a
+    new TCP connection, and over TLS a full handshake), the two servers' runs interleaved."""
+    d = os.path.join(TMP, "tls")
+    os.makedirs(d, exist_ok=True)
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    body = MODELS["mlp"]["body"]
+    srvs = {"plain": (Server("mlp", 2, tag="tls-plain"), "http"),
+            "tls": (Server("mlp", 2, tag="tls-on", extra=("--tls-cert", cert, "--tls-key", key)),
+                    "https")}
+    out = {"c": 16}
+    try:
+        for srv, scheme in srvs.values():
+            srv.wait_ready()
+            wrk(srv.port, body, 2, 1, scheme=scheme)  # warm-up
+        for mode, close in (("keep-alive", False), ("new connection", True)):
+            runs = {k: [] for k in srvs}
+            for i in range(cfg["reps"] + 2):
+                order = list(srvs.items()) if i % 2 == 0 else list(reversed(srvs.items()))
+                for k, (srv, scheme) in order:
+                    runs[k].append(wrk(srv.port, body, 16, cfg["load_s"], scheme=scheme,
+                                       close=close))
+            out[mode] = {k: summarize(v) for k, v in runs.items()}
+            t, p = out[mode]["tls"]["rps"], out[mode]["plain"]["rps"]
+            out[mode]["ratio"] = t / p
+            log(f"TLS {mode} c=16: plain {p:.0f} req/s, TLS {t:.0f} req/s ({t / p:.3f})")
+    finally:
+        for srv, _ in srvs.values():
+            srv.stop()
+    return out
+
+
+def tls_markdown(a):
+    L = ["\n## TLS vs plain HTTP (small MLP, 2 workers, c=16)\n",
+         "The two servers' runs interleaved (order alternating), medians; an ECDSA P-256 "
+         "certificate; new connection = `Connection: close` on every request, so each request "
+         "pays a TCP connection and, over TLS, a full handshake.\n",
+         "| connections | plain req/s (runs) | TLS req/s (runs) | TLS ÷ plain | p50 plain / TLS (ms) | failed plain / TLS |",
+         "|---|---|---|---|---|---|"]
+    for mode in ("keep-alive", "new connection"):
+        x = a[mode]
+        L.append(f"| {mode} | {fmt(x['plain']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['plain']['rps_all'])}) | "
+                 f"{fmt(x['tls']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['tls']['rps_all'])}) | "
+                 f"**{fmt(x['ratio'], 3)}** | {fmt(x['plain']['p50_ms'], 3)} / {fmt(x['tls']['p50_ms'], 3)} | "
+                 f"{x['plain'].get('failed', 0)} / {x['tls'].get('failed', 0)} |")
+    return "\n".join(L) + "\n"
 
 
 def access_markdown(a):
@@ -1671,7 +1737,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "first", "access"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "first", "access", "tls"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1706,6 +1772,7 @@ def main():
             "batching": (measure_batching, batching_markdown, "Dynamic batching"),
             "real": (measure_real, real_markdown, "Real architectures"),
             "access": (measure_access, access_markdown, "Access log cost"),
+            "tls": (measure_tls, tls_markdown, "TLS cost"),
             "first": (measure_first, first_markdown, "Warm exec'd workers"),
         }[a.only]
         res[a.only] = measure(cfg)
