@@ -31,6 +31,21 @@ pub struct TextSpec {
     pub feeds: Vec<Feed>,
     /// The id padding uses; `None`: the tokenizer's own padding id, else `[PAD]`, `<pad>`, 0.
     pub pad_id: Option<u32>,
+    /// Documents one request may carry in this input (more: 413).
+    pub max_documents: usize,
+}
+
+impl TextSpec {
+    /// The most bytes of one document the tokenizer reads: with truncation on, what lies
+    /// beyond is never tokenized; with it off, a longer document is refused unread.
+    pub fn max_text_bytes(&self) -> usize {
+        self.max_length * TEXT_BYTES_PER_TOKEN
+    }
+
+    /// The largest the tensors of one document can be: `feeds` int64 rows of `max_length`.
+    pub fn bytes_per_document(&self) -> u64 {
+        (self.feeds.len() * self.max_length * 8) as u64
+    }
 }
 
 /// How the rows of one forward pass are padded.
@@ -86,6 +101,33 @@ pub struct ImageSpec {
     pub dtype: Dtype,
     /// Images with more pixels than this are refused from their header, before decoding.
     pub max_pixels: u64,
+    /// Documents one request may carry in this input (more: 413).
+    pub max_documents: usize,
+}
+
+impl ImageSpec {
+    /// The bytes of one image's tensor: `[3, H, W]` of `dtype`.
+    pub fn bytes_per_document(&self) -> u64 {
+        let [h, w] = self.size.map(u64::from);
+        let element = match self.dtype {
+            Dtype::Float64 => 8,
+            Dtype::Float32 => 4,
+            Dtype::Float16 | Dtype::BFloat16 => 2,
+            _ => 1,
+        };
+        3 * h * w * element
+    }
+
+    /// The most pixels an image resized for `center_crop` (its shorter side to
+    /// `shorter_side`, before its centre is cut) may have: `max_pixels`, or 4 ×
+    /// `shorter_side`² when that is more (an image of aspect ratio up to 4:1 is never
+    /// refused for its resized size). `stretch` resizes to `size`, which is bounded already.
+    pub fn max_resized_pixels(&self) -> u64 {
+        match self.resize {
+            Resize::Stretch => u64::MAX,
+            Resize::ShorterSideThenCrop(n) => self.max_pixels.max(4 * u64::from(n).pow(2)),
+        }
+    }
 }
 
 /// How an image is brought to `size`.
@@ -111,6 +153,27 @@ pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
 pub const MAX_TOKENS_LIMIT: usize = 1 << 16;
 /// The largest side of `size` accepted.
 pub const MAX_SIDE: u32 = 8192;
+/// The default `max_documents`: documents one request may carry in one input.
+pub const DEFAULT_MAX_DOCUMENTS: usize = 64;
+/// The largest `max_documents` accepted.
+pub const MAX_DOCUMENTS_LIMIT: usize = 4096;
+/// The most bytes of tensors the documents of one request may become (all its document
+/// inputs together, each document counted at the largest it can be): 1 GiB. A request
+/// over it is refused (413) before anything is decoded or tokenized.
+pub const MAX_PREPROCESSED_BYTES: u64 = 1 << 30;
+/// Bytes of text per token the tokenizer reads at most: a document is tokenized from at
+/// most its first `max_length` × this many bytes ([`TextSpec::max_text_bytes`]).
+pub const TEXT_BYTES_PER_TOKEN: usize = 1024;
+
+fn max_documents(at: &str, o: &Map<String, Value>) -> Result<usize, String> {
+    Ok(whole(
+        &format!("{at}.max_documents"),
+        o.get("max_documents"),
+        1,
+        MAX_DOCUMENTS_LIMIT as u64,
+    )?
+    .map_or(DEFAULT_MAX_DOCUMENTS, |n| n as usize))
+}
 
 /// The document block of `inputs[i]` (`at` names it, e.g. `inputs[0]`), if it has one;
 /// `base` is the metadata's folder.
@@ -185,6 +248,7 @@ fn text(at: &str, v: &Value, base: &Path) -> Result<TextSpec, String> {
             "padding",
             "feeds",
             "pad_id",
+            "max_documents",
         ],
     )?;
     let file = match o.get("file") {
@@ -271,6 +335,7 @@ fn text(at: &str, v: &Value, base: &Path) -> Result<TextSpec, String> {
         padding,
         feeds,
         pad_id,
+        max_documents: max_documents(at, o)?,
     })
 }
 
@@ -310,6 +375,7 @@ fn image(at: &str, v: &Value) -> Result<ImageSpec, String> {
             "channels",
             "dtype",
             "max_pixels",
+            "max_documents",
         ],
     )?;
     let size = match o.get("size") {
@@ -412,6 +478,7 @@ fn image(at: &str, v: &Value) -> Result<ImageSpec, String> {
         channels,
         dtype,
         max_pixels,
+        max_documents: max_documents(at, o)?,
     })
 }
 
@@ -440,6 +507,9 @@ mod tests {
         assert_eq!(t.padding, Padding::Longest);
         assert_eq!(t.feeds, [Feed::InputIds, Feed::AttentionMask]);
         assert!(t.file.ends_with("tok.json"));
+        assert_eq!(t.max_documents, DEFAULT_MAX_DOCUMENTS);
+        assert_eq!(t.bytes_per_document(), 2 * 8 * 8);
+        assert_eq!(t.max_text_bytes(), 8 * TEXT_BYTES_PER_TOKEN);
         for (block, want) in [
             (
                 r#"{"tokenizer": {"file": "tok.json"}}"#,
@@ -464,6 +534,10 @@ mod tests {
             (
                 r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "feeds": ["ids"]}}"#,
                 "`inputs[0].tokenizer.feeds[0]`",
+            ),
+            (
+                r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "max_documents": 0}}"#,
+                "`inputs[0].tokenizer.max_documents` must be a whole number 1..=4096",
             ),
             (
                 r#"{"tokenizer": {"file": "tok.json", "max_length": 8, "lower": true}}"#,
@@ -499,6 +573,20 @@ mod tests {
         assert_eq!(i.resize, Resize::ShorterSideThenCrop(256));
         assert_eq!((i.dtype, i.channels), (Dtype::Float32, Channels::Rgb));
         assert_eq!(i.max_pixels, DEFAULT_MAX_PIXELS);
+        assert_eq!(i.max_documents, DEFAULT_MAX_DOCUMENTS);
+        assert_eq!(i.bytes_per_document(), 3 * 224 * 224 * 4);
+        // 4 × 256² is less than the default max_pixels.
+        assert_eq!(i.max_resized_pixels(), DEFAULT_MAX_PIXELS);
+        let Some(Document::Image(i)) = parse_json(
+            r#"{"image": {"size": [8, 8], "resize": "center_crop", "shorter_side": 100,
+                          "max_pixels": 1000, "dtype": "uint8", "max_documents": 3}}"#,
+            true,
+        )
+        .unwrap() else {
+            panic!("not an image")
+        };
+        assert_eq!((i.max_documents, i.max_resized_pixels()), (3, 40_000));
+        assert_eq!(i.bytes_per_document(), 3 * 8 * 8);
         let Some(Document::Image(i)) = parse_json(r#"{"image": {"size": [4, 6]}}"#, true).unwrap()
         else {
             panic!("not an image")
@@ -544,6 +632,10 @@ mod tests {
             (
                 r#"{"image": {"size": [3, 3], "channels": "RGBA"}}"#,
                 "`inputs[0].image.channels`",
+            ),
+            (
+                r#"{"image": {"size": [3, 3], "max_documents": 5000}}"#,
+                "`inputs[0].image.max_documents` must be a whole number 1..=4096, found 5000",
             ),
             (
                 r#"{"image": {"size": [3, 3], "max_pixels": 0}}"#,

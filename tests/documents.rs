@@ -659,3 +659,368 @@ fn labels_name_the_best_classes_of_each_row() {
         }
     }
 }
+
+/// The `error` of a refusal with `status`, served by worker `pid`.
+fn refusal(r: &Raw, status: u16, pid: u32) -> String {
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert_eq!(r.status, status, "{body}");
+    assert_eq!(
+        r.header("x-worker-pid"),
+        Some(pid.to_string().as_str()),
+        "{body}"
+    );
+    r.json()["error"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
+    let art = artefacts();
+    let want = expected(&art);
+    let long = want["long_text"].as_str().unwrap();
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    // 3000 newlines, then the README: its first max_length tokens are Python's (the whole
+    // text tokenized, then cut).
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain\r\n",
+        long.as_bytes(),
+    );
+    assert_close(
+        &outputs(&r),
+        &json!([want["long_logits"]]),
+        TEXT_TOL,
+        "long text",
+    );
+    // 40 MB of it: the same tokens, without tokenizing 40 MB.
+    let huge = long.repeat((40 << 20) / long.len() + 1);
+    let started = std::time::Instant::now();
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain\r\n",
+        huge.as_bytes(),
+    );
+    let took = started.elapsed();
+    assert_close(
+        &outputs(&r),
+        &json!([want["long_logits"]]),
+        TEXT_TOL,
+        "40 MB text",
+    );
+    let timing = r.header("server-timing").unwrap_or_default().to_string();
+    let preprocess_ms: f64 = timing
+        .split(", ")
+        .find_map(|p| p.strip_prefix("preprocess;dur="))
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("{timing:?}"));
+    // Tokenizing 40 MB takes tens of seconds in this (debug) build; its prefix, milliseconds.
+    assert!(
+        preprocess_ms < 2000.0,
+        "{timing} (the request took {took:?})"
+    );
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn with_truncation_off_a_text_over_its_byte_bound_is_refused_unread() {
+    let art = artefacts();
+    let want = expected(&art);
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    let big = "word ".repeat(6000);
+    let r = post_json(&s, &json!({"inputs": ["short", big]}));
+    let e = refusal(&r, 400, pid);
+    assert!(
+        e.contains("input text: element 1 has 30000 bytes")
+            && e.contains("takes at most 24576 bytes of text"),
+        "{e}"
+    );
+    let r = post_json(&s, &json!({"inputs": ["short"]}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
+    let art = artefacts();
+    let want = expected(&art);
+    // Default max_documents (64): 100,000 empty strings are refused before tokenizing.
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "bert.pt",
+            json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    let empties = vec![""; 100_000];
+    let e = refusal(&post_json(&s, &json!({"inputs": empties})), 413, pid);
+    assert!(
+        e.contains("input text: 100000 documents in one request")
+            && e.contains("at most 64 (`max_documents`)"),
+        "{e}"
+    );
+    let r = post_json(&s, &json!({"inputs": vec!["GPU"; 64]}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    drop(s);
+    // Documents that could become more than 1 GiB of tensors: 2,100 of up to 65,536 tokens
+    // (512 KiB of int64 each), within a max_documents of 4096.
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "ident.pt",
+            json!({"file": "tokenizer.json", "max_length": 65536, "feeds": ["input_ids"],
+                   "max_documents": 4096}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    let e = refusal(
+        &post_json(&s, &json!({"inputs": vec!["GPU"; 2100]})),
+        413,
+        pid,
+    );
+    assert!(
+        e.contains("input text: 2100 documents of up to 524288 bytes of tensors each")
+            && e.contains("1073741824 bytes of tensors"),
+        "{e}"
+    );
+    let r = post_json(&s, &json!({"inputs": ["GPU"]}));
+    assert_eq!(outputs(&r), json!([want["ids"][2]]));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    drop(s);
+    // Images, through v2 binary data: three for a max_documents of 2.
+    let app = DocApp::new(
+        &art,
+        image_metadata("ident.pt", json!({"size": [8, 8], "max_documents": 2}), 0),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    let png = std::fs::read(art.join("gray.png")).unwrap();
+    let data = bytes_elements(&[&png, &png, &png]);
+    let header = format!(
+        r#"{{"inputs":[{{"name":"image","datatype":"BYTES","shape":[3],"parameters":{{"binary_data_size":{}}}}}]}}"#,
+        data.len()
+    );
+    let (extra, body) = binary(&header, &data);
+    let r = raw(
+        s.port,
+        "POST",
+        "/v2/models/image%20app/infer",
+        &extra,
+        &body,
+    );
+    let e = refusal(&r, 413, pid);
+    assert!(
+        e.contains("input image: 3 documents in one request")
+            && e.contains("at most 2 (`max_documents`)"),
+        "{e}"
+    );
+    let r = raw(s.port, "POST", "/", "Content-Type: image/png\r\n", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn extreme_strips_are_refused_and_motion_photos_decoded() {
+    let art = artefacts();
+    let app = DocApp::new(
+        &art,
+        image_metadata(
+            "ident.pt",
+            json!({"size": [224, 224], "resize": "center_crop", "shorter_side": 256,
+                   "dtype": "uint8"}),
+            0,
+        ),
+    );
+    let s = app.start(&[]);
+    let pid = s.wait_workers(1)[0];
+    // A PNG header claiming 1,000,000 × 40 (40 megapixels: within max_pixels), which
+    // resized to a shorter side of 256 would be 6,400,000 × 256 (20 GB as floats).
+    let mut strip = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    strip.extend(1_000_000u32.to_be_bytes());
+    strip.extend(40u32.to_be_bytes());
+    strip.extend([8, 2, 0, 0, 0]);
+    strip.extend(crc32(&strip[12..]).to_be_bytes());
+    let idat_at = strip.len() + 4;
+    strip.extend(2u32.to_be_bytes());
+    strip.extend(b"IDAT\x78\x9c");
+    strip.extend(crc32(&strip[idat_at..]).to_be_bytes());
+    let r = raw(s.port, "POST", "/", "Content-Type: image/png\r\n", &strip);
+    let e = refusal(&r, 400, pid);
+    assert!(
+        e.contains("input image: element 0: the image is 1000000×40")
+            && e.contains("6400000×256 (1638400000 pixels) before its centre is cut"),
+        "{e}"
+    );
+    // A motion photo: Pillow's JPEG, then a video whose bytes hold FF DA (a scan's start)
+    // and no end-of-image marker after it. The image is what Pillow sees.
+    let jpeg = std::fs::read(art.join("cat.jpg")).unwrap();
+    let mut motion = jpeg.clone();
+    motion.extend(b"\0\0\0\x18ftypmp42\0\0\0\0isommp42\xff\xda\x00\x0c\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00");
+    motion.extend((0..4096u32).map(|i| (i * 7919 % 251) as u8));
+    let cat = outputs(&raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: image/jpeg\r\n",
+        &jpeg,
+    ));
+    let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &motion);
+    assert_eq!(outputs(&r), cat);
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+#[test]
+fn text_plain_bodies_are_json_for_models_without_a_text_input() {
+    // Browsers send JSON as text/plain to spare a CORS preflight: a model whose input is
+    // not text parses it as JSON, as before documents existed.
+    let app = common::App::new("mlp.pt", r#""input": {"shape": [-1, 4]}"#);
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    let pid = s.wait_workers(1)[0];
+    let cases: Value = serde_json::from_slice(
+        &std::fs::read(common::fixtures().join("mlp_expected.json")).unwrap(),
+    )
+    .unwrap();
+    let case = &cases["cases"][0];
+    let body = serde_json::to_vec(&json!({"inputs": case["inputs"]})).unwrap();
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain;charset=UTF-8\r\n",
+        &body,
+    );
+    assert_close(&outputs(&r), &case["outputs"], 1e-5, "text/plain JSON");
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    // An image body is still refused for it, with the reason.
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: image/png\r\n",
+        b"\x89PNG",
+    );
+    let e = refusal(&r, 400, pid);
+    assert!(e.contains("one input is an image input"), "{e}");
+}
+
+#[test]
+fn max_length_padding_pads_every_row_with_pad_id() {
+    let art = artefacts();
+    let want = expected(&art);
+    let max_length = want["max_length"].as_u64().unwrap() as usize;
+    // A model returning its input shows the ids themselves.
+    let app = DocApp::new(
+        &art,
+        text_metadata(
+            "ident.pt",
+            json!({"file": "tokenizer.json", "max_length": max_length, "padding": "max_length",
+                   "pad_id": 7, "feeds": ["input_ids"]}),
+            4,
+        ),
+    );
+    let s = app.start(&[]);
+    s.wait_workers(1);
+    let sentences = &want["sentences"];
+    let padded = |i: usize| {
+        let mut ids: Vec<Value> = want["ids"][i].as_array().unwrap().clone();
+        assert!(ids.len() <= max_length);
+        ids.resize(max_length, json!(7));
+        Value::Array(ids)
+    };
+    let r = post_json(
+        &s,
+        &json!({"inputs": [sentences[2], sentences[0], sentences[4]]}),
+    );
+    assert_eq!(outputs(&r), json!([padded(2), padded(0), padded(4)]));
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: text/plain\r\n",
+        sentences[2].as_str().unwrap().as_bytes(),
+    );
+    assert_eq!(outputs(&r), json!([padded(2)]));
+}
+
+/// A process's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// What one image at the default `max_pixels` (40 MP) costs a worker at its peak, above
+/// its resting memory (the README's figures). Ignored by default: it holds hundreds of MB
+/// and decodes for a minute in a debug build. Run it with
+/// `cargo nextest run --test documents --run-ignored only --no-capture image_memory_peak`.
+#[test]
+#[ignore]
+fn image_memory_peak() {
+    let art = artefacts();
+    let big = art.join("big");
+    if !big.join("big_rgba.png").is_file() {
+        let made = python_json("make_documents.py", &["--big", big.to_str().unwrap()], b"");
+        assert_eq!(made["ok"], true, "{made}");
+    }
+    let app = DocApp::new(&art, image_metadata("ident.pt", imagenet(), 0));
+    for (f, ct) in [
+        ("big.jpg", "image/jpeg"),
+        ("big_progressive.jpg", "image/jpeg"),
+        ("big_rgba.png", "image/png"),
+    ] {
+        let bytes = std::fs::read(big.join(f)).unwrap();
+        // A fresh worker each time: the peak only grows.
+        let s = app.start(&["--max-body-mb", "128"]);
+        let pid = s.wait_workers(1)[0];
+        let before = peak_rss(pid);
+        let r = raw(
+            s.port,
+            "POST",
+            "/",
+            &format!("Content-Type: {ct}\r\n"),
+            &bytes,
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let grew = peak_rss(pid).saturating_sub(before);
+        println!(
+            "{f} ({} MB body): the worker's peak grew by {} MB",
+            bytes.len() >> 20,
+            grew >> 20
+        );
+        // 3 bytes a pixel decoded, 3 in the tensor, the decoder's own and the body.
+        assert!(
+            grew < (40_000_000 * 10) + bytes.len() as u64 * 2,
+            "{f}: {grew}"
+        );
+    }
+}

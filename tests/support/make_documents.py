@@ -9,9 +9,13 @@ test venv (tokenizers, transformers, torchvision, Pillow), and what Python makes
 - resnet.pt: torchvision's ResNet-18 (random weights, 10 classes), scripted;
 - ident.pt: returns its input (so a test sees the pre-processed tensor itself);
 - cat.jpg, wide.png, rgba.png, gray.png: images written by Pillow;
-- expected.json: the tokens, logits and tensors Python gives for them.
+- expected.json: the tokens, logits and tensors Python gives for them, and for a long text
+  (3000 newlines, then the README: most of it beyond max_length) what the tokenizer gives
+  for the whole of it, cut to max_length.
 
 Usage: make_documents.py OUTDIR README
+       make_documents.py --big OUTDIR  (40-megapixel images for the memory test: big.jpg,
+                                        big_progressive.jpg, big_rgba.png)
 """
 import json
 import os
@@ -24,6 +28,20 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torchvision import models as tv_models
 from torchvision import transforms as T
 from transformers import BertConfig, BertForSequenceClassification
+
+if sys.argv[1] == "--big":
+    # The default max_pixels' worth (40 MP): a baseline and a progressive JPEG, an RGBA PNG.
+    big, (h, w) = sys.argv[2], (5470, 7300)
+    os.makedirs(big, exist_ok=True)
+    yy, xx = np.mgrid[0:h, 0:w]
+    a = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 64 * 4], -1).astype(np.uint8)
+    a += np.random.default_rng(0).integers(0, 20, a.shape, dtype=np.uint8)
+    Image.fromarray(a).save(os.path.join(big, "big.jpg"), quality=90)
+    Image.fromarray(a).save(os.path.join(big, "big_progressive.jpg"), quality=90, progressive=True)
+    rgba = np.dstack([a, np.full((h, w, 1), 255, np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(os.path.join(big, "big_rgba.png"), compress_level=1)
+    print(json.dumps({"ok": True, "pixels": h * w}))
+    sys.exit(0)
 
 out, readme = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
@@ -55,6 +73,9 @@ sentences = [
 ]
 tok.enable_truncation(max_length=MAX_LENGTH)
 encs = [tok.encode(s) for s in sentences]
+with open(readme, encoding="utf-8") as f:
+    long_text = "\n" * 3000 + f.read()
+long_enc = tok.encode(long_text)
 
 # --- the BERT-architecture classifier
 cfg = BertConfig(
@@ -100,7 +121,8 @@ with torch.no_grad():
     two.save(os.path.join(out, "bert.pt"))
     three.save(os.path.join(out, "bert3.pt"))
     # One document at a time, as Python would run them (no padding): the answers expected.
-    single = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0].tolist() for e in encs]
+    single = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0].tolist() for e in encs + [long_enc]]
+    long_logits = single.pop()
     # The traced model follows other shapes (checked here, not assumed).
     ids, mask = padded(encs)
     traced_all = two(ids, mask)
@@ -148,6 +170,9 @@ expected = {
     "ids": [e.ids for e in encs],
     "type_ids": [e.type_ids for e in encs],
     "logits": single,
+    "long_text": long_text,
+    "long_ids": long_enc.ids,
+    "long_logits": long_logits,
     "pad_id": tok.token_to_id("[PAD]"),
     "files": files,
     "resnet": resnet_out,

@@ -32,6 +32,11 @@ pub enum ApiError {
     },
     #[error("request body larger than the limit of {limit} bytes (--max-body-mb)")]
     TooLarge { limit: u64 },
+    /// A request carrying more documents than an input's `max_documents`, or more than its
+    /// pre-processing may make (`documents/`): refused before anything is decoded. The body
+    /// was read, so the connection stays open.
+    #[error("{0}")]
+    DocumentsTooLarge(String),
     #[error("the request body was not received within {0} s")]
     BodyTimeout(u64),
     #[error("{0}")]
@@ -86,7 +91,9 @@ impl ApiError {
             ApiError::Body(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) | ApiError::NoSuchModel(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge { .. } | ApiError::DocumentsTooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Run(RunError::OutOfMemory(_)) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Run(RunError::Gone) => StatusCode::SERVICE_UNAVAILABLE,
@@ -154,6 +161,7 @@ mod tests {
                 405,
             ),
             (ApiError::TooLarge { limit: 10 }, 413),
+            (ApiError::DocumentsTooLarge("x".into()), 413),
             (ApiError::BodyTimeout(30), 408),
             (ApiError::Run(RunError::Model("boom".into())), 500),
             (ApiError::Run(RunError::Unsupported("x".into())), 500),

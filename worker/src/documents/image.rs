@@ -1,9 +1,16 @@
 //! Image documents: JPEG or PNG bytes decoded (the `image` crate), resized with libtorch's
-//! antialiased bilinear filter (the one ported from Pillow's, which torchvision's `Resize`
-//! uses on PIL images), the centre cut as torchvision's `CenterCrop` cuts it, scaled to 0..1
-//! and normalised (`mean`, `std`), into `[N, 3, H, W]`. The pixel count is checked from the
-//! header before anything is decoded, and decoding is bounded by it: a decompression bomb
-//! is a 400, not a worker out of memory.
+//! antialiased bilinear filter on the 8-bit pixels (its port of Pillow's, which torchvision's
+//! `Resize` uses on PIL images; rounded to whole levels between its two passes as Pillow
+//! rounds), the centre cut as torchvision's `CenterCrop` cuts it, scaled to 0..1 and
+//! normalised (`mean`, `std`), into `[N, 3, H, W]`.
+//!
+//! Memory is bounded before a byte is decoded: the pixel count is read from the header and
+//! checked against `max_pixels`, and so is the size the image would be resized to before
+//! `center_crop` cuts its centre (a 1,000,000 × 40 strip would otherwise become 256 ×
+//! 6,400,000); decoding is limited to the header's size. The whole image is only ever held
+//! as 8-bit pixels (3 bytes a pixel, plus what the decoder needs), never as floats: floats
+//! are made of the resized image only. A decompression bomb is a 400, not a worker out of
+//! memory.
 
 use std::io::Cursor;
 
@@ -66,6 +73,21 @@ pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
             spec.max_pixels
         ));
     }
+    let [th, tw] = spec.size.map(i64::from);
+    let (nh, nw) = match spec.resize {
+        Resize::Stretch => (th, tw),
+        Resize::ShorterSideThenCrop(short) => {
+            let (nh, nw) = shorter_side(i64::from(h), i64::from(w), i64::from(short));
+            let resized = (nh as u64).saturating_mul(nw as u64);
+            if resized > spec.max_resized_pixels() {
+                return Err(format!(
+                    "the image is {w}×{h}: with its shorter side resized to {short} pixels it would be {nw}×{nh} ({resized} pixels) before its centre is cut, more than this input takes ({}: `max_pixels`, or 4 × `shorter_side`² when that is more)",
+                    spec.max_resized_pixels()
+                ));
+            }
+            (nh, nw)
+        }
+    };
     let mut r = reader()?;
     if r.format() == Some(ImageFormat::Jpeg) && !jpeg_complete(bytes) {
         // The decoder would fill the missing part with grey and say nothing (Pillow refuses
@@ -86,21 +108,19 @@ pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
     let pixels = Tensor::from_data_size(rgb.as_raw(), &[h, w, 3], Kind::Uint8)
         .permute([2, 0, 1])
         .unsqueeze(0);
-    let [th, tw] = spec.size.map(i64::from);
+    drop(rgb);
     let out = match spec.resize {
         Resize::Stretch => resized(&pixels, th, tw),
-        Resize::ShorterSideThenCrop(short) => {
-            let (nh, nw) = shorter_side(h, w, i64::from(short));
-            center_crop(&resized(&pixels, nh, nw), th, tw)
-        }
-    }
-    .squeeze_dim(0);
+        Resize::ShorterSideThenCrop(_) => center_crop(&resized(&pixels, nh, nw), th, tw),
+    };
+    drop(pixels);
+    let out = out.squeeze_dim(0);
     let out = match spec.channels {
         Channels::Rgb => out,
         Channels::Bgr => out.flip([0]),
     };
     if spec.dtype == Dtype::UInt8 {
-        return Ok(out.to_kind(Kind::Uint8));
+        return Ok(out.contiguous());
     }
     let mean = Tensor::from_slice(&spec.mean).view([3, 1, 1]);
     let std = Tensor::from_slice(&spec.std).view([3, 1, 1]);
@@ -112,29 +132,88 @@ pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
         Channels::Rgb => std,
         Channels::Bgr => std.flip([0]),
     };
-    Ok(((out / 255.0 - mean) / std).to_kind(kind_of(spec.dtype)))
+    Ok(((out.to_kind(Kind::Float) / 255.0 - mean) / std).to_kind(kind_of(spec.dtype)))
 }
 
-/// Whether a JPEG's last scan (`FF DA`) is followed by an end-of-image marker (`FF D9`):
-/// inside the entropy-coded data a `FF` byte is always escaped, so the marker cannot occur
-/// there, and a thumbnail's end (in an EXIF block) comes before the image's last scan.
-fn jpeg_complete(bytes: &[u8]) -> bool {
-    let last = |m: u8| bytes.windows(2).rposition(|w| w == [0xFF, m]);
-    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
+/// Whether a JPEG's bytes hold its whole image: its segments walked from the start-of-image
+/// marker (each skipped by its length, so a thumbnail inside an EXIF block is never read as
+/// markers), each scan's entropy-coded data read to the marker after it (inside it a `FF`
+/// byte is always followed by `00` or a restart marker `D0`–`D7`), up to the end-of-image
+/// marker (`FF D9`). What follows that marker — a motion photo's video, padding — is not
+/// looked at. Bytes between segments that are not a marker are skipped, as libjpeg does.
+fn jpeg_complete(b: &[u8]) -> bool {
+    if !b.starts_with(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let mut i = 2;
+    loop {
+        // The next marker: `FF`, any fill `FF`s, then its code.
+        let Some(at) = b
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
+        else {
+            return false;
+        };
+        i += at;
+        while b.get(i) == Some(&0xFF) {
+            i += 1;
+        }
+        let Some(&marker) = b.get(i) else {
+            return false;
+        };
+        i += 1;
+        match marker {
+            0xD9 => return true,
+            // No length: restart markers, TEM, and a stray `FF 00`.
+            0xD0..=0xD7 | 0x01 | 0x00 => continue,
+            _ => {}
+        }
+        let Some(&[hi, lo]) = b.get(i..i + 2) else {
+            return false;
+        };
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
+        if len < 2 {
+            return false;
+        }
+        i += len;
+        if marker != 0xDA {
+            continue;
+        }
+        // A scan's entropy-coded data: up to a `FF` that starts a marker.
+        loop {
+            let Some(at) = b
+                .get(i..)
+                .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
+            else {
+                return false;
+            };
+            i += at;
+            match b.get(i + 1) {
+                None => return false,
+                Some(0x00 | 0xD0..=0xD7) => i += 2,
+                Some(_) => break,
+            }
+        }
+    }
 }
 
-/// `[1, 3, h, w]` uint8 resized to `[1, 3, nh, nw]` float holding whole values 0..=255 (as
-/// Pillow's resize of an 8-bit image gives).
+/// `[1, 3, h, w]` uint8 resized to `[1, 3, nh, nw]` uint8 with libtorch's antialiased
+/// bilinear filter, one axis at a time (a pass that keeps its axis's size is skipped, as
+/// libtorch skips it). libtorch resizes the width first; here the order is the one whose
+/// intermediate image is smaller, so that stretching a tall strip to a wide `size` never
+/// holds the strip at the new width (`min(h × nw, nh × w)` is at most √(pixels × nh × nw)).
 fn resized(pixels: &Tensor, nh: i64, nw: i64) -> Tensor {
     let size = pixels.size();
-    let float = pixels.to_kind(Kind::Float);
-    if size[2] == nh && size[3] == nw {
-        return float;
+    let (h, w) = (size[2], size[3]);
+    let pass = |t: &Tensor, oh: i64, ow: i64| {
+        t.internal_upsample_bilinear2d_aa([oh, ow], false, None, None)
+    };
+    match (h == nh, w == nw) {
+        (true, true) => pixels.shallow_clone(),
+        (true, false) | (false, true) => pass(pixels, nh, nw),
+        (false, false) if h * nw <= nh * w => pass(&pass(pixels, h, nw), nh, nw),
+        (false, false) => pass(&pass(pixels, nh, w), nh, nw),
     }
-    float
-        .internal_upsample_bilinear2d_aa([nh, nw], false, None, None)
-        .round()
-        .clamp(0.0, 255.0)
 }
 
 /// torchvision's `Resize(n)` size for an `h`×`w` image: the shorter side `n`, the longer
@@ -199,6 +278,7 @@ mod tests {
             channels: Channels::Rgb,
             dtype: Dtype::Float32,
             max_pixels: 100,
+            max_documents: 4,
         };
         let e = decode(&spec, b"hello").unwrap_err();
         assert!(e.contains("not a JPEG or PNG image"), "{e}");
@@ -236,6 +316,107 @@ mod tests {
         // Cut short: a 400's message, not a panic.
         let e = decode(&spec, &buf[..buf.len() / 2]).unwrap_err();
         assert!(e.contains("cannot decode the image"), "{e}");
+    }
+
+    /// A PNG header claiming `w`×`h` and the start of its image data, nothing more.
+    fn png_header(w: u32, h: u32) -> Vec<u8> {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        png.extend(w.to_be_bytes());
+        png.extend(h.to_be_bytes());
+        png.extend([8, 2, 0, 0, 0]);
+        let crc = crc32(&png[12..]);
+        png.extend(crc.to_be_bytes());
+        let idat_at = png.len() + 4;
+        png.extend(2u32.to_be_bytes());
+        png.extend(b"IDAT\x78\x9c");
+        png.extend(crc32(&png[idat_at..]).to_be_bytes());
+        png
+    }
+
+    fn imagenet() -> ImageSpec {
+        ImageSpec {
+            size: [224, 224],
+            resize: Resize::ShorterSideThenCrop(256),
+            mean: [0.0; 3],
+            std: [1.0; 3],
+            channels: Channels::Rgb,
+            dtype: Dtype::Float32,
+            max_pixels: vramfork::documents::DEFAULT_MAX_PIXELS,
+            max_documents: 4,
+        }
+    }
+
+    #[test]
+    fn extreme_aspect_ratios_are_refused_for_their_resized_size() {
+        // 1,000,000 × 40 is within max_pixels, but resized to a shorter side of 256 it would
+        // be 6,400,000 × 256: refused from the header.
+        let e = decode(&imagenet(), &png_header(1_000_000, 40)).unwrap_err();
+        assert!(
+            e.contains("the image is 1000000×40")
+                && e.contains("6400000×256 (1638400000 pixels)")
+                && e.contains("more than this input takes (40000000"),
+            "{e}"
+        );
+        // A strip of 50:1 (within the bound) is decoded and cut, as torchvision would.
+        let mut buf = Vec::new();
+        image::RgbImage::from_fn(2000, 40, |x, _| image::Rgb([(x % 256) as u8, 7, 200]))
+            .write_to(&mut Cursor::new(&mut buf), ImageFormat::Png)
+            .unwrap();
+        let t = decode(&imagenet(), &buf).unwrap();
+        assert_eq!(t.size(), [3, 224, 224]);
+        assert!((t.double_value(&[1, 100, 100]) - 7.0 / 255.0).abs() < 1e-6);
+        // Stretch never refuses for the resized size: it is `size`.
+        let stretch = ImageSpec {
+            resize: Resize::Stretch,
+            ..imagenet()
+        };
+        assert_eq!(decode(&stretch, &buf).unwrap().size(), [3, 224, 224]);
+    }
+
+    #[test]
+    fn resizing_one_axis_at_a_time_is_libtorchs_resize() {
+        let x = Tensor::randint(256, [1, 3, 90, 70], (Kind::Uint8, tch::Device::Cpu));
+        let one = |h, w| x.internal_upsample_bilinear2d_aa([h, w], false, None, None);
+        // Width first (libtorch's own order, taken when its intermediate is the smaller),
+        // or one axis only: the same levels.
+        for (h, w) in [(200, 100), (120, 50), (90, 30), (200, 70)] {
+            let got = resized(&x, h, w);
+            assert_eq!(got.kind(), Kind::Uint8);
+            assert!(got.equal(&one(h, w)), "{h}×{w}");
+        }
+        // Height first (a smaller intermediate): within a level of it.
+        for (h, w) in [(40, 300), (60, 60), (30, 300)] {
+            let got = resized(&x, h, w).to_kind(Kind::Int);
+            let want = one(h, w).to_kind(Kind::Int);
+            assert!((got - want).abs().max().int64_value(&[]) <= 1, "{h}×{w}");
+        }
+    }
+
+    #[test]
+    fn jpegs_are_complete_at_their_end_of_image_marker_whatever_follows() {
+        let mut jpeg = Vec::new();
+        image::RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 4, y as u8 * 5, 9]))
+            .write_to(&mut Cursor::new(&mut jpeg), ImageFormat::Jpeg)
+            .unwrap();
+        assert!(jpeg_complete(&jpeg));
+        // A motion photo: a video after the image, with bytes that look like markers.
+        let mut motion = jpeg.clone();
+        motion.extend(b"\0\0\0\x18ftypmp42\xff\xda\x00\x0c\x03\x01\x00\xff\xd8junk");
+        assert!(jpeg_complete(&motion));
+        let spec = ImageSpec {
+            size: [48, 64],
+            resize: Resize::Stretch,
+            dtype: Dtype::UInt8,
+            ..imagenet()
+        };
+        assert!(decode(&spec, &jpeg)
+            .unwrap()
+            .equal(&decode(&spec, &motion).unwrap()));
+        // Cut anywhere inside its data: incomplete.
+        for cut in [2, 20, jpeg.len() / 2, jpeg.len() - 2, jpeg.len() - 1] {
+            assert!(!jpeg_complete(&jpeg[..cut]), "cut at {cut}");
+        }
+        assert!(!jpeg_complete(b"not a jpeg"));
     }
 
     fn crc32(data: &[u8]) -> u32 {

@@ -2,7 +2,10 @@
 //! request's parsed input before it joins the model's queue. Text is tokenized with the
 //! input's `tokenizer.json` ([`text`]), images are decoded, resized and normalised
 //! ([`image`]); every other argument passes through. A bad document is a 400 naming the
-//! input and the element; nothing here can take the worker down.
+//! input and the element; a request with more documents than an input's `max_documents`, or
+//! whose documents could become more than [`MAX_PREPROCESSED_BYTES`] of tensors, is a 413
+//! before anything is decoded; a failure of the pre-processing itself (a panic) is a 500.
+//! Nothing here can take the worker down.
 //!
 //! The work runs off the event loop and off the model thread, at most `--torch-threads`
 //! requests at a time ([`Documents::permits`]), so pre-processing never has more cores than
@@ -15,10 +18,40 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use tokio::sync::Semaphore;
-use vramfork::documents::Document;
+use vramfork::documents::{Document, MAX_PREPROCESSED_BYTES};
 use vramfork::metadata::TensorSpec;
 
 use crate::args::{Arg, Inputs};
+use crate::error::ApiError;
+use crate::runner::RunError;
+
+/// Why a request's documents were not pre-processed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DocError {
+    /// A bad document (not UTF-8, not an image, too many pixels…): 400.
+    Bad(String),
+    /// More documents than `max_documents`, or more tensor bytes than a request may make:
+    /// 413, before anything was decoded.
+    TooLarge(String),
+    /// The pre-processing itself failed (a panic on its thread): 500.
+    Failed(String),
+}
+
+impl From<String> for DocError {
+    fn from(e: String) -> DocError {
+        DocError::Bad(e)
+    }
+}
+
+impl From<DocError> for ApiError {
+    fn from(e: DocError) -> ApiError {
+        match e {
+            DocError::Bad(e) => ApiError::BadRequest(e),
+            DocError::TooLarge(e) => ApiError::DocumentsTooLarge(e),
+            DocError::Failed(e) => ApiError::Run(RunError::Unsupported(e)),
+        }
+    }
+}
 
 /// The pre-processing of a model's document inputs, loaded once per worker.
 pub struct Documents {
@@ -67,25 +100,54 @@ impl Documents {
         self: &std::sync::Arc<Self>,
         specs: &std::sync::Arc<Vec<TensorSpec>>,
         input: Inputs,
-    ) -> Result<(Inputs, Duration), String> {
+    ) -> Result<(Inputs, Duration), ApiError> {
         let _permit = self
             .permits
             .acquire()
             .await
-            .map_err(|_| "the worker is stopping".to_string())?;
+            .map_err(|_| ApiError::Unavailable)?;
         let (me, specs) = (self.clone(), specs.clone());
-        tokio::task::spawn_blocking(move || {
+        Ok(off_thread(move || {
             let start = Instant::now();
             me.prepare(&specs, input).map(|i| (i, start.elapsed()))
         })
-        .await
-        .map_err(|e| format!("pre-processing failed: {e}"))?
+        .await?)
+    }
+
+    /// 413 when `input` has more documents in an input than its `max_documents`, or when
+    /// its documents, each at the largest it can become, make more than
+    /// [`MAX_PREPROCESSED_BYTES`] of tensors: decided from the counts alone.
+    pub fn check_size(&self, specs: &[TensorSpec], input: &Inputs) -> Result<(), DocError> {
+        let mut total = 0u64;
+        for ((arg, spec), prep) in input.args.iter().zip(specs).zip(&self.inputs) {
+            let (Some(prep), Some(n)) = (prep, documents_in(arg)) else {
+                continue;
+            };
+            let (max, each) = match prep {
+                Prep::Text(t) => (t.spec().max_documents, t.spec().bytes_per_document()),
+                Prep::Image(i) => (i.max_documents, i.bytes_per_document()),
+            };
+            let name = &spec.name;
+            if n > max {
+                return Err(DocError::TooLarge(format!(
+                    "input {name}: {n} documents in one request; this input takes at most {max} (`max_documents`): send them in several requests"
+                )));
+            }
+            total = total.saturating_add(each.saturating_mul(n as u64));
+            if total > MAX_PREPROCESSED_BYTES {
+                return Err(DocError::TooLarge(format!(
+                    "input {name}: {n} documents of up to {each} bytes of tensors each make more than a request may become ({MAX_PREPROCESSED_BYTES} bytes of tensors, all its document inputs together): send them in several requests"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The model's arguments for `input` (its arguments in declared order): a text input
     /// becomes its tokenizer's tensors (`feeds`, in order), an image input one
     /// `[N, 3, H, W]` tensor; the rest is unchanged.
-    pub fn prepare(&self, specs: &[TensorSpec], input: Inputs) -> Result<Inputs, String> {
+    pub fn prepare(&self, specs: &[TensorSpec], input: Inputs) -> Result<Inputs, DocError> {
+        self.check_size(specs, &input)?;
         let mut args = Vec::with_capacity(input.args.len() + 2);
         for ((arg, prep), spec) in input.args.into_iter().zip(&self.inputs).zip(specs) {
             let name = &spec.name;
@@ -124,12 +186,69 @@ impl Documents {
                     args.push(Arg::Tensor(image::batch(spec, name, &blobs)?))
                 }
                 (Some(_), Arg::Tensor(_) | Arg::Padded { .. }) => {
-                    return Err(format!(
+                    return Err(DocError::Bad(format!(
                         "input {name} takes documents (BYTES), not a tensor"
-                    ))
+                    )))
                 }
             }
         }
         Ok(Inputs { args })
+    }
+}
+
+/// The number of documents `arg` carries (`None`: not documents).
+fn documents_in(arg: &Arg) -> Option<usize> {
+    match arg {
+        Arg::Strings(s) => Some(s.len()),
+        Arg::Blobs(b) => Some(b.len()),
+        Arg::Tensor(_) | Arg::Padded { .. } => None,
+    }
+}
+
+/// `work` on a blocking thread; a panic there is a 500 saying the pre-processing failed
+/// (the worker carries on: the panic ends that thread's task only).
+async fn off_thread<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, DocError> + Send + 'static,
+) -> Result<T, DocError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        let why = match e.try_into_panic() {
+            Ok(p) => p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into()),
+            Err(e) => e.to_string(),
+        };
+        DocError::Failed(format!(
+            "pre-processing the request's documents failed inside the worker ({why}); this is a fault of the server, not of the request"
+        ))
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_pre_processing_is_a_500_and_errors_keep_their_status() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = rt
+            .block_on(off_thread::<()>(|| panic!("index out of bounds")))
+            .unwrap_err();
+        let api = ApiError::from(e);
+        assert_eq!(api.status().as_u16(), 500, "{api}");
+        let msg = api.to_string();
+        assert!(
+            msg.contains("pre-processing") && msg.contains("index out of bounds"),
+            "{msg}"
+        );
+        assert_eq!(rt.block_on(off_thread(|| Ok(7))), Ok(7));
+        let bad = ApiError::from(DocError::Bad("input x: element 0".into()));
+        assert_eq!(bad.status().as_u16(), 400);
+        let big = ApiError::from(DocError::TooLarge("input x: 9 documents".into()));
+        assert_eq!(big.status().as_u16(), 413);
+        assert!(!big.closes_connection());
     }
 }

@@ -86,10 +86,7 @@ pub async fn model_request<T: Send + 'static>(
     let mut parsed = parsed;
     let mut preprocess = None;
     if let Some(docs) = &app.documents {
-        let (inputs, took) = docs
-            .run(&app.input_specs, parsed.inputs)
-            .await
-            .map_err(ApiError::BadRequest)?;
+        let (inputs, took) = docs.run(&app.input_specs, parsed.inputs).await?;
         parsed.inputs = inputs;
         preprocess = Some(took);
         if let Some(m) = &app.metrics {

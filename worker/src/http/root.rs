@@ -167,8 +167,10 @@ enum RawDocument {
     Text,
 }
 
-/// What the body's `Content-Type` makes of it: `None` for JSON (the default); a 400 when it
-/// names a document the model does not take.
+/// What the body's `Content-Type` makes of it: `None` for JSON (the default, and a
+/// `text/plain` body for a model whose one input is not text: browsers send JSON as
+/// `text/plain` to spare a CORS preflight, and such bodies were always parsed as JSON); a
+/// 400 for an image body to a model whose one input is not an image.
 fn raw_document(
     req: &Request<Incoming>,
     specs: Option<&[TensorSpec]>,
@@ -178,24 +180,18 @@ fn raw_document(
     };
     let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
     let essence = ct.split(';').next().unwrap_or("").trim();
-    let want = match essence {
-        "image/jpeg" | "image/png" => RawDocument::Image,
-        "text/plain" => RawDocument::Text,
-        _ => return Ok(None),
+    let one = match specs {
+        Some([one]) => one.document.as_ref(),
+        _ => None,
     };
-    let fits = match (specs, &want) {
-        (Some([one]), RawDocument::Image) => matches!(one.document, Some(Document::Image(_))),
-        (Some([one]), RawDocument::Text) => matches!(one.document, Some(Document::Text(_))),
-        _ => false,
-    };
-    if !fits {
-        let kind = match want {
-            RawDocument::Image => "an image input",
-            RawDocument::Text => "a text input (a `tokenizer`)",
-        };
-        return Err(ApiError::BadRequest(format!(
-            "a {essence} body is one document for a model whose one input is {kind}; this model's declared inputs are not: send {{\"inputs\": …}} as JSON"
-        )));
+    match essence {
+        "text/plain" => Ok(matches!(one, Some(Document::Text(_))).then_some(RawDocument::Text)),
+        "image/jpeg" | "image/png" if matches!(one, Some(Document::Image(_))) => {
+            Ok(Some(RawDocument::Image))
+        }
+        "image/jpeg" | "image/png" => Err(ApiError::BadRequest(format!(
+            "a {essence} body is one document for a model whose one input is an image input; this model's declared inputs are not: send {{\"inputs\": …}} as JSON"
+        ))),
+        _ => Ok(None),
     }
-    Ok(Some(want))
 }
