@@ -87,6 +87,19 @@ impl Counters {
     pub fn drained(&self) -> bool {
         self.open == 0 && self.in_flight == 0
     }
+
+    /// What the receivers of [`Shared::subscribe`] wait on (the accept loop: stopping, can
+    /// accept, something in hand; the drain: drained; a queued request: the model usable):
+    /// a change of anything else is not worth waking them for.
+    fn watched(&self, max_requests: u64, concurrency: u32) -> [bool; 5] {
+        [
+            self.stopping(),
+            self.can_accept(max_requests, concurrency),
+            self.in_hand(),
+            self.model_unusable,
+            self.drained(),
+        ]
+    }
 }
 
 pub struct Shared {
@@ -194,7 +207,8 @@ impl Shared {
         let mut out = None;
         let mut stopping = false;
         let (max, concurrency) = (self.max_requests, self.concurrency);
-        self.tx.send_modify(|c| {
+        self.tx.send_if_modified(|c| {
+            let before = c.watched(max, concurrency);
             out = Some(f(c));
             stopping = c.stopping();
             // Under the counters' lock, so that two updates cannot show in the wrong order.
@@ -203,6 +217,10 @@ impl Shared {
             } else {
                 Seat::Busy
             });
+            // Every update changes the counters; only one that changes what a receiver
+            // waits on wakes the receivers (several updates per request otherwise woke the
+            // accept loop, and every request waiting for the model, each time).
+            c.watched(max, concurrency) != before
         });
         self.stop_tx
             .send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
@@ -218,6 +236,8 @@ impl Shared {
         self.tx.borrow().clone()
     }
 
+    /// A receiver woken when what [`Counters::watched`] lists changes (its predicates must
+    /// depend on nothing else); [`Shared::get`] always reads the latest counters.
     pub fn subscribe(&self) -> watch::Receiver<Counters> {
         self.tx.subscribe()
     }
@@ -364,6 +384,40 @@ mod tests {
         s.update(|c| c.fresh -= 1);
         s.retire(RetireReason::Asked);
         assert!(!master.other_free(0), "a retiring worker is not free");
+    }
+
+    #[test]
+    fn receivers_wake_only_when_what_they_wait_on_changes() {
+        let s = Shared::new(Control::none(), 0, 1);
+        let mut rx = s.subscribe();
+        // A connection: no longer drained.
+        s.update(|c| c.open += 1);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        // A keep-alive request's bookkeeping that leaves every predicate as it was.
+        s.update(|c| c.awaiting += 1);
+        s.update(|c| {
+            c.awaiting -= 1;
+            c.in_flight += 1;
+        });
+        s.claim_model_request();
+        assert!(!rx.has_changed().unwrap(), "nothing watched changed");
+        assert_eq!(s.get().served, 1, "but the counters did");
+        // Work in hand: the worker stops accepting, and the accept loop must hear of it.
+        s.update(|c| c.working += 1);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        s.update(|c| c.working -= 1);
+        assert!(rx.has_changed().unwrap(), "accepting again");
+        rx.mark_unchanged();
+        s.update(|c| {
+            c.in_flight -= 1;
+            c.open -= 1;
+        });
+        assert!(rx.has_changed().unwrap(), "drained");
+        rx.mark_unchanged();
+        s.update(|c| c.model_unusable = true);
+        assert!(rx.has_changed().unwrap(), "the model became unusable");
     }
 
     #[test]
