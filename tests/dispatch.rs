@@ -93,6 +93,51 @@ fn four_simultaneous_requests_go_to_four_idle_workers() {
     k_requests_land_on_k_workers(&s, 4);
 }
 
+/// Keep-alive connections do not stay where they first landed while a worker idles: two
+/// clients kept alive on one worker (the only one when they connected) are spread over two
+/// once a second worker is free — the worker answers one of them with `Connection: close`
+/// while the other's request waits behind, and the client reconnects to the free one — and
+/// are served side by side from then on. (Before, both stayed on the first worker for as
+/// long as their connections lived, each request waiting behind the other's.)
+#[test]
+fn keep_alive_clients_sharing_a_worker_move_to_an_idle_one() {
+    let (_app, s) = start("1", &["--torch-threads", "1"]);
+    let body = format!(r#"{{"inputs": [[{SLOW_N}]]}}"#);
+    let first = s.ready_pids()[0];
+    let mut clients: Vec<KeepAlive> = (0..2).map(|_| KeepAlive::new(s.port)).collect();
+    for c in &mut clients {
+        let r = c.post("/", &body).expect("an answer");
+        assert_eq!((r.status, r.pid()), (200, first), "{}", r.body);
+    }
+    s.signal(libc::SIGTTIN);
+    s.wait_workers(2);
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            let body = body.clone();
+            thread::spawn(move || {
+                (0..10)
+                    .map(|_| {
+                        let r = c.post("/", &body).expect("an answer");
+                        assert_eq!(r.status, 200, "{}", r.body);
+                        r.pid()
+                    })
+                    .collect::<Vec<u32>>()
+            })
+        })
+        .collect();
+    let answered: Vec<Vec<u32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let settled: Vec<BTreeSet<u32>> = answered
+        .iter()
+        .map(|pids| pids[5..].iter().copied().collect())
+        .collect();
+    assert!(
+        settled.iter().all(|p| p.len() == 1) && settled[0] != settled[1],
+        "each client's last five answers come from one worker, a different one for each \
+         client: {answered:?}"
+    );
+}
+
 /// With batching a worker accepts up to `max_batch_size` requests, but an idle sibling
 /// still gets a request before a busy worker queues it.
 #[test]

@@ -255,13 +255,29 @@ impl Shared {
     /// has fewer requests left before `max_requests` than open connections, so a client
     /// keeping this connection might find it closed under its next request; or other
     /// connections have waited in the listen queue for [`QUEUED_FOR`], so that this client
-    /// goes to the back of it instead of holding the worker (fairness across connections).
+    /// goes to the back of it instead of holding the worker (fairness across connections);
+    /// or this worker is full while a sibling is free ([`Shared::full_while_a_sibling_is_free`]).
     pub fn must_close(&self) -> bool {
         let c = self.get();
         let max = self.max_requests;
         c.stopping()
             || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
             || self.others_kept_waiting(std::time::Instant::now())
+            || self.full_while_a_sibling_is_free(&c)
+    }
+
+    /// Whether this worker has as much work as it takes at once (other connections'
+    /// requests, once this answer's is done) while the idle board shows a sibling free: the
+    /// client's next request would wait behind that work, so its connection closes and it
+    /// reconnects to the free sibling. Without this, kept-alive connections stay on the
+    /// worker they first landed on: two clients that connected while one worker was busy
+    /// (or alone) shared it for as long as their connections lived while another idled.
+    fn full_while_a_sibling_is_free(&self, c: &Counters) -> bool {
+        c.working >= self.concurrency
+            && self
+                .board
+                .as_ref()
+                .is_some_and(|(board, seat)| board.other_free(*seat))
     }
 
     /// Stops accepting and tells the master why (first reason wins).
@@ -384,6 +400,34 @@ mod tests {
         s.update(|c| c.fresh -= 1);
         s.retire(RetireReason::Asked);
         assert!(!master.other_free(0), "a retiring worker is not free");
+    }
+
+    #[test]
+    fn a_full_worker_sends_a_kept_alive_client_to_a_free_sibling() {
+        let master = Board::create().unwrap();
+        // SAFETY: dup of the board's descriptor; attach takes it over.
+        let fd = unsafe { libc::dup(master.fd().unwrap()) };
+        let s =
+            Shared::new(Control::none(), 0, 1).with_board(Some((Board::attach(fd).unwrap(), 0)));
+        // Answering with another connection's request worked on here.
+        s.update(|c| {
+            c.open = 2;
+            c.working = 1;
+        });
+        assert!(!s.must_close(), "no sibling free: the client stays");
+        master.show(1, Seat::Free);
+        assert!(s.must_close(), "a sibling is free: the client goes there");
+        s.update(|c| c.working = 0);
+        assert!(!s.must_close(), "nothing else here: the client stays");
+        // With batching, only a full worker sends clients away.
+        // SAFETY: as above.
+        let fd = unsafe { libc::dup(master.fd().unwrap()) };
+        let b =
+            Shared::new(Control::none(), 0, 4).with_board(Some((Board::attach(fd).unwrap(), 2)));
+        b.update(|c| c.working = 3);
+        assert!(!b.must_close(), "room for a fourth row");
+        b.update(|c| c.working = 4);
+        assert!(b.must_close());
     }
 
     #[test]
