@@ -587,3 +587,35 @@ fn max_queue_wait_refuses_late_requests_over_tls_too() {
         );
     }
 }
+
+/// Token auth over TLS, with curl: the key is required (401 + `WWW-Authenticate` without
+/// it), accepted, and the health check stays open.
+#[test]
+fn curl_sends_its_key_over_tls() {
+    let (app, pki) = setup();
+    let key = "k1-aaaaaaaaaaaaaaaaaaaaaaaa";
+    let keys = app.dir.path().join("keys");
+    std::fs::write(&keys, format!("{key}\n")).unwrap();
+    let s = start(&app, &pki, &["--api-key-file", keys.to_str().unwrap()]);
+    s.wait_workers(1);
+    let ca = pki.path("ca.pem");
+    let mut refused = post_args(&ca);
+    refused.push("-i".into());
+    let (code, out) = curl(s.port, "/", &strs(&refused));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    assert!(
+        out.to_lowercase()
+            .contains("www-authenticate: bearer realm=\"vramfork\""),
+        "{out}"
+    );
+    let mut with_key = post_args(&ca);
+    with_key.extend(["-H".into(), format!("Authorization: Bearer {key}")]);
+    let (code, out) = curl(s.port, "/", &strs(&with_key));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"outputs\""), "{out}");
+    let (code, out) = curl(s.port, "/healthz", &["--cacert", &ca, "-i"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(!s.log_text().contains(key), "the key is never logged");
+}

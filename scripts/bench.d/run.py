@@ -116,7 +116,7 @@ REAL_MODELS = {
     "bert": {"shape": "1,128:i64;1,128:i64", "v2": True,
              "label": "BERT-base encoder (transformers, 128 tokens, v2 binary)"},
 }
-REAL_CONCURRENCY = [1, 4, 16]
+REAL_CONCURRENCY = [1, 2, 4, 16]
 
 
 def real_loop(name, seconds):
@@ -153,7 +153,7 @@ def private_mb(pid):
 
 def measure_real(cfg):
     """Real architectures (random weights) at the model's own speed: served ÷ the model's own
-    loop at c = 1, 4, 16 (2 workers x 1 torch thread; `reps` rounds of the three, each round
+    loop at c = 1, 2, 4, 16 (2 workers x 1 torch thread; `reps` rounds of the four, each round
     between two loop runs; median served ÷ median loop, and each round against the mean of
     the loop runs around it);
     PSS of the 2 workers and whether they were forked from the template; ResNet-50 with
@@ -164,7 +164,7 @@ def measure_real(cfg):
     secs = cfg["load_s"] + 1
     for name, m in REAL_MODELS.items():
         path, body, hl = real_request(name)
-        # Rounds interleaved with the loop (loop, c=1/4/16, loop, ..., loop), all while the
+        # Rounds interleaved with the loop (loop, c=1/2/4/16, loop, ..., loop), all while the
         # server is up but idle, so a slow minute of this shared machine hits both sides.
         loops = []
         runs = {c: [] for c in REAL_CONCURRENCY}
@@ -267,10 +267,11 @@ def measure_floor(cfg):
 def real_markdown(r):
     reps = len(r[next(iter(REAL_MODELS))]["loop_runs"]) - 1
     lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread; loop: 2 forward-loop "
-             f"processes × 1 thread; {reps} rounds of c=1/4/16, each between two loop runs; "
+             f"processes × 1 thread; {reps} rounds of c=1/2/4/16, each between two loop runs; "
              "cells: median req/s (**median ÷ median loop**; each round ÷ the loop runs around it))", "",
-             "| model | loop passes/s | c=1 | c=4 | c=16 | PSS of 2 workers (MB) | weights + 2 × private (MB) | workers forked from the template |",
-             "|---|---:|---|---|---|---:|---:|---|"]
+             "| model | loop passes/s | " + " | ".join(f"c={c}" for c in REAL_CONCURRENCY)
+             + " | PSS of 2 workers (MB) | weights + 2 × private (MB) | workers forked from the template |",
+             "|---|---:|" + "---|" * len(REAL_CONCURRENCY) + "---:|---:|---|"]
     for name in REAL_MODELS:
         x = r[name]
         cells = " | ".join(
@@ -590,11 +591,8 @@ def measure_access(cfg):
             srv.wait_ready()
             wrk(srv.port, body, 2, 1)  # warm-up
         for c in (16, 64):
-            runs = {k: [] for k in srvs}
-            for i in range(cfg["reps"] + 2):
-                order = list(srvs.items()) if i % 2 == 0 else list(reversed(srvs.items()))
-                for k, srv in order:
-                    runs[k].append(wrk(srv.port, body, c, cfg["load_s"]))
+            runs = interleaved(list(srvs), cfg["reps"] + 2,
+                               lambda k: wrk(srvs[k].port, body, c, cfg["load_s"]))
             out[str(c)] = {k: summarize(v) for k, v in runs.items()}
             on, off = out[str(c)]["on"]["rps"], out[str(c)]["off"]["rps"]
             out[str(c)]["ratio"] = on / off
@@ -628,12 +626,9 @@ def measure_tls(cfg):
             srv.wait_ready()
             wrk(srv.port, body, 2, 1, scheme=scheme)  # warm-up
         for mode, close in (("keep-alive", False), ("new connection", True)):
-            runs = {k: [] for k in srvs}
-            for i in range(cfg["reps"] + 2):
-                order = list(srvs.items()) if i % 2 == 0 else list(reversed(srvs.items()))
-                for k, (srv, scheme) in order:
-                    runs[k].append(wrk(srv.port, body, 16, cfg["load_s"], scheme=scheme,
-                                       close=close))
+            runs = interleaved(list(srvs), cfg["reps"] + 2,
+                               lambda k: wrk(srvs[k][0].port, body, 16, cfg["load_s"],
+                                             scheme=srvs[k][1], close=close))
             out[mode] = {k: summarize(v) for k, v in runs.items()}
             t, p = out[mode]["tls"]["rps"], out[mode]["plain"]["rps"]
             out[mode]["ratio"] = t / p
@@ -642,6 +637,21 @@ def measure_tls(cfg):
         for srv, _ in srvs.values():
             srv.stop()
     return out
+
+
+def rps_cell(x):
+    """A summary's median req/s with every run's beside it: `21509 (30066, 23117, …)`."""
+    return f"{fmt(x['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['rps_all'])})"
+
+
+def interleaved(names, reps, run_one):
+    """`reps` rounds of `run_one(name)` for each of `names`, the order alternating from round
+    to round so that a slow stretch of this shared machine hits every side: {name: runs}."""
+    runs = {k: [] for k in names}
+    for i in range(reps):
+        for k in (names if i % 2 == 0 else list(reversed(names))):
+            runs[k].append(run_one(k))
+    return runs
 
 
 def tls_markdown(a):
@@ -653,8 +663,7 @@ def tls_markdown(a):
          "|---|---|---|---|---|---|"]
     for mode in ("keep-alive", "new connection"):
         x = a[mode]
-        L.append(f"| {mode} | {fmt(x['plain']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['plain']['rps_all'])}) | "
-                 f"{fmt(x['tls']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['tls']['rps_all'])}) | "
+        L.append(f"| {mode} | {rps_cell(x['plain'])} | {rps_cell(x['tls'])} | "
                  f"**{fmt(x['ratio'], 3)}** | {fmt(x['plain']['p50_ms'], 3)} / {fmt(x['tls']['p50_ms'], 3)} | "
                  f"{x['plain'].get('failed', 0)} / {x['tls'].get('failed', 0)} |")
     return "\n".join(L) + "\n"
@@ -667,8 +676,7 @@ def access_markdown(a):
          "|---|---|---|---|---|"]
     for c in ("16", "64"):
         x = a[c]
-        L.append(f"| {c} | {fmt(x['off']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['off']['rps_all'])}) | "
-                 f"{fmt(x['on']['rps'], 0)} ({', '.join(fmt(v, 0) for v in x['on']['rps_all'])}) | "
+        L.append(f"| {c} | {rps_cell(x['off'])} | {rps_cell(x['on'])} | "
                  f"**{fmt(x['ratio'], 3)}** | {fmt(x['off']['p50_ms'], 3)} / {fmt(x['on']['p50_ms'], 3)} |")
     L.append(f"\nAccess lines written by the server with the log on: {a['lines']:,}.\n")
     return "\n".join(L) + "\n"
