@@ -7,7 +7,10 @@ vramfork_forward_duration_seconds), and how busy the server's two model threads 
 the server's passes take as long as the loop's and its model threads are busy all the time,
 served ÷ loop is 1; the two figures say which of the two is missing.
 
-    python3 scripts/bench.d/pass_diag.py resnet50 [C=4] [ROUNDS=3]
+    python3 scripts/bench.d/pass_diag.py resnet50 [C=4] [ROUNDS=3] [--synthetic]
+
+The loop runs on the values the requests carry (forward-loop's DATA); --synthetic gives it
+forward-loop's own values instead, as the bench did before 2026-11-25.
 """
 import os
 import re
@@ -19,8 +22,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import run  # noqa: E402  (the bench's own helpers)
 
 name = sys.argv[1]
-conc = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+pos = [a for a in sys.argv[1:] if not a.startswith("--")]
+conc = int(pos[1]) if len(pos) > 1 else 4
+rounds = int(pos[2]) if len(pos) > 2 else 3
 secs = 6
 path, body, hl = run.real_request(name)
 m = run.REAL_MODELS[name]
@@ -40,7 +44,8 @@ def forward():
 try:
     run.wrk(srv.port, body, 2, 2, path, hl)
     for _ in range(rounds):
-        lp = run.loops(os.path.join(run.REAL, f"{name}.pt"), m["shape"], 2, 1, secs, slack=120)
+        lp = run.loops(os.path.join(run.REAL, f"{name}.pt"), m["shape"], 2, 1, secs, slack=120,
+                       data=None if "--synthetic" in sys.argv else run.real_data(name))
         print(f"loop: {lp['per_s']:.2f} passes/s, pass p50 {lp['pass_p50_ms']:.2f} ms", flush=True)
         time.sleep(2.5)  # heartbeats carry the figures
         s0, c0 = forward()
