@@ -48,6 +48,18 @@ pub enum Seat {
     Taking = 2,
 }
 
+/// `CLOCK_MONOTONIC` in milliseconds, wrapping at 2^32 (about 49 days): the same clock in
+/// every process of the machine.
+fn now_ms() -> u32 {
+    // SAFETY: timespec is plain old data; all-zero is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1000)
+        .wrapping_add(ts.tv_nsec as u64 / 1_000_000) as u32
+}
+
 /// A mapping of the board.
 pub struct Board {
     seats: NonNull<AtomicU32>,
@@ -110,16 +122,49 @@ impl Board {
     }
 
     fn seat(&self, i: u32) -> Option<&AtomicU32> {
-        // SAFETY: `i` is below SEATS, so the pointer stays inside the mapping, which lives as
-        // long as `self`; AtomicU32 has the layout of u32 and the mapping is page-aligned.
-        (i < SEATS).then(|| unsafe { &*self.seats.as_ptr().add(i as usize * STRIDE) })
+        self.word(i, 0)
     }
 
-    /// Shows what the worker on `seat` is doing (its own seat only).
+    /// When the worker on seat `i` last began to show free (the second word of its line):
+    /// milliseconds of `CLOCK_MONOTONIC`, which every process reads alike, wrapping.
+    fn free_since(&self, i: u32) -> Option<&AtomicU32> {
+        self.word(i, 1)
+    }
+
+    fn word(&self, i: u32, k: usize) -> Option<&AtomicU32> {
+        // SAFETY: `i` is below SEATS and `k` below STRIDE, so the pointer stays inside the
+        // mapping, which lives as long as `self`; AtomicU32 has the layout of u32 and the
+        // mapping is page-aligned.
+        (i < SEATS && k < STRIDE)
+            .then(|| unsafe { &*self.seats.as_ptr().add(i as usize * STRIDE + k) })
+    }
+
+    /// Shows what the worker on `seat` is doing (its own seat only). Call it on a change:
+    /// showing free marks when the free spell began.
     pub fn show(&self, seat: u32, state: Seat) {
-        if let Some(s) = self.seat(seat) {
+        if let (Some(s), Some(since)) = (self.seat(seat), self.free_since(seat)) {
+            if state == Seat::Free {
+                since.store(now_ms(), Ordering::SeqCst);
+            }
             s.store(state as u32, Ordering::SeqCst);
         }
+    }
+
+    /// Whether a worker other than the one on `mine` has shown free for at least `spell`:
+    /// idle, not between two requests of its own kept-alive clients (under load a busy
+    /// worker shows free for microseconds at a time).
+    pub fn other_free_for(&self, mine: u32, spell: std::time::Duration) -> bool {
+        let now = now_ms();
+        let spell = spell.as_millis().min(u128::from(u32::MAX / 2)) as u32;
+        (0..SEATS).any(|i| {
+            i != mine
+                && self
+                    .seat(i)
+                    .is_some_and(|s| s.load(Ordering::SeqCst) == Seat::Free as u32)
+                && self
+                    .free_since(i)
+                    .is_some_and(|t| now.wrapping_sub(t.load(Ordering::SeqCst)) >= spell)
+        })
     }
 
     /// Clears a seat whose worker is gone (the master, after reaping it).
@@ -197,6 +242,37 @@ mod tests {
         // Out of range: ignored, never written past the page.
         worker.show(SEATS, Seat::Free);
         assert!(!master.other_free(0));
+    }
+
+    #[test]
+    fn a_free_spell_is_timed_from_when_it_began() {
+        let master = Board::create().unwrap();
+        let spell = std::time::Duration::from_millis(30);
+        master.show(2, Seat::Free);
+        assert!(master.other_free(0));
+        assert!(
+            !master.other_free_for(0, spell),
+            "free for less than the spell"
+        );
+        assert!(master.other_free_for(0, std::time::Duration::ZERO));
+        // Wait on the clock the board reads, until the spell has passed.
+        let began = now_ms();
+        while now_ms().wrapping_sub(began) <= 30 {
+            std::thread::yield_now();
+        }
+        assert!(master.other_free_for(0, spell));
+        assert!(
+            !master.other_free_for(2, spell),
+            "its own seat does not count"
+        );
+        // Busy, then free again: a new spell.
+        master.show(2, Seat::Busy);
+        assert!(!master.other_free_for(0, spell));
+        master.show(2, Seat::Free);
+        assert!(!master.other_free_for(0, spell));
+        // Taking is not free.
+        master.show(2, Seat::Taking);
+        assert!(!master.other_free_for(0, std::time::Duration::ZERO));
     }
 
     #[test]

@@ -702,9 +702,9 @@ fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
         TEXT_TOL,
         "long text",
     );
-    // 40 MB of it: the same tokens, without tokenizing 40 MB.
+    // 40 MB of it: the same tokens (that only a prefix is tokenized is shown by the unit
+    // test `a_huge_text_is_not_tokenized_in_full`, from the tokens' offsets, not by time).
     let huge = long.repeat((40 << 20) / long.len() + 1);
-    let started = std::time::Instant::now();
     let r = raw(
         s.port,
         "POST",
@@ -712,23 +712,11 @@ fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
         "Content-Type: text/plain\r\n",
         huge.as_bytes(),
     );
-    let took = started.elapsed();
     assert_close(
         &outputs(&r),
         &json!([want["long_logits"]]),
         TEXT_TOL,
         "40 MB text",
-    );
-    let timing = r.header("server-timing").unwrap_or_default().to_string();
-    let preprocess_ms: f64 = timing
-        .split(", ")
-        .find_map(|p| p.strip_prefix("preprocess;dur="))
-        .and_then(|d| d.parse().ok())
-        .unwrap_or_else(|| panic!("{timing:?}"));
-    // Tokenizing 40 MB takes tens of seconds in this (debug) build; its prefix, milliseconds.
-    assert!(
-        preprocess_ms < 2000.0,
-        "{timing} (the request took {took:?})"
     );
     assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
 }

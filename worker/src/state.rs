@@ -127,6 +127,11 @@ pub struct Shared {
 /// close their keep-alive connections (see [`Shared::must_close`]).
 pub const QUEUED_FOR: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How long a sibling must have shown free before a full worker sends a kept-alive client
+/// there (see [`Shared::full_while_a_sibling_is_free`]): as long as connections must wait
+/// in the listen queue before the fairness rule closes theirs.
+pub const SIBLING_FREE_FOR: std::time::Duration = QUEUED_FOR;
+
 impl Shared {
     pub fn new(control: Control, max_requests: u64, concurrency: u32) -> Shared {
         Shared {
@@ -267,17 +272,20 @@ impl Shared {
     }
 
     /// Whether this worker has as much work as it takes at once (other connections'
-    /// requests, once this answer's is done) while the idle board shows a sibling free: the
-    /// client's next request would wait behind that work, so its connection closes and it
-    /// reconnects to the free sibling. Without this, kept-alive connections stay on the
-    /// worker they first landed on: two clients that connected while one worker was busy
-    /// (or alone) shared it for as long as their connections lived while another idled.
+    /// requests, once this answer's is done) while the idle board shows a sibling that has
+    /// been free for [`SIBLING_FREE_FOR`]: the client's next request would wait behind that
+    /// work, so its connection closes and it reconnects to the idle sibling. Without this,
+    /// kept-alive connections stay on the worker they first landed on: two clients that
+    /// connected while one worker was busy (or alone) shared it for as long as their
+    /// connections lived while another idled. The spell keeps a sibling that is only between
+    /// two requests of its own clients (microseconds, under load) from counting: closing for
+    /// it made small models' clients reconnect thousands of times a second.
     fn full_while_a_sibling_is_free(&self, c: &Counters) -> bool {
         c.working >= self.concurrency
             && self
                 .board
                 .as_ref()
-                .is_some_and(|(board, seat)| board.other_free(*seat))
+                .is_some_and(|(board, seat)| board.other_free_for(*seat, SIBLING_FREE_FOR))
     }
 
     /// Stops accepting and tells the master why (first reason wins).
@@ -402,6 +410,18 @@ mod tests {
         assert!(!master.other_free(0), "a retiring worker is not free");
     }
 
+    /// Until the board shows a worker other than `mine` free for [`SIBLING_FREE_FOR`].
+    fn wait_free_spell(board: &Board, mine: u32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !board.other_free_for(mine, SIBLING_FREE_FOR) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never free long enough"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn a_full_worker_sends_a_kept_alive_client_to_a_free_sibling() {
         let master = Board::create().unwrap();
@@ -416,7 +436,12 @@ mod tests {
         });
         assert!(!s.must_close(), "no sibling free: the client stays");
         master.show(1, Seat::Free);
-        assert!(s.must_close(), "a sibling is free: the client goes there");
+        assert!(
+            !s.must_close(),
+            "a sibling only just free (between two of its own requests): the client stays"
+        );
+        wait_free_spell(&master, 0);
+        assert!(s.must_close(), "a sibling idle: the client goes there");
         s.update(|c| c.working = 0);
         assert!(!s.must_close(), "nothing else here: the client stays");
         // With batching, only a full worker sends clients away.
@@ -427,6 +452,7 @@ mod tests {
         b.update(|c| c.working = 3);
         assert!(!b.must_close(), "room for a fourth row");
         b.update(|c| c.working = 4);
+        wait_free_spell(&master, 2);
         assert!(b.must_close());
     }
 
