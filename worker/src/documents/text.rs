@@ -386,7 +386,11 @@ mod tests {
             .flat_map(|e| e.get_offsets().iter().map(|o| o.1))
             .max()
             .unwrap();
-        assert!(read > 0 && read <= 24 * 1024, "read {read} of {} bytes", doc.len());
+        assert!(
+            read > 0 && read <= 24 * 1024,
+            "read {read} of {} bytes",
+            doc.len()
+        );
         let first = reference(&file, 24, &doc[..100_000]);
         assert_eq!(got.get_ids(), first.get_ids());
         // With truncation off, a text over max_length × 1024 bytes is refused unread.
