@@ -312,14 +312,23 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     // that stalls in it is dropped as one that stalls in its head is, and until its request
     // arrives it counts as a connection awaiting its head (`Counters::can_accept`), not as a
     // request worked on, so the worker goes on accepting others.
+    // Like a silent plain connection, one stalled in its handshake stops counting as work in
+    // hand after `FRESH_FOR` (the worker shows free again on the idle board).
     let started = Instant::now();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-    match tokio::time::timeout_at(
+    let handshake = tokio::time::timeout_at(
         (state.accepted + HEADER_READ).into(),
         acceptor.accept(stream),
-    )
-    .await
-    {
+    );
+    tokio::pin!(handshake);
+    let done = loop {
+        tokio::select! {
+            r = &mut handshake => break r,
+            _ = tokio::time::sleep_until((state.accepted + FRESH_FOR).into()),
+                if state.fresh.load(Ordering::SeqCst) => state.stale(&app),
+        }
+    };
+    match done {
         Ok(Ok(stream)) => {
             state.handshake_took(started.elapsed());
             serve_http(stream, fd, app, state).await
