@@ -70,6 +70,13 @@ impl DocApp {
         Server::start(&self.app, &self.args(args))
     }
 
+    /// Starts the app and waits for its one worker: the server and the worker's pid.
+    fn serve(&self, args: &[&str]) -> (Server, u32) {
+        let s = self.start(args);
+        let pid = s.wait_workers(1)[0];
+        (s, pid)
+    }
+
     fn args<'a>(&self, args: &[&'a str]) -> Vec<&'a str> {
         let mut all = vec!["--production", "--workers", "1", "--torch-threads", "1"];
         all.extend_from_slice(args);
@@ -169,8 +176,7 @@ fn sentences_get_the_answers_python_gives_on_every_protocol() {
             8,
         ),
     );
-    let s = app.start(&[]);
-    s.wait_workers(1);
+    let (s, _) = app.serve(&[]);
     // POST / with the documents as a list (rows of different lengths, padded together;
     // the last one cut to max_length) and as a named input.
     let all = outputs(&post_json(&s, &json!({"inputs": sentences})));
@@ -246,8 +252,7 @@ fn bad_text_is_a_400_naming_the_input_and_the_worker_keeps_serving() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     // Too long with truncation off.
     let r = post_json(&s, &json!({"inputs": ["short", long]}));
     assert_eq!(r.status, 400);
@@ -435,8 +440,7 @@ fn images_get_the_answers_torchvision_gives() {
     // ResNet-18 on the ImageNet pipeline: a JPEG body, and every file at once through v2
     // binary data (one request, four images) and as base64 in JSON.
     let app = DocApp::new(&art, image_metadata("resnet.pt", imagenet(), 4));
-    let s = app.start(&[]);
-    s.wait_workers(1);
+    let (s, _) = app.serve(&[]);
     let logits_tol = 0.02;
     let cat = std::fs::read(art.join("cat.jpg")).unwrap();
     let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &cat);
@@ -502,8 +506,7 @@ fn bad_images_are_a_400_and_the_worker_is_unchanged() {
             0,
         ),
     );
-    let s = app.start(&["--max-body-mb", "4"]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&["--max-body-mb", "4"]);
     let jpeg = std::fs::read(art.join("cat.jpg")).unwrap();
     let wide = std::fs::read(art.join("wide.png")).unwrap();
     // A PNG header claiming 30,000 × 30,000 pixels (and nothing else): refused from the
@@ -632,8 +635,7 @@ fn labels_name_the_best_classes_of_each_row() {
         r#"{"0": "negative", "1": "neutral", "2": "positive"}"#,
     )
     .unwrap();
-    let s = app.start(&[]);
-    s.wait_workers(1);
+    let (s, _) = app.serve(&[]);
     let sentences = &want["sentences"];
     let r = post_json(&s, &json!({"inputs": [sentences[0], sentences[3]]}));
     let answer = r.json();
@@ -685,8 +687,7 @@ fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     // 3000 newlines, then the README: its first max_length tokens are Python's (the whole
     // text tokenized, then cut).
     let r = raw(
@@ -733,8 +734,7 @@ fn with_truncation_off_a_text_over_its_byte_bound_is_refused_unread() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     let big = "word ".repeat(6000);
     let r = post_json(&s, &json!({"inputs": ["short", big]}));
     let e = refusal(&r, 400, pid);
@@ -761,8 +761,7 @@ fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     let empties = vec![""; 100_000];
     let e = refusal(&post_json(&s, &json!({"inputs": empties})), 413, pid);
     assert!(
@@ -785,8 +784,7 @@ fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     let e = refusal(
         &post_json(&s, &json!({"inputs": vec!["GPU"; 2100]})),
         413,
@@ -806,8 +804,7 @@ fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
         &art,
         image_metadata("ident.pt", json!({"size": [8, 8], "max_documents": 2}), 0),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     let png = std::fs::read(art.join("gray.png")).unwrap();
     let data = bytes_elements(&[&png, &png, &png]);
     let header = format!(
@@ -845,8 +842,7 @@ fn extreme_strips_are_refused_and_motion_photos_decoded() {
             0,
         ),
     );
-    let s = app.start(&[]);
-    let pid = s.wait_workers(1)[0];
+    let (s, pid) = app.serve(&[]);
     // A PNG header claiming 1,000,000 × 40 (40 megapixels: within max_pixels), which
     // resized to a shorter side of 256 would be 6,400,000 × 256 (20 GB as floats).
     let mut strip = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
@@ -932,8 +928,7 @@ fn max_length_padding_pads_every_row_with_pad_id() {
             4,
         ),
     );
-    let s = app.start(&[]);
-    s.wait_workers(1);
+    let (s, _) = app.serve(&[]);
     let sentences = &want["sentences"];
     let padded = |i: usize| {
         let mut ids: Vec<Value> = want["ids"][i].as_array().unwrap().clone();
@@ -988,8 +983,7 @@ fn image_memory_peak() {
     ] {
         let bytes = std::fs::read(big.join(f)).unwrap();
         // A fresh worker each time: the peak only grows.
-        let s = app.start(&["--max-body-mb", "128"]);
-        let pid = s.wait_workers(1)[0];
+        let (s, pid) = app.serve(&["--max-body-mb", "128"]);
         let before = peak_rss(pid);
         let r = raw(
             s.port,
