@@ -93,6 +93,11 @@ fn text_metadata(model: &str, tokenizer: Value, batch: u32) -> Value {
     })
 }
 
+/// The BERT-architecture model behind a text input with `tokenizer` as its block, no batching.
+fn bert_text(art: &Path, tokenizer: Value) -> DocApp {
+    DocApp::new(art, text_metadata("bert.pt", tokenizer, 0))
+}
+
 fn image_metadata(model: &str, image: Value, batch: u32) -> Value {
     json!({
         "name": "image app",
@@ -244,13 +249,9 @@ fn bad_text_is_a_400_naming_the_input_and_the_worker_keeps_serving() {
     let art = artefacts();
     let want = expected(&art);
     let long = want["sentences"][4].as_str().unwrap();
-    let app = DocApp::new(
+    let app = bert_text(
         &art,
-        text_metadata(
-            "bert.pt",
-            json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
-            0,
-        ),
+        json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
     );
     let (s, pid) = app.serve(&[]);
     // Too long with truncation off.
@@ -679,13 +680,9 @@ fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
     let art = artefacts();
     let want = expected(&art);
     let long = want["long_text"].as_str().unwrap();
-    let app = DocApp::new(
+    let app = bert_text(
         &art,
-        text_metadata(
-            "bert.pt",
-            json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
-            0,
-        ),
+        json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
     );
     let (s, pid) = app.serve(&[]);
     // 3000 newlines, then the README: its first max_length tokens are Python's (the whole
@@ -726,13 +723,9 @@ fn a_long_text_is_cut_before_tokenizing_and_gives_what_python_gives() {
 fn with_truncation_off_a_text_over_its_byte_bound_is_refused_unread() {
     let art = artefacts();
     let want = expected(&art);
-    let app = DocApp::new(
+    let app = bert_text(
         &art,
-        text_metadata(
-            "bert.pt",
-            json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
-            0,
-        ),
+        json!({"file": "tokenizer.json", "max_length": want["max_length"], "truncation": false}),
     );
     let (s, pid) = app.serve(&[]);
     let big = "word ".repeat(6000);
@@ -753,13 +746,9 @@ fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
     let art = artefacts();
     let want = expected(&art);
     // Default max_documents (64): 100,000 empty strings are refused before tokenizing.
-    let app = DocApp::new(
+    let app = bert_text(
         &art,
-        text_metadata(
-            "bert.pt",
-            json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
-            0,
-        ),
+        json!({"file": "tokenizer.json", "max_length": want["max_length"]}),
     );
     let (s, pid) = app.serve(&[]);
     let empties = vec![""; 100_000];
