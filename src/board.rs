@@ -248,10 +248,12 @@ mod tests {
     fn a_free_spell_is_timed_from_when_it_began() {
         let master = Board::create().unwrap();
         let spell = std::time::Duration::from_millis(30);
+        // An hour stands for a spell not yet passed, whatever the machine's pace.
+        let hour = std::time::Duration::from_secs(3600);
         master.show(2, Seat::Free);
         assert!(master.other_free(0));
         assert!(
-            !master.other_free_for(0, spell),
+            !master.other_free_for(0, hour),
             "free for less than the spell"
         );
         assert!(master.other_free_for(0, std::time::Duration::ZERO));
@@ -265,11 +267,16 @@ mod tests {
             !master.other_free_for(2, spell),
             "its own seat does not count"
         );
-        // Busy, then free again: a new spell.
+        // Busy, then free again: a new spell (30 ms past the old one's start already).
         master.show(2, Seat::Busy);
-        assert!(!master.other_free_for(0, spell));
+        assert!(!master.other_free_for(0, std::time::Duration::ZERO));
+        let again = now_ms();
         master.show(2, Seat::Free);
-        assert!(!master.other_free_for(0, spell));
+        let since = master.free_since(2).unwrap().load(Ordering::SeqCst);
+        assert!(
+            since.wrapping_sub(again) < u32::MAX / 2 && since.wrapping_sub(began) > 30,
+            "the new spell begins when it was shown, not with the old one"
+        );
         // Taking is not free.
         master.show(2, Seat::Taking);
         assert!(!master.other_free_for(0, std::time::Duration::ZERO));

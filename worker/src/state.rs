@@ -121,6 +121,10 @@ pub struct Shared {
     board: Option<(Board, u32)>,
     /// What this worker last showed on the board (written only when it changes).
     shown: AtomicU32,
+    /// How long a sibling must have shown free to take a kept-alive client from this
+    /// worker when it is full: [`SIBLING_FREE_FOR`] (a field so that tests can lengthen it
+    /// rather than race the clock).
+    free_spell: std::time::Duration,
 }
 
 /// How long connections must have been seen waiting in the listen queue before answers
@@ -144,6 +148,7 @@ impl Shared {
             queue_since: std::sync::Mutex::new(None),
             board: None,
             shown: AtomicU32::new(Seat::Busy as u32),
+            free_spell: SIBLING_FREE_FOR,
         }
     }
 
@@ -285,7 +290,7 @@ impl Shared {
             && self
                 .board
                 .as_ref()
-                .is_some_and(|(board, seat)| board.other_free_for(*seat, SIBLING_FREE_FOR))
+                .is_some_and(|(board, seat)| board.other_free_for(*seat, self.free_spell))
     }
 
     /// Stops accepting and tells the master why (first reason wins).
@@ -427,7 +432,7 @@ mod tests {
         let master = Board::create().unwrap();
         // SAFETY: dup of the board's descriptor; attach takes it over.
         let fd = unsafe { libc::dup(master.fd().unwrap()) };
-        let s =
+        let mut s =
             Shared::new(Control::none(), 0, 1).with_board(Some((Board::attach(fd).unwrap(), 0)));
         // Answering with another connection's request worked on here.
         s.update(|c| {
@@ -436,10 +441,13 @@ mod tests {
         });
         assert!(!s.must_close(), "no sibling free: the client stays");
         master.show(1, Seat::Free);
+        // An hour stands for the spell not yet passed, whatever the machine's pace.
+        s.free_spell = std::time::Duration::from_secs(3600);
         assert!(
             !s.must_close(),
             "a sibling only just free (between two of its own requests): the client stays"
         );
+        s.free_spell = SIBLING_FREE_FOR;
         wait_free_spell(&master, 0);
         assert!(s.must_close(), "a sibling idle: the client goes there");
         s.update(|c| c.working = 0);
