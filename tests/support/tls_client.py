@@ -27,25 +27,13 @@ def context(cafile):
 
 
 def triton(addr, cafile, model):
-    import numpy as np
     import tritonclient.http as httpclient
-    from tritonclient.utils import InferenceServerException
+    from triton_auth import ready_and_infer  # beside this script
 
     client = httpclient.InferenceServerClient(
         url=addr, ssl=True, ssl_context_factory=lambda: context(cafile)
     )
-    out = {"ready": client.is_server_ready()}
-    inp = httpclient.InferInput("input__0", [1, 4], "FP32")
-    inp.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32), binary_data=True)
-    try:
-        r = client.infer(model, [inp])
-        out["ok"] = True
-        out["output"] = r.as_numpy("output__0").tolist()
-    except InferenceServerException as e:
-        out["ok"] = False
-        out["status"] = e.status()
-        out["message"] = e.message()
-    print(json.dumps(out))
+    print(json.dumps(ready_and_infer(client, model)))
 
 
 def fingerprint(addr, cafile):

@@ -11,10 +11,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 
-def main():
-    url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
-    client = httpclient.InferenceServerClient(url=url)
-    headers = {"Authorization": f"Bearer {key}"} if key else None
+def ready_and_infer(client, model, headers=None):
+    """The server's readiness and one inference of the MLP fixture's input through
+    `client`: {"ready", "ok", "output"} or {"ready", "ok": false, "status", "message"}.
+    tests/support/tls_client.py uses it too."""
     out = {"ready": client.is_server_ready()}
     inp = httpclient.InferInput("input__0", [1, 4], "FP32")
     inp.set_data_from_numpy(np.array([[1, 2, 3, 4]], dtype=np.float32), binary_data=True)
@@ -26,7 +26,14 @@ def main():
         out["ok"] = False
         out["status"] = e.status()
         out["message"] = e.message()
-    print(json.dumps(out))
+    return out
+
+
+def main():
+    url, model, key = sys.argv[1], sys.argv[2], sys.argv[3]
+    client = httpclient.InferenceServerClient(url=url)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    print(json.dumps(ready_and_infer(client, model, headers)))
 
 
 if __name__ == "__main__":
