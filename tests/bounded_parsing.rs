@@ -99,10 +99,10 @@ fn assert_too_deep(what: &str, r: &common::Raw, pid: u32) {
 /// `POST /` and v2 bodies nested 150,000 deep wherever a decoder recurses: 400 naming the
 /// nesting, from the same worker, which then serves on. Pins serde_json's recursion limit
 /// (128) on the streaming `POST /` parser (`decode/numeric.rs`, both inline for bodies up
-/// to 64 kB and on a blocking thread above), and on the v2 header's tree (`data`,
-/// `parameters`, binary extension's JSON header). A deep value in a field no decoder reads
-/// is skipped without recursion (serde_json's `ignore_value` keeps its own stack, bounded
-/// by the body): answered as if absent.
+/// to 64 kB and on a blocking thread above) and on v2's `data` (`decode/elements.rs`). A
+/// deep value in a field no decoder reads (v2 `parameters` are kept as JSON text and only
+/// the ones vramfork knows are read) is skipped without recursion (serde_json's
+/// `ignore_value` keeps its own stack, bounded by the body): answered as if absent.
 #[test]
 fn bodies_nested_150000_deep_get_400_and_the_worker_serves_on() {
     let app = mlp();
@@ -129,38 +129,8 @@ fn bodies_nested_150000_deep_get_400_and_the_worker_serves_on() {
             r#"{{"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","data":{data}}}]{params}}}"#
         )
     };
-    let v2_cases = [
-        ("v2 data", input(&deep, "")),
-        (
-            "v2 parameters",
-            input("[1,2,3,4]", &format!(r#","parameters":{{"x":{deep}}}"#)),
-        ),
-        (
-            "v2 parameters of objects",
-            input(
-                "[1,2,3,4]",
-                &format!(r#","parameters":{{"x":{}}}"#, nested_objects(DEPTH, "1")),
-            ),
-        ),
-        (
-            "v2 input parameters",
-            format!(
-                r#"{{"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","parameters":{{"x":{deep}}},"data":[1,2,3,4]}}]}}"#
-            ),
-        ),
-    ];
-    for (what, body) in &v2_cases {
-        let r = raw(s.port, "POST", V2_INFER, "", body.as_bytes());
-        assert_too_deep(what, &r, pid);
-        still_serves(&s, pid, MLP_INPUT);
-    }
-    // The binary extension: the deep JSON header, then 16 bytes of tensor data.
-    let head = format!(
-        r#"{{"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","parameters":{{"binary_data_size":16,"x":{deep}}}}}]}}"#
-    );
-    let (extra, body) = common::binary(&head, &[0u8; 16]);
-    let r = raw(s.port, "POST", V2_INFER, &extra, &body);
-    assert_too_deep("v2 binary header", &r, pid);
+    let r = raw(s.port, "POST", V2_INFER, "", input(&deep, "").as_bytes());
+    assert_too_deep("v2 data", &r, pid);
     still_serves(&s, pid, MLP_INPUT);
 
     // Fields no decoder reads: skipped, the request answered as without them.
@@ -181,16 +151,63 @@ fn bodies_nested_150000_deep_get_400_and_the_worker_serves_on() {
         input("[1,2,3,4]", "").as_bytes(),
     );
     assert_eq!(v2_plain.status, 200);
-    let v2_ignored = input("[1,2,3,4]", &format!(r#","extra":{deep}"#));
-    let r = raw(s.port, "POST", V2_INFER, "", v2_ignored.as_bytes());
+    let v2_ignored = [
+        (
+            "v2 extra field",
+            input("[1,2,3,4]", &format!(r#","extra":{deep}"#)),
+        ),
+        (
+            "v2 parameters",
+            input("[1,2,3,4]", &format!(r#","parameters":{{"x":{deep}}}"#)),
+        ),
+        (
+            "v2 parameters of objects",
+            input(
+                "[1,2,3,4]",
+                &format!(r#","parameters":{{"x":{}}}"#, nested_objects(DEPTH, "1")),
+            ),
+        ),
+        (
+            "v2 input parameters",
+            format!(
+                r#"{{"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","parameters":{{"x":{deep}}},"data":[1,2,3,4]}}]}}"#
+            ),
+        ),
+    ];
+    for (what, body) in &v2_ignored {
+        let r = raw(s.port, "POST", V2_INFER, "", body.as_bytes());
+        assert_eq!(
+            r.status,
+            200,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(r.json()["outputs"], v2_plain.json()["outputs"], "{what}");
+        assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    }
+    // The binary extension: a deep unread parameter in the JSON header, then 16 bytes of
+    // tensor data (zeros).
+    let head = format!(
+        r#"{{"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","parameters":{{"binary_data_size":16,"x":{deep}}}}}]}}"#
+    );
+    let (extra, body) = common::binary(&head, &[0u8; 16]);
+    let r = raw(s.port, "POST", V2_INFER, &extra, &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["outputs"], v2_plain.json()["outputs"]);
+    let zeros = raw(
+        s.port,
+        "POST",
+        V2_INFER,
+        "",
+        input("[0,0,0,0]", "").as_bytes(),
+    );
+    assert_eq!(r.json()["outputs"], zeros.json()["outputs"]);
     still_serves(&s, pid, MLP_INPUT);
 }
 
-/// A model with several named inputs takes its `POST /` body as a JSON tree
-/// (`decode/post.rs`, `serde_json::Value`): nested 150,000 deep in an input, 400; pins
-/// serde_json's recursion limit there too.
+/// A model with several named inputs: each input's value is read by the streaming walk of
+/// `decode/elements.rs`; nested 150,000 deep in an input, 400 naming the nesting (serde_json's
+/// recursion limit there too); a deep value under a name the model does not take is never
+/// read: 400 saying which input is missing.
 #[test]
 fn named_inputs_nested_150000_deep_get_400_and_the_worker_serves_on() {
     let app = App::new(
@@ -202,23 +219,19 @@ fn named_inputs_nested_150000_deep_get_400_and_the_worker_serves_on() {
     let ok = r#"{"inputs": {"features": [[1, 2, 3]], "scale": [2]}}"#;
     let r = raw(s.port, "POST", "/", "", ok.as_bytes());
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    for (what, body) in [
-        (
-            "features",
-            format!(
-                r#"{{"inputs": {{"features": {}, "scale": [2]}}}}"#,
-                nested(DEPTH, "1")
-            ),
-        ),
-        (
-            "an object",
-            format!(r#"{{"inputs": {}}}"#, nested_objects(DEPTH, "1")),
-        ),
-    ] {
-        let r = raw(s.port, "POST", "/", "", body.as_bytes());
-        assert_too_deep(what, &r, pid);
-        still_serves(&s, pid, ok);
-    }
+    let body = format!(
+        r#"{{"inputs": {{"features": {}, "scale": [2]}}}}"#,
+        nested(DEPTH, "1")
+    );
+    let r = raw(s.port, "POST", "/", "", body.as_bytes());
+    assert_too_deep("features", &r, pid);
+    still_serves(&s, pid, ok);
+    let body = format!(r#"{{"inputs": {}}}"#, nested_objects(DEPTH, "1"));
+    let r = raw(s.port, "POST", "/", "", body.as_bytes());
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let e = r.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(e.contains(r#"`inputs` lacks input "features""#), "{e}");
+    still_serves(&s, pid, ok);
 }
 
 /// A valid `POST /` body of at least `min` bytes: rows of four distinct numbers.

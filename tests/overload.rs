@@ -374,6 +374,76 @@ fn a_large_body_costs_about_its_tensor_and_memory_comes_back() {
     );
 }
 
+/// Bodies with named inputs (`POST /` with several inputs) and v2 JSON bodies are read in one
+/// pass too, not as a tree of JSON values (which costs about 80 bytes an element, some 40×
+/// these bodies): a worker's peak grows by about the body and its tensors.
+#[test]
+fn large_named_and_v2_json_bodies_cost_about_their_tensors() {
+    let app = App::new(
+        "pair.pt",
+        r#""inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]},
+                      {"name": "scale", "datatype": "INT64", "shape": [-1]}]"#,
+    );
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--max-body-mb", "8"],
+    );
+    let pid = s.wait_workers(1)[0];
+    let v2 = "/v2/models/test%20app/infer";
+    // Warm up both paths with small valid bodies.
+    let named = |rows: usize, tail: &str| {
+        format!(
+            r#"{{"inputs": {{"features": [{}[1,2,3]{tail}], "scale": [{}1]}}}}"#,
+            "[0,0,0],".repeat(rows),
+            "0,".repeat(rows)
+        )
+    };
+    let v2_body = |rows: usize, said: usize| {
+        format!(
+            r#"{{"inputs": [{{"name": "features", "shape": [{said}, 3], "datatype": "FP32", "data": [{}1,2,3]}}, {{"name": "scale", "shape": [{}], "datatype": "INT64", "data": [{}1]}}]}}"#,
+            "0,0,0,".repeat(rows),
+            rows + 1,
+            "0,".repeat(rows)
+        )
+    };
+    let r = s.post("/", &named(1000, ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = s.post(v2, &v2_body(1000, 1001));
+    assert_eq!(r.status, 200, "{r:?}");
+    // About 7 MB each, refused only once every element was read: a ragged last row (named),
+    // a shape that says one row more than the data holds (v2).
+    let rows = (7 << 20) / 10;
+    for (path, body, want) in [
+        ("/", named(rows, ",[1,2]"), "ragged array"),
+        (
+            v2,
+            v2_body(rows, rows + 2),
+            &format!("shape [{}, 3] takes", rows + 2),
+        ),
+    ] {
+        // Resets the peak (VmHWM) to what is resident now.
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+        let (_, hwm0) = memory_mb(pid);
+        let body_mb = body.len() as f64 / f64::from(1 << 20);
+        let r = s.post(path, &body);
+        assert_eq!(r.status, 400, "{r:?}");
+        assert!(r.body.contains(want), "{path}: {r:?}");
+        let (_, hwm1) = memory_mb(pid);
+        eprintln!("{path}: body {body_mb:.1} MB, peak +{:.1} MB", hwm1 - hwm0);
+        assert!(
+            hwm1 - hwm0 <= 3.0 * body_mb,
+            "{path}: peak grew by {:.0} MB for a {body_mb:.1} MB body",
+            hwm1 - hwm0
+        );
+        assert_eq!(r.pid(), pid);
+    }
+    // The same sizes, valid: answered.
+    let r = s.post("/", &named(rows, ""));
+    assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(200)]);
+    let r = s.post(v2, &v2_body(rows, rows + 1));
+    assert_eq!(r.status, 200, "{}", &r.body[..r.body.len().min(200)]);
+}
+
 /// (VmRSS, VmHWM) of a process, in MB.
 fn memory_mb(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

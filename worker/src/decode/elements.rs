@@ -1,13 +1,18 @@
-//! A named input's elements, from a JSON value or from raw bytes, as the model argument its
-//! declared datatype calls for: a tensor (numbers or booleans) or a TorchScript `List[str]`
-//! (`BYTES`). Used by v2 requests (shape given by the request) and by `POST /` bodies with
-//! named inputs or text (shape read from the nesting). Every error names the input.
+//! A named input's elements, from the JSON text of its value or from raw bytes, as the model
+//! argument its declared datatype calls for: a tensor (numbers or booleans) or a TorchScript
+//! `List[str]` (`BYTES`). Used by v2 requests (shape given by the request) and by `POST /`
+//! bodies with named inputs or text (shape read from the nesting). JSON is read in one
+//! streaming pass, never as a tree of values. Every error names the input.
 
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::Value;
-use tch::Tensor;
-use vramfork::metadata::Dtype;
+use vramfork::metadata::{Datatype, Dtype};
 
-use crate::args::{int_range, kind_of, Arg};
+use super::numeric::Sink;
+use crate::args::{int_range, Arg};
 
 /// The number of elements of `shape`, refusing negative sizes and products a buffer of
 /// 8-byte elements could not hold.
@@ -24,153 +29,376 @@ pub fn element_count(name: &str, shape: &[i64]) -> Result<usize, String> {
         .ok_or_else(|| format!("input {name}: shape {shape:?} is too large"))
 }
 
-/// The shape of a nested JSON array (`[[1, 2], [3, 4]]` → `[2, 2]`), checking that it is
-/// regular: every array at a depth has the same length, and leaves sit at one depth.
-pub fn nested_shape(name: &str, v: &Value) -> Result<Vec<i64>, String> {
-    let mut shape = Vec::new();
-    let mut at = v;
-    while let Value::Array(items) = at {
-        shape.push(items.len() as i64);
-        match items.first() {
-            Some(first) => at = first,
-            None => break,
-        }
-    }
-    fn check(name: &str, v: &Value, shape: &[i64], path: &mut Vec<usize>) -> Result<(), String> {
-        let here = || {
-            let mut s = format!("input {name}: inputs");
-            for i in path.iter() {
-                s.push_str(&format!("[{i}]"));
-            }
-            s
-        };
-        match (v, shape.split_first()) {
-            (Value::Array(items), Some((&n, rest))) => {
-                if items.len() as i64 != n {
-                    return Err(format!(
-                        "{}: ragged array of {} elements, expected {n} like the first one at that depth",
-                        here(),
-                        items.len()
-                    ));
-                }
-                for (i, item) in items.iter().enumerate() {
-                    path.push(i);
-                    check(name, item, rest, path)?;
-                    path.pop();
-                }
-                Ok(())
-            }
-            (Value::Array(_), None) => Err(format!(
-                "{}: ragged array: an array where its siblings hold values",
-                here()
-            )),
-            (_, Some(_)) => Err(format!(
-                "{}: ragged array: a value where its siblings are arrays",
-                here()
-            )),
-            (_, None) => Ok(()),
-        }
-    }
-    check(name, v, &shape, &mut Vec::new())?;
-    Ok(shape)
+/// How a JSON input's elements are laid out.
+#[derive(Debug, Clone, Copy)]
+pub enum Layout<'a> {
+    /// `POST /`: the nesting is the shape, which must be regular (`[[1, 2], [3, 4]]` is
+    /// `[2, 2]`; every array at a depth as long as the first, values at one depth).
+    Nested,
+    /// v2: the request's `shape`; `data` flat or nested in any way, read row-major.
+    Shape(&'a [i64]),
 }
 
-fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
-    match v {
-        Value::Array(items) => items.iter().for_each(|x| flatten(x, out)),
-        other => out.push(other),
-    }
-}
-
-/// `data` (flat row-major or nested) as the leaves of `count` elements.
-fn leaves<'a>(
+/// A JSON input (`raw`, the text of its value) as the argument its datatype calls for: a
+/// tensor (numbers or booleans) or a TorchScript `List[str]` (`BYTES`), with its shape (read
+/// from the nesting, or the given one). One streaming pass over the text: elements go
+/// straight into the tensor's buffer or the string list, with no tree of JSON values in
+/// between (a tree costs about 80 bytes an element), so an input costs about its text plus
+/// what the model gets. Every error names the input and the element.
+pub fn arg_from_json(
     name: &str,
-    data: &'a Value,
-    shape: &[i64],
-    count: usize,
-) -> Result<Vec<&'a Value>, String> {
-    let mut leaves = Vec::with_capacity(count.min(1 << 20));
-    flatten(data, &mut leaves);
-    if leaves.len() != count {
-        return Err(format!(
-            "input {name}: `data` has {} elements; shape {shape:?} takes {count}",
-            leaves.len()
-        ));
+    raw: &RawValue,
+    datatype: Datatype,
+    layout: Layout<'_>,
+) -> Result<(Vec<i64>, Arg), String> {
+    let text = raw.get();
+    // Each element takes at least two bytes of text with its separator (one for a lone
+    // scalar), so this many always suffice; pages past those written are never touched.
+    let room = text.len() / 2 + 1;
+    let given = match layout {
+        Layout::Shape(shape) => Some(element_count(name, shape)?),
+        Layout::Nested => None,
+    };
+    let cap = given.map_or(room, |n| n.min(room));
+    let out = match datatype {
+        Datatype::Bytes => Out::Strings(Vec::new()),
+        Datatype::Tensor(dtype) => Out::Tensor(dtype, Sink::new(dtype, cap)),
+    };
+    let mut w = Walk {
+        name,
+        regular: matches!(layout, Layout::Nested),
+        dims: Vec::new(),
+        leaf_depth: None,
+        deepest_array: None,
+        path: Vec::new(),
+        n: 0,
+        cap,
+        out,
+        err: None,
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let walked = Node {
+        w: &mut w,
+        depth: 0,
     }
-    Ok(leaves)
-}
-
-/// `data` (flat row-major or nested JSON) as a tensor of `shape` and `dtype`.
-pub fn tensor_from_json(
-    name: &str,
-    data: &Value,
-    shape: &[i64],
-    dtype: Dtype,
-) -> Result<Tensor, String> {
-    let count = element_count(name, shape)?;
-    let leaves = leaves(name, data, shape, count)?;
-    let bad =
-        |i: usize, v: &Value, what: &str| format!("input {name}: element {i} ({v}) is not {what}");
-    let t = match dtype {
-        Dtype::Bool => {
-            let v: Vec<bool> = leaves
-                .iter()
-                .enumerate()
-                .map(|(i, v)| v.as_bool().ok_or_else(|| bad(i, v, "true or false")))
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    if let Some(e) = w.err.take() {
+        return Err(e);
+    }
+    // `raw` is JSON already: only the nesting limit (128) can stop serde_json here.
+    walked.map_err(|e| format!("input {name}: {e}"))?;
+    let shape = match layout {
+        Layout::Shape(shape) => {
+            let count = given.unwrap_or_default();
+            if w.n != count {
+                return Err(format!(
+                    "input {name}: `data` has {} elements; shape {shape:?} takes {count}",
+                    w.n
+                ));
+            }
+            shape.to_vec()
         }
-        Dtype::Float32 | Dtype::Float64 | Dtype::Float16 | Dtype::BFloat16 => {
-            let max = match dtype {
-                Dtype::Float64 => f64::MAX,
-                Dtype::Float16 => 65504.0,
-                _ => f32::MAX as f64,
-            };
-            let v: Vec<f64> = leaves
+        Layout::Nested => {
+            let depth = w.leaf_depth.unwrap_or(w.dims.len());
+            w.dims[..depth.min(w.dims.len())]
                 .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_f64().filter(|f| f.abs() <= max).ok_or_else(|| {
-                        bad(i, v, &format!("a number the type holds (|x| ≤ {max:e})"))
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
-        }
-        _ => {
-            let (lo, hi) = int_range(dtype);
-            let v: Vec<i64> = leaves
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_i64()
-                        .filter(|n| (lo..=hi).contains(n))
-                        .ok_or_else(|| bad(i, v, &format!("an integer in {lo}..={hi}")))
-                })
-                .collect::<Result<_, _>>()?;
-            Tensor::from_slice(&v)
+                .map(|d| d.unwrap_or_default() as i64)
+                .collect()
         }
     };
-    t.f_to_kind(kind_of(dtype))
-        .and_then(|t| t.f_reshape(shape))
-        .map_err(|e| format!("input {name}: {e}"))
+    let arg = match w.out {
+        Out::Strings(s) => Arg::Strings(s),
+        Out::Tensor(dtype, sink) => Arg::Tensor(
+            sink.finish(&shape, dtype)
+                .map_err(|e| format!("input {name}: {e}"))?,
+        ),
+    };
+    Ok((shape, arg))
 }
 
-/// `data` (flat or nested JSON strings) as the strings of a `BYTES` input of `shape`, in
-/// row-major order: the model gets them as one `List[str]`.
-pub fn strings_from_json(name: &str, data: &Value, shape: &[i64]) -> Result<Arg, String> {
-    let count = element_count(name, shape)?;
-    let strings = leaves(name, data, shape, count)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Value::String(s) => checked(name, i, s.clone()),
-            other => Err(format!(
-                "input {name} is BYTES: element {i} ({other}) is not a string"
-            )),
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(Arg::Strings(strings))
+enum Out {
+    Tensor(Dtype, Sink),
+    Strings(Vec<String>),
+}
+
+/// The state of one pass over an input's JSON.
+struct Walk<'n> {
+    name: &'n str,
+    /// The nesting must be regular (it is the shape).
+    regular: bool,
+    /// The length of arrays at each depth, known once the first one there has ended.
+    dims: Vec<Option<usize>>,
+    /// Depth of the values (set by the first one).
+    leaf_depth: Option<usize>,
+    /// The deepest array seen.
+    deepest_array: Option<usize>,
+    /// Index at each depth, for messages.
+    path: Vec<usize>,
+    /// Elements seen (counted on past `cap`, kept up to it).
+    n: usize,
+    cap: usize,
+    out: Out,
+    /// The first problem.
+    err: Option<String>,
+}
+
+/// A leaf as its message shows it: JSON, long strings cut.
+fn shown(v: impl Into<Value>) -> String {
+    match v.into() {
+        Value::String(s) if s.chars().count() > 40 => {
+            let cut: String = s.chars().take(40).collect();
+            format!("{:?}…", cut)
+        }
+        other => other.to_string(),
+    }
+}
+
+impl Walk<'_> {
+    fn here(&self) -> String {
+        let mut s = format!("input {}: inputs", self.name);
+        for i in &self.path {
+            s.push_str(&format!("[{i}]"));
+        }
+        s
+    }
+
+    /// Records the first problem and returns the error that stops the walk.
+    fn fail<E: de::Error>(&mut self, msg: String) -> E {
+        if self.err.is_none() {
+            self.err = Some(msg);
+        }
+        E::custom("invalid request")
+    }
+
+    /// A value (not an array) at `depth`: in a regular nesting its place must be a value's.
+    /// `Some(i)`, its element index, when it is to be kept.
+    fn leaf<E: de::Error>(&mut self, depth: usize) -> Result<Option<usize>, E> {
+        if self.regular {
+            let arrays_here = self.deepest_array.is_some_and(|a| a >= depth);
+            if arrays_here || self.leaf_depth.is_some_and(|l| l != depth) {
+                return Err(self.fail(format!(
+                    "{}: ragged array: a value where its siblings are arrays",
+                    self.here()
+                )));
+            }
+        }
+        self.leaf_depth.get_or_insert(depth);
+        let i = self.n;
+        self.n += 1;
+        Ok((i < self.cap).then_some(i))
+    }
+
+    fn bad<E: de::Error>(&mut self, i: usize, v: String, what: &str) -> E {
+        let name = self.name;
+        let bytes = if matches!(self.out, Out::Strings(_)) {
+            " is BYTES:"
+        } else {
+            ":"
+        };
+        self.fail(format!(
+            "input {name}{bytes} element {i} ({v}) is not {what}"
+        ))
+    }
+
+    /// What a tensor of this dtype takes, for messages.
+    fn wanted(dtype: Dtype) -> String {
+        match dtype {
+            Dtype::Bool => "true or false".into(),
+            Dtype::Float32 | Dtype::Float64 | Dtype::Float16 | Dtype::BFloat16 => {
+                format!("a number the type holds (|x| ≤ {:e})", float_max(dtype))
+            }
+            other => {
+                let (lo, hi) = int_range(other);
+                format!("an integer in {lo}..={hi}")
+            }
+        }
+    }
+
+    fn number<E: de::Error>(&mut self, depth: usize, v: Value) -> Result<(), E> {
+        let Some(i) = self.leaf(depth)? else {
+            return Ok(());
+        };
+        let Out::Tensor(dtype, sink) = &mut self.out else {
+            return Err(self.bad(i, shown(v), "a string"));
+        };
+        let dtype = *dtype;
+        match dtype {
+            Dtype::Bool => {}
+            Dtype::Float64 => {
+                if let Some(f) = v.as_f64() {
+                    sink.push(f);
+                    return Ok(());
+                }
+            }
+            Dtype::Float32 | Dtype::Float16 | Dtype::BFloat16 => {
+                if let Some(f) = v.as_f64().filter(|f| f.abs() <= float_max(dtype)) {
+                    sink.push(f as f32);
+                    return Ok(());
+                }
+            }
+            _ => {
+                let (lo, hi) = int_range(dtype);
+                if let Some(n) = v.as_i64().filter(|n| (lo..=hi).contains(n)) {
+                    match dtype {
+                        Dtype::Int64 => sink.push(n),
+                        Dtype::Int32 => sink.push(n as i32),
+                        Dtype::Int16 => sink.push(n as i16),
+                        Dtype::Int8 => sink.push(n as i8),
+                        _ => sink.push(n as u8),
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        Err(self.bad(i, shown(v), &Self::wanted(dtype)))
+    }
+
+    fn boolean<E: de::Error>(&mut self, depth: usize, b: bool) -> Result<(), E> {
+        let Some(i) = self.leaf(depth)? else {
+            return Ok(());
+        };
+        match &mut self.out {
+            Out::Tensor(Dtype::Bool, sink) => {
+                sink.push(b);
+                Ok(())
+            }
+            Out::Tensor(dtype, _) => {
+                let what = Self::wanted(*dtype);
+                Err(self.bad(i, b.to_string(), &what))
+            }
+            Out::Strings(_) => Err(self.bad(i, b.to_string(), "a string")),
+        }
+    }
+
+    fn string<E: de::Error>(&mut self, depth: usize, s: &str) -> Result<(), E> {
+        let Some(i) = self.leaf(depth)? else {
+            return Ok(());
+        };
+        match &mut self.out {
+            Out::Strings(list) => {
+                if s.contains('\0') {
+                    let name = self.name;
+                    return Err(self.fail(format!(
+                        "input {name}: element {i} contains a NUL character, which a TorchScript string cannot hold"
+                    )));
+                }
+                list.push(s.to_owned());
+                Ok(())
+            }
+            Out::Tensor(dtype, _) => {
+                let what = Self::wanted(*dtype);
+                Err(self.bad(i, shown(s), &what))
+            }
+        }
+    }
+
+    /// `null` or an object where an element belongs.
+    fn other<E: de::Error>(&mut self, depth: usize, what: &str) -> Result<(), E> {
+        let Some(i) = self.leaf(depth)? else {
+            return Ok(());
+        };
+        let wanted = match &self.out {
+            Out::Tensor(dtype, _) => Self::wanted(*dtype),
+            Out::Strings(_) => "a string".into(),
+        };
+        Err(self.bad(i, what.into(), &wanted))
+    }
+}
+
+/// The largest magnitude a float dtype takes from JSON.
+fn float_max(dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::Float64 => f64::MAX,
+        Dtype::Float16 => 65504.0,
+        _ => f32::MAX as f64,
+    }
+}
+
+/// One value of the input, at `depth` (0 = the input itself).
+struct Node<'a, 'n> {
+    w: &'a mut Walk<'n>,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Node<'_, '_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Node<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an input's elements")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let (w, depth) = (self.w, self.depth);
+        if w.regular {
+            if w.leaf_depth.is_some_and(|l| l <= depth) {
+                return Err(w.fail(format!(
+                    "{}: ragged array: an array where its siblings hold values",
+                    w.here()
+                )));
+            }
+            w.deepest_array = Some(w.deepest_array.map_or(depth, |d| d.max(depth)));
+            if w.dims.len() <= depth {
+                w.dims.resize(depth + 1, None);
+            }
+        }
+        let mut n = 0usize;
+        loop {
+            w.path.push(n);
+            let more = seq.next_element_seed(Node {
+                w: &mut *w,
+                depth: depth + 1,
+            })?;
+            w.path.pop();
+            if more.is_none() {
+                break;
+            }
+            n += 1;
+        }
+        if !w.regular {
+            return Ok(());
+        }
+        match w.dims[depth] {
+            Some(want) if want != n => Err(w.fail(format!(
+                "{}: ragged array of {n} elements, expected {want} like the first one at that depth",
+                w.here()
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                w.dims[depth] = Some(n);
+                Ok(())
+            }
+        }
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.w.number(self.depth, Value::from(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.w.number(self.depth, Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.w.number(self.depth, Value::from(v))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.w.boolean(self.depth, v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.w.string(self.depth, v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.w.other(self.depth, "null")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        self.w.other(self.depth, "an object")
+    }
 }
 
 /// Raw `BYTES` data (Triton's binary form: each element a 4-byte little-endian length, then
@@ -243,54 +471,158 @@ mod tests {
         }
     }
 
+    fn raw(v: Value) -> Box<RawValue> {
+        RawValue::from_string(v.to_string()).unwrap()
+    }
+
+    /// The shape a `POST /` input's nesting gives (float32).
+    fn nested_shape(v: Value) -> Result<Vec<i64>, String> {
+        let t = Datatype::Tensor(Dtype::Float32);
+        arg_from_json("x", &raw(v), t, Layout::Nested).map(|(shape, _)| shape)
+    }
+
+    fn tensor_from_json(v: Value, shape: &[i64], dtype: Dtype) -> Result<tch::Tensor, String> {
+        match arg_from_json("x", &raw(v), Datatype::Tensor(dtype), Layout::Shape(shape))? {
+            (_, Arg::Tensor(t)) => Ok(t),
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+
+    fn strings_from_json(name: &str, v: Value, shape: &[i64]) -> Result<Arg, String> {
+        arg_from_json(name, &raw(v), Datatype::Bytes, Layout::Shape(shape)).map(|(_, a)| a)
+    }
+
     #[test]
     fn nested_shapes_are_read_and_must_be_regular() {
         assert_eq!(
-            nested_shape("x", &json!([[1, 2], [3, 4], [5, 6]])).unwrap(),
+            nested_shape(json!([[1, 2], [3, 4], [5, 6]])).unwrap(),
             [3, 2]
         );
-        assert_eq!(nested_shape("x", &json!([])).unwrap(), [0]);
-        assert_eq!(nested_shape("x", &json!(7)).unwrap(), Vec::<i64>::new());
-        assert_eq!(nested_shape("x", &json!(["a", "b"])).unwrap(), [2]);
-        let e = nested_shape("x", &json!([[1, 2], [3]])).unwrap_err();
+        assert_eq!(nested_shape(json!([])).unwrap(), [0]);
+        assert_eq!(nested_shape(json!([[], []])).unwrap(), [2, 0]);
+        assert_eq!(nested_shape(json!(7)).unwrap(), Vec::<i64>::new());
+        let (shape, a) = arg_from_json(
+            "x",
+            &raw(json!(["a", "b"])),
+            Datatype::Bytes,
+            Layout::Nested,
+        )
+        .unwrap();
+        assert_eq!(
+            (shape, strings(a)),
+            (vec![2], vec!["a".to_string(), "b".into()])
+        );
+        let e = nested_shape(json!([[1, 2], [3]])).unwrap_err();
         assert!(
-            e.contains("input x: inputs[1]") && e.contains("ragged"),
+            e.contains("input x: inputs[1]")
+                && e.contains("ragged array of 1 elements, expected 2"),
             "{e}"
         );
-        let e = nested_shape("x", &json!([[1], 2])).unwrap_err();
+        let e = nested_shape(json!([[1], 2])).unwrap_err();
         assert!(
             e.contains("inputs[1]") && e.contains("siblings are arrays"),
             "{e}"
         );
-        let e = nested_shape("x", &json!([1, [2]])).unwrap_err();
+        let e = nested_shape(json!([1, [2]])).unwrap_err();
         assert!(
             e.contains("inputs[1]") && e.contains("siblings hold values"),
             "{e}"
         );
+        let e = nested_shape(json!([[], 3])).unwrap_err();
+        assert!(
+            e.contains("inputs[1]") && e.contains("siblings are arrays"),
+            "{e}"
+        );
+        let e = nested_shape(json!([[1], [[2]]])).unwrap_err();
+        assert!(
+            e.contains("inputs[1][0]") && e.contains("siblings hold values"),
+            "{e}"
+        );
+        let e = nested_shape(json!([[[1], [2]], [[3], [4, 5]]])).unwrap_err();
+        assert!(
+            e.contains("inputs[1][1]: ragged array of 2 elements"),
+            "{e}"
+        );
+        // The values are kept row-major in the tensor.
+        let (_, a) = arg_from_json(
+            "x",
+            &raw(json!([[1, 2], [3, 4]])),
+            Datatype::Tensor(Dtype::Int16),
+            Layout::Nested,
+        )
+        .unwrap();
+        let Arg::Tensor(t) = a else { panic!() };
+        assert_eq!((t.size(), t.kind()), (vec![2, 2], tch::Kind::Int16));
+        assert_eq!(Vec::<i16>::try_from(t.reshape([-1])).unwrap(), [1, 2, 3, 4]);
     }
 
     #[test]
     fn tensors_from_json_of_every_kind_of_number() {
-        let t = tensor_from_json("x", &json!([[1, 2], [3, 4]]), &[2, 2], Dtype::Int32).unwrap();
+        let t = tensor_from_json(json!([[1, 2], [3, 4]]), &[2, 2], Dtype::Int32).unwrap();
         assert_eq!(t.size(), [2, 2]);
         assert_eq!(t.kind(), tch::Kind::Int);
-        let t = tensor_from_json("x", &json!([0.5, 1.5]), &[1, 2], Dtype::Float64).unwrap();
-        assert_eq!(Vec::<f64>::try_from(t.reshape([-1])).unwrap(), [0.5, 1.5]);
-        let e = tensor_from_json("x", &json!([300]), &[1], Dtype::UInt8).unwrap_err();
-        assert!(e.contains("input x: element 0 (300)"), "{e}");
-        let e = tensor_from_json("x", &json!([1, 2, 3]), &[2], Dtype::Float32).unwrap_err();
+        // Flat data for a shape, or nested any way: read row-major.
+        let t = tensor_from_json(json!([0.5, [1.5, [2.5]]]), &[1, 3], Dtype::Float64).unwrap();
+        assert_eq!(
+            Vec::<f64>::try_from(t.reshape([-1])).unwrap(),
+            [0.5, 1.5, 2.5]
+        );
+        let t = tensor_from_json(json!([65504, -1.5]), &[2], Dtype::Float16).unwrap();
+        assert_eq!(t.kind(), tch::Kind::Half);
+        let t = tensor_from_json(json!([true, false]), &[2], Dtype::Bool).unwrap();
+        assert_eq!(Vec::<bool>::try_from(t).unwrap(), [true, false]);
+        let e = tensor_from_json(json!([300]), &[1], Dtype::UInt8).unwrap_err();
+        assert!(
+            e.contains("input x: element 0 (300) is not an integer in 0..=255"),
+            "{e}"
+        );
+        let e = tensor_from_json(json!([1, 2.5]), &[2], Dtype::Int64).unwrap_err();
+        assert!(e.contains("element 1 (2.5) is not an integer"), "{e}");
+        let e = tensor_from_json(json!([1, 1e39]), &[2], Dtype::Float32).unwrap_err();
+        assert!(
+            e.contains("element 1 (1e+39) is not a number the type holds"),
+            "{e}"
+        );
+        let e = tensor_from_json(json!([1, "x", 3]), &[3], Dtype::Float32).unwrap_err();
+        assert!(e.contains("element 1 (\"x\") is not a number"), "{e}");
+        let e = tensor_from_json(json!([null]), &[1], Dtype::Float32).unwrap_err();
+        assert!(e.contains("element 0 (null)"), "{e}");
+        let e = tensor_from_json(json!([{"a": 1}]), &[1], Dtype::Float32).unwrap_err();
+        assert!(e.contains("element 0 (an object)"), "{e}");
+        let e = tensor_from_json(json!([1]), &[1], Dtype::Bool).unwrap_err();
+        assert!(e.contains("element 0 (1) is not true or false"), "{e}");
+        let e = tensor_from_json(json!([1, 2, 3]), &[2], Dtype::Float32).unwrap_err();
         assert!(e.contains("has 3 elements; shape [2] takes 2"), "{e}");
-        let e = tensor_from_json("x", &json!([]), &[-1, 2], Dtype::Float32).unwrap_err();
+        let e = tensor_from_json(json!([1]), &[2], Dtype::Float32).unwrap_err();
+        assert!(e.contains("has 1 elements; shape [2] takes 2"), "{e}");
+        let e = tensor_from_json(json!([]), &[-1, 2], Dtype::Float32).unwrap_err();
         assert!(e.contains("negative size -1"), "{e}");
-        let e =
-            tensor_from_json("x", &json!([]), &[1 << 32, 1 << 32, 16], Dtype::Float32).unwrap_err();
+        let e = tensor_from_json(json!([]), &[1 << 32, 1 << 32, 16], Dtype::Float32).unwrap_err();
         assert!(e.contains("too large"), "{e}");
+        // A shape far larger than the data costs nothing before it is refused.
+        let e = tensor_from_json(json!([1, 2]), &[1 << 40], Dtype::Float64).unwrap_err();
+        assert!(e.contains("has 2 elements; shape [1099511627776]"), "{e}");
+    }
+
+    #[test]
+    fn the_densest_text_fits_its_buffer() {
+        // "0," per element: the fewest bytes an element can take.
+        let n = 100_000;
+        let text = format!("[{}0]", "0,".repeat(n - 1));
+        let v = RawValue::from_string(text).unwrap();
+        let t = Datatype::Tensor(Dtype::Int8);
+        let (shape, _) = arg_from_json("x", &v, t, Layout::Nested).unwrap();
+        assert_eq!(shape, [n as i64]);
+        let (_, a) = arg_from_json("x", &v, t, Layout::Shape(&[n as i64])).unwrap();
+        assert!(matches!(a, Arg::Tensor(t) if t.size() == [n as i64]));
+        let one = RawValue::from_string("5".into()).unwrap();
+        assert!(arg_from_json("x", &one, t, Layout::Shape(&[1])).is_ok());
     }
 
     #[test]
     fn strings_from_json_and_from_length_prefixed_bytes_agree() {
         let docs = ["first document", "naïve café ✓", ""];
-        let a = strings(strings_from_json("docs", &json!(docs), &[3]).unwrap());
+        let a = strings(strings_from_json("docs", json!(docs), &[3]).unwrap());
         let mut raw = Vec::new();
         for d in docs {
             raw.extend_from_slice(&(d.len() as u32).to_le_bytes());
@@ -300,18 +632,18 @@ mod tests {
         assert_eq!(a, docs);
         assert_eq!(a, b);
         // Nested data is read row-major.
-        let n = strings(strings_from_json("d", &json!([["a", "b"], ["c", "d"]]), &[2, 2]).unwrap());
+        let n = strings(strings_from_json("d", json!([["a", "b"], ["c", "d"]]), &[2, 2]).unwrap());
         assert_eq!(n, ["a", "b", "c", "d"]);
     }
 
     #[test]
     fn malformed_strings_name_the_input_and_element() {
-        let e = strings_from_json("docs", &json!(["a", 5]), &[2]).unwrap_err();
+        let e = strings_from_json("docs", json!(["a", 5]), &[2]).unwrap_err();
         assert!(
             e.contains("input docs is BYTES: element 1 (5) is not a string"),
             "{e}"
         );
-        let e = strings_from_json("docs", &json!(["a\u{0}b"]), &[1]).unwrap_err();
+        let e = strings_from_json("docs", json!(["a\u{0}b"]), &[1]).unwrap_err();
         assert!(e.contains("element 0 contains a NUL"), "{e}");
         let e = strings_from_bytes("docs", &[2, 0, 0, 0, 0xff, 0xfe], 1, false).unwrap_err();
         assert!(e.contains("element 0 is not valid UTF-8"), "{e}");

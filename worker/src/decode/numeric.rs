@@ -110,20 +110,25 @@ impl Num {
 }
 
 /// The tensor being filled: its storage type follows the dtype (16-bit floats are kept as
-/// float32 and converted once at the end).
-struct Sink {
+/// float32 and converted once at the end). Also filled by `elements.rs`.
+pub(super) struct Sink {
     tensor: Tensor,
+    /// The tensor's first element (asked of libtorch once: an FFI call per element cost
+    /// about a tenth of a 63 kB body's parse).
+    data: *mut u8,
     kind: Kind,
     cap: usize,
     len: usize,
 }
 
 impl Sink {
-    fn new(dtype: Dtype, cap: usize) -> Sink {
+    pub(super) fn new(dtype: Dtype, cap: usize) -> Sink {
         let kind = storage_kind(dtype);
         let tensor = Tensor::empty([cap as i64], (kind, Device::Cpu));
+        let data = tensor.data_ptr().cast();
         Sink {
             tensor,
+            data,
             kind,
             cap,
             len: 0,
@@ -131,21 +136,22 @@ impl Sink {
     }
 
     /// Appends one element (already converted to the storage type's value).
-    fn push<T: tch::kind::Element>(&mut self, v: T) {
+    pub(super) fn push<T: tch::kind::Element>(&mut self, v: T) {
         debug_assert_eq!(T::KIND, self.kind);
         // Each element needs at least two bytes of body, so `cap` always suffices; the
         // check keeps a bug from writing out of bounds.
         assert!(self.len < self.cap, "input buffer too small");
-        // SAFETY: the tensor is a contiguous CPU tensor of `cap` elements of type T (its
-        // kind is T::KIND, checked above), owned by `self` and alive for this write;
-        // `len < cap` keeps the write inside it.
-        unsafe { (self.tensor.data_ptr() as *mut T).add(self.len).write(v) };
+        // SAFETY: `data` is the first element of the tensor, a contiguous CPU tensor of `cap`
+        // elements of type T (its kind is T::KIND, checked above), owned by `self` and
+        // alive for this write (its storage never moves); `len < cap` keeps the write
+        // inside it.
+        unsafe { self.data.cast::<T>().add(self.len).write(v) };
         self.len += 1;
     }
 
     /// The elements written, as a tensor of `shape` and `dtype` (a view: no copy, unless a
     /// 16-bit float dtype needs the conversion).
-    fn finish(self, shape: &[i64], dtype: Dtype) -> Result<Tensor, tch::TchError> {
+    pub(super) fn finish(self, shape: &[i64], dtype: Dtype) -> Result<Tensor, tch::TchError> {
         let t = self
             .tensor
             .f_narrow(0, 0, self.len as i64)?

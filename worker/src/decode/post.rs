@@ -2,13 +2,17 @@
 //! streaming parser in `numeric.rs`), one `BYTES` input as `{"inputs": ["a document", …]}`,
 //! several inputs as `{"inputs": {"<name>": <nested array>, …}}`.
 
-use serde_json::Value;
-use vramfork::metadata::{Datatype, TensorSpec};
+use std::collections::BTreeMap;
 
-use super::elements::{nested_shape, strings_from_json, tensor_from_json};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use vramfork::metadata::TensorSpec;
+
+use super::elements::{arg_from_json, Layout};
 use super::numeric::parse_body;
 use super::{BodyError, NOT_AN_OBJECT};
-use crate::args::{Arg, Inputs};
+use crate::args::Inputs;
 
 /// Parses a `POST /` body for a model whose declared inputs are `inputs` (`None`: one
 /// numeric input of any shape, float32). One numeric input: `{"inputs": <nested array>}`
@@ -25,10 +29,9 @@ pub fn parse_request(body: &[u8], inputs: Option<&[TensorSpec]>) -> Result<Input
     }
 }
 
-/// A body for text inputs or several named inputs (a JSON tree: these bodies are small next
-/// to the tensors the streaming parser is for).
+/// A body for text inputs or several named inputs: each input's value is kept as its JSON
+/// text (no tree of values) and read in one pass by `elements.rs`.
 fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
-    let doc: Value = serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
     let names = || {
         specs
             .iter()
@@ -37,28 +40,37 @@ fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
             .join(", ")
     };
     let invalid = BodyError::Invalid;
-    let Value::Object(mut doc) = doc else {
+    let not_json = |e: serde_json::Error| BodyError::NotJson(e.to_string());
+    // Checked first: serde would also read an array as a struct's fields in order.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|b| *b != b'{') {
+        serde_json::from_slice::<IgnoredAny>(body).map_err(not_json)?;
         return Err(invalid(NOT_AN_OBJECT.into()));
-    };
-    let given = doc.remove("inputs").ok_or_else(|| {
+    }
+    let doc: Named = serde_json::from_slice(body).map_err(not_json)?;
+    let given = doc.inputs.ok_or_else(|| {
         let example: Vec<String> = specs.iter().map(|s| format!("\"{}\": …", s.name)).collect();
         invalid(format!(
             "request body has no `inputs` field; send {{\"inputs\": {{{}}}}}",
             example.join(", ")
         ))
     })?;
-    let mut by_name = match given {
-        Value::Object(map) => map,
+    let mut by_name: BTreeMap<String, &RawValue> = match given.get().as_bytes()[0] {
+        b'{' => serde_json::from_str(given.get()).map_err(not_json)?,
         // The one input, given without its name.
-        v @ Value::Array(_) if specs.len() == 1 => {
-            serde_json::Map::from_iter([(specs[0].name.clone(), v)])
-        }
+        b'[' if specs.len() == 1 => BTreeMap::from([(specs[0].name.clone(), given)]),
         other => {
+            let found = match other {
+                b'[' => "an array",
+                b'"' => "a string",
+                b't' | b'f' => "a boolean",
+                b'n' => "null",
+                _ => "a number",
+            };
             return Err(invalid(format!(
-                "`inputs` must be an object naming the model's inputs ({}), found {}",
-                names(),
-                vramfork::metadata::kind(&other)
-            )))
+                "`inputs` must be an object naming the model's inputs ({}), found {found}",
+                names()
+            )));
         }
     };
     let mut args = Vec::with_capacity(specs.len());
@@ -70,14 +82,10 @@ fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
                 names()
             ))
         })?;
-        let shape = nested_shape(name, &v).map_err(invalid)?;
+        let (shape, arg) =
+            arg_from_json(name, v, spec.datatype, Layout::Nested).map_err(invalid)?;
         spec.check_shape(&shape)
             .map_err(|e| invalid(format!("input {name}: {e}")))?;
-        let arg = match spec.datatype {
-            Datatype::Bytes => strings_from_json(name, &v, &shape),
-            Datatype::Tensor(dtype) => tensor_from_json(name, &v, &shape, dtype).map(Arg::Tensor),
-        }
-        .map_err(invalid)?;
         args.push(arg);
     }
     if let Some(extra) = by_name.keys().next() {
@@ -89,9 +97,17 @@ fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
     Ok(Inputs { args })
 }
 
+/// A `POST /` body with named inputs, each input's value left as its JSON text.
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(borrow)]
+    inputs: Option<&'a RawValue>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::Arg;
     use tch::Kind;
     use vramfork::metadata::Dtype;
 

@@ -5,42 +5,67 @@
 //! model's input tensor and what the answer should hold. Every way it can be wrong is a 400
 //! that names the input.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 use tch::Tensor;
 use vramfork::metadata::{Datatype, TensorSpec, SINGLE_INPUT};
 
 use crate::args::{kind_of, Arg, Inputs};
-use crate::decode::elements::{
-    element_count, strings_from_bytes, strings_from_json, tensor_from_json,
-};
+use crate::decode::elements::{arg_from_json, element_count, strings_from_bytes, Layout};
 use crate::decode::BodyError;
 use crate::runner::v2out::Wanted;
 
+/// The JSON header. Values that may be large (`data`, `id`, parameters) are kept as their
+/// JSON text, never as a tree of values: `data` is read in one pass by `elements.rs`.
 #[derive(Deserialize)]
-struct Header {
-    id: Option<Value>,
-    #[serde(default)]
-    parameters: Map<String, Value>,
-    inputs: Vec<InputHeader>,
-    outputs: Option<Vec<OutputHeader>>,
+struct Header<'a> {
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    parameters: Params<'a>,
+    #[serde(borrow)]
+    inputs: Vec<InputHeader<'a>>,
+    #[serde(borrow)]
+    outputs: Option<Vec<OutputHeader<'a>>>,
 }
 
+type Params<'a> = BTreeMap<String, &'a RawValue>;
+
 #[derive(Deserialize)]
-struct InputHeader {
+struct InputHeader<'a> {
     name: String,
     shape: Vec<i64>,
     datatype: String,
-    #[serde(default)]
-    parameters: Map<String, Value>,
-    data: Option<Value>,
+    #[serde(default, borrow)]
+    parameters: Params<'a>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
-struct OutputHeader {
+struct OutputHeader<'a> {
     name: String,
-    #[serde(default)]
-    parameters: Map<String, Value>,
+    #[serde(default, borrow)]
+    parameters: Params<'a>,
+}
+
+/// A value's JSON text for a message (long ones cut).
+fn shown(v: &RawValue) -> String {
+    let t = v.get();
+    match t.char_indices().nth(60) {
+        Some((at, _)) => format!("{}…", &t[..at]),
+        None => t.to_string(),
+    }
+}
+
+/// A parameter that is a whole number (`None` when absent or null).
+fn whole(params: &Params<'_>, key: &str) -> Result<Option<u64>, String> {
+    match params.get(key).map(|v| v.get()) {
+        None | Some("null") => Ok(None),
+        Some(t) => t.parse().map(Some).map_err(|_| shown(params[key])),
+    }
 }
 
 /// A parsed request.
@@ -57,25 +82,22 @@ pub struct Infer {
 
 /// `parameters.timeout`: a whole number of microseconds; 0 (Triton: "no timeout") or
 /// absent is none.
-fn timeout(params: &Map<String, Value>) -> Result<Option<std::time::Duration>, String> {
-    match params.get("timeout") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n
-            .as_u64()
-            .filter(|us| *us > 0)
-            .map(std::time::Duration::from_micros)),
-        Some(other) => Err(format!(
-            "parameter timeout must be a whole number of microseconds (0 = none), not {other}"
-        )),
-    }
+fn timeout(params: &Params<'_>) -> Result<Option<std::time::Duration>, String> {
+    let us = whole(params, "timeout").map_err(|other| {
+        format!("parameter timeout must be a whole number of microseconds (0 = none), not {other}")
+    })?;
+    Ok(us
+        .filter(|us| *us > 0)
+        .map(std::time::Duration::from_micros))
 }
 
-fn flag(params: &Map<String, Value>, key: &str) -> Result<bool, String> {
-    match params.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(format!(
-            "parameter {key} must be true or false, not {other}"
+fn flag(params: &Params<'_>, key: &str) -> Result<bool, String> {
+    match params.get(key).map(|v| v.get()) {
+        None | Some("null" | "false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(format!(
+            "parameter {key} must be true or false, not {}",
+            shown(params[key])
         )),
     }
 }
@@ -122,8 +144,10 @@ fn parse_infer(
         .map_err(|e| format!("the inference request is not a valid v2 request: {e}"))?;
     let id = match h.id {
         None => None,
-        Some(Value::String(s)) => Some(s),
-        Some(other) => return Err(format!("`id` must be a string, not {other}")),
+        Some(v) => match serde_json::from_str::<String>(v.get()) {
+            Ok(s) => Some(s),
+            Err(_) => return Err(format!("`id` must be a string, not {}", shown(v))),
+        },
     };
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
     let timeout = timeout(&h.parameters)?;
@@ -194,7 +218,7 @@ fn parse_infer(
 /// One request input, checked against its declaration (`None`: the undeclared single
 /// input), its binary data (if any) taken from the front of `tail`.
 fn one_input(
-    input: InputHeader,
+    input: InputHeader<'_>,
     spec: Option<&TensorSpec>,
     tail: &mut &[u8],
 ) -> Result<Arg, String> {
@@ -224,12 +248,11 @@ fn one_input(
         None => {}
     }
     let count = element_count(name, &input.shape)?;
-    let binary_size = match input.parameters.get("binary_data_size") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| {
+    let binary_size = whole(&input.parameters, "binary_data_size")
+        .map_err(|v| {
             format!("input {name}: binary_data_size must be a non-negative integer, not {v}")
-        })? as usize),
-    };
+        })?
+        .map(|n| n as usize);
     match (binary_size, &input.data) {
         (Some(_), Some(_)) => Err(format!("input {name} has both `data` and binary_data_size")),
         (None, None) => Err(format!("input {name} has no `data` and no binary data")),
@@ -265,12 +288,9 @@ fn one_input(
                 }
             }
         }
-        (None, Some(data)) => match datatype {
-            Datatype::Bytes => strings_from_json(name, data, &input.shape),
-            Datatype::Tensor(dtype) => {
-                tensor_from_json(name, data, &input.shape, dtype).map(Arg::Tensor)
-            }
-        },
+        (None, Some(data)) => {
+            arg_from_json(name, data, datatype, Layout::Shape(&input.shape)).map(|(_, arg)| arg)
+        }
     }
 }
 
