@@ -3,7 +3,8 @@
 seeds), into DIR: a CIFAR-style CNN (7 conv3x3 layers, widths 96/192/384, torch only),
 ResNet-50 (torchvision's architecture) and a BERT-base encoder (transformers' BertModel:
 input_ids and attention_mask, 128 tokens, the pooled output). Writes each model's .pt, its
-metadata .json and request bodies: the CNN as `POST /` JSON, ResNet-50 and BERT as v2 binary
+metadata .json and request bodies: the CNN as `POST /` JSON (and as v2 binary, cnn_v2.*),
+ResNet-50 and BERT as v2 binary
 (JSON header + raw tensors; the header's length in <name>.v2len) and as `POST /` JSON
 (<name>.ready, for the readiness check). Prints what it wrote.
 
@@ -53,6 +54,10 @@ def cnn():
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     write("cnn.body", json.dumps({"inputs": x.tolist()}))
     write("cnn.ready", json.dumps({"inputs": x.tolist()}))
+    # The same request as v2 binary: what the CNN's JSON costs on the same cores.
+    body, hl = v2_binary("cnn", [("input__0", "FP32", [1, 3, 32, 32], "f", x.flatten().tolist())])
+    write("cnn_v2.body", body)
+    write("cnn_v2.v2len", str(hl))
 
 
 def resnet50():
@@ -100,7 +105,9 @@ def bert():
     write("bert.v2len", str(hl))
 
 
-for make, name in ((cnn, "cnn"), (resnet50, "resnet50"), (bert, "bert")):
-    if not os.path.exists(os.path.join(OUT, f"{name}.ready")):
+# Each model is made again when the last file it writes is missing.
+for make, name, last in ((cnn, "cnn", "cnn_v2.v2len"), (resnet50, "resnet50", "resnet50.ready"),
+                         (bert, "bert", "bert.v2len")):
+    if not os.path.exists(os.path.join(OUT, last)):
         make()
     print(f"{name}: {os.path.getsize(os.path.join(OUT, name + '.pt')) >> 20} MB")

@@ -1,5 +1,5 @@
 """Where a real model's served ÷ loop falls short (docs/performance.md, issue 30): for MODEL
-(cnn, resnet50 or bert, built by `scripts/bench --only real`), alternates the model's own loop
+(cnn, cnn_v2, resnet50 or bert, built by `scripts/bench --only real`), alternates the model's own loop
 (2 forward-loop processes × 1 torch thread) with the server under wrk at concurrency C (2
 workers × 1 torch thread, --metrics-port), ROUNDS times, and prints per run: passes or
 requests per second, the mean time of a pass (the loop's own p50; the server's from
@@ -29,8 +29,8 @@ secs = 6
 path, body, hl = run.real_request(name)
 m = run.REAL_MODELS[name]
 srv = run.Server("mlp", 2, tag=f"diag-{name}", metrics=True,
-                 metadata=os.path.join(run.REAL, f"{name}.json"))
-with open(os.path.join(run.REAL, f"{name}.ready")) as f:
+                 metadata=os.path.join(run.REAL, f"{run.files(name)}.json"))
+with open(os.path.join(run.REAL, f"{run.files(name)}.ready")) as f:
     srv.wait_ready(deadline_s=180, body=f.read())
 
 
@@ -44,7 +44,7 @@ def forward():
 try:
     run.wrk(srv.port, body, 2, 2, path, hl)
     for _ in range(rounds):
-        lp = run.loops(os.path.join(run.REAL, f"{name}.pt"), m["shape"], 2, 1, secs, slack=120,
+        lp = run.loops(os.path.join(run.REAL, f"{run.files(name)}.pt"), m["shape"], 2, 1, secs, slack=120,
                        data=None if "--synthetic" in sys.argv else run.real_data(name))
         print(f"loop: {lp['per_s']:.2f} passes/s, pass p50 {lp['pass_p50_ms']:.2f} ms", flush=True)
         time.sleep(2.5)  # heartbeats carry the figures

@@ -109,11 +109,14 @@ def post_once(port, body, timeout=5.0, tls=False):
 # ---------------------------------------------------------------- real architectures
 
 REAL = os.path.join(TMP, "real")
-# name: (loop SHAPE for forward-loop, v2 binary or POST / JSON body)
+# name: loop SHAPE for forward-loop, v2 binary or POST / JSON body, the files' name if not name
 REAL_MODELS = {
     "cnn": {"shape": "1,3,32,32", "v2": False, "label": "CIFAR-style CNN (7 conv3x3, POST / JSON)"},
+    # The same model and request as v2 binary ("files": whose .pt, .json, .ready, .raw).
+    "cnn_v2": {"shape": "1,3,32,32", "v2": True, "files": "cnn",
+               "label": "the same CNN, the same request as v2 binary"},
     "resnet50": {"shape": "1,3,224,224", "v2": True, "label": "ResNet-50 (torchvision, v2 binary)"},
-    "bert": {"shape": "1,128:i64;1,128:i64", "v2": True,
+    "bert": {"shape": "1,128:i64;1,128:i64", "v2": True, "min_s": 8,
              "label": "BERT-base encoder (transformers, 128 tokens, v2 binary)"},
 }
 REAL_CONCURRENCY = [1, 2, 4, 16]
@@ -124,6 +127,7 @@ def real_data(name):
     input's elements in turn), for forward-loop's DATA: the loop runs on the same values
     the server does (ResNet-50's passes ran about 4 % faster on forward-loop's synthetic
     values than on the request's random-normal image)."""
+    name = files(name)
     path = os.path.join(REAL, f"{name}.raw")
     if not os.path.exists(path):
         _, body, hl = real_request(name)
@@ -139,11 +143,22 @@ def real_data(name):
     return path
 
 
-def real_loop(name, seconds):
-    """The model's own loop: 2 forward-loop processes x 1 torch thread, passes/s summed, on
-    the values the requests carry."""
-    return loops(os.path.join(REAL, f"{name}.pt"), REAL_MODELS[name]["shape"], 2, 1, seconds,
+def files(name):
+    """The name of the model files (.pt, .json, .ready, .raw) a REAL_MODELS entry uses."""
+    return REAL_MODELS[name].get("files", name)
+
+
+def real_loop(name, seconds, procs=2):
+    """The model's own loop: `procs` forward-loop processes x 1 torch thread, passes/s
+    summed, on the values the requests carry."""
+    return loops(os.path.join(REAL, f"{files(name)}.pt"), REAL_MODELS[name]["shape"], procs, 1, seconds,
                  slack=120, data=real_data(name))["per_s"]
+
+
+def loop_procs(c):
+    """How many loop processes served traffic at concurrency `c` is held against: one
+    client keeps one of the two workers busy, so c=1 is held against one process."""
+    return 1 if c == 1 else 2
 
 
 def real_request(name):
@@ -154,14 +169,14 @@ def real_request(name):
     if not m["v2"]:
         return "/", body.decode(), None
     with open(os.path.join(REAL, f"{name}.v2len")) as f:
-        return f"/v2/models/{name}/infer", body, int(f.read())
+        return f"/v2/models/{files(name)}/infer", body, int(f.read())
 
 
 def real_server(name, tag, max_requests=0):
-    with open(os.path.join(REAL, f"{name}.ready")) as f:
+    with open(os.path.join(REAL, f"{files(name)}.ready")) as f:
         ready = f.read()
     srv = Server("mlp", 2, max_requests=max_requests, tag=tag,
-                 metadata=os.path.join(REAL, f"{name}.json"))
+                 metadata=os.path.join(REAL, f"{files(name)}.json"))
     srv.wait_ready(deadline_s=180, body=ready)
     return srv
 
@@ -174,34 +189,35 @@ def private_mb(pid):
 
 def measure_real(cfg):
     """Real architectures (random weights) at the model's own speed: served ÷ the model's own
-    loop at c = 1, 2, 4, 16 (2 workers x 1 torch thread; `reps` rounds of the four, each round
-    between two loop runs; median served ÷ median loop, and each round against the mean of
-    the loop runs around it);
-    PSS of the 2 workers and whether they were forked from the template; ResNet-50 with
+    loop at c = 1, 2, 4, 16 (2 workers x 1 torch thread). For each c in turn, `reps` + 2
+    served runs, each between two runs of the loop (loop, served, loop, served, …, loop: 2
+    forward-loop processes x 1 thread, 1 process for c = 1), all while the server is up but
+    idle, so a slow minute of this shared machine hits both sides; the ratio is the median of
+    the runs' ratios (each ÷ the mean of the two loop runs around it). Then PSS of the 2
+    workers and whether they were forked from the template; ResNet-50 with
     `--max-requests 1` ÷ persistent (c = 4). Then the small MLP against its combined
     ceiling: the HTTP floor (`http-floor`, bare hyper pre-forked on one socket, a fixed
     answer) and the MLP's own loop, each a per-request cost, added."""
     out = {}
-    secs = cfg["load_s"] + 1
+    pairs = cfg["reps"] + 2
     for name, m in REAL_MODELS.items():
+        # A slow model's runs last longer, so a run holds enough requests to count.
+        secs = max(cfg["load_s"] + 1, m.get("min_s", 0))
         path, body, hl = real_request(name)
-        # Rounds interleaved with the loop (loop, c=1/2/4/16, loop, ..., loop), all while the
-        # server is up but idle, so a slow minute of this shared machine hits both sides.
-        loops = []
+        loops = {c: [] for c in REAL_CONCURRENCY}
         runs = {c: [] for c in REAL_CONCURRENCY}
         round_ratios = {c: [] for c in REAL_CONCURRENCY}
         srv = real_server(name, f"real-{name}")
         try:
             for _ in range(2):
                 wrk(srv.port, body, 1, 1, path, hl)
-            for _ in range(cfg["reps"]):
-                loops.append(real_loop(name, secs))
-                for c in REAL_CONCURRENCY:
-                    runs[c].append(wrk(srv.port, body, c, secs + (2 if c == 16 else 0), path, hl))
-            loops.append(real_loop(name, secs))
             for c in REAL_CONCURRENCY:
+                loops[c].append(real_loop(name, secs, loop_procs(c)))
+                for _ in range(pairs):
+                    runs[c].append(wrk(srv.port, body, c, secs + (2 if c == 16 else 0), path, hl))
+                    loops[c].append(real_loop(name, secs, loop_procs(c)))
                 for i, r in enumerate(runs[c]):
-                    round_ratios[c].append(r["rps"] / ((loops[i] + loops[i + 1]) / 2))
+                    round_ratios[c].append(r["rps"] / ((loops[c][i] + loops[c][i + 1]) / 2))
             served = {c: summarize(runs[c]) for c in REAL_CONCURRENCY}
             procs = memory(srv)
             workers = [p for p in procs if p["role"].startswith("vf-worker")]
@@ -210,11 +226,13 @@ def measure_real(cfg):
                        if e["fields"].get("event") == "worker_started"]
         finally:
             srv.stop()
-        loop = median(loops)
-        weights_mb = os.path.getsize(os.path.join(REAL, f"{name}.pt")) / 2**20
+        weights_mb = os.path.getsize(os.path.join(REAL, f"{files(name)}.pt")) / 2**20
         row = {
-            "label": m["label"], "loop_per_s": loop, "loop_runs": loops,
-            "served": {str(c): dict(r, ratio=r["rps"] / loop,
+            "label": m["label"], "loop_per_s": median([x for c in REAL_CONCURRENCY if c > 1 for x in loops[c]]),
+            "loop1_per_s": median(loops[1]),
+            "loop_runs": {str(c): [round(x, 2) for x in v] for c, v in loops.items()},
+            "served": {str(c): dict(r, loop_per_s=median(loops[c]),
+                                    ratio=median(round_ratios[c]),
                                     round_ratios=[round(x, 3) for x in round_ratios[c]])
                        for c, r in served.items()},
             "workers_pss_mb": sum(p["pss_mb"] for p in workers),
@@ -223,12 +241,13 @@ def measure_real(cfg):
             "forked": bool(methods) and all(x == "fork" for x in methods), "methods": methods,
         }
         out[name] = row
-        log(f"real {name}: loop {loop:.1f}/s; " + ", ".join(
+        log(f"real {name}: loop {row['loop_per_s']:.1f}/s (1 process {row['loop1_per_s']:.1f}/s); " + ", ".join(
             f"c={c} {r['rps']:.1f} req/s ({r['ratio']:.2f})" for c, r in row["served"].items())
             + f"; PSS of 2 workers {row['workers_pss_mb']:.0f} MB (weights {weights_mb:.0f} MB + "
             f"private {sum(private):.0f} MB = {row['pss_bound_mb']:.0f}); started by {set(methods)}")
     # --max-requests 1 vs persistent, ResNet-50, c=4, runs interleaved.
     path, body, hl = real_request("resnet50")
+    secs = cfg["load_s"] + 1
     runs = {"persistent": [], "max-requests 1": []}
     for _ in range(cfg["reps"]):
         for k, mr in (("persistent", 0), ("max-requests 1", 1)):
@@ -286,11 +305,13 @@ def measure_floor(cfg):
 
 
 def real_markdown(r):
-    reps = len(r[next(iter(REAL_MODELS))]["loop_runs"]) - 1
-    lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread; loop: 2 forward-loop "
-             f"processes × 1 thread; {reps} rounds of c=1/2/4/16, each between two loop runs; "
-             "cells: median req/s (**median ÷ median loop**; each round ÷ the loop runs around it))", "",
-             "| model | loop passes/s | " + " | ".join(f"c={c}" for c in REAL_CONCURRENCY)
+    pairs = len(r[next(iter(REAL_MODELS))]["served"]["1"]["round_ratios"])
+    lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread)", "",
+             f"For each c, {pairs} served runs, each between two runs of the model's own loop (2 "
+             "forward-loop processes × 1 thread; **1 process for c=1**, where one client keeps one "
+             "worker busy). Cells: median req/s (**median of the runs' ratios**; each run ÷ the "
+             "mean of the two loop runs around it).", "",
+             "| model | loop passes/s (1 process) | " + " | ".join(f"c={c}" for c in REAL_CONCURRENCY)
              + " | PSS of 2 workers (MB) | weights + 2 × private (MB) | workers forked from the template |",
              "|---|---:|" + "---|" * len(REAL_CONCURRENCY) + "---:|---:|---|"]
     for name in REAL_MODELS:
@@ -299,7 +320,8 @@ def real_markdown(r):
             f"{x['served'][str(c)]['rps']:.1f} req/s (**{x['served'][str(c)]['ratio']:.2f}**; "
             + " ".join(f"{v:.2f}" for v in x['served'][str(c)].get('round_ratios', [])) + ")"
             for c in REAL_CONCURRENCY)
-        lines.append(f"| {x['label']} | {x['loop_per_s']:.1f} | {cells} | {x['workers_pss_mb']:.0f} | "
+        lines.append(f"| {x['label']} | {x['loop_per_s']:.1f} ({x['loop1_per_s']:.1f}) | {cells} | "
+                     f"{x['workers_pss_mb']:.0f} | "
                      f"{x['weights_mb']:.0f} + {sum(x['workers_private_mb']):.0f} = {x['pss_bound_mb']:.0f} | "
                      f"{'yes' if x['forked'] else 'no (' + ', '.join(map(str, x['methods'])) + ')'} |")
     m = r["resnet50_max_requests_1"]
