@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use vramfork::metadata::{Datatype, Dtype};
 
+use super::nesting::{Nesting, Ragged};
 use super::numeric::Sink;
 use crate::args::{int_range, Arg};
 
@@ -67,10 +68,7 @@ pub fn arg_from_json(
     let mut w = Walk {
         name,
         regular: matches!(layout, Layout::Nested),
-        dims: Vec::new(),
-        leaf_depth: None,
-        deepest_array: None,
-        path: Vec::new(),
+        nest: Nesting::default(),
         n: 0,
         cap,
         out,
@@ -99,13 +97,7 @@ pub fn arg_from_json(
             }
             shape.to_vec()
         }
-        Layout::Nested => {
-            let depth = w.leaf_depth.unwrap_or(w.dims.len());
-            w.dims[..depth.min(w.dims.len())]
-                .iter()
-                .map(|d| d.unwrap_or_default() as i64)
-                .collect()
-        }
+        Layout::Nested => w.nest.shape(),
     };
     let arg = match w.out {
         Out::Strings(s) => Arg::Strings(s),
@@ -127,14 +119,8 @@ struct Walk<'n> {
     name: &'n str,
     /// The nesting must be regular (it is the shape).
     regular: bool,
-    /// The length of arrays at each depth, known once the first one there has ended.
-    dims: Vec<Option<usize>>,
-    /// Depth of the values (set by the first one).
-    leaf_depth: Option<usize>,
-    /// The deepest array seen.
-    deepest_array: Option<usize>,
-    /// Index at each depth, for messages.
-    path: Vec<usize>,
+    /// The shape so far (when `regular`), and where the walk is.
+    nest: Nesting,
     /// Elements seen (counted on past `cap`, kept up to it).
     n: usize,
     cap: usize,
@@ -155,12 +141,13 @@ fn shown(v: impl Into<Value>) -> String {
 }
 
 impl Walk<'_> {
-    fn here(&self) -> String {
-        let mut s = format!("input {}: inputs", self.name);
-        for i in &self.path {
-            s.push_str(&format!("[{i}]"));
-        }
-        s
+    /// A ragged nesting's message, naming the input.
+    fn ragged(&self, r: Ragged, what: &str) -> String {
+        format!(
+            "input {}: {}",
+            self.name,
+            r.message(&self.nest.here(), what)
+        )
     }
 
     /// Records the first problem and returns the error that stops the walk.
@@ -173,17 +160,13 @@ impl Walk<'_> {
 
     /// A value (not an array) at `depth`: in a regular nesting its place must be a value's.
     /// `Some(i)`, its element index, when it is to be kept.
-    fn leaf<E: de::Error>(&mut self, depth: usize) -> Result<Option<usize>, E> {
+    fn leaf<E: de::Error>(&mut self, depth: usize, what: &str) -> Result<Option<usize>, E> {
         if self.regular {
-            let arrays_here = self.deepest_array.is_some_and(|a| a >= depth);
-            if arrays_here || self.leaf_depth.is_some_and(|l| l != depth) {
-                return Err(self.fail(format!(
-                    "{}: ragged array: a value where its siblings are arrays",
-                    self.here()
-                )));
+            if let Err(r) = self.nest.value(depth) {
+                let m = self.ragged(r, what);
+                return Err(self.fail(m));
             }
         }
-        self.leaf_depth.get_or_insert(depth);
         let i = self.n;
         self.n += 1;
         Ok((i < self.cap).then_some(i))
@@ -216,7 +199,7 @@ impl Walk<'_> {
     }
 
     fn number<E: de::Error>(&mut self, depth: usize, v: Value) -> Result<(), E> {
-        let Some(i) = self.leaf(depth)? else {
+        let Some(i) = self.leaf(depth, "a number")? else {
             return Ok(());
         };
         let Out::Tensor(dtype, sink) = &mut self.out else {
@@ -255,7 +238,7 @@ impl Walk<'_> {
     }
 
     fn boolean<E: de::Error>(&mut self, depth: usize, b: bool) -> Result<(), E> {
-        let Some(i) = self.leaf(depth)? else {
+        let Some(i) = self.leaf(depth, "a boolean")? else {
             return Ok(());
         };
         match &mut self.out {
@@ -272,7 +255,7 @@ impl Walk<'_> {
     }
 
     fn string<E: de::Error>(&mut self, depth: usize, s: &str) -> Result<(), E> {
-        let Some(i) = self.leaf(depth)? else {
+        let Some(i) = self.leaf(depth, "a string")? else {
             return Ok(());
         };
         match &mut self.out {
@@ -295,7 +278,7 @@ impl Walk<'_> {
 
     /// `null` or an object where an element belongs.
     fn other<E: de::Error>(&mut self, depth: usize, what: &str) -> Result<(), E> {
-        let Some(i) = self.leaf(depth)? else {
+        let Some(i) = self.leaf(depth, what)? else {
             return Ok(());
         };
         let wanted = match &self.out {
@@ -338,25 +321,19 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let (w, depth) = (self.w, self.depth);
         if w.regular {
-            if w.leaf_depth.is_some_and(|l| l <= depth) {
-                return Err(w.fail(format!(
-                    "{}: ragged array: an array where its siblings hold values",
-                    w.here()
-                )));
-            }
-            w.deepest_array = Some(w.deepest_array.map_or(depth, |d| d.max(depth)));
-            if w.dims.len() <= depth {
-                w.dims.resize(depth + 1, None);
+            if let Err(r) = w.nest.array_opens(depth) {
+                let m = w.ragged(r, "an array");
+                return Err(w.fail(m));
             }
         }
         let mut n = 0usize;
         loop {
-            w.path.push(n);
+            w.nest.enter(n);
             let more = seq.next_element_seed(Node {
                 w: &mut *w,
                 depth: depth + 1,
             })?;
-            w.path.pop();
+            w.nest.leave();
             if more.is_none() {
                 break;
             }
@@ -365,17 +342,10 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
         if !w.regular {
             return Ok(());
         }
-        match w.dims[depth] {
-            Some(want) if want != n => Err(w.fail(format!(
-                "{}: ragged array of {n} elements, expected {want} like the first one at that depth",
-                w.here()
-            ))),
-            Some(_) => Ok(()),
-            None => {
-                w.dims[depth] = Some(n);
-                Ok(())
-            }
-        }
+        w.nest.array_closes(depth, n).map_err(|r| {
+            let m = w.ragged(r, "an array");
+            w.fail(m)
+        })
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
@@ -514,35 +484,25 @@ mod tests {
         );
         let e = nested_shape(json!([[1, 2], [3]])).unwrap_err();
         assert!(
-            e.contains("input x: inputs[1]")
-                && e.contains("ragged array of 1 elements, expected 2"),
+            e.contains("input x: ragged array: inputs[1] has 1 elements, expected 2"),
             "{e}"
         );
         let e = nested_shape(json!([[1], 2])).unwrap_err();
         assert!(
-            e.contains("inputs[1]") && e.contains("siblings are arrays"),
+            e.contains("inputs[1] is a number, but its siblings are arrays of 1 elements"),
             "{e}"
         );
         let e = nested_shape(json!([1, [2]])).unwrap_err();
         assert!(
-            e.contains("inputs[1]") && e.contains("siblings hold values"),
+            e.contains("inputs[1] is an array, but its siblings are values"),
             "{e}"
         );
         let e = nested_shape(json!([[], 3])).unwrap_err();
-        assert!(
-            e.contains("inputs[1]") && e.contains("siblings are arrays"),
-            "{e}"
-        );
+        assert!(e.contains("inputs[1] is a number"), "{e}");
         let e = nested_shape(json!([[1], [[2]]])).unwrap_err();
-        assert!(
-            e.contains("inputs[1][0]") && e.contains("siblings hold values"),
-            "{e}"
-        );
+        assert!(e.contains("inputs[1][0] is an array"), "{e}");
         let e = nested_shape(json!([[[1], [2]], [[3], [4, 5]]])).unwrap_err();
-        assert!(
-            e.contains("inputs[1][1]: ragged array of 2 elements"),
-            "{e}"
-        );
+        assert!(e.contains("inputs[1][1] has 2 elements"), "{e}");
         // The values are kept row-major in the tensor.
         let (_, a) = arg_from_json(
             "x",

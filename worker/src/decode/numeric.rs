@@ -18,6 +18,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use tch::{Device, Kind, Tensor};
 use vramfork::metadata::{Dtype, InputSpec};
 
+use super::nesting::Nesting;
 use super::{BodyError, NOT_AN_OBJECT};
 use crate::args::{int_range, kind_of, Arg, Inputs};
 
@@ -57,7 +58,7 @@ pub fn parse_body(body: &[u8], spec: Option<&InputSpec>) -> Result<InputArray, B
                 .into(),
         ));
     }
-    let shape: Vec<i64> = p.dims.iter().map_while(|d| d.map(|n| n as i64)).collect();
+    let shape = p.nest.shape();
     if let Some(spec) = spec {
         spec.check_shape(&shape).map_err(BodyError::Invalid)?;
     }
@@ -190,14 +191,8 @@ fn float_overflow(d: Dtype) -> f64 {
 struct Parser {
     dtype: Dtype,
     sink: Sink,
-    /// The length of arrays at each depth, known once the first one there has ended.
-    dims: Vec<Option<usize>>,
-    /// Depth of the numbers (set by the first one).
-    leaf_depth: Option<usize>,
-    /// The deepest array seen.
-    deepest_array: Option<usize>,
-    /// Index at each depth, for messages.
-    path: Vec<usize>,
+    /// The shape so far, and where the parse is.
+    nest: Nesting,
     /// `inputs` was there.
     found: bool,
     /// The first problem (a request error, not a JSON syntax error).
@@ -209,21 +204,14 @@ impl Parser {
         Parser {
             dtype,
             sink: Sink::new(dtype, cap),
-            dims: Vec::new(),
-            leaf_depth: None,
-            deepest_array: None,
-            path: Vec::new(),
+            nest: Nesting::default(),
             found: false,
             err: None,
         }
     }
 
     fn here(&self) -> String {
-        let mut s = String::from("inputs");
-        for i in &self.path {
-            s.push_str(&format!("[{i}]"));
-        }
-        s
+        self.nest.here()
     }
 
     /// Records a request error and returns the error that stops the parse.
@@ -241,19 +229,10 @@ impl Parser {
                 "`inputs` must be a (nested) array of numbers, found {what}"
             )));
         }
-        let arrays_here = self.deepest_array.is_some_and(|a| a >= depth);
-        if arrays_here || self.leaf_depth.is_some_and(|l| l != depth) {
-            let n = self.dims.get(depth).copied().flatten();
-            let siblings = n.map_or_else(
-                || "arrays".to_string(),
-                |n| format!("arrays of {n} elements"),
-            );
-            return Err(self.fail(format!(
-                "ragged array: {} is {what}, but its siblings are {siblings}",
-                self.here()
-            )));
+        if let Err(r) = self.nest.value(depth) {
+            let m = r.message(&self.here(), what);
+            return Err(self.fail(m));
         }
-        self.leaf_depth = Some(depth);
         Ok(())
     }
 
@@ -417,40 +396,27 @@ impl<'de> Visitor<'de> for Node<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let (p, depth) = (self.p, self.depth);
-        if p.leaf_depth.is_some_and(|l| l <= depth) {
-            return Err(p.fail(format!(
-                "ragged array: {} is an array, but its siblings are numbers",
-                p.here()
-            )));
-        }
-        p.deepest_array = Some(p.deepest_array.map_or(depth, |d| d.max(depth)));
-        if p.dims.len() <= depth {
-            p.dims.resize(depth + 1, None);
+        if let Err(r) = p.nest.array_opens(depth) {
+            let m = r.message(&p.here(), "an array");
+            return Err(p.fail(m));
         }
         let mut n = 0usize;
         loop {
-            p.path.push(n);
+            p.nest.enter(n);
             let more = seq.next_element_seed(Node {
                 p: &mut *p,
                 depth: depth + 1,
             })?;
-            p.path.pop();
+            p.nest.leave();
             if more.is_none() {
                 break;
             }
             n += 1;
         }
-        match p.dims[depth] {
-            Some(want) if want != n => Err(p.fail(format!(
-                "ragged array: {} has {n} elements, expected {want} like the first one at that depth",
-                p.here()
-            ))),
-            Some(_) => Ok(()),
-            None => {
-                p.dims[depth] = Some(n);
-                Ok(())
-            }
-        }
+        p.nest.array_closes(depth, n).map_err(|r| {
+            let m = r.message(&p.here(), "an array");
+            p.fail(m)
+        })
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
