@@ -210,11 +210,7 @@ fn bodies_nested_150000_deep_get_400_and_the_worker_serves_on() {
 /// read: 400 saying which input is missing.
 #[test]
 fn named_inputs_nested_150000_deep_get_400_and_the_worker_serves_on() {
-    let app = App::new(
-        "pair.pt",
-        r#""inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]},
-                      {"name": "scale", "datatype": "INT64", "shape": [-1]}]"#,
-    );
+    let app = App::pair();
     let (s, pid) = one_worker(&app, &[]);
     let ok = r#"{"inputs": {"features": [[1, 2, 3]], "scale": [2]}}"#;
     let r = raw(s.port, "POST", "/", "", ok.as_bytes());

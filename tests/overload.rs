@@ -379,11 +379,7 @@ fn a_large_body_costs_about_its_tensor_and_memory_comes_back() {
 /// these bodies): a worker's peak grows by about the body and its tensors.
 #[test]
 fn large_named_and_v2_json_bodies_cost_about_their_tensors() {
-    let app = App::new(
-        "pair.pt",
-        r#""inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]},
-                      {"name": "scale", "datatype": "INT64", "shape": [-1]}]"#,
-    );
+    let app = App::pair();
     let s = Server::start(
         &app,
         &["--production", "--workers", "1", "--max-body-mb", "8"],

@@ -33,6 +33,16 @@ impl App {
         app
     }
 
+    /// The two-input fixture (`pair.pt`) with both inputs declared: `features` (float32,
+    /// `[-1, 3]`) and `scale` (int64, `[-1]`), so `POST /` takes named inputs.
+    pub fn pair() -> App {
+        App::new(
+            "pair.pt",
+            r#""inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 3]},
+                          {"name": "scale", "datatype": "INT64", "shape": [-1]}]"#,
+        )
+    }
+
     pub fn metadata(&self) -> PathBuf {
         self.dir.path().join("app-metadata.json")
     }
