@@ -237,34 +237,46 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
         .submit(id, input, encoding, deadline.map(|d| d.at))
         .await
         .map_err(ApiError::Run)?;
+    let claim = ticket.claim();
     let mut watch = app.shared.subscribe();
     let queue_deadline = app.max_queue_wait.map(|m| queue_from + m);
-    tokio::select! {
-        _ = ticket.started() => {}
-        _ = watch.wait_for(|c| c.model_unusable) => {
-            if ticket.withdraw() {
-                return Err(unusable(app));
+    // Until a refusal finds it started (its withdrawal fails), each of these may still
+    // refuse it; nothing tells this task when the pass starts (see `runner`).
+    let mut queued = true;
+    let run = {
+        let pass = ticket.result_within(app.request_timeout);
+        tokio::pin!(pass);
+        loop {
+            tokio::select! {
+                biased;
+                run = &mut pass => break run,
+                _ = watch.wait_for(|c| c.model_unusable), if queued => {
+                    if claim.withdraw() {
+                        return Err(unusable(app));
+                    }
+                    queued = false;
+                }
+                _ = sleep_until(deadline.map(|d| d.at)), if queued => {
+                    if claim.withdraw() {
+                        return Err(deadline.expect("a deadline to sleep until").expired(arrived));
+                    }
+                    queued = false;
+                }
+                _ = sleep_until(queue_deadline), if queued => {
+                    if claim.withdraw() {
+                        return Err(queue_wait_refusal(app, queue_from).unwrap_or(ApiError::QueueWait {
+                            waited_ms: queue_from.elapsed().as_millis() as u64,
+                            max_ms: app.max_queue_wait.unwrap_or_default().as_millis() as u64,
+                        }));
+                    }
+                    queued = false;
+                }
             }
         }
-        _ = sleep_until(deadline.map(|d| d.at)) => {
-            if ticket.withdraw() {
-                return Err(deadline.expect("a deadline to sleep until").expired(arrived));
-            }
-        }
-        _ = sleep_until(queue_deadline) => {
-            if ticket.withdraw() {
-                return Err(queue_wait_refusal(app, queue_from).unwrap_or(ApiError::QueueWait {
-                    waited_ms: queue_from.elapsed().as_millis() as u64,
-                    max_ms: app.max_queue_wait.unwrap_or_default().as_millis() as u64,
-                }));
-            }
-        }
-    }
-    if let (Some(t), Some(at)) = (trace, ticket.started_at()) {
+    };
+    if let (Some(t), Some(at)) = (trace, claim.started_at()) {
         t.started(at.saturating_duration_since(queue_from));
     }
-    // Started (the withdrawals above failed only because it had): the pass is timed.
-    let run = ticket.result_within(app.request_timeout).await;
     match run {
         None => {
             app.shared.model_stuck();

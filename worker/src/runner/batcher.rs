@@ -9,9 +9,9 @@
 //! out of GPU memory is the exception: every request of the batch gets the 507, and the
 //! worker recycles as it does without batching.
 //!
-//! A request is claimed (and its ticket told it started) only when its pass begins, so a
-//! request waiting in a forming batch can still be withdrawn (`--max-queue-wait`, a stuck
-//! model) and then never runs.
+//! A request is claimed (and its start written where its ticket reads it) only when its
+//! pass begins, so a request waiting in a forming batch can still be withdrawn
+//! (`--max-queue-wait`, a stuck model) and then never runs.
 //!
 //! Batches can form only because the worker takes several requests at once when batching
 //! is on: the accept rule (`Counters::can_accept` in `state.rs`) lets a worker work on up

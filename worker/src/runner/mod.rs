@@ -2,9 +2,14 @@
 //! requests arrive over a bounded channel, each with a oneshot reply; one forward pass at a
 //! time, under `no_grad`, with every error (and any panic) turned into a [`RunError`].
 //!
-//! A queued job can be withdrawn until the model thread takes it ([`Ticket::withdraw`]):
+//! A queued job can be withdrawn until the model thread takes it ([`Claim::withdraw`]):
 //! one atomic decides, so a withdrawn job never runs and a started one is never withdrawn —
 //! which is what lets the HTTP side tell a client "this request never ran, retry it".
+//!
+//! The model thread wakes the HTTP side once per request, with the answer: that a pass
+//! started is written where the HTTP side reads it when one of its timers fires
+//! ([`Claim::started_at`]), not sent to it (a wake-up less per request, which small models
+//! pay for in full).
 
 pub mod batch;
 mod batcher;
@@ -18,11 +23,11 @@ mod warmup;
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tch::{CModule, Device, IValue};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 pub use batch::Batching;
 pub use batcher::BatchCounts;
@@ -70,6 +75,34 @@ const QUEUED: u8 = 0;
 const STARTED: u8 = 1;
 const WITHDRAWN: u8 = 2;
 
+/// What the model thread and the HTTP side share about one job: who has it, and when its
+/// latest pass started.
+#[derive(Default)]
+pub struct Claim {
+    state: AtomicU8,
+    /// Set when it is taken, and again when it runs alone after its batch failed, so that
+    /// `--request-timeout` counts its own pass.
+    started: Mutex<Option<Instant>>,
+}
+
+impl Claim {
+    /// When its latest pass started; `None` before the model thread took it.
+    pub fn started_at(&self) -> Option<Instant> {
+        *self.started.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the job back if the model has not started it: `true` means it never runs.
+    pub fn withdraw(&self) -> bool {
+        self.state
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    fn start_now(&self) {
+        *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+}
+
 struct Job {
     /// The request's id (`X-Request-Id`), for the model thread's log lines.
     id: Arc<str>,
@@ -77,10 +110,7 @@ struct Job {
     encoding: Encoding,
     /// The client's deadline: past it, the job never starts.
     deadline: Option<Instant>,
-    claim: Arc<AtomicU8>,
-    /// When its (latest) pass started: set when it is taken, and again when it runs alone
-    /// after its batch failed, so that `--request-timeout` counts its own pass.
-    started: watch::Sender<Option<Instant>>,
+    claim: Arc<Claim>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
 }
 
@@ -91,14 +121,14 @@ struct Taken {
     encoding: Encoding,
     /// Its rows, when it is part of a batch.
     rows: usize,
-    started: watch::Sender<Option<Instant>>,
+    claim: Arc<Claim>,
     reply: oneshot::Sender<Result<RunOutput, RunError>>,
 }
 
 impl Taken {
     /// Its own pass starts now (a re-run after a failed batch).
     fn restart(&self) {
-        self.started.send_replace(Some(Instant::now()));
+        self.claim.start_now();
     }
 
     /// Runs it on a pass of its own and answers it.
@@ -121,7 +151,7 @@ impl Job {
     /// Whether it may still run: not withdrawn, its client still waits, and its client's
     /// deadline has not passed.
     fn live(&self) -> bool {
-        self.claim.load(Ordering::SeqCst) == QUEUED
+        self.claim.state.load(Ordering::SeqCst) == QUEUED
             && !self.reply.is_closed()
             && self.deadline.is_none_or(|d| Instant::now() < d)
     }
@@ -131,29 +161,26 @@ impl Job {
     /// its deadline is answered [`RunError::Expired`], so it never joins a batch either).
     fn take(self) -> Option<Taken> {
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            let withdrawn = self
-                .claim
-                .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok();
-            if withdrawn {
+            if self.claim.withdraw() {
                 let _ = self.reply.send(Err(RunError::Expired));
             }
             return None;
         }
         let taken = self
             .claim
+            .state
             .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
         if !taken || self.reply.is_closed() {
             return None;
         }
-        self.started.send_replace(Some(Instant::now()));
+        self.claim.start_now();
         Some(Taken {
             id: self.id,
             input: self.input,
             encoding: self.encoding,
             rows: 0,
-            started: self.started,
+            claim: self.claim,
             reply: self.reply,
         })
     }
@@ -161,59 +188,42 @@ impl Job {
 
 /// A submitted job, as the HTTP side holds it.
 pub struct Ticket {
-    claim: Arc<AtomicU8>,
-    started: watch::Receiver<Option<Instant>>,
+    claim: Arc<Claim>,
     reply: oneshot::Receiver<Result<RunOutput, RunError>>,
 }
 
 impl Ticket {
-    /// When its (latest) pass started, as the model thread set it; `None` before.
-    pub fn started_at(&self) -> Option<Instant> {
-        *self.started.borrow()
-    }
-
-    /// Resolves once the model thread has taken the job (forever if it never does).
-    pub async fn started(&mut self) {
-        if self.started.wait_for(Option::is_some).await.is_err() {
-            // Dropped unstarted (withdrawn, or the model thread is gone): never.
-            std::future::pending::<()>().await;
-        }
+    /// Its claim: to withdraw it, or to read when its pass started, while
+    /// [`Ticket::result_within`] waits.
+    pub fn claim(&self) -> Arc<Claim> {
+        self.claim.clone()
     }
 
     /// The job's outcome, or `None` when its pass ran past `limit`. The limit counts from
-    /// the start of the job's latest pass: a request run again alone after its batch failed
-    /// gets the whole limit for its own pass.
+    /// the start of the job's latest pass (a request run again alone after its batch failed
+    /// gets the whole limit for its own pass). Nothing wakes this when a pass starts: a pass
+    /// cannot run past `limit` before `limit` has passed from now, so the timer is set that
+    /// far and, when it fires, set again from the start the model thread wrote.
     pub async fn result_within(
         &mut self,
         limit: std::time::Duration,
     ) -> Option<Result<RunOutput, RunError>> {
-        let mut watching = true;
+        let mut at = self.claim.started_at().unwrap_or_else(Instant::now) + limit;
         loop {
-            let since = (*self.started.borrow()).unwrap_or_else(Instant::now);
             tokio::select! {
                 r = &mut self.reply => {
                     return Some(r.map_err(|_| RunError::Gone).and_then(|r| r));
                 }
-                _ = tokio::time::sleep_until((since + limit).into()) => {
-                    let latest = (*self.started.borrow()).unwrap_or(since);
-                    if latest + limit <= Instant::now() {
-                        return None;
+                _ = tokio::time::sleep_until(at.into()) => {
+                    let now = Instant::now();
+                    match self.claim.started_at() {
+                        Some(since) if since + limit <= now => return None,
+                        Some(since) => at = since + limit,
+                        None => at = now + limit,
                     }
-                }
-                changed = self.started.changed(), if watching => {
-                    // A new pass began (look again), or the model thread let go of the job
-                    // (its answer is on the way, or it is gone: the reply says which).
-                    watching = changed.is_ok();
                 }
             }
         }
-    }
-
-    /// Takes the job back if the model has not started it: `true` means it never runs.
-    pub fn withdraw(&self) -> bool {
-        self.claim
-            .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
     }
 }
 
@@ -346,8 +356,7 @@ impl Runner {
         deadline: Option<Instant>,
     ) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
-        let (started, started_rx) = watch::channel(None);
-        let claim = Arc::new(AtomicU8::new(QUEUED));
+        let claim = Arc::new(Claim::default());
         self.tx
             .send(Job {
                 id,
@@ -355,14 +364,12 @@ impl Runner {
                 encoding,
                 deadline,
                 claim: claim.clone(),
-                started,
                 reply,
             })
             .await
             .map_err(|_| RunError::Gone)?;
         Ok(Ticket {
             claim,
-            started: started_rx,
             reply: reply_rx,
         })
     }
