@@ -133,7 +133,10 @@ impl Taken {
 
     /// Runs it on a pass of its own and answers it.
     fn run_alone(self, module: &CModule, device: Device) {
-        let _span = tracing::info_span!("request", request_id = %self.id).entered();
+        // The `request` span only when the one line logged inside it (`forward`, at debug)
+        // is on: at the default level the span cost every request its fields formatted.
+        let _span = tracing::enabled!(tracing::Level::DEBUG)
+            .then(|| tracing::info_span!("request", request_id = %self.id).entered());
         let result = guarded(|| forward(module, device, &self.input, &self.encoding));
         self.answer(result);
     }

@@ -126,7 +126,13 @@ fn write_tensor(t: &Tensor, out: &mut Vec<u8>) -> Result<(), String> {
 /// flat row-major array).
 pub(super) fn write_tensor_as(t: &Tensor, shape: &[i64], out: &mut Vec<u8>) -> Result<(), String> {
     let err = |e: tch::TchError| format!("cannot read the model's output tensor: {e}");
-    let cpu = t.f_to_device(Device::Cpu).map_err(err)?;
+    // A CPU tensor as it is: `to` and `contiguous` would return it unchanged, each through
+    // the dispatcher (about a microsecond apiece, which small models pay per request).
+    let cpu = if t.device() == Device::Cpu {
+        t.shallow_clone()
+    } else {
+        t.f_to_device(Device::Cpu).map_err(err)?
+    };
     // Narrow floats are written as float32, small integers as int64.
     let cpu = match t.kind() {
         Kind::Half | Kind::BFloat16 => cpu.f_to_kind(Kind::Float).map_err(err)?,
@@ -140,7 +146,11 @@ pub(super) fn write_tensor_as(t: &Tensor, shape: &[i64], out: &mut Vec<u8>) -> R
             ))
         }
     };
-    let flat = cpu.f_contiguous().map_err(err)?;
+    let flat = if cpu.is_contiguous() {
+        cpu
+    } else {
+        cpu.f_contiguous().map_err(err)?
+    };
     let n = flat.numel();
     out.reserve(n * 8);
     match flat.kind() {
