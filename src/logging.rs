@@ -18,3 +18,16 @@ pub fn init(json: bool) {
         builder.try_init()
     };
 }
+
+/// Writes `line` and a newline to stderr in one `write` (atomic on a pipe up to `PIPE_BUF`,
+/// 4096 bytes): for the lines the master and the workers write themselves (why they exit).
+/// stderr is shared by the master and every worker, and `eprintln!` writes its pieces one by
+/// one, so another process's log line could land inside one (and a JSON log line then could
+/// not be read back whole). A failure to write is ignored (`eprintln!` would panic).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut buf = Vec::with_capacity(line.len() + 1);
+    buf.extend_from_slice(line.as_bytes());
+    buf.push(b'\n');
+    let _ = std::io::stderr().lock().write_all(&buf);
+}

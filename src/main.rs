@@ -32,7 +32,7 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: ConfigError) -> i32 {
-    eprintln!("app: {e}");
+    vramfork::logging::say(&format!("app: {e}"));
     exit::CONFIG
 }
 
@@ -74,7 +74,7 @@ fn run(cfg: Config) -> i32 {
                 exit::OK
             }
             Err(e) => {
-                eprintln!("app: cannot measure the model's GPU memory: {e}");
+                vramfork::logging::say(&format!("app: cannot measure the model's GPU memory: {e}"));
                 exit::MODEL_LOAD
             }
         };

@@ -49,7 +49,7 @@ fn main() {
     {
         Ok(code) => code,
         Err((code, msg)) => {
-            eprintln!("app-worker: {msg}");
+            vramfork::logging::say(&format!("app-worker: {msg}"));
             code
         }
     };

@@ -31,7 +31,7 @@ pub fn run(process_ms: f64) -> i32 {
     let (cfg, metadata) = match crate::config::from_env() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("app-worker (template): {e}");
+            vramfork::logging::say(&format!("app-worker (template): {e}"));
             return worker_exit::CONFIG;
         }
     };
@@ -45,13 +45,13 @@ pub fn run(process_ms: f64) -> i32 {
     crate::runner::configure_executor();
     let start = Instant::now();
     if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
-        eprintln!("app-worker (template): {e}");
+        vramfork::logging::say(&format!("app-worker (template): {e}"));
         return worker_exit::MODEL_LOAD;
     }
     let module = match crate::runner::load_cpu(&cfg.model_path) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("app-worker (template): {e}");
+            vramfork::logging::say(&format!("app-worker (template): {e}"));
             return worker_exit::MODEL_LOAD;
         }
     };
@@ -67,7 +67,7 @@ pub fn run(process_ms: f64) -> i32 {
     ) {
         Ok(w) => w.ms,
         Err(refused) => {
-            eprintln!("app-worker (template): {refused}");
+            vramfork::logging::say(&format!("app-worker (template): {refused}"));
             return worker_exit::MODEL_LOAD;
         }
     };
@@ -386,7 +386,7 @@ fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
     match serde_json::from_str::<WorkerConfig>(&line) {
         Ok(cfg) => serve_as(cfg, fd, module),
         Err(e) => {
-            eprintln!("app-worker (spare): bad assignment: {e}");
+            vramfork::logging::say(&format!("app-worker (spare): bad assignment: {e}"));
             worker_exit::CONFIG
         }
     }
@@ -417,7 +417,7 @@ fn serve_as(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> i32 {
     ) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("app-worker: {e}");
+            vramfork::logging::say(&format!("app-worker: {e}"));
             return worker_exit::CONFIG;
         }
     };
@@ -428,7 +428,7 @@ fn serve_as(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> i32 {
     match crate::boot(cfg, metadata, process_ms, Some(module)) {
         Ok(code) => code,
         Err((code, msg)) => {
-            eprintln!("app-worker: {msg}");
+            vramfork::logging::say(&format!("app-worker: {msg}"));
             code
         }
     }

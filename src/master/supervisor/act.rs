@@ -84,7 +84,7 @@ impl Supervisor {
     pub(super) fn act(&mut self) -> Option<i32> {
         if let Some(why) = self.no_cuda.take() {
             tracing::error!(event = "no_cuda", "giving up: {why}");
-            eprintln!("app: {why}");
+            crate::logging::say(&format!("app: {why}"));
             self.kill_all();
             return Some(crate::exit::NO_CUDA);
         }
@@ -163,7 +163,7 @@ impl Supervisor {
                 Action::Exit { code, why } => {
                     if code != 0 {
                         tracing::error!("giving up: {why}");
-                        eprintln!("app: {why}");
+                        crate::logging::say(&format!("app: {why}"));
                     }
                     self.kill_all();
                     return Some(code);
