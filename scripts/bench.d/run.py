@@ -467,10 +467,12 @@ def wrk(port, body, conns, seconds, path="/", header_len=None, scheme="http", cl
     cmd = ["wrk", "-t", "1", "-c", str(conns), "-d", f"{seconds}s", "--timeout", "10s",
            "-s", os.path.join(HERE, "post.lua"), f"{scheme}://127.0.0.1:{port}{path}"]
     env = dict(os.environ)
+    env.pop("BENCH_BODY_FILE", None)
     if close:
         env["BENCH_CLOSE"] = "1"
     if isinstance(body, bytes) or len(body) > 64 << 10:
-        # A file: binary bodies cannot travel in the environment, nor can large ones.
+        # A file (removed after the run): binary bodies cannot travel in the environment,
+        # nor can large ones.
         env["BENCH_BODY_FILE"] = os.path.join(TMP, f"body-{port}.bin")
         with open(env["BENCH_BODY_FILE"], "wb") as f:
             f.write(body if isinstance(body, bytes) else body.encode())
@@ -478,7 +480,11 @@ def wrk(port, body, conns, seconds, path="/", header_len=None, scheme="http", cl
         env["BENCH_BODY"] = body
     if header_len is not None:
         env["BENCH_HEADER_LEN"] = str(header_len)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 30)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 30)
+    finally:
+        if "BENCH_BODY_FILE" in env:
+            os.remove(env["BENCH_BODY_FILE"])
     for line in p.stdout.splitlines():
         if line.startswith("BENCHJSON "):
             r = json.loads(line[len("BENCHJSON "):])
