@@ -17,6 +17,24 @@ pub enum Document {
     Image(ImageSpec),
 }
 
+/// The refusal (413) of a request with `n` documents in input `name`, which takes at most
+/// `max`: the same words whether the parser counted them or the pre-processing did.
+pub fn too_many(name: &str, n: usize, max: usize) -> String {
+    format!(
+        "input {name}: {n} documents in one request; this input takes at most {max} (`max_documents`): send them in several requests"
+    )
+}
+
+impl Document {
+    /// Documents one request may carry in this input.
+    pub fn max_documents(&self) -> usize {
+        match self {
+            Document::Text(t) => t.max_documents,
+            Document::Image(i) => i.max_documents,
+        }
+    }
+}
+
 /// A `tokenizer` block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextSpec {

@@ -72,7 +72,10 @@ pub const DEADLINE_STATUS: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
 
 impl From<BodyError> for ApiError {
     fn from(e: BodyError) -> ApiError {
-        ApiError::Body(e)
+        match e {
+            BodyError::TooLarge(m) => ApiError::DocumentsTooLarge(m),
+            e => ApiError::Body(e),
+        }
     }
 }
 

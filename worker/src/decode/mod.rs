@@ -19,13 +19,22 @@ pub enum BodyError {
     NotJson(String),
     /// JSON, but not a request this model takes.
     Invalid(String),
+    /// More documents in an input than its `max_documents` (413; counted while parsing,
+    /// the documents past the limit never kept).
+    TooLarge(String),
+}
+
+impl From<String> for BodyError {
+    fn from(m: String) -> BodyError {
+        BodyError::Invalid(m)
+    }
 }
 
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BodyError::NotJson(e) => write!(f, "request body is not valid JSON: {e}"),
-            BodyError::Invalid(m) => f.write_str(m),
+            BodyError::Invalid(m) | BodyError::TooLarge(m) => f.write_str(m),
         }
     }
 }

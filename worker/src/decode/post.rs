@@ -82,8 +82,8 @@ fn parse_named(body: &[u8], specs: &[TensorSpec]) -> Result<Inputs, BodyError> {
                 names()
             ))
         })?;
-        let (shape, arg) =
-            arg_from_json(name, v, spec.datatype, Layout::Nested).map_err(invalid)?;
+        let max_documents = spec.document.as_ref().map(|d| d.max_documents());
+        let (shape, arg) = arg_from_json(name, v, spec.datatype, Layout::Nested, max_documents)?;
         spec.check_shape(&shape)
             .map_err(|e| invalid(format!("input {name}: {e}")))?;
         args.push(arg);

@@ -129,8 +129,8 @@ impl Documents {
             };
             let name = &spec.name;
             if n > max {
-                return Err(DocError::TooLarge(format!(
-                    "input {name}: {n} documents in one request; this input takes at most {max} (`max_documents`): send them in several requests"
+                return Err(DocError::TooLarge(vramfork::documents::too_many(
+                    name, n, max,
                 )));
             }
             total = total.saturating_add(each.saturating_mul(n as u64));

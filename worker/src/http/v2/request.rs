@@ -122,22 +122,22 @@ pub fn parse(
     header_len: Option<usize>,
     specs: Option<&[TensorSpec]>,
 ) -> Result<Infer, BodyError> {
-    parse_infer(body, header_len, specs).map_err(BodyError::Invalid)
+    parse_infer(body, header_len, specs)
 }
 
 fn parse_infer(
     body: &[u8],
     header_len: Option<usize>,
     specs: Option<&[TensorSpec]>,
-) -> Result<Infer, String> {
+) -> Result<Infer, BodyError> {
     let (head, mut tail) = match header_len {
         None => (body, &[][..]),
         Some(n) if n <= body.len() => body.split_at(n),
         Some(n) => {
-            return Err(format!(
+            return Err(BodyError::Invalid(format!(
                 "Inference-Header-Content-Length is {n}, but the body has only {} bytes",
                 body.len()
-            ))
+            )))
         }
     };
     let h: Header = serde_json::from_slice(head)
@@ -146,7 +146,12 @@ fn parse_infer(
         None => None,
         Some(v) => match serde_json::from_str::<String>(v.get()) {
             Ok(s) => Some(s),
-            Err(_) => return Err(format!("`id` must be a string, not {}", shown(v))),
+            Err(_) => {
+                return Err(BodyError::Invalid(format!(
+                    "`id` must be a string, not {}",
+                    shown(v)
+                )))
+            }
         },
     };
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
@@ -154,11 +159,11 @@ fn parse_infer(
     let binary_default = flag(&h.parameters, "binary_data_output")?;
     let wanted_count = specs.map_or(1, <[TensorSpec]>::len);
     if h.inputs.len() != wanted_count {
-        return Err(format!(
+        return Err(BodyError::Invalid(format!(
             "the request has {} inputs; this model takes {wanted_count}: {}",
             h.inputs.len(),
             names(specs)
-        ));
+        )));
     }
     // The arguments in the declared order; binary data is taken in the request's order.
     let mut args: Vec<Option<Arg>> = (0..wanted_count).map(|_| None).collect();
@@ -175,16 +180,19 @@ fn parse_infer(
             )
         })?;
         if args[at].is_some() {
-            return Err(format!("input {} is given twice", input.name));
+            return Err(BodyError::Invalid(format!(
+                "input {} is given twice",
+                input.name
+            )));
         }
         let spec = specs.map(|s| &s[at]);
         args[at] = Some(one_input(input, spec, &mut tail)?);
     }
     if !tail.is_empty() {
-        return Err(format!(
+        return Err(BodyError::Invalid(format!(
             "{} bytes of binary data follow the header that no input claims",
             tail.len()
-        ));
+        )));
     }
     let wanted = Wanted {
         outputs: match h.outputs {
@@ -221,7 +229,7 @@ fn one_input(
     input: InputHeader<'_>,
     spec: Option<&TensorSpec>,
     tail: &mut &[u8],
-) -> Result<Arg, String> {
+) -> Result<Arg, BodyError> {
     let name = &input.name;
     let datatype = Datatype::from_v2(&input.datatype).ok_or_else(|| {
         format!(
@@ -232,18 +240,18 @@ fn one_input(
     })?;
     match spec {
         Some(spec) if spec.datatype != datatype => {
-            return Err(format!(
+            return Err(BodyError::Invalid(format!(
                 "input {name} has datatype {datatype}; the model takes {}",
                 spec.datatype
-            ))
+            )))
         }
         Some(spec) => spec
             .check_shape(&input.shape)
             .map_err(|e| format!("input {name}: {e}"))?,
         None if datatype == Datatype::Bytes => {
-            return Err(format!(
+            return Err(BodyError::Invalid(format!(
                 "input {name} has datatype BYTES; this model declares no BYTES input (declare it in the metadata's `inputs`)"
-            ))
+            )))
         }
         None => {}
     }
@@ -253,44 +261,57 @@ fn one_input(
             format!("input {name}: binary_data_size must be a non-negative integer, not {v}")
         })?
         .map(|n| n as usize);
+    // A document input's count is refused from the shape alone, before its data is read.
+    let max_documents = spec
+        .and_then(|s| s.document.as_ref())
+        .map(|d| d.max_documents());
+    if let Some(max) = max_documents.filter(|max| count > *max) {
+        return Err(BodyError::TooLarge(vramfork::documents::too_many(
+            name, count, max,
+        )));
+    }
     match (binary_size, &input.data) {
-        (Some(_), Some(_)) => Err(format!("input {name} has both `data` and binary_data_size")),
-        (None, None) => Err(format!("input {name} has no `data` and no binary data")),
+        (Some(_), Some(_)) => Err(BodyError::Invalid(format!(
+            "input {name} has both `data` and binary_data_size"
+        ))),
+        (None, None) => Err(BodyError::Invalid(format!(
+            "input {name} has no `data` and no binary data"
+        ))),
         (Some(size), None) => {
             if let Datatype::Tensor(dtype) = datatype {
                 let want = count * kind_of(dtype).elt_size_in_bytes();
                 if size != want {
-                    return Err(format!(
+                    return Err(BodyError::Invalid(format!(
                         "input {name}: binary_data_size is {size} bytes; shape {:?} of {} takes {want}",
                         input.shape, input.datatype
-                    ));
+                    )));
                 }
             }
             if size > tail.len() {
-                return Err(format!(
+                return Err(BodyError::Invalid(format!(
                     "input {name}: binary_data_size is {size} bytes, but only {} follow the header",
                     tail.len()
-                ));
+                )));
             }
             let (bytes, rest) = tail.split_at(size);
             *tail = rest;
-            match datatype {
-                Datatype::Bytes => strings_from_bytes(
-                    name,
-                    bytes,
-                    count,
-                    spec.is_some_and(|s| s.document.is_some()),
-                ),
+            Ok(match datatype {
+                Datatype::Bytes => strings_from_bytes(name, bytes, count, max_documents.is_some())?,
                 Datatype::Tensor(dtype) => {
                     Tensor::f_from_data_size(bytes, &input.shape, kind_of(dtype))
                         .map(Arg::Tensor)
-                        .map_err(|e| format!("input {name}: {e}"))
+                        .map_err(|e| format!("input {name}: {e}"))?
                 }
-            }
+            })
         }
-        (None, Some(data)) => {
-            arg_from_json(name, data, datatype, Layout::Shape(&input.shape)).map(|(_, arg)| arg)
-        }
+        (None, Some(data)) => arg_from_json(
+            name,
+            data,
+            datatype,
+            Layout::Shape(&input.shape),
+            max_documents,
+        )
+        .map(|(_, arg)| arg),
     }
 }
 
@@ -298,7 +319,15 @@ fn one_input(
 mod tests {
     use super::*;
     // The messages, as `BodyError::Invalid` carries them.
-    use super::parse_infer as parse;
+
+    /// The parse, its refusal as the message the client gets.
+    fn parse(
+        body: &[u8],
+        header_len: Option<usize>,
+        specs: Option<&[TensorSpec]>,
+    ) -> Result<Infer, String> {
+        super::parse_infer(body, header_len, specs).map_err(|e| e.to_string())
+    }
 
     use vramfork::metadata::Dtype;
 
