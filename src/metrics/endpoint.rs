@@ -82,13 +82,8 @@ impl MetricsAuth {
     }
 }
 
-/// Serves scrapes on `listener` until the runtime is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, source: SharedSource) {
-    serve_with(listener, source, Arc::new(MetricsAuth::default()), None).await
-}
-
-/// [`serve`], with `/metrics` behind `auth`, over TLS when `tls` is given (the handshake
-/// under the same deadline as a request head).
+/// Serves scrapes on `listener` until the runtime is dropped, with `/metrics` behind `auth`,
+/// over TLS when `tls` is given (the handshake under the same deadline as a request head).
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     source: SharedSource,
