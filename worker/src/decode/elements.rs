@@ -12,7 +12,8 @@ use serde_json::Value;
 use vramfork::metadata::{Datatype, Dtype};
 
 use super::nesting::{Nesting, Ragged};
-use super::numeric::Sink;
+use super::quick;
+use super::sink::Sink;
 use super::BodyError;
 use crate::args::{int_range, Arg};
 
@@ -73,8 +74,42 @@ pub fn arg_from_json(
     };
     let out = match datatype {
         Datatype::Bytes => Out::Strings(Vec::new()),
-        Datatype::Tensor(dtype) => Out::Tensor(dtype, Sink::new(dtype, cap)),
+        Datatype::Tensor(dtype) => {
+            // Float numbers as clients send them, read without serde when they can be
+            // (`quick.rs`); anything else, every error included, is the walk's.
+            let mut sink = Sink::new(dtype, cap);
+            let regular = matches!(layout, Layout::Nested);
+            let fits = |f: f64| f.abs() <= float_max(dtype);
+            match quick::read_input(text.as_bytes(), dtype, regular, fits, &mut sink) {
+                Some((nested, n)) if regular || given == Some(n) => {
+                    let shape = match layout {
+                        Layout::Shape(shape) => shape.to_vec(),
+                        Layout::Nested => nested,
+                    };
+                    let t = sink
+                        .finish(&shape, dtype)
+                        .map_err(|e| format!("input {name}: {e}"))?;
+                    return Ok((shape, Arg::Tensor(t)));
+                }
+                _ => sink.clear(),
+            }
+            Out::Tensor(dtype, sink)
+        }
     };
+    walk(name, text, out, cap, layout, given, max_documents)
+}
+
+/// The input's text read by serde_json, one streaming pass into `out`, which keeps `cap`
+/// elements; `given`, the element count of the layout's shape.
+fn walk(
+    name: &str,
+    text: &str,
+    out: Out,
+    cap: usize,
+    layout: Layout<'_>,
+    given: Option<usize>,
+    max_documents: Option<usize>,
+) -> Result<(Vec<i64>, Arg), BodyError> {
     let mut w = Walk {
         name,
         regular: matches!(layout, Layout::Nested),
@@ -476,6 +511,63 @@ mod tests {
         {
             (_, Arg::Tensor(t)) => Ok(t),
             (_, other) => panic!("{other:?}"),
+        }
+    }
+
+    /// `text` read by the serde walk alone, as `arg_from_json` would if the quick reader
+    /// left it.
+    fn walked(text: &str, dtype: Dtype, layout: Layout<'_>) -> Result<(Vec<i64>, Arg), BodyError> {
+        let given = match layout {
+            Layout::Shape(shape) => Some(element_count("x", shape)?),
+            Layout::Nested => None,
+        };
+        let cap = given.map_or(text.len() / 2 + 1, |n| n.min(text.len() / 2 + 1));
+        let out = Out::Tensor(dtype, Sink::new(dtype, cap));
+        walk("x", text, out, cap, layout, given, None)
+    }
+
+    #[test]
+    fn float_inputs_read_quickly_are_what_the_walk_reads() {
+        let cases: [(&str, Dtype, Layout<'_>); 10] = [
+            // Read by the quick reader.
+            (
+                "[[1, -2.5e-3], [0.30372199416160583, -0]]",
+                Dtype::Float32,
+                Layout::Nested,
+            ),
+            ("[1, 2, 3, 4, 5, 6]", Dtype::Float32, Layout::Shape(&[2, 3])),
+            (
+                "[[1, 2], [3, [4, 5, 6]]]",
+                Dtype::Float64,
+                Layout::Shape(&[6]),
+            ),
+            ("[65504, -1.5]", Dtype::Float16, Layout::Shape(&[2])),
+            // Left to the walk: its errors, or its reading.
+            ("[1, 2, 3]", Dtype::Float32, Layout::Shape(&[2])),
+            ("[1, 2]", Dtype::Float32, Layout::Shape(&[3])),
+            ("[[1, 2], [3]]", Dtype::Float32, Layout::Nested),
+            ("[65505]", Dtype::Float16, Layout::Shape(&[1])),
+            ("[[], 1, 2]", Dtype::Float32, Layout::Shape(&[2])),
+            ("[1, \"2\"]", Dtype::Float32, Layout::Shape(&[2])),
+        ];
+        for (i, (text, dtype, layout)) in cases.into_iter().enumerate() {
+            let mut sink = Sink::new(dtype, text.len());
+            let regular = matches!(layout, Layout::Nested);
+            let fits = |f: f64| f.abs() <= float_max(dtype);
+            let quick = quick::read_input(text.as_bytes(), dtype, regular, fits, &mut sink);
+            // The first six are read (the fifth and sixth then refused for their count).
+            assert_eq!(quick.is_some(), i < 6, "{text}");
+            let raw = RawValue::from_string(text.to_string()).unwrap();
+            let got = arg_from_json("x", &raw, Datatype::Tensor(dtype), layout, None);
+            match (got, walked(text, dtype, layout)) {
+                (Ok((s1, Arg::Tensor(a))), Ok((s2, Arg::Tensor(b)))) => {
+                    assert_eq!(s1, s2, "{text}");
+                    assert_eq!((a.size(), a.kind()), (b.size(), b.kind()), "{text}");
+                    assert!(a.equal(&b), "{text}");
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "{text}"),
+                (a, b) => panic!("{text}: {a:?} against {b:?}"),
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 //! Request bodies decoded into what the model is called with (`crate::args::Inputs`): the
 //! `POST /` formats (`post.rs`), the one-pass numeric parser for one numeric input
-//! (`numeric.rs`) and the named-input element parser shared with v2 (`elements.rs`), both
+//! (`numeric.rs`, which tries the quick reader of the common body, `quick.rs`, first) and the named-input element parser shared with v2 (`elements.rs`), both
 //! checking a nested array's shape with `nesting.rs`. Every way a `POST /` body can be wrong
 //! is a [`BodyError`] whose message names where; `error.rs` maps it to its status (400), as
 //! it does the v2 parser's errors.
@@ -9,6 +9,8 @@ pub mod elements;
 mod nesting;
 pub mod numeric;
 pub mod post;
+mod quick;
+mod sink;
 
 use std::fmt;
 

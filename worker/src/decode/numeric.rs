@@ -15,12 +15,14 @@
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 use vramfork::metadata::{Dtype, InputSpec};
 
 use super::nesting::Nesting;
+use super::quick;
+use super::sink::Sink;
 use super::{BodyError, NOT_AN_OBJECT};
-use crate::args::{int_range, kind_of, Arg, Inputs};
+use crate::args::{int_range, Arg, Inputs};
 
 /// A validated request input: a contiguous CPU tensor of the metadata's dtype and the
 /// request's shape.
@@ -42,6 +44,25 @@ impl From<InputArray> for Inputs {
 pub fn parse_body(body: &[u8], spec: Option<&InputSpec>) -> Result<InputArray, BodyError> {
     let dtype = spec.map_or(Dtype::Float32, |s| s.dtype);
     let mut p = Parser::new(dtype, body.len() / 2 + 1);
+    // The common body, read without serde when it can be (`quick.rs`); otherwise the
+    // elements it wrote are dropped and the full parser reads the body from the start.
+    let limit = float_overflow(dtype);
+    match quick::read_body(body, dtype, |f| f.abs() < limit, &mut p.sink) {
+        Some(shape) => finish(p.sink, shape, spec, dtype),
+        None => {
+            p.sink.clear();
+            parse_full(body, spec, p)
+        }
+    }
+}
+
+/// The body read by serde_json (every body the quick reader leaves, and every error).
+fn parse_full(
+    body: &[u8],
+    spec: Option<&InputSpec>,
+    mut p: Parser,
+) -> Result<InputArray, BodyError> {
+    let dtype = p.dtype;
     let mut de = serde_json::Deserializer::from_slice(body);
     let parsed = DocSeed { p: &mut p }
         .deserialize(&mut de)
@@ -58,12 +79,20 @@ pub fn parse_body(body: &[u8], spec: Option<&InputSpec>) -> Result<InputArray, B
                 .into(),
         ));
     }
-    let shape = p.nest.shape();
+    finish(p.sink, p.nest.shape(), spec, dtype)
+}
+
+/// The elements read, as the input of `shape` (checked against the metadata's).
+fn finish(
+    sink: Sink,
+    shape: Vec<i64>,
+    spec: Option<&InputSpec>,
+    dtype: Dtype,
+) -> Result<InputArray, BodyError> {
     if let Some(spec) = spec {
         spec.check_shape(&shape).map_err(BodyError::Invalid)?;
     }
-    let tensor = p
-        .sink
+    let tensor = sink
         .finish(&shape, dtype)
         .map_err(|e| BodyError::Invalid(format!("cannot make the input tensor: {e}")))?;
     Ok(InputArray { tensor })
@@ -107,69 +136,6 @@ impl Num {
             }
             Num::F(_) => None,
         }
-    }
-}
-
-/// The tensor being filled: its storage type follows the dtype (16-bit floats are kept as
-/// float32 and converted once at the end). Also filled by `elements.rs`.
-pub(super) struct Sink {
-    tensor: Tensor,
-    /// The tensor's first element (asked of libtorch once: an FFI call per element cost
-    /// about a tenth of a 63 kB body's parse).
-    data: *mut u8,
-    kind: Kind,
-    cap: usize,
-    len: usize,
-}
-
-impl Sink {
-    pub(super) fn new(dtype: Dtype, cap: usize) -> Sink {
-        let kind = storage_kind(dtype);
-        let tensor = Tensor::empty([cap as i64], (kind, Device::Cpu));
-        let data = tensor.data_ptr().cast();
-        Sink {
-            tensor,
-            data,
-            kind,
-            cap,
-            len: 0,
-        }
-    }
-
-    /// Appends one element (already converted to the storage type's value).
-    pub(super) fn push<T: tch::kind::Element>(&mut self, v: T) {
-        debug_assert_eq!(T::KIND, self.kind);
-        // Each element needs at least two bytes of body, so `cap` always suffices; the
-        // check keeps a bug from writing out of bounds.
-        assert!(self.len < self.cap, "input buffer too small");
-        // SAFETY: `data` is the first element of the tensor, a contiguous CPU tensor of `cap`
-        // elements of type T (its kind is T::KIND, checked above), owned by `self` and
-        // alive for this write (its storage never moves); `len < cap` keeps the write
-        // inside it.
-        unsafe { self.data.cast::<T>().add(self.len).write(v) };
-        self.len += 1;
-    }
-
-    /// The elements written, as a tensor of `shape` and `dtype` (a view: no copy, unless a
-    /// 16-bit float dtype needs the conversion).
-    pub(super) fn finish(self, shape: &[i64], dtype: Dtype) -> Result<Tensor, tch::TchError> {
-        let t = self
-            .tensor
-            .f_narrow(0, 0, self.len as i64)?
-            .f_reshape(shape)?;
-        let want = kind_of(dtype);
-        if want == self.kind {
-            Ok(t)
-        } else {
-            t.f_to_kind(want)
-        }
-    }
-}
-
-fn storage_kind(d: Dtype) -> Kind {
-    match d {
-        Dtype::Float32 | Dtype::Float16 | Dtype::BFloat16 => Kind::Float,
-        other => kind_of(other),
     }
 }
 
@@ -446,6 +412,7 @@ impl<'de> Visitor<'de> for Node<'_> {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+    use tch::Kind;
 
     fn spec(shape: Option<Vec<i64>>, dtype: Dtype) -> InputSpec {
         InputSpec { shape, dtype }
@@ -460,6 +427,126 @@ mod tests {
     fn values(a: &InputArray) -> Vec<f64> {
         let flat = a.tensor.reshape([-1]).to_kind(Kind::Double);
         Vec::<f64>::try_from(&flat).unwrap()
+    }
+
+    /// The body read by the full parser alone.
+    fn full(body: &[u8], spec: Option<&InputSpec>) -> Result<InputArray, BodyError> {
+        let dtype = spec.map_or(Dtype::Float32, |s| s.dtype);
+        parse_full(body, spec, Parser::new(dtype, body.len() / 2 + 1))
+    }
+
+    #[test]
+    fn the_quick_reader_gives_what_the_full_parser_gives_or_leaves_the_body_to_it() {
+        let f32s = |d: Dtype| spec(None, d);
+        let read = [
+            (
+                &br#"{"inputs": [[1, 2.5, -3e-2], [4, -0, 1.2345678901234567e-05]]}"#[..],
+                Dtype::Float32,
+            ),
+            (
+                b" {\n\t\"inputs\" :[ [[-1.5255959033966064 ,0.30372199416160583]] ] } \r\n",
+                Dtype::Float32,
+            ),
+            (
+                br#"{"inputs": [0.1, 0.2, 0.30000000000000004, 1e308]}"#,
+                Dtype::Float64,
+            ),
+            (br#"{"inputs": [65519, -1.5]}"#, Dtype::Float16),
+            (br#"{"inputs": [[1, 2], [3, 4], [5, 6]]}"#, Dtype::BFloat16),
+        ];
+        for (body, dtype) in read {
+            let mut sink = Sink::new(dtype, body.len());
+            let shape = quick::read_body(body, dtype, |_| true, &mut sink);
+            assert!(shape.is_some(), "{}", String::from_utf8_lossy(body));
+            let (a, b) = (
+                parse_body(body, Some(&f32s(dtype))),
+                full(body, Some(&f32s(dtype))),
+            );
+            let (a, b) = (a.unwrap().tensor, b.unwrap().tensor);
+            assert_eq!((a.size(), a.kind()), (b.size(), b.kind()));
+            assert!(a.equal(&b), "{}", String::from_utf8_lossy(body));
+        }
+        // Left to the full parser, with its result (a tensor, or the same error).
+        let left = [
+            &br#"{"id": 1, "inputs": [1]}"#[..],
+            br#"{"inputs": [1], "id": 1}"#,
+            br#"{"inp\u0075ts": [1]}"#,
+            br#"{"inputs": [[1, 2], [3]]}"#,
+            br#"{"inputs": [[1], 2]}"#,
+            br#"{"inputs": [1, [2]]}"#,
+            br#"{"inputs": [[], []]}"#,
+            br#"{"inputs": []}"#,
+            br#"{"inputs": 5}"#,
+            br#"{"inputs": [1e39]}"#,
+            br#"{"inputs": [1, true]}"#,
+            br#"{"inputs": [1, "2"]}"#,
+            br#"{"inputs": [01]}"#,
+            br#"{"inputs": [1,]}"#,
+            br#"{"inputs": [1] x"#,
+            br#"{"inputs": [1]"#,
+            br#"{"inputs": [1, 2"#,
+            br#"{"inputs": [0.12345678901234567890123]}"#,
+        ];
+        for body in left {
+            let mut sink = Sink::new(Dtype::Float32, body.len());
+            let limit = float_overflow(Dtype::Float32);
+            assert_eq!(
+                quick::read_body(body, Dtype::Float32, |f| f.abs() < limit, &mut sink),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            match (parse_body(body, None), full(body, None)) {
+                (Ok(a), Ok(b)) => assert!(a.tensor.equal(&b.tensor)),
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                (a, b) => panic!("{a:?} against {b:?}"),
+            }
+        }
+        // Integer dtypes are the full parser's.
+        let body = br#"{"inputs": [1, 2]}"#;
+        let mut sink = Sink::new(Dtype::Int64, body.len());
+        assert_eq!(
+            quick::read_body(body, Dtype::Int64, |_| true, &mut sink),
+            None
+        );
+        // A shape the metadata does not take is refused whichever reader read the body.
+        let want = spec(Some(vec![3]), Dtype::Float32);
+        let e = parse_body(br#"{"inputs": [1, 2]}"#, Some(&want)).unwrap_err();
+        assert_eq!(e, full(br#"{"inputs": [1, 2]}"#, Some(&want)).unwrap_err());
+    }
+
+    #[test]
+    fn an_image_as_clients_send_it_is_read_by_the_quick_reader() {
+        // 3x32x32 float32 values as Python's json.dumps writes them (the shortest repr of
+        // each as a double: up to 17 significant digits, some with an exponent).
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut values = Vec::new();
+        for _ in 0..3 * 32 * 32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Roughly normal: a sum of uniforms, scaled into a wide range of magnitudes.
+            let u = (x % 1_000_000) as f32 / 1e6 - 0.5;
+            let v = u * 10f32.powi((x >> 40) as i32 % 12 - 8);
+            values.push(format!("{:?}", f64::from(v)));
+        }
+        let rows: Vec<String> = values
+            .chunks(32)
+            .map(|r| format!("[{}]", r.join(", ")))
+            .collect();
+        let planes: Vec<String> = rows
+            .chunks(32)
+            .map(|p| format!("[{}]", p.join(", ")))
+            .collect();
+        let body = format!("{{\"inputs\": [[{}]]}}", planes.join(", "));
+        let mut sink = Sink::new(Dtype::Float32, body.len());
+        let shape = quick::read_body(body.as_bytes(), Dtype::Float32, |_| true, &mut sink);
+        assert_eq!(shape, Some(vec![1, 3, 32, 32]));
+        let (a, b) = (
+            parse_body(body.as_bytes(), None),
+            full(body.as_bytes(), None),
+        );
+        assert!(a.unwrap().tensor.equal(&b.unwrap().tensor));
     }
 
     #[test]
