@@ -19,7 +19,7 @@ use tch::{Kind, Tensor};
 use vramfork::documents::{Channels, ImageSpec, Resize};
 use vramfork::metadata::Dtype;
 
-use crate::args::kind_of;
+use crate::args::{kind_of, tensor_from_bytes};
 
 /// The documents of one request as one tensor, `[blobs, 3, H, W]`.
 pub fn batch(spec: &ImageSpec, name: &str, blobs: &[Vec<u8>]) -> Result<Tensor, String> {
@@ -105,7 +105,8 @@ pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
         .map_err(|e| format!("cannot decode the image: {e}"))?
         .into_rgb8();
     let (w, h) = (i64::from(rgb.width()), i64::from(rgb.height()));
-    let pixels = Tensor::from_data_size(rgb.as_raw(), &[h, w, 3], Kind::Uint8)
+    let pixels = tensor_from_bytes(rgb.as_raw(), &[h, w, 3], Kind::Uint8)
+        .map_err(|e| format!("cannot make the image's tensor: {e}"))?
         .permute([2, 0, 1])
         .unsqueeze(0);
     drop(rgb);

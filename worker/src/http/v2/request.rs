@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tch::Tensor;
 use vramfork::metadata::{Datatype, TensorSpec, SINGLE_INPUT};
 
-use crate::args::{kind_of, Arg, Inputs};
+use crate::args::{kind_of, tensor_from_bytes, Arg, Inputs};
 use crate::decode::elements::{arg_from_json, element_count, strings_from_bytes, Layout};
 use crate::decode::BodyError;
 use crate::runner::v2out::Wanted;
@@ -297,11 +296,9 @@ fn one_input(
             *tail = rest;
             Ok(match datatype {
                 Datatype::Bytes => strings_from_bytes(name, bytes, count, max_documents.is_some())?,
-                Datatype::Tensor(dtype) => {
-                    Tensor::f_from_data_size(bytes, &input.shape, kind_of(dtype))
-                        .map(Arg::Tensor)
-                        .map_err(|e| format!("input {name}: {e}"))?
-                }
+                Datatype::Tensor(dtype) => tensor_from_bytes(bytes, &input.shape, kind_of(dtype))
+                    .map(Arg::Tensor)
+                    .map_err(|e| format!("input {name}: {e}"))?,
             })
         }
         (None, Some(data)) => arg_from_json(
@@ -318,6 +315,7 @@ fn one_input(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Tensor;
     // The messages, as `BodyError::Invalid` carries them.
 
     /// The parse, its refusal as the message the client gets.
