@@ -573,6 +573,83 @@ mod tests {
         }
     }
 
+    #[test]
+    fn random_v2_data_reads_alike_by_either_reader() {
+        let mut x = 0x5DEE_CE66_D1CE_F00Du64;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut quick_read, mut ok, mut refused) = (0, 0, 0);
+        for i in 0..2_000 {
+            let count = 1 + next(12) as usize;
+            let mut items: Vec<String> = (0..count)
+                .map(|_| match next(10) {
+                    0 => format!("{}", next(70_000)),
+                    1 => format!("-{}.{}e{}", next(10), next(1_000_000), next(80) as i64 - 40),
+                    2 if next(5) == 0 => {
+                        ["null", "\"x\"", "1e400", "01", "true"][next(5) as usize].into()
+                    }
+                    _ => format!(
+                        "{:?}",
+                        f64::from(f32::from_bits(next(1 << 30) as u32 + 0x3000_0000))
+                    ),
+                })
+                .collect();
+            // Nested in any way now and then: v2 reads `data` row-major whatever its nesting.
+            if count > 2 && next(3) == 0 {
+                let inner = items.drain(1..3).collect::<Vec<_>>().join(", ");
+                items.insert(1, format!("[{inner}]"));
+            }
+            let text = format!("[{}]", items.join(if next(2) == 0 { "," } else { " , " }));
+            let n = if next(10) == 0 {
+                count as i64 + 1
+            } else {
+                count as i64
+            };
+            let shape = [n];
+            let dtype = [
+                Dtype::Float32,
+                Dtype::Float64,
+                Dtype::Float16,
+                Dtype::BFloat16,
+            ][i % 4];
+            let mut sink = Sink::new(dtype, text.len());
+            let fits = |f: f64| f.abs() <= float_max(dtype);
+            if quick::read_input(text.as_bytes(), dtype, false, fits, &mut sink).is_some() {
+                quick_read += 1;
+            }
+            // A request's `data` is JSON already (its body was parsed): text serde refuses
+            // never gets here.
+            let Ok(raw) = RawValue::from_string(text.clone()) else {
+                continue;
+            };
+            let layout = Layout::Shape(&shape);
+            match (
+                arg_from_json("x", &raw, Datatype::Tensor(dtype), layout, None),
+                walked(&text, dtype, layout),
+            ) {
+                (Ok((s1, Arg::Tensor(a))), Ok((s2, Arg::Tensor(b)))) => {
+                    assert_eq!(s1, s2, "{text}");
+                    assert_eq!((a.size(), a.kind()), (b.size(), b.kind()), "{text}");
+                    assert!(a.equal(&b), "{text}");
+                    ok += 1;
+                }
+                (Err(a), Err(b)) => {
+                    assert_eq!(a, b, "{text}");
+                    refused += 1;
+                }
+                (a, b) => panic!("{text}: {a:?} against {b:?}"),
+            }
+        }
+        assert!(
+            quick_read > 800 && ok > 800 && refused > 200,
+            "{quick_read} {ok} {refused}"
+        );
+    }
+
     fn strings_from_json(name: &str, v: Value, shape: &[i64]) -> Result<Arg, String> {
         arg_from_json(name, &raw(v), Datatype::Bytes, Layout::Shape(shape), None)
             .map(|(_, a)| a)

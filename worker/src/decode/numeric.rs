@@ -515,6 +515,128 @@ mod tests {
         assert_eq!(e, full(br#"{"inputs": [1, 2]}"#, Some(&want)).unwrap_err());
     }
 
+    /// A fixed-seed generator of bodies: regular and ragged nestings, empty arrays, numbers
+    /// in every form (and some that are not numbers), random whitespace, other fields,
+    /// truncations and trailing text.
+    struct Bodies(u64);
+
+    impl Bodies {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn ws(&mut self) -> &'static str {
+            ["", "", "", " ", "\n ", "\t", " \r\n "][self.pick(7) as usize]
+        }
+        fn number(&mut self) -> String {
+            let f = f32::from_bits(self.next() as u32);
+            match self.pick(16) {
+                0 => format!("{}", self.pick(1000)),
+                1 => format!("-{}", self.pick(1000)),
+                2 => format!("{}.{}", self.pick(100), self.pick(1_000_000_000)),
+                3 => format!("-0.00{}", self.next() % 10_000_000_000_000_000_000),
+                4 => format!("{}e{}", self.pick(1000), self.pick(90) as i64 - 45),
+                5 => format!("{}E+{}", self.pick(10), self.pick(40)),
+                6 if f.is_finite() => format!("{:?}", f64::from(f)),
+                7 => format!("{}", self.next()),
+                8 if self.pick(4) == 0 => [
+                    "-0", "0", "0.0", "1e39", "-1e39", "65520", "1e400", "1e-400",
+                ][self.pick(8) as usize]
+                    .into(),
+                9 if self.pick(10) == 0 => [
+                    "01", "1.", ".5", "-", "1e", "+1", "NaN", "\"1\"", "true", "null",
+                ][self.pick(10) as usize]
+                    .into(),
+                _ => format!("{:?}", f64::from(self.next() as u16) / 1000.0 - 30.0),
+            }
+        }
+        /// An array of `shape` (row-major), made ragged now and then.
+        fn array(&mut self, shape: &[usize]) -> String {
+            let Some((&n, rest)) = shape.split_first() else {
+                return self.number();
+            };
+            let n = if self.pick(40) == 0 { n + 1 } else { n };
+            let items: Vec<String> = (0..n).map(|_| self.array(rest)).collect();
+            let sep = format!("{},{}", self.ws(), self.ws());
+            format!("[{}{}{}]", self.ws(), items.join(&sep), self.ws())
+        }
+        fn body(&mut self) -> String {
+            let depth = 1 + self.pick(4) as usize;
+            let shape: Vec<usize> = (0..depth)
+                .map(|_| {
+                    if self.pick(30) == 0 {
+                        0
+                    } else {
+                        1 + self.pick(4) as usize
+                    }
+                })
+                .collect();
+            let inputs = self.array(&shape);
+            let (w1, w2, w3, w4) = (self.ws(), self.ws(), self.ws(), self.ws());
+            let mut b = match self.pick(12) {
+                0 => format!("{{\"id\": \"r\",{w1}\"inputs\":{w2}{inputs}}}"),
+                1 => format!("{{\"inputs\":{w2}{inputs},{w3}\"id\": 1}}"),
+                _ => format!("{w1}{{{w2}\"inputs\"{w3}:{w4}{inputs}{w1}}}{w2}"),
+            };
+            match self.pick(20) {
+                0 => b.truncate(self.pick(b.len() as u64) as usize),
+                1 => b.push_str(" x"),
+                2 => b = b.replacen("]", ",]", 1),
+                _ => {}
+            }
+            b
+        }
+    }
+
+    #[test]
+    fn random_bodies_read_alike_by_either_reader() {
+        let mut g = Bodies(0x0DDB_1A5E_5BAD_5EED);
+        let (mut quick_read, mut both_ok, mut both_err) = (0, 0, 0);
+        for n in 0..3_000 {
+            let body = g.body();
+            let dtype = [
+                Dtype::Float32,
+                Dtype::Float64,
+                Dtype::Float16,
+                Dtype::BFloat16,
+                Dtype::Int64,
+            ][n % 5];
+            let spec = spec(None, dtype);
+            let mut sink = Sink::new(dtype, body.len() / 2 + 1);
+            let limit = float_overflow(dtype);
+            if quick::read_body(body.as_bytes(), dtype, |f| f.abs() < limit, &mut sink).is_some() {
+                quick_read += 1;
+            }
+            match (
+                parse_body(body.as_bytes(), Some(&spec)),
+                full(body.as_bytes(), Some(&spec)),
+            ) {
+                (Ok(a), Ok(b)) => {
+                    let (a, b) = (a.tensor, b.tensor);
+                    assert_eq!((a.size(), a.kind()), (b.size(), b.kind()), "{body}");
+                    assert!(a.equal(&b), "{body}");
+                    both_ok += 1;
+                }
+                (Err(a), Err(b)) => {
+                    assert_eq!(a, b, "{body}");
+                    both_err += 1;
+                }
+                (a, b) => panic!("{body}: {a:?} against {b:?}"),
+            }
+        }
+        // The mix exercised both readers and both outcomes.
+        assert!(quick_read > 600, "{quick_read} read quickly");
+        assert!(
+            both_ok > quick_read && both_err > 600,
+            "{both_ok} read, {both_err} refused"
+        );
+    }
+
     #[test]
     fn an_image_as_clients_send_it_is_read_by_the_quick_reader() {
         // 3x32x32 float32 values as Python's json.dumps writes them (the shortest repr of
