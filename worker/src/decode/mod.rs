@@ -43,3 +43,25 @@ impl fmt::Display for BodyError {
 
 /// The message for a body that is JSON but not an object.
 pub const NOT_AN_OBJECT: &str = "request body must be a JSON object like {\"inputs\": [[...]]}";
+
+/// Test helper: what two readers made of `what` is the same tensor (size, dtype, values) or
+/// the same refusal; true when both read it.
+#[cfg(test)]
+fn same_outcome(
+    a: Result<tch::Tensor, BodyError>,
+    b: Result<tch::Tensor, BodyError>,
+    what: &str,
+) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!((a.size(), a.kind()), (b.size(), b.kind()), "{what}");
+            assert!(a.equal(&b), "{what}");
+            true
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a, b, "{what}");
+            false
+        }
+        (a, b) => panic!("{what}: {a:?} against {b:?}"),
+    }
+}
