@@ -8,8 +8,8 @@
 //!
 //! Each number becomes the very `f64` serde_json 1.0 makes of it (without its
 //! `float_roundtrip` feature, as this crate builds it): the decimal digits as an integer
-//! `significand` (exact: at most 19 digits), then one multiplication or division by the
-//! power of ten (`Deserializer::f64_from_parts`), the sign applied last. Why: at 63 kB of
+//! `significand` (exact: at most 19 significant digits), then one multiplication or division
+//! by the power of ten (`Deserializer::f64_from_parts`), the sign applied last. Why: at 63 kB of
 //! JSON for a 3×32×32 image the numbers are most of a request's parse, and serde's digit
 //! loop is one dependent multiply-add per digit; this one reads eight digits with a few
 //! independent operations (the SWAR step of Rust's own float parser,
