@@ -62,14 +62,7 @@ pub fn arg_from_json(
     max_documents: Option<usize>,
 ) -> Result<(Vec<i64>, Arg), BodyError> {
     let text = raw.get();
-    // Each element takes at least two bytes of text with its separator (one for a lone
-    // scalar), so this many always suffice; pages past those written are never touched.
-    let room = text.len() / 2 + 1;
-    let given = match layout {
-        Layout::Shape(shape) => Some(element_count(name, shape)?),
-        Layout::Nested => None,
-    };
-    let cap = given.map_or(room, |n| n.min(room));
+    let (given, cap) = sizes(name, text, layout)?;
     let cap = match (datatype, max_documents) {
         (Datatype::Bytes, Some(max)) => cap.min(max),
         _ => cap,
@@ -99,6 +92,18 @@ pub fn arg_from_json(
         }
     };
     walk(name, text, out, cap, layout, given, max_documents)
+}
+
+/// The element count `layout` gives (v2's shape), and how many elements `text` can hold:
+/// each takes at least two bytes with its separator (one for a lone scalar), so this many
+/// always suffice (pages past those written are never touched).
+fn sizes(name: &str, text: &str, layout: Layout<'_>) -> Result<(Option<usize>, usize), String> {
+    let room = text.len() / 2 + 1;
+    let given = match layout {
+        Layout::Shape(shape) => Some(element_count(name, shape)?),
+        Layout::Nested => None,
+    };
+    Ok((given, given.map_or(room, |n| n.min(room))))
 }
 
 /// The input's text read by serde_json, one streaming pass into `out`, which keeps `cap`
@@ -531,11 +536,7 @@ mod tests {
     /// `text` read by the serde walk alone, as `arg_from_json` would if the quick reader
     /// left it.
     fn walked(text: &str, dtype: Dtype, layout: Layout<'_>) -> Result<(Vec<i64>, Arg), BodyError> {
-        let given = match layout {
-            Layout::Shape(shape) => Some(element_count("x", shape)?),
-            Layout::Nested => None,
-        };
-        let cap = given.map_or(text.len() / 2 + 1, |n| n.min(text.len() / 2 + 1));
+        let (given, cap) = sizes("x", text, layout)?;
         let out = Out::Tensor(dtype, Sink::new(dtype, cap));
         walk("x", text, out, cap, layout, given, None)
     }
