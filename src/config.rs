@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::cli::{Cli, Command, OPTION_ENV};
 use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
-use crate::plan::{Policy, WorkerOverride};
+use crate::plan::{Policy, TorchThreads, WorkerOverride};
 use crate::protocol::{Device, DEFAULT_WARMUP_PASSES};
 
 /// What `app` was asked to do.
@@ -73,7 +73,7 @@ pub struct Config {
     /// The operator's `CUDA_VISIBLE_DEVICES`, when set: only those GPUs are planned
     /// (`resources::visible`).
     pub cuda_visible_devices: Option<String>,
-    pub torch_threads: Option<usize>,
+    pub torch_threads: Option<TorchThreads>,
     pub worker_binary: PathBuf,
     pub log_json: bool,
     /// `--access-log`: one line per answered request.
@@ -397,10 +397,7 @@ impl Config {
             None => None,
             Some(v) => Some(c.uint("--max-worker-gpu-mb", Some(v), 0, 1)?),
         };
-        let torch_threads = match cli.torch_threads.as_deref() {
-            None => None,
-            Some(v) => Some(c.uint("--torch-threads", Some(v), 0, 1)? as usize),
-        };
+        let torch_threads = torch_threads(&cli.torch_threads, env, &c)?;
         let nvml_library = cli.nvml_library.map(|p| absolute(Path::new(&p)));
         if let Some(p) = &nvml_library {
             if !p.is_file() {
@@ -598,6 +595,44 @@ fn worker_override(
             ))),
         },
     }
+}
+
+/// Torch intra-op threads per worker: `--torch-threads` > `VRAMFORK_TORCH_THREADS` >
+/// `MKL_NUM_THREADS` > `OMP_NUM_THREADS` > the plan (`max(1, cores / workers)`). The two
+/// libraries' variables are read in libtorch's own order (`at::intraop_default_num_threads`
+/// lets `MKL_NUM_THREADS` override `OMP_NUM_THREADS`), so an operator who set them for torch
+/// gets what torch would have done; libgomp's list form (`4,2`: per nesting level) gives its
+/// first number. Anything else in them is an error naming the variable, as for our own.
+fn torch_threads(
+    cli_value: &Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    c: &Checker<'_>,
+) -> Result<Option<TorchThreads>, ConfigError> {
+    if let Some(v) = cli_value {
+        let on_cli = c
+            .args
+            .iter()
+            .any(|a| a == "--torch-threads" || a.starts_with("--torch-threads="));
+        let source = if on_cli {
+            "--torch-threads"
+        } else {
+            "VRAMFORK_TORCH_THREADS"
+        };
+        let count = c.uint("--torch-threads", Some(v), 0, 1)? as usize;
+        return Ok(Some(TorchThreads { count, source }));
+    }
+    for source in ["MKL_NUM_THREADS", "OMP_NUM_THREADS"] {
+        let Some(v) = env(source) else { continue };
+        let first = v.split(',').next().unwrap_or("").trim();
+        return match first.parse::<usize>() {
+            Ok(count) if count >= 1 => Ok(Some(TorchThreads { count, source })),
+            _ => Err(ConfigError(format!(
+                "invalid value '{v}' for {source} (torch's intra-op threads per worker): \
+                 expected a whole number ≥ 1 (or unset it and use --torch-threads)"
+            ))),
+        };
+    }
+    Ok(None)
 }
 
 /// A key file option: the file must hold valid keys now (`crate::auth`).
@@ -935,6 +970,39 @@ mod tests {
         let e = Env::new().var("CLAMS_GUNICORN_WORKERS", "5");
         let o = e.run(&[]).unwrap().workers_override.unwrap();
         assert_eq!((o.count, o.source), (5, "CLAMS_GUNICORN_WORKERS"));
+    }
+
+    #[test]
+    fn torch_threads_precedence_follows_the_flag_then_torchs_own_variables() {
+        let t = |e: &Env, args: &[&str]| {
+            e.run(args)
+                .unwrap()
+                .torch_threads
+                .map(|t| (t.count, t.source))
+        };
+        let all = Env::new()
+            .var("VRAMFORK_TORCH_THREADS", "3")
+            .var("MKL_NUM_THREADS", "5")
+            .var("OMP_NUM_THREADS", "7");
+        assert_eq!(
+            t(&all, &["--torch-threads", "2"]),
+            Some((2, "--torch-threads"))
+        );
+        assert_eq!(t(&all, &[]), Some((3, "VRAMFORK_TORCH_THREADS")));
+        let libs = Env::new()
+            .var("MKL_NUM_THREADS", "5")
+            .var("OMP_NUM_THREADS", "7");
+        assert_eq!(t(&libs, &[]), Some((5, "MKL_NUM_THREADS")));
+        let omp = Env::new().var("OMP_NUM_THREADS", "4,2");
+        assert_eq!(t(&omp, &[]), Some((4, "OMP_NUM_THREADS")));
+        assert_eq!(t(&Env::new(), &[]), None);
+        for bad in ["0", "two", "", "-1"] {
+            let e = Env::new().var("OMP_NUM_THREADS", bad).run(&[]).unwrap_err();
+            assert!(
+                e.contains("OMP_NUM_THREADS") && e.contains(&format!("'{bad}'")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -32,7 +32,8 @@
 //!    `usable` even after TTIN fills the GPU. `est_gpu_mem_typ` is a whole worker as
 //!    `nvidia-smi` shows it, context included; one below a context plus
 //!    [`MIN_ALLOCATOR_MB`] is planned as that much, with a warning.
-//! 8. Torch intra-op threads per worker: `--torch-threads`, else `max(1, cpus / workers)`.
+//! 8. Torch intra-op threads per worker: `--torch-threads` (or `MKL_NUM_THREADS`/
+//!    `OMP_NUM_THREADS`, read by `config`), else `max(1, cpus / workers)`.
 //! 9. Compute mode: a GPU in `prohibited` mode takes no worker; one in
 //!    `exclusive_process` mode (or the withdrawn `exclusive_thread`) takes at most one,
 //!    since only one process at a time may hold a CUDA context there.
@@ -110,8 +111,16 @@ pub struct Policy {
     pub gpu_memory_utilization: Option<f64>,
     /// `--gpu-reserve-mb`: kept free on every GPU.
     pub gpu_reserve_mb: u64,
-    /// Torch intra-op threads per worker, when set by the user.
-    pub torch_threads: Option<usize>,
+    /// Torch intra-op threads per worker, when the operator set them.
+    pub torch_threads: Option<TorchThreads>,
+}
+
+/// Torch intra-op threads per worker as the operator set them, and where
+/// (`--torch-threads`, `VRAMFORK_TORCH_THREADS`, `MKL_NUM_THREADS` or `OMP_NUM_THREADS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TorchThreads {
+    pub count: usize,
+    pub source: &'static str,
 }
 
 impl Default for Policy {
@@ -270,7 +279,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
             )));
         }
     }
-    if policy.torch_threads == Some(0) {
+    if policy.torch_threads.is_some_and(|t| t.count == 0) {
         return Err(PlanError::InvalidPolicy(
             "torch threads is 0; allowed: ≥ 1".into(),
         ));
@@ -525,9 +534,11 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
     }
 
     let torch_threads = match policy.torch_threads {
-        Some(t) => {
-            why.push(format!("torch threads = {t} per worker (set by the user)"));
-            t
+        Some(TorchThreads { count, source }) => {
+            why.push(format!(
+                "torch threads = {count} per worker (set by {source})"
+            ));
+            count
         }
         None => {
             let t = (cpus / workers.max(1) as usize).max(1);
@@ -1364,7 +1375,10 @@ mod tests {
         for (cpus, workers, tt, want) in cases {
             let policy = Policy {
                 workers_override: workers.and_then(over),
-                torch_threads: tt,
+                torch_threads: tt.map(|count| TorchThreads {
+                    count,
+                    source: "--torch-threads",
+                }),
                 ..Policy::default()
             };
             let p = plan(&res(cpus, vec![]), &meta(0, 0), &policy).unwrap();

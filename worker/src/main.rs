@@ -150,15 +150,16 @@ pub fn boot(
                 format!("app metadata {}: {e}", metadata.path.display()),
             )
         })?;
-    let (runner, info, profiled) = runner::Runner::start(
-        &cfg.model_path,
+    let (runner, info, profiled) = runner::Runner::start(runner::Setup {
+        path: cfg.model_path.clone(),
         wanted,
         cap_bytes,
         preloaded,
         batching,
         profile,
-        runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size),
-    )
+        warm: runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size),
+        threads: cfg.torch_threads,
+    })
     .map_err(|e| (e.exit_code(), e.to_string()))?;
     let device = match info.cuda {
         Some(i) => format!("cuda:{i}"),
@@ -198,6 +199,7 @@ pub fn boot(
         model_ms = info.model_ms,
         warmup_ms = info.warmup_ms,
         warmup_passes = info.warmup_passes,
+        torch_threads = info.intra_threads,
         "model loaded"
     );
 

@@ -71,12 +71,60 @@ pub fn set_interop_thread() {
     }
 }
 
-/// Torch's intra-op threads. Setting more than one may start the thread pool, so the
-/// template leaves this to each forked worker.
+/// Torch's intra-op threads **for the calling thread** (and libtorch's process-wide count,
+/// which threads that have not run a parallel op yet take up). Setting more than one may
+/// start the thread pool, so the template leaves this to each forked worker.
+///
+/// Per thread, because libtorch 2.11's `at::set_num_threads` (read from the disassembly of
+/// its `libtorch_cpu.so`, ParallelOpenMP.cpp) calls `omp_set_num_threads` and
+/// `mkl_set_num_threads_local`, which both set the calling thread's value only (libgomp
+/// keeps the team size among each thread's ICVs; a new thread, or a forked child's new
+/// thread, starts from the library default: one per core, or `OMP_NUM_THREADS`), and
+/// stores the count in a process-wide atomic. A thread applies that atomic to itself only
+/// when it first calls `at::get_num_threads` or `at::parallel_for`
+/// (`at::internal::lazy_init_num_threads`, thread-local) — and MKL's matrix products, most
+/// of a small MLP's pass, reach neither: set on another thread, the model thread ran its
+/// products on teams of one thread per core (issue 40). So the model thread calls this
+/// itself, first thing (`runner::Runner::start`).
 pub fn set_intra_threads(n: usize) {
     let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);
     if std::panic::catch_unwind(|| tch::set_num_threads(n)).is_err() {
         tracing::warn!("could not set torch's intra-op thread count");
+    }
+}
+
+/// One intra-op thread for the calling thread, leaving libtorch's process-wide count (and
+/// so the model thread's) as it is: for threads that run torch ops beside the model thread
+/// (documents' pre-processing, at most `--torch-threads` of them at a time). Once per
+/// thread: it first takes up libtorch's count (`at::get_num_threads`, so that a later
+/// parallel op does not re-apply it over ours), then makes the two per-thread calls
+/// `at::set_num_threads` would make, without its process-wide parts (the atomic, the
+/// pthreadpool's size, oneDNN's cache). The symbols come from the libraries libtorch
+/// loaded (libgomp, and MKL inside `libtorch_cpu.so`); one that is missing is skipped.
+pub fn one_intra_thread_here() {
+    thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    if DONE.get() {
+        return;
+    }
+    DONE.set(true);
+    let _ = std::panic::catch_unwind(tch::get_num_threads);
+    let lookup = |name: &std::ffi::CStr| {
+        // SAFETY: dlsym only reads the loaded libraries' symbol tables; the name is a
+        // NUL-terminated C string.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        (!f.is_null()).then_some(f)
+    };
+    if let Some(f) = lookup(c"omp_set_num_threads") {
+        // SAFETY: libgomp's `void omp_set_num_threads(int)` (omp.h).
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(f) };
+        f(1);
+    }
+    // mkl_service.h's `mkl_set_num_threads_local` is a macro for this C entry point (the
+    // lower-case symbol is the Fortran one, which takes a pointer); libtorch calls this one.
+    if let Some(f) = lookup(c"MKL_Set_Num_Threads_Local") {
+        // SAFETY: MKL's C `int MKL_Set_Num_Threads_Local(int)` (mkl_service.h).
+        let f: extern "C" fn(libc::c_int) -> libc::c_int = unsafe { std::mem::transmute(f) };
+        f(1);
     }
 }
 
@@ -144,5 +192,38 @@ pub fn ignore_usr_signals() {
     for sig in [libc::SIGUSR1, libc::SIGUSR2] {
         // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What libtorch reports for a fresh thread: its own OpenMP setting after it takes up
+    /// the process-wide count (`at::get_num_threads`).
+    fn on_a_new_thread(f: impl FnOnce() -> i32 + Send + 'static) -> i32 {
+        std::thread::spawn(f).join().unwrap()
+    }
+
+    #[test]
+    fn intra_threads_are_per_thread_and_documents_threads_get_one() {
+        // The model thread sets its own count.
+        assert_eq!(
+            on_a_new_thread(|| {
+                set_intra_threads(3);
+                tch::get_num_threads()
+            }),
+            3
+        );
+        // A documents thread runs with one, whatever the process-wide count is…
+        assert_eq!(
+            on_a_new_thread(|| {
+                one_intra_thread_here();
+                tch::get_num_threads()
+            }),
+            1
+        );
+        // …and leaves that count as the model thread set it.
+        assert_eq!(on_a_new_thread(tch::get_num_threads), 3);
     }
 }

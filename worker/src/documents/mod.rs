@@ -95,7 +95,7 @@ impl Documents {
     }
 
     /// `input` pre-processed on the pool (a blocking thread, at most `--torch-threads` at
-    /// a time), and how long the work took (not counting the wait for a permit).
+    /// a time, each with one intra-op thread), and how long the work took (not counting the wait for a permit).
     pub async fn run(
         self: &std::sync::Arc<Self>,
         specs: &std::sync::Arc<Vec<TensorSpec>>,
@@ -108,6 +108,7 @@ impl Documents {
             .map_err(|_| ApiError::Unavailable)?;
         let (me, specs) = (self.clone(), specs.clone());
         Ok(off_thread(move || {
+            crate::process::one_intra_thread_here();
             let start = Instant::now();
             me.prepare(&specs, input).map(|i| (i, start.elapsed()))
         })

@@ -240,6 +240,9 @@ pub struct ModelInfo {
     pub warmup_ms: f64,
     /// Its forward passes.
     pub warmup_passes: u32,
+    /// Torch's intra-op threads as the model thread itself reads them
+    /// (`at::get_num_threads`: OpenMP's setting for that thread).
+    pub intra_threads: i32,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.
@@ -249,6 +252,21 @@ pub type Profiled = Option<Result<f64, String>>;
 pub struct Profile {
     pub specs: Vec<vramfork::metadata::TensorSpec>,
     pub shapes: Vec<Vec<i64>>,
+}
+
+/// What [`Runner::start`] needs: the model, where it runs, and how.
+pub struct Setup {
+    pub path: String,
+    pub wanted: vramfork::protocol::Device,
+    /// The CUDA allocator's cap in bytes.
+    pub cap_bytes: Option<u64>,
+    /// The template's module (on the CPU), when forked from it.
+    pub preloaded: Option<CModule>,
+    pub batching: Option<Batching>,
+    pub profile: Option<Profile>,
+    pub warm: Option<Warmup>,
+    /// Torch intra-op threads for the passes (`--torch-threads`), set on the model thread.
+    pub threads: usize,
 }
 
 /// The handle the HTTP side holds: cheap to clone.
@@ -264,24 +282,28 @@ impl Runner {
     /// `preloaded` module (the template's, on the CPU) is used as is when the model runs on
     /// the CPU; on a GPU the model is loaded from the file onto the device. With
     /// `batching`, queued requests that can be stacked share forward passes (`batcher.rs`).
-    pub fn start(
-        path: &str,
-        wanted: vramfork::protocol::Device,
-        cap_bytes: Option<u64>,
-        preloaded: Option<CModule>,
-        batching: Option<Batching>,
-        profile: Option<Profile>,
-        warm: Option<Warmup>,
-    ) -> Result<(Runner, ModelInfo, Profiled), LoadError> {
+    pub fn start(setup: Setup) -> Result<(Runner, ModelInfo, Profiled), LoadError> {
+        let Setup {
+            path,
+            wanted,
+            cap_bytes,
+            preloaded,
+            batching,
+            profile,
+            warm,
+            threads,
+        } = setup;
         let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
         let (tx, rx) = mpsc::channel::<Job>(queue);
         let batches = BatchCounts::default();
         let counts = batches.clone();
         let (loaded_tx, loaded_rx) = std::sync::mpsc::channel();
-        let path = path.to_string();
         let spawned = std::thread::Builder::new()
             .name("vf-model".into())
             .spawn(move || {
+                // Before anything runs here: libtorch's intra-op setting is this thread's own
+                // (see `crate::process::set_intra_threads`).
+                crate::process::set_intra_threads(threads);
                 load::configure_executor();
                 // A module the template loaded was warmed there already.
                 let warm = warm.filter(|_| preloaded.is_none() && profile.is_none());
@@ -311,6 +333,7 @@ impl Runner {
                             model_ms: l.model_ms,
                             warmup_ms: warmed.ms,
                             warmup_passes: warmed.passes,
+                            intra_threads: tch::get_num_threads(),
                         };
                         let profiled = profile
                             .map(|p| warmup::warm_up(&l.module, &p.specs, &p.shapes, l.device));
