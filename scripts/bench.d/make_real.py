@@ -8,7 +8,9 @@ ResNet-50 and BERT as v2 binary
 (JSON header + raw tensors; the header's length in <name>.v2len) and as `POST /` JSON
 (<name>.ready, for the readiness check). Prints what it wrote.
 
-usage: make_real.py DIR      (needs torchvision and transformers: scripts/bench installs them)"""
+usage: make_real.py DIR [NAME...]   (cnn, resnet50, bert; all three without NAME; resnet50 and
+                                    bert need torchvision and transformers: scripts/bench
+                                    installs both)"""
 import json
 import os
 import struct
@@ -17,6 +19,7 @@ import sys
 import torch
 
 OUT = sys.argv[1]
+NAMES = sys.argv[2:] or ["cnn", "resnet50", "bert"]
 os.makedirs(OUT, exist_ok=True)
 
 
@@ -108,6 +111,8 @@ def bert():
 # Each model is made again when the last file it writes is missing.
 for make, name, last in ((cnn, "cnn", "cnn_v2.v2len"), (resnet50, "resnet50", "resnet50.ready"),
                          (bert, "bert", "bert.v2len")):
+    if name not in NAMES:
+        continue
     if not os.path.exists(os.path.join(OUT, last)):
         make()
     print(f"{name}: {os.path.getsize(os.path.join(OUT, name + '.pt')) >> 20} MB")

@@ -304,6 +304,147 @@ def measure_floor(cfg):
     return out
 
 
+# ---------------------------------------------------------------- model shapes (issue 40)
+
+SHAPES = os.path.join(TMP, "shapes")
+# Plain models of other shapes than the fixtures (tests/support/make_shapes.py builds the first
+# five in SHAPES, scripts/bench.d/make_real.py the CNN in REAL): forward-loop's SHAPE, label.
+SHAPE_MODELS = {
+    "mlp64": {"shape": "1,64", "label": "MLP 64-64-64-16"},
+    "mlp256": {"shape": "1,64", "label": "MLP 64-256-256-16 (issue 40's)"},
+    "mlp1024": {"shape": "1,64", "label": "MLP 64-1024-1024-16"},
+    "conv1d": {"shape": "1,16,256", "label": "1-D conv net, 16x256"},
+    "attention": {"shape": "1,32,128", "label": "transformer encoder block, 32x128"},
+    "cnn": {"shape": "1,3,32,32", "label": "CIFAR-style CNN (7 conv3x3)", "dir": REAL},
+}
+SHAPE_CONCURRENCY = [1, 4, 16]
+# A row is flagged when, at this concurrency, a pass of at least LONG_PASS_MS serves below
+# LONG_FLOOR of its loop, or a shorter pass below SHORT_FLOOR of its combined ceiling.
+FLAG_C, LONG_PASS_MS, LONG_FLOOR, SHORT_FLOOR = 4, 1.0, 0.8, 0.4
+
+
+def shape_files(name):
+    """(metadata, model, body text, raw values file) of a SHAPE_MODELS entry."""
+    d = SHAPE_MODELS[name].get("dir", SHAPES)
+    with open(os.path.join(d, f"{name}.body")) as f:
+        body = f.read()
+    raw = os.path.join(d, f"{name}.raw")
+    if not os.path.exists(raw):
+        def flat(v):
+            return [y for x in v for y in flat(x)] if isinstance(v, list) else [v]
+        values = flat(json.loads(body)["inputs"])
+        with open(raw, "wb") as f:
+            f.write(struct.pack(f"<{len(values)}f", *values))
+    return os.path.join(d, f"{name}.json"), os.path.join(d, f"{name}.pt"), body, raw
+
+
+def interleaved_runs(port, body, c, secs, pairs, loop, floor=None, path="/", hl=None):
+    """`pairs` served runs at concurrency `c`, each between two runs of `loop()` (passes/s),
+    and, with `floor`, an HTTP-floor run (`floor(c)`, req/s) after each: so that a slow
+    minute of this shared machine hits both sides of every ratio. Returns the runs and each
+    run's ratio to the mean of the loop runs around it (and to its combined ceiling,
+    1 / (1 / floor + 1 / loop), with `floor`)."""
+    loops_, runs, floors = [loop()], [], []
+    for _ in range(pairs):
+        runs.append(wrk(port, body, c, secs, path, hl))
+        if floor:
+            floors.append(floor(c))
+        loops_.append(loop())
+    around = [(loops_[i] + loops_[i + 1]) / 2 for i in range(len(runs))]
+    out = {"runs": runs, "loops": loops_, "floors": floors,
+           "ratios": [r["rps"] / l for r, l in zip(runs, around)]}
+    if floor:
+        out["ceiling_ratios"] = [r["rps"] * (1 / f + 1 / l) for r, f, l in zip(runs, floors, around)]
+    return out
+
+
+def measure_shapes(cfg):
+    """Each SHAPE_MODELS model served by 2 workers x 1 torch thread (no OMP_* variable set),
+    at c = 1, 4, 16: served ÷ the model's own loop (forward-loop on the request's values; 2
+    processes x 1 thread, 1 process at c = 1), each served run between two loop runs; and for
+    passes under 1 ms, ÷ the combined ceiling with the HTTP floor (`http-floor`, 2 processes,
+    the same body) measured after each served run. Flags a row below 0.8 of its loop (passes
+    of 1 ms or more) or 0.4 of its ceiling (shorter) at c = 4."""
+    env_threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
+    if env_threads:
+        raise RuntimeError(f"unset {', '.join(env_threads)}: this bench measures the default")
+    fl = subprocess.Popen([os.path.join(BIN, "http-floor"), "2"], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    out = {"models": {}, "flagged": []}
+    try:
+        floor_port = json.loads(fl.stdout.readline())["port"]
+        for name, m in SHAPE_MODELS.items():
+            meta, model, body, raw = shape_files(name)
+            secs = cfg["load_s"] + 1
+            pass_ms = loops(model, m["shape"], 1, 1, cfg["limit_s"], data=raw)["pass_p50_ms"]
+            short = pass_ms < LONG_PASS_MS
+            srv = Server("mlp", 2, tag=f"shapes-{name}", metadata=meta,
+                         extra=["--torch-threads", "1"])
+            row = {"label": m["label"], "pass_ms": pass_ms, "short": short, "c": {}}
+            try:
+                srv.wait_ready(deadline_s=120, body=body)
+                wrk(srv.port, body, 1, 1)
+                for c in SHAPE_CONCURRENCY:
+                    procs = loop_procs(c)
+                    r = interleaved_runs(
+                        srv.port, body, c, secs, cfg["reps"],
+                        lambda: loops(model, m["shape"], procs, 1, secs, data=raw)["per_s"],
+                        (lambda c: wrk(floor_port, body, c, secs)["rps"]) if short else None)
+                    cell = dict(summarize(r["runs"]), loop_per_s=median(r["loops"]),
+                                ratio=median(r["ratios"]), ratios=[round(x, 3) for x in r["ratios"]])
+                    if short:
+                        cell.update(floor_rps=median(r["floors"]),
+                                    ceiling_ratio=median(r["ceiling_ratios"]),
+                                    ceiling_ratios=[round(x, 3) for x in r["ceiling_ratios"]])
+                    row["c"][str(c)] = cell
+                threads = {p: comm for p, comm in srv.pids().items() if comm.startswith("vf-worker")}
+                row["model_threads"] = {comm: sum(1 for t in os.listdir(f"/proc/{p}/task")
+                                                  if open(f"/proc/{p}/task/{t}/comm").read().strip() == "vf-model")
+                                        for p, comm in threads.items()}
+            finally:
+                srv.stop()
+            at = row["c"][str(FLAG_C)]
+            value, floor_ = (at["ceiling_ratio"], SHORT_FLOOR) if short else (at["ratio"], LONG_FLOOR)
+            row["flag"] = value < floor_
+            if row["flag"]:
+                out["flagged"].append(name)
+                log(f"*** FLAGGED *** {name}: {value:.2f} of its {'ceiling' if short else 'loop'} at "
+                    f"c={FLAG_C} (below {floor_})")
+            log(f"shapes {name}: pass {pass_ms:.3f} ms; " + ", ".join(
+                f"c={c} {x['rps']:.0f} req/s ({x['ratio']:.2f} of loop"
+                + (f", {x['ceiling_ratio']:.2f} of ceiling" if short else "") + ")"
+                for c, x in row["c"].items()) + f"; vf-model threads per worker {row['model_threads']}")
+            out["models"][name] = row
+    finally:
+        os.killpg(fl.pid, signal.SIGKILL)
+        fl.wait()
+    return out
+
+
+def shapes_markdown(r):
+    lines = ["", "## Served ÷ the model's own loop, by model shape (2 workers × 1 torch thread)", "",
+             "Each cell is the median of the per-run ratios: every served run sits between two runs "
+             "of the model's own loop (`forward-loop` on the request's values: 2 processes × 1 "
+             "thread, 1 process at c = 1); for passes under 1 ms also ÷ the combined ceiling "
+             "1 / (1 / HTTP floor + 1 / loop), the HTTP floor (`http-floor`, the same body) "
+             "measured after each served run. No `OMP_*` variable set. A row is **flagged** below "
+             f"{LONG_FLOOR} of its loop (passes ≥ {LONG_PASS_MS} ms) or {SHORT_FLOOR} of its ceiling "
+             f"(shorter passes) at c = {FLAG_C}.", "",
+             "| model | pass (ms) | " + " | ".join(f"c={c} req/s | ÷ loop | ÷ ceiling" for c in SHAPE_CONCURRENCY)
+             + " | flagged |",
+             "|---|---:|" + "---:|---:|---:|" * len(SHAPE_CONCURRENCY) + "---|"]
+    for name, row in r["models"].items():
+        cells = []
+        for c in SHAPE_CONCURRENCY:
+            x = row["c"][str(c)]
+            cells += [f"{x['rps']:.0f}", f"{x['ratio']:.2f}",
+                      f"{x['ceiling_ratio']:.2f}" if "ceiling_ratio" in x else "—"]
+        lines.append(f"| {row['label']} | {row['pass_ms']:.3f} | " + " | ".join(cells)
+                     + f" | {'**FLAGGED**' if row['flag'] else 'no'} |")
+    lines += ["", f"Flagged: {', '.join(r['flagged']) or 'none'}.", ""]
+    return "\n".join(lines)
+
+
 def real_markdown(r):
     pairs = len(r[next(iter(REAL_MODELS))]["served"]["1"]["round_ratios"])
     lines = ["", "## Served ÷ the model's own loop (2 workers × 1 torch thread)", "",
@@ -1796,7 +1937,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench"))
     ap.add_argument("--command", default="scripts/bench")
-    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "first", "access", "tls"],
+    ap.add_argument("--only", choices=["metrics", "v2", "warm", "batching", "real", "first", "access", "tls",
+                                       "shapes"],
                     help="run one measurement alone and write bench/<name>.json and .md")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite results.md and results.svg from results.json")
@@ -1833,6 +1975,7 @@ def main():
             "access": (measure_access, access_markdown, "Access log cost"),
             "tls": (measure_tls, tls_markdown, "TLS cost"),
             "first": (measure_first, first_markdown, "Warm exec'd workers"),
+            "shapes": (measure_shapes, shapes_markdown, "Model shapes"),
         }[a.only]
         res[a.only] = measure(cfg)
         res["elapsed_s"] = time.monotonic() - t0
@@ -1857,6 +2000,7 @@ def main():
     res["first"] = measure_first(cfg)
     res["batching"] = measure_batching(cfg)
     res["real"] = measure_real(cfg)
+    res["shapes"] = measure_shapes(cfg)
     res["limit"] = measure_limits(cfg, res["limit"])
     res["targets"] = targets(res)
     res["elapsed_s"] = time.monotonic() - t0
