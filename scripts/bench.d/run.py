@@ -364,7 +364,8 @@ def measure_shapes(cfg):
     processes x 1 thread, 1 process at c = 1), each served run between two loop runs; and for
     passes under 1 ms, ÷ the combined ceiling with the HTTP floor (`http-floor`, 2 processes,
     the same body) measured after each served run. Flags a row below 0.8 of its loop (passes
-    of 1 ms or more) or 0.4 of its ceiling (shorter) at c = 4."""
+    of 1 ms or more) or 0.4 of its ceiling (shorter) at c = 4. `BENCH_SHAPES=a,b` runs only
+    those models (for trying a change; a table for the README has them all)."""
     env_threads = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ}
     if env_threads:
         raise RuntimeError(f"unset {', '.join(env_threads)}: this bench measures the default")
@@ -373,7 +374,10 @@ def measure_shapes(cfg):
     out = {"models": {}, "flagged": []}
     try:
         floor_port = json.loads(fl.stdout.readline())["port"]
+        only = [n for n in os.environ.get("BENCH_SHAPES", "").split(",") if n]
         for name, m in SHAPE_MODELS.items():
+            if only and name not in only:
+                continue
             meta, model, body, raw = shape_files(name)
             secs = cfg["load_s"] + 1
             pass_ms = loops(model, m["shape"], 1, 1, cfg["limit_s"], data=raw)["pass_p50_ms"]
