@@ -85,6 +85,9 @@ pub struct Config {
     /// `--tls-cert`, `--tls-key`, `--tls-client-ca` (absolute), checked: both ports serve
     /// HTTPS.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// The key and TLS files as read and checked for this configuration: what its workers
+    /// get (`crate::secrets`), never the files as they are later.
+    pub secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
 /// The most `--warmup-passes` accepted: more passes than this buy nothing and delay every
@@ -262,12 +265,8 @@ impl Config {
                 "--metrics-port {port} is the serving port (--port): give metrics a port of their own"
             )));
         }
-        let api_key_file = key_file(&c, "--api-key-file", cli.api_key_file.as_deref())?;
-        let metrics_api_key_file = key_file(
-            &c,
-            "--metrics-api-key-file",
-            cli.metrics_api_key_file.as_deref(),
-        )?;
+        let api_key_file = key_file(cli.api_key_file.as_deref());
+        let metrics_api_key_file = key_file(cli.metrics_api_key_file.as_deref());
         if metrics_api_key_file.is_some() && metrics_port.is_none() {
             return Err(ConfigError(
                 "--metrics-api-key-file protects --metrics-port's /metrics: give --metrics-port too"
@@ -280,6 +279,7 @@ impl Config {
             cli.tls_key.as_deref(),
             cli.tls_client_ca.as_deref(),
         )?;
+        let secrets = read_secrets(&c, &api_key_file, &metrics_api_key_file, &tls)?;
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
         let max_requests_jitter = c.uint(
@@ -473,6 +473,7 @@ impl Config {
             api_key_file,
             metrics_api_key_file,
             tls,
+            secrets: std::sync::Arc::new(secrets),
         })
     }
 
@@ -494,19 +495,14 @@ impl Config {
             env: &|_| None,
             args: &[],
         };
-        // The key files are read again: a HUP is how new keys are rolled out.
-        for (flag, f) in [
-            ("--api-key-file", &self.api_key_file),
-            ("--metrics-api-key-file", &self.metrics_api_key_file),
-        ] {
-            if let Some(f) = f {
-                key_file(&c, flag, Some(f.as_os_str()))?;
-            }
-        }
-        // And the TLS files: new workers read them (a HUP after a rotation).
-        if let Some(t) = &self.tls {
-            check_tls(&c, t)?;
-        }
+        // The key and TLS files are read again: a HUP is how new keys are rolled out, and
+        // what it accepts is what the workers it starts get (`crate::secrets`).
+        let secrets = read_secrets(
+            &c,
+            &self.api_key_file,
+            &self.metrics_api_key_file,
+            &self.tls,
+        )?;
         let max_batch_size = batching(
             &metadata,
             self.max_batch_size_override,
@@ -517,6 +513,7 @@ impl Config {
             metadata,
             model_path,
             max_batch_size,
+            secrets: std::sync::Arc::new(secrets),
             ..self.clone()
         })
     }
@@ -635,18 +632,37 @@ fn torch_threads(
     Ok(None)
 }
 
-/// A key file option: the file must hold valid keys now (`crate::auth`).
-fn key_file(
+/// A key file option's path (read by [`read_secrets`]).
+fn key_file(v: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    v.map(|v| absolute(Path::new(v)))
+}
+
+/// Reads the key and TLS files once and checks them: the keys must be valid and the TLS
+/// files make a working server configuration. What this returns is what the workers of
+/// this configuration serve with (`crate::secrets`), whatever the files become later.
+fn read_secrets(
     c: &Checker,
-    flag: &str,
-    v: Option<&std::ffi::OsStr>,
-) -> Result<Option<PathBuf>, ConfigError> {
-    let Some(v) = v else {
-        return Ok(None);
+    api_key_file: &Option<PathBuf>,
+    metrics_api_key_file: &Option<PathBuf>,
+    tls: &Option<crate::tls::TlsFiles>,
+) -> Result<crate::secrets::Secrets, ConfigError> {
+    let mut stamps = Vec::new();
+    let mut keys = |flag: &'static str, f: &Option<PathBuf>| {
+        let Some(f) = f else { return Ok(None) };
+        let named = |e: String| ConfigError(format!("{}: {e}", c.name(flag)));
+        stamps.push((flag, f.clone(), crate::files::stamp(f)));
+        let text = crate::auth::ApiKeys::read(f).map_err(named)?;
+        crate::auth::ApiKeys::parse(&text)
+            .map_err(|e| named(format!("API key file {}: {e}", f.display())))?;
+        Ok::<_, ConfigError>(Some(text))
     };
-    let path = absolute(Path::new(v));
-    crate::auth::ApiKeys::load(&path).map_err(|e| ConfigError(format!("{}: {e}", c.name(flag))))?;
-    Ok(Some(path))
+    let api = keys("--api-key-file", api_key_file)?;
+    let metrics = keys("--metrics-api-key-file", metrics_api_key_file)?;
+    let tls = tls.as_ref().map(|t| check_tls(c, t)).transpose()?;
+    Ok(stamps.into_iter().fold(
+        crate::secrets::Secrets::new(api, metrics, tls),
+        |s, (flag, path, stamp)| s.with_key_file(flag, &path, stamp),
+    ))
 }
 
 /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: all or nothing (the CA only with the
@@ -689,12 +705,14 @@ fn tls_files(
             client_ca: client_ca.map(|p| absolute(Path::new(p))),
         },
     };
-    check_tls(c, &files)?;
     Ok(Some(files))
 }
 
-fn check_tls(c: &Checker, files: &crate::tls::TlsFiles) -> Result<(), ConfigError> {
-    files.server_config().map(drop).map_err(|e| {
+fn check_tls(
+    c: &Checker,
+    files: &crate::tls::TlsFiles,
+) -> Result<crate::tls::TlsMaterial, ConfigError> {
+    files.read().map_err(|e| {
         ConfigError(format!(
             "TLS ({}, {}{}): {e}",
             c.name("--tls-cert"),
@@ -777,6 +795,7 @@ mod tests {
             "--profile-memory" => cli.profile_memory = Some(v),
             "--memory-headroom" => cli.memory_headroom = Some(v),
             "--batch-timeout-ms" => cli.batch_timeout_ms = Some(v),
+            "--torch-threads" => cli.torch_threads = Some(v),
             _ => {}
         }
     }

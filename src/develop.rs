@@ -10,7 +10,7 @@ use std::process::Command;
 use crate::config::Config;
 use crate::master::spawn::worker_config;
 use crate::plan::Plan;
-use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, METRICS_FD};
+use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, METRICS_FD, SECRETS_FD};
 
 /// Execs the worker binary in place of this process; returns only on failure. With a
 /// metrics listener, the worker serves `/metrics` on it (fd 5).
@@ -22,6 +22,8 @@ pub fn exec_worker(
 ) -> std::io::Error {
     let mut wc = worker_config(cfg, plan, 0, 0, 0);
     wc.has_control = false;
+    let secrets_fd = cfg.secrets.fd();
+    wc.secrets = secrets_fd.is_some();
     if let Some(m) = wc.metrics.as_mut() {
         m.serve = metrics.is_some();
     }
@@ -49,6 +51,12 @@ pub fn exec_worker(
                     return Err(std::io::Error::last_os_error());
                 }
                 libc::fcntl(METRICS_FD, libc::F_SETFD, 0);
+            }
+            if let Some(s) = secrets_fd {
+                if s != SECRETS_FD && libc::dup2(s, SECRETS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::fcntl(SECRETS_FD, libc::F_SETFD, 0);
             }
             Ok(())
         });

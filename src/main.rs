@@ -173,20 +173,18 @@ fn run(cfg: Config) -> i32 {
         None => None,
         Some(l) => {
             let m = MasterMetrics::new(&plan, cfg.nvml_library.clone());
-            // Checked by the configuration already; read again here for the metrics port.
-            let tls = match cfg
-                .tls
-                .clone()
-                .map(vramfork::tls::Reloading::new)
-                .transpose()
-            {
-                Ok(t) => t.map(std::sync::Arc::new),
-                Err(e) => return fail(ConfigError(format!("TLS: {e}"))),
+            // From what the configuration read and checked (`vramfork::secrets`).
+            let (tls, keys) = match (
+                cfg.secrets.tls(cfg.tls.as_ref()),
+                cfg.secrets.metrics_keys(),
+            ) {
+                (Ok(t), Ok(k)) => (t.map(std::sync::Arc::new), k),
+                (Err(e), _) | (_, Err(e)) => return fail(ConfigError(format!("TLS: {e}"))),
             };
             if let Err(e) = metrics::endpoint::spawn_thread(
                 l,
                 m.source(),
-                metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone()),
+                metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone(), keys),
                 tls,
             ) {
                 return fail(ConfigError(format!(

@@ -15,6 +15,9 @@ pub const CONTROL_FD: i32 = 4;
 pub const METRICS_FD: i32 = 5;
 /// The idle board ([`crate::board`]) every process the master starts inherits.
 pub const BOARD_FD: i32 = 6;
+/// The key and TLS material the master last accepted ([`crate::secrets`]), when the
+/// worker's configuration says `secrets`.
+pub const SECRETS_FD: i32 = 7;
 
 /// Environment: number of inherited listening sockets (always 1), systemd style.
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
@@ -141,18 +144,23 @@ pub struct WorkerConfig {
     /// Write one access-log line per answered request (`--access-log`).
     #[serde(default)]
     pub access_log: bool,
-    /// `--api-key-file`: the worker reads the keys from it when it boots (the keys are
-    /// never in the environment).
+    /// `--api-key-file`: the keys come with the material on [`SECRETS_FD`] (the keys are
+    /// never in the environment); read from the file only when there is none.
     #[serde(default)]
     pub api_key_file: Option<String>,
     /// `--metrics-api-key-file`, for a worker that serves `/metrics` itself (development
     /// mode).
     #[serde(default)]
     pub metrics_api_key_file: Option<String>,
-    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: the worker serves HTTPS, reading the
-    /// files when it boots and again when they change.
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: the worker serves HTTPS, starting
+    /// from the material on [`SECRETS_FD`] and reading the files again when they change.
     #[serde(default)]
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Whether the master's last accepted key and TLS material ([`crate::secrets`]) is
+    /// inherited on [`SECRETS_FD`]: then the worker never reads the key files, and starts
+    /// TLS from that material, whatever the files hold when it boots.
+    #[serde(default)]
+    pub secrets: bool,
     /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
     #[serde(default)]
     pub metrics: Option<WorkerMetrics>,

@@ -18,7 +18,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -34,27 +33,71 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
-/// When each file last changed, with its length (`None`: cannot be read now).
-type Stamp = Vec<Option<(SystemTime, u64)>>;
+/// When each file last changed (`None`: cannot be looked at now).
+pub type Stamp = Vec<Option<crate::files::Stamp>>;
+
+/// The largest PEM file read (a chain of certificates, a CA bundle).
+const MAX_PEM_BYTES: u64 = 4 << 20;
 
 /// The ALPN protocol offered: hyper serves HTTP/1.1 only.
 const ALPN_HTTP11: &[u8] = b"http/1.1";
 
+/// The files' bytes as they were read together, and their stamp just before: what the
+/// master last accepted and hands to booting workers (`crate::secrets`).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct TlsMaterial {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub client_ca: Option<Vec<u8>>,
+    pub stamp: Stamp,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TlsMaterial(..)")
+    }
+}
+
 impl TlsFiles {
-    /// Reads the files and builds the server configuration; the message names the file and
-    /// what is wrong with it, never key material.
-    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+    /// Reads the files (regular files only: `crate::files`) and checks that they make a
+    /// server configuration; the message names the file and what is wrong with it, never
+    /// key material.
+    pub fn read(&self) -> Result<TlsMaterial, String> {
+        self.load().map(|(m, _)| m)
+    }
+
+    /// [`TlsFiles::read`], with the configuration it made.
+    fn load(&self) -> Result<(TlsMaterial, Arc<rustls::ServerConfig>), String> {
+        let stamp = self.stamp();
+        let read = |p: &Path, what: &str| {
+            crate::files::read_regular(p, MAX_PEM_BYTES)
+                .map_err(|e| format!("cannot read the {what} file {}: {e}", p.display()))
+        };
+        let m = TlsMaterial {
+            cert: read(&self.cert, "certificate")?,
+            key: read(&self.key, "private key")?,
+            client_ca: match &self.client_ca {
+                Some(p) => Some(read(p, "client CA")?),
+                None => None,
+            },
+            stamp,
+        };
+        let config = self.server_config(&m)?;
+        Ok((m, config))
+    }
+
+    /// Builds the server configuration from `m` (read from these files).
+    pub fn server_config(&self, m: &TlsMaterial) -> Result<Arc<rustls::ServerConfig>, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let certs = read_certs(&self.cert, "certificate")?;
-        let key = read_key(&self.key)?;
+        let certs = parse_certs(&m.cert, &self.cert, "certificate")?;
+        let key = parse_key(&m.key, &self.key)?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS: {e}"))?;
-        let builder = match &self.client_ca {
-            None => builder.with_no_client_auth(),
-            Some(ca) => {
+        let builder = match (&self.client_ca, &m.client_ca) {
+            (Some(ca), Some(pem)) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for c in read_certs(ca, "client CA")? {
+                for c in parse_certs(pem, ca, "client CA")? {
                     roots
                         .add(c)
                         .map_err(|e| format!("the client CA file {}: {e}", ca.display()))?;
@@ -65,6 +108,7 @@ impl TlsFiles {
                         .map_err(|e| format!("the client CA file {}: {e}", ca.display()))?;
                 builder.with_client_cert_verifier(verifier)
             }
+            _ => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(certs, key).map_err(|e| match e {
             rustls::Error::InconsistentKeys(_) => format!(
@@ -87,19 +131,17 @@ impl TlsFiles {
         [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
             .into_iter()
             .flatten()
-            .map(|p| {
-                std::fs::metadata(p)
-                    .ok()
-                    .and_then(|m| Some((m.modified().ok()?, m.len())))
-            })
+            .map(|p| crate::files::stamp(p))
             .collect()
     }
 }
 
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| format!("cannot read the {what} file {}: {e}", path.display()))?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+fn parse_certs(
+    bytes: &[u8],
+    path: &Path,
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("the {what} file {}: {e}", path.display()))?;
     if certs.is_empty() {
@@ -111,10 +153,8 @@ fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, S
     Ok(certs)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| format!("cannot read the private key file {}: {e}", path.display()))?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
+fn parse_key(bytes: &[u8], path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| {
         format!(
             "the private key file {} holds no usable PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC): {e}",
             path.display()
@@ -130,13 +170,21 @@ pub struct Reloading {
 }
 
 impl Reloading {
-    /// Reads the files now (an error is the caller's to report: at boot it is fatal).
+    /// Reads the files now (an error is the caller's to report: at start it is fatal).
     pub fn new(files: TlsFiles) -> Result<Reloading, String> {
-        let stamp = files.stamp();
-        let config = files.server_config()?;
+        let m = files.read()?;
+        Reloading::from_material(files, &m)
+    }
+
+    /// Starts from material read earlier (the master's last accepted, handed to a booting
+    /// worker) with the stamp it was read at: the first connection compares that stamp with
+    /// the files on disk, so a rotation since then is taken up (when it loads) and a file
+    /// broken since then is not (the material stays).
+    pub fn from_material(files: TlsFiles, m: &TlsMaterial) -> Result<Reloading, String> {
+        let config = files.server_config(m)?;
         Ok(Reloading {
             files,
-            state: Mutex::new((stamp, config)),
+            state: Mutex::new((m.stamp.clone(), config)),
         })
     }
 
@@ -147,7 +195,7 @@ impl Reloading {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if stamp != state.0 {
             state.0 = stamp;
-            match self.files.server_config() {
+            match self.files.load().map(|(_, c)| c) {
                 Ok(c) => {
                     tracing::info!(
                         event = "tls_reloaded",

@@ -219,6 +219,63 @@ fn keys_are_read_again_on_hup() {
     );
 }
 
+/// A key file emptied, then replaced by a FIFO, with no HUP (issue 46): the workers that
+/// recycling starts afterwards serve with the keys the master last accepted, so every
+/// request is answered; the master says the file on disk does not load; a HUP then is
+/// refused at once (a FIFO is never opened to wait for a writer) and the master goes on.
+#[test]
+fn a_key_file_broken_between_reloads_never_reaches_a_new_worker() {
+    let app = App::new("mlp.pt", "");
+    let keys = key_file(&app, "keys", &format!("{K1}\n"));
+    let s = Server::start(
+        &app,
+        &[
+            "--production",
+            "--workers",
+            "2",
+            "--max-requests",
+            "3",
+            "--api-key-file",
+            &keys,
+        ],
+    );
+    let first = s.wait_workers(2);
+    key_file(&app, "keys", "");
+    let mut pids = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let r = raw(s.port, "POST", "/", &bearer(K1), INPUT.as_bytes());
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 200, "request {i}: {body}\n{}", s.log_text());
+        pids.insert(r.header("x-worker-pid").unwrap().to_string());
+    }
+    assert!(
+        pids.len() > first.len() + 2,
+        "recycling started new workers after the file was emptied: {pids:?}"
+    );
+    let e = s.wait_event("key_file_changed", |e| {
+        e.fields.get("loads") == Some(&serde_json::json!(false))
+    });
+    assert!(e.message().contains("--api-key-file"), "{}", e.message());
+
+    std::fs::remove_file(&keys).unwrap();
+    let c = std::ffi::CString::new(keys.clone()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mark = s.mark();
+    s.signal(libc::SIGHUP);
+    let (_, e) = s.wait_event_after(mark, "reload_refused", |_| true);
+    let why = e.str("error").unwrap();
+    assert!(
+        why.contains("--api-key-file") && why.contains("FIFO"),
+        "{why}"
+    );
+    for i in 0..8 {
+        let r = raw(s.port, "POST", "/", &bearer(K1), INPUT.as_bytes());
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 200, "after the FIFO, request {i}: {body}");
+    }
+}
+
 /// `/metrics` with its own key; the metrics port's health checks stay open.
 #[test]
 fn metrics_can_have_a_key_of_their_own() {

@@ -367,6 +367,28 @@ fn a_certificate_swapped_by_hup_reaches_new_connections_while_a_keep_alive_clien
     wait_tls_event(&s, "tls_reload_failed", false);
 }
 
+/// A certificate file broken on disk with no HUP (issue 46): a certificate whose key is
+/// another's, copied over the certificate alone (a rotation half done). The workers that
+/// recycling starts afterwards begin from the certificate the master last accepted, so
+/// every request is answered with it, and they say the files on disk do not load.
+#[test]
+fn a_certificate_broken_between_reloads_never_reaches_a_new_worker() {
+    let (app, pki) = setup();
+    let s = start(&app, &pki, &["--max-requests", "3"]);
+    let first = s.wait_workers(1);
+    let ca = pki.path("ca.pem");
+    let good = fingerprint(&pki.path("server.pem"));
+    pki.issue("ca", "other");
+    std::fs::copy(pki.dir.join("other.pem"), pki.dir.join("server.pem")).unwrap();
+    for i in 0..12 {
+        let (code, out) = curl(s.port, "/", &strs(&post_args(&ca)));
+        assert_eq!(code, 0, "request {i}: {out}\n{}", s.log_text());
+    }
+    assert_eq!(served_fingerprint(s.port, &ca), good);
+    s.wait_workers_where(1, |now| now != first.as_slice());
+    wait_tls_event(&s, "tls_reload_failed", false);
+}
+
 /// Waits until `name` was logged by a worker and, with `master`, by the master too (for its
 /// metrics port).
 fn wait_tls_event(s: &Server, name: &str, master: bool) {

@@ -36,6 +36,7 @@
 //! | `reload_started`, `reload_superseded`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP; `reload_superseded`: a HUP during a reload |
 //! | `ttin`, `ttou` / `ttin_refused`, `ttou_refused` | info / warn | `workers` | TTIN, TTOU |
 //! | `stopping` | info | `how` (`graceful`, `quick`) | TERM, INT, QUIT |
+//! | `key_file_changed` | warn, error | `flag`, `file`, `loads` | as it starts a worker, the master saw a key file changed since it was read (at start or the last accepted HUP), once per change: the workers keep the keys read then until a HUP reads the file (`loads` = false: as it is now, it would be refused) |
 //! | `tls_reloaded`, `tls_reload_failed` | info, error | `cert`; `error` | `--tls-cert`: the certificate files changed and were read again for new connections (logged by whoever serves TLS: each worker, and the master for `--metrics-port`); or they no longer load, and the previous certificate stays |
 //! | `signal_ignored` | warn | | USR1 or USR2 (gunicorn's log reopen and binary upgrade): nothing to do |
 //!

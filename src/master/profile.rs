@@ -82,11 +82,14 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     let free_before = gpus.free_bytes(index).ok();
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot open a loopback listener for the profiling worker: {e}"))?;
+    let secrets = cfg.secrets.fd();
+    config.secrets = secrets.is_some();
     let mut w = launch(
         &cfg.worker_binary,
         &WorkerSpec {
             config,
             board: None,
+            secrets,
         },
         &listener,
     )

@@ -1,7 +1,8 @@
 //! Starting a worker: its configuration, an explicit environment (`CUDA_VISIBLE_DEVICES`
 //! for its GPU, `PYTORCH_CUDA_ALLOC_CONF`), the inherited listening socket on fd 3 and its
-//! control channel on fd 4, the idle board (`crate::board`) on fd 6, `PR_SET_PDEATHSIG` so it never outlives the master, and its own
-//! process group so a terminal's Ctrl-C reaches only the master.
+//! control channel on fd 4, the idle board (`crate::board`) on fd 6, the key and TLS
+//! material (`crate::secrets`) on fd 7, `PR_SET_PDEATHSIG` so it never outlives the master,
+//! and its own process group so a terminal's Ctrl-C reaches only the master.
 
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -13,7 +14,7 @@ use crate::config::Config;
 use crate::plan::Plan;
 use crate::protocol::{
     Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD, CONTROL_FD,
-    ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD,
+    ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,
 };
 
 /// Milliseconds between worker heartbeats.
@@ -25,6 +26,8 @@ pub struct WorkerSpec {
     pub config: WorkerConfig,
     /// The master's idle board, placed on `BOARD_FD` in the child; `None`: no board.
     pub board: Option<std::os::fd::RawFd>,
+    /// The sealed key and TLS material (`crate::secrets`), placed on `SECRETS_FD`.
+    pub secrets: Option<std::os::fd::RawFd>,
 }
 
 /// A started worker: its pid and the master's end of its control channel.
@@ -89,6 +92,7 @@ pub fn worker_config(
             .as_ref()
             .map(|p| p.display().to_string()),
         tls: cfg.tls.clone(),
+        secrets: false,
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,
@@ -158,6 +162,7 @@ pub fn launch_with(
     let listen_fd = listener.as_raw_fd();
     let control_fd = worker_end.as_raw_fd();
     let board_fd = spec.board;
+    let secrets_fd = spec.secrets;
     let master_pid = std::process::id() as libc::pid_t;
     // SAFETY: the hook runs in the forked child before exec and makes only
     // async-signal-safe system calls (fcntl, dup2, close, prctl, getppid, setpgid). The master is
@@ -169,7 +174,8 @@ pub fn launch_with(
             let l = libc::fcntl(listen_fd, libc::F_DUPFD, 10);
             let c = libc::fcntl(control_fd, libc::F_DUPFD, 10);
             let b = board_fd.map_or(-1, |b| libc::fcntl(b, libc::F_DUPFD, 10));
-            if l < 0 || c < 0 || board_fd.is_some() && b < 0 {
+            let s = secrets_fd.map_or(-1, |s| libc::fcntl(s, libc::F_DUPFD, 10));
+            if l < 0 || c < 0 || board_fd.is_some() && b < 0 || secrets_fd.is_some() && s < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::dup2(l, LISTEN_FD) < 0 || libc::dup2(c, CONTROL_FD) < 0 {
@@ -178,10 +184,15 @@ pub fn launch_with(
             if b >= 0 && libc::dup2(b, BOARD_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            if s >= 0 && libc::dup2(s, SECRETS_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             libc::close(l);
             libc::close(c);
-            if b >= 0 {
-                libc::close(b);
+            for extra in [b, s] {
+                if extra >= 0 {
+                    libc::close(extra);
+                }
             }
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());

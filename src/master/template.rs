@@ -40,9 +40,12 @@ impl Template {
         board: Option<std::os::fd::RawFd>,
         cfg_gen: u64,
     ) -> std::io::Result<Template> {
+        // The template serves nothing: no keys, no certificate (its workers get theirs with
+        // each request).
         let spec = WorkerSpec {
             config: config.clone(),
             board,
+            secrets: None,
         };
         let l = launch_with(binary, &spec, listener, &[(ENV_TEMPLATE, "1")])?;
         Ok(Template {
@@ -81,15 +84,22 @@ impl Template {
         None
     }
 
-    /// Asks the template for a worker with `config`.
-    pub fn spawn(&mut self, config: &WorkerConfig) -> std::io::Result<Launched> {
+    /// Asks the template for a worker with `config`, handing it `secrets` (`SECRETS_FD`)
+    /// when given.
+    pub fn spawn(
+        &mut self,
+        config: &WorkerConfig,
+        secrets: Option<std::os::fd::RawFd>,
+    ) -> std::io::Result<Launched> {
         let (master_end, worker_end) = UnixStream::pair()?;
         let mut line = serde_json::to_vec(&TemplateRequest {
             config: config.clone(),
         })
         .expect("requests serialize");
         line.push(b'\n');
-        let fds = [worker_end.as_raw_fd()];
+        let fds: Vec<_> = std::iter::once(worker_end.as_raw_fd())
+            .chain(secrets)
+            .collect();
         let iov = [std::io::IoSlice::new(&line)];
         self.control.set_nonblocking(false)?;
         self.control.set_write_timeout(Some(REPLY_TIMEOUT))?;

@@ -37,20 +37,56 @@ pub type SharedSource = Arc<dyn Source>;
 /// How long a scraper may take to send its request head.
 const HEADER_READ: Duration = Duration::from_secs(10);
 
-/// `/metrics` behind token auth (`--metrics-api-key-file`): the key file, read at every
-/// scrape (so a changed file counts at once), and the refusals so far by reason.
+/// `/metrics` behind token auth (`--metrics-api-key-file`): the keys, and the refusals so
+/// far by reason. The file is looked at (its modification time, size and inode) at every
+/// scrape and read again when it changed, so a changed file counts at the next scrape; a
+/// file that no longer loads (emptied, half-written, a FIFO) is logged once per change and
+/// the last good keys stay, so a scraper with a valid key is never locked out by a bad
+/// write (issue 46).
 #[derive(Default)]
 pub struct MetricsAuth {
     pub key_file: Option<std::path::PathBuf>,
+    keys: std::sync::Mutex<Option<(Option<crate::files::Stamp>, crate::auth::ApiKeys)>>,
     refused: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl MetricsAuth {
-    pub fn new(key_file: Option<std::path::PathBuf>) -> MetricsAuth {
+    /// `keys`: the file's keys as the configuration accepted them (`crate::secrets`);
+    /// `None` reads the file at the first scrape.
+    pub fn new(
+        key_file: Option<std::path::PathBuf>,
+        keys: Option<crate::auth::ApiKeys>,
+    ) -> MetricsAuth {
         MetricsAuth {
+            keys: std::sync::Mutex::new(
+                keys.map(|k| (key_file.as_deref().and_then(crate::files::stamp), k)),
+            ),
             key_file,
             refused: Default::default(),
         }
+    }
+
+    /// The keys to check against: the file's when it changed and loads, else the last good.
+    fn keys(&self, path: &std::path::Path) -> Option<crate::auth::ApiKeys> {
+        let stamp = crate::files::stamp(path);
+        let mut held = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_none_or(|(s, _)| *s != stamp) {
+            match crate::auth::ApiKeys::load(path) {
+                Ok(k) => {
+                    if held.is_some() {
+                        tracing::info!("metrics: the key file changed; scrapes use its keys now");
+                    }
+                    *held = Some((stamp, k));
+                }
+                Err(e) => {
+                    tracing::error!("metrics: {e}; keeping the keys read before");
+                    if let Some(h) = held.as_mut() {
+                        h.0 = stamp;
+                    }
+                }
+            }
+        }
+        held.as_ref().map(|(_, k)| k.clone())
     }
 
     /// `Err(answer)` when the scrape may not see the metrics.
@@ -59,8 +95,7 @@ impl MetricsAuth {
         let Some(path) = &self.key_file else {
             return Ok(());
         };
-        let keys = crate::auth::ApiKeys::load(path).map_err(|e| {
-            tracing::error!("metrics: {e}");
+        let keys = self.keys(path).ok_or_else(|| {
             plain(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the metrics key file cannot be read (see the server's log)".into(),

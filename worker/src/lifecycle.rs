@@ -17,6 +17,8 @@ pub struct ServeMetrics {
     pub config: WorkerMetrics,
     /// `--metrics-api-key-file`.
     pub key_file: Option<std::path::PathBuf>,
+    /// Its keys as the master accepted them (`vramfork::secrets`).
+    pub keys: Option<vramfork::auth::ApiKeys>,
     /// `--tls-cert`: the metrics port serves HTTPS too.
     pub tls: Option<Arc<vramfork::tls::Reloading>>,
 }
@@ -75,7 +77,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             let source = Arc::new(crate::report::DevSource::new(app.clone(), m.config, boot_s));
             m.listener.set_nonblocking(true)?;
             let l = tokio::net::TcpListener::from_std(m.listener)?;
-            let auth = vramfork::metrics::endpoint::MetricsAuth::new(m.key_file);
+            let auth = vramfork::metrics::endpoint::MetricsAuth::new(m.key_file, m.keys);
             tokio::spawn(vramfork::metrics::endpoint::serve_with(
                 l,
                 source,

@@ -83,18 +83,19 @@ pub fn boot(
             .ok()
     });
     let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
-    // Read now, when the worker boots: a HUP replaces the workers, which read it again.
-    let api_keys = cfg
-        .api_key_file
-        .as_deref()
-        .map(|f| vramfork::auth::ApiKeys::load(std::path::Path::new(f)))
-        .transpose()
-        .map_err(config_err)?;
-    let tls = cfg
-        .tls
-        .clone()
-        .map(vramfork::tls::Reloading::new)
-        .transpose()
+    // The keys and TLS material the master last accepted (never the files as they are now:
+    // one emptied or half-written since cannot stop this worker), else, for a worker
+    // started by hand, the files.
+    let secrets = vramfork::secrets::Secrets::for_worker(
+        cfg.secrets,
+        cfg.api_key_file.as_deref(),
+        cfg.metrics_api_key_file.as_deref(),
+        cfg.tls.as_ref(),
+    )
+    .map_err(config_err)?;
+    let api_keys = secrets.api_keys().map_err(config_err)?;
+    let tls = secrets
+        .tls(cfg.tls.as_ref())
         .map_err(|e| config_err(format!("TLS: {e}")))?
         .map(Arc::new);
     let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
@@ -102,6 +103,7 @@ pub fn boot(
             listener: listener::inherit_metrics().map_err(config_err)?,
             config,
             key_file: cfg.metrics_api_key_file.clone().map(Into::into),
+            keys: secrets.metrics_keys().map_err(config_err)?,
             tls: tls.clone(),
         }),
         None => None,

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use vramfork::protocol::{
     worker_exit, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, CONTROL_FD,
+    SECRETS_FD,
 };
 
 use crate::process;
@@ -98,7 +99,7 @@ pub fn run(process_ms: f64) -> i32 {
     let mut spare = fork_spare(&module);
     let mut pending = Vec::new();
     loop {
-        let (line, fd) = match receive(&control, &mut pending) {
+        let (line, fds) = match receive(&control, &mut pending) {
             Ok(Some(x)) => x,
             Ok(None) => return worker_exit::OK,
             Err(e) => {
@@ -106,16 +107,19 @@ pub fn run(process_ms: f64) -> i32 {
                 return worker_exit::OK;
             }
         };
-        let reply = match (serde_json::from_str::<TemplateRequest>(&line), fd) {
-            (Ok(req), Some(fd)) => {
-                let handed = spare.take().map(|sp| sp.hand_over(&req.config, &fd));
+        let reply = match (
+            serde_json::from_str::<TemplateRequest>(&line),
+            fds.is_empty(),
+        ) {
+            (Ok(req), false) => {
+                let handed = spare.take().map(|sp| sp.hand_over(&req.config, &fds));
                 let pid = match handed {
                     Some(Ok(pid)) => Ok(pid),
                     Some(Err(e)) => {
                         tracing::warn!("template: the spare worker is gone ({e}); forking one");
-                        fork_worker(req.config, fd, &module)
+                        fork_worker(req.config, fds, &module)
                     }
-                    None => fork_worker(req.config, fd, &module),
+                    None => fork_worker(req.config, fds, &module),
                 };
                 match pid {
                     Ok(pid) => TemplateReply::Spawned { pid },
@@ -127,7 +131,7 @@ pub fn run(process_ms: f64) -> i32 {
             (Err(e), _) => TemplateReply::Failed {
                 error: format!("bad request: {e}"),
             },
-            (Ok(_), None) => TemplateReply::Failed {
+            (Ok(_), true) => TemplateReply::Failed {
                 error: "request without a control socket attached".into(),
             },
         };
@@ -149,36 +153,38 @@ fn fork_spare(module: &tch::CModule) -> Option<Spare> {
         .ok()
 }
 
-/// Reads one request line and the descriptor attached to it.
+/// The descriptors a request carries: the worker's control socket, then (when the master
+/// has any) the key and TLS material for `SECRETS_FD` (`vramfork::secrets`).
+type Attached = Vec<OwnedFd>;
+
+/// Reads one request line and the descriptors attached to it.
 fn receive(
     control: &UnixStream,
     pending: &mut Vec<u8>,
-) -> std::io::Result<Option<(String, Option<OwnedFd>)>> {
-    let mut fd = None;
+) -> std::io::Result<Option<(String, Attached)>> {
+    let mut fds = Vec::new();
     loop {
         if let Some(nl) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=nl).collect();
             let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
-            return Ok(Some((text, fd)));
+            return Ok(Some((text, fds)));
         }
         let mut buf = vec![0u8; 64 * 1024];
-        let (n, got) = recv_with_fd(control.as_raw_fd(), &mut buf)?;
+        let (n, got) = recv_with_fds(control.as_raw_fd(), &mut buf)?;
         if n == 0 {
             return Ok(None);
         }
-        if got.is_some() {
-            fd = got;
-        }
+        fds.extend(got);
         pending.extend_from_slice(&buf[..n]);
     }
 }
 
-fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Attached)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // Room for one descriptor's control message (CMSG_SPACE of one int is at most 24).
+    // Room for a control message of a few descriptors (CMSG_SPACE of two ints is 24).
     let mut cmsg = [0u64; 8];
     // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -192,20 +198,25 @@ fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<O
     if n < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let mut fd = None;
+    let mut fds = Vec::new();
     // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled in, within
-    // msg_controllen; SCM_RIGHTS data is an int descriptor now owned by this process.
+    // msg_controllen; SCM_RIGHTS data is an array of int descriptors now owned by this
+    // process, as many as fit in the message's length.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                fd = Some(OwnedFd::from_raw_fd(raw));
+                let data = libc::CMSG_DATA(c) as *const libc::c_int;
+                let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
+                for k in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                    let raw = std::ptr::read_unaligned(data.add(k));
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, fd))
+    Ok((n as usize, fds))
 }
 
 /// A worker forked ahead of demand: re-parented to the master, single-threaded, waiting on
@@ -234,34 +245,43 @@ impl Spare {
         Ok(Spare { pid, sock: ours })
     }
 
-    /// Gives the spare its configuration and control socket; returns its pid.
-    fn hand_over(self, cfg: &WorkerConfig, control: &OwnedFd) -> std::io::Result<u32> {
+    /// Gives the spare its configuration and descriptors (control socket, material);
+    /// returns its pid.
+    fn hand_over(self, cfg: &WorkerConfig, fds: &[OwnedFd]) -> std::io::Result<u32> {
         let mut line = serde_json::to_vec(cfg).expect("configs serialize");
         line.push(b'\n');
-        send_with_fd(self.sock.as_raw_fd(), &line, control.as_raw_fd())?;
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        send_with_fds(self.sock.as_raw_fd(), &line, &raw)?;
         Ok(self.pid)
     }
 }
 
-fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> std::io::Result<()> {
+fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    const MAX_FDS: usize = 4;
+    assert!(fds.len() <= MAX_FDS, "at most {MAX_FDS} descriptors");
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
     let mut cmsg = [0u64; 8];
+    let size = std::mem::size_of_val(fds) as u32;
     // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below, and
-    // the control buffer is large enough for one SCM_RIGHTS descriptor (CMSG_SPACE(4)).
+    // the control buffer (64 bytes) is large enough for MAX_FDS descriptors
+    // (CMSG_SPACE(16) = 32).
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cmsg.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        msg.msg_controllen = libc::CMSG_SPACE(size) as _;
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, fd);
+        (*c).cmsg_len = libc::CMSG_LEN(size) as _;
+        let slots = libc::CMSG_DATA(c) as *mut libc::c_int;
+        for (k, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(slots.add(k), *fd);
+        }
         let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
         if n < 0 {
             return Err(std::io::Error::last_os_error());
@@ -275,7 +295,7 @@ fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> std::io::Result<()> {
 }
 
 /// Forks a worker now (no spare at hand); returns its pid.
-fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> std::io::Result<u32> {
+fn fork_worker(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> std::io::Result<u32> {
     let master = std::os::unix::process::parent_id() as libc::pid_t;
     // In the template the closure is dropped unrun, closing the template's copy of
     // `control`; in the worker it runs and `control` becomes the worker's channel.
@@ -283,7 +303,7 @@ fn fork_worker(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> st
         if adopt(master).is_err() {
             return worker_exit::OK;
         }
-        serve_as(cfg, control, module)
+        serve_as(cfg, fds, module)
     })
 }
 
@@ -377,14 +397,14 @@ fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
     }
     process::set_process_name("vf-spare");
     let mut pending = Vec::new();
-    let (line, fd) = match receive(&sock, &mut pending) {
-        Ok(Some((line, Some(fd)))) => (line, fd),
+    let (line, fds) = match receive(&sock, &mut pending) {
+        Ok(Some((line, fds))) if !fds.is_empty() => (line, fds),
         // The template went away (or sent nothing usable): nothing to become.
         _ => return worker_exit::OK,
     };
     drop(sock);
     match serde_json::from_str::<WorkerConfig>(&line) {
-        Ok(cfg) => serve_as(cfg, fd, module),
+        Ok(cfg) => serve_as(cfg, fds, module),
         Err(e) => {
             vramfork::logging::say(&format!("app-worker (spare): bad assignment: {e}"));
             worker_exit::CONFIG
@@ -392,20 +412,46 @@ fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
     }
 }
 
-/// In a forked, adopted process: take `control` as the control channel (fd 4), point
-/// CUDA at this worker's GPU, and boot with the preloaded model.
-fn serve_as(cfg: WorkerConfig, control: OwnedFd, module: &tch::CModule) -> i32 {
-    if control.as_raw_fd() == CONTROL_FD {
-        // Already fd 4 (a spare closed the template's and received this one there): the
-        // worker's control channel takes it over from here.
-        std::mem::forget(control);
+/// In a forked, adopted process: take the first of `fds` as the control channel (fd 4)
+/// and the second, when the configuration says so, as the key and TLS material (fd 7),
+/// point CUDA at this worker's GPU, and boot with the preloaded model.
+fn serve_as(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> i32 {
+    let mut fds = fds.into_iter();
+    let Some(control) = fds.next() else {
+        return worker_exit::CONFIG;
+    };
+    let secrets = if cfg.secrets {
+        let Some(s) = fds.next() else {
+            vramfork::logging::say("app-worker: the key and certificate hand-over is missing");
+            return worker_exit::CONFIG;
+        };
+        Some(s)
     } else {
-        // SAFETY: dup2 onto fd 4, whose previous owner (the template's channel) this
-        // process never uses.
-        if unsafe { libc::dup2(control.as_raw_fd(), CONTROL_FD) } < 0 {
+        None
+    };
+    // Each descriptor onto its number (control 4, material 7). The received ones may sit
+    // on either number, so each is first moved above them, then placed: no dup2 can
+    // clobber the other. What fd 4 held before (the template's channel) this process never
+    // uses.
+    let mut high = Vec::new();
+    for (fd, at) in [(Some(control), CONTROL_FD), (secrets, SECRETS_FD)] {
+        let Some(fd) = fd else { continue };
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor this process owns (the original
+        // closes when `fd` drops).
+        let h = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+        if h < 0 {
             return worker_exit::CONFIG;
         }
-        drop(control);
+        high.push((h, at));
+    }
+    for (h, at) in high {
+        // SAFETY: dup2 of our own copy onto its number, then the copy closed.
+        unsafe {
+            if libc::dup2(h, at) < 0 {
+                return worker_exit::CONFIG;
+            }
+            libc::close(h);
+        }
     }
     // Still single-threaded: changing the environment is safe here, and CUDA (initialised
     // lazily, after this) sees only this worker's GPU.

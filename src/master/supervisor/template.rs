@@ -122,8 +122,31 @@ impl Supervisor {
     /// Starts a worker: forked from the template when it is ready, else by exec. Says which.
     pub(super) fn launch(
         &mut self,
-        config: WorkerConfig,
+        mut config: WorkerConfig,
     ) -> std::io::Result<(Launched, &'static str)> {
+        // The key and TLS material this configuration accepted, never the files as they are
+        // now (`crate::secrets`).
+        let secrets = self.cfg.secrets.fd();
+        config.secrets = secrets.is_some();
+        for (flag, file, loads) in self.cfg.secrets.changed_key_files() {
+            match loads {
+                Ok(()) => tracing::warn!(
+                    event = "key_file_changed",
+                    flag,
+                    file = %file.display(),
+                    loads = true,
+                    "{flag} {} changed on disk; workers keep the keys read before until a HUP reads it",
+                    file.display()
+                ),
+                Err(e) => tracing::error!(
+                    event = "key_file_changed",
+                    flag,
+                    file = %file.display(),
+                    loads = false,
+                    "{flag} changed on disk and does not load ({e}); workers keep the keys read before, and a HUP now would be refused"
+                ),
+            }
+        }
         // GPU workers are exec'd: they load the model onto their GPU anyway, and their
         // environment (CUDA_VISIBLE_DEVICES) stays visible in /proc/<pid>/environ.
         let template = self
@@ -131,7 +154,7 @@ impl Supervisor {
             .as_mut()
             .filter(|t| t.ready && t.cfg_gen == self.cfg_gen && config.gpu.is_none());
         if let Some(t) = template {
-            match t.spawn(&config) {
+            match t.spawn(&config, secrets) {
                 Ok(l) => return Ok((l, "fork")),
                 Err(e) => {
                     tracing::warn!(
@@ -148,6 +171,7 @@ impl Supervisor {
         let spec = WorkerSpec {
             config,
             board: self.board.as_ref().and_then(Board::fd),
+            secrets,
         };
         launch(&self.cfg.worker_binary, &spec, listener).map(|l| (l, "exec"))
     }
