@@ -86,7 +86,21 @@ struct Machine {
 }
 
 impl Machine {
+    /// With one simulated H100 80GB (driver 580.159.04, CUDA 13.0) whose workers NVML
+    /// reports at 1536 MiB each, under a UUID of this test's own, so that workers of other
+    /// tests (which the mock finds by their CUDA_VISIBLE_DEVICES) are never counted as ours.
     fn new() -> Machine {
+        Machine::with_gpus(1)
+    }
+
+    fn uuid(index: usize) -> String {
+        format!(
+            "GPU-41ea5e00-{index:04x}-4000-8000-{:012x}",
+            std::process::id()
+        )
+    }
+
+    fn with_gpus(n: usize) -> Machine {
         let dir = tempfile::tempdir().unwrap();
         let m = Machine { dir };
         // The pack, made here as a session makes it, then copied as `carry` copies it.
@@ -133,17 +147,17 @@ impl Machine {
                 assert!(l.contains("runpath-cleared-by-gpu-pack"), "packed {b}: {l}");
             }
         }
-        // The simulated GPU: a UUID of this test's own, so that workers of other tests (which
-        // the mock finds by their CUDA_VISIBLE_DEVICES) are never counted as ours.
-        let uuid = format!("GPU-41ea5e00-0000-4000-8000-{:012x}", std::process::id());
-        SimGpus::new(vec![SimGpu::h100_80gb()
-            .uuid(&uuid)
-            .reserved_mb(535)
-            .free_follows_processes()
-            .workers_use(1536)])
-        .driver("580.159.04")
-        .cuda_driver_version(13000)
-        .write(&m.path("gpus.json"));
+        let gpu = |i| {
+            SimGpu::h100_80gb()
+                .uuid(&Machine::uuid(i))
+                .reserved_mb(535)
+                .free_follows_processes()
+                .workers_use(1536)
+        };
+        SimGpus::new((0..n).map(gpu).collect())
+            .driver("580.159.04")
+            .cuda_driver_version(13000)
+            .write(&m.path("gpus.json"));
         std::fs::create_dir_all(m.path("bin")).unwrap();
         let smi = root().join("tests/support/nvidia_smi.py");
         write_exec(
@@ -161,6 +175,16 @@ impl Machine {
     /// environment, `$OUT` emptied first); `first_on_path` goes before everything on PATH
     /// (a fake python3). Returns the exit status and the output.
     fn run(&self, command: &str, first_on_path: Option<&Path>) -> (Option<i32>, String) {
+        self.run_with(command, first_on_path, &[])
+    }
+
+    /// As [`Machine::run`], with more variables in the clean environment.
+    fn run_with(
+        &self,
+        command: &str,
+        first_on_path: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> (Option<i32>, String) {
         let out_dir = self.path("out");
         let _ = std::fs::remove_dir_all(&out_dir);
         std::fs::create_dir_all(&out_dir).unwrap();
@@ -188,6 +212,7 @@ impl Machine {
             .env("GPU_CHECK_SIMULATED", "1")
             .env("GPU_CHECK_WORK", self.path("work"))
             .env("GPU_CHECK_SECONDS", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -533,4 +558,35 @@ fn a_python3_with_another_torch_is_refused_naming_both_versions() {
         .output()
         .unwrap();
     assert!(!text(&listing).contains(".app-"), "{}", text(&listing));
+}
+
+/// Issue 41, item 1: where the operator's CUDA_VISIBLE_DEVICES hides a GPU, the plan leaves it
+/// out (as CUDA does), and step plan must compare only the GPUs the plan may use — not flag
+/// the hidden one as missing from the plan.
+#[test]
+fn the_plan_step_compares_only_the_gpus_cuda_visible_devices_leaves() {
+    let m = Machine::with_gpus(2);
+    // By index: the mock would count every process of the check whose CUDA_VISIBLE_DEVICES is
+    // exactly a GPU's UUID as a worker using memory on it.
+    let (status, log) = m.run_with(
+        "bash gpu-pack/gpu-check --only plan",
+        None,
+        &[("CUDA_VISIBLE_DEVICES", "1")],
+    );
+    m.check_out(&["libs", "models", "plan"], &log);
+    let r = m.results();
+    let plan = &r["plan"];
+    assert_eq!(plan.0, "PASS", "{}\n{log}", plan.3);
+    assert!(
+        plan.3.contains("1 GPU(s) hidden by CUDA_VISIBLE_DEVICES"),
+        "{}",
+        plan.3
+    );
+    assert!(
+        plan.3.starts_with("mlp.pt declared at 2000 MiB: GPU 1 "),
+        "{}",
+        plan.3
+    );
+    assert_eq!(status, Some(0), "{log}");
+    m.check_smi_queries();
 }
