@@ -460,6 +460,15 @@ class Nvml:
                     for p in arr[:n.value]]
         raise RuntimeError("nvmlDeviceGetComputeRunningProcesses_v3: the list kept growing")
 
+    def processes_or_empty(self, h):
+        """processes(h), or [] where NVML refuses to list them (some sandboxes): the caller
+        then falls back to the GPU's used memory."""
+        try:
+            return self.processes(h)
+        except RuntimeError as e:
+            err(f"NVML lists no processes here: {e}")
+            return []
+
     def by_uuid(self, uuid):
         """(gpu dict, handle) of the whole GPU with this UUID; None when there is none (a MIG
         UUID, or a GPU NVML does not list)."""
@@ -556,7 +565,7 @@ def cmd_nvml_gpus():
     print(f"NVML library: {nv.path}")
     for i, h in enumerate(nv.handles()):
         g = nv.gpu(i, h)
-        g["processes"] = nv.processes(h)
+        g["processes"] = nv.processes_or_empty(h)
         print(json.dumps(g))
     return 0
 
@@ -597,12 +606,12 @@ def cmd_probe(uuid, master, worker_pid, limit="10"):
     h = got[1]
     end = time.monotonic() + float(limit)
     while True:
-        procs = dict(nv.processes(h))
-        ours = ours_on(nv, h, master)
+        procs = dict(nv.processes_or_empty(h))
+        mine = set(descendants(int(master))) | {int(master)}
+        ours = {p: u for p, u in procs.items() if p in mine}
         if int(worker_pid) in procs or time.monotonic() > end:
             break
         time.sleep(0.1)
-    mine = set(descendants(int(master))) | {int(master)}
     res = {"visible": int(worker_pid) in procs, "worker_mib": procs.get(int(worker_pid)),
            "ours": {str(k): v for k, v in ours.items()}, "master_listed": int(master) in procs,
            "gpu_used": nv.gpu(got[0]["index"], h)["used"],
@@ -651,7 +660,7 @@ def cmd_kill9(master, uuid, mode, at_most, limit):
     i, h = got[0]["index"], got[1]
     handles = nv.handles()
     mine = set(descendants(int(master))) | {int(master)}
-    before = {p: u for hh in handles for p, u in nv.processes(hh) if p in mine}
+    before = {p: u for hh in handles for p, u in nv.processes_or_empty(hh) if p in mine}
     used_before = nv.gpu(i, h)["used"]
     res = {"pids": sorted(mine), "before": {str(k): v for k, v in before.items()}, "used_before": used_before,
            "workers_gone_s": None, "gpu_free_s": None, "polls": 0, "mode": mode}
