@@ -56,7 +56,11 @@ pub fn parse(
             ))
         }
     };
-    let text = std::fs::read_to_string(&file)
+    let text = crate::files::read_regular(&file, 64 << 20)
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+        })
         .map_err(|e| format!("field `{at}.file`: cannot read {}: {e}", file.display()))?;
     let doc: Value = serde_json::from_str(&text)
         .map_err(|e| format!("field `{at}.file`: {} is not JSON: {e}", file.display()))?;

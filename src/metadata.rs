@@ -180,9 +180,16 @@ pub enum MetadataError {
 impl AppMetadata {
     /// Reads and validates a metadata file.
     pub fn load(path: &Path) -> Result<AppMetadata, MetadataError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MetadataError::Read {
+        // A regular file of at most 64 MiB (`crate::files`): the master reads it again on a
+        // HUP, in its loop, where a FIFO must not make it wait.
+        let bytes =
+            crate::files::read_regular(path, 64 << 20).map_err(|source| MetadataError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let text = String::from_utf8(bytes).map_err(|_| MetadataError::Read {
             path: path.to_path_buf(),
-            source,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"),
         })?;
         Self::parse(path, &text)
     }

@@ -162,6 +162,26 @@ fn parse_key(bytes: &[u8], path: &Path) -> Result<PrivateKeyDer<'static>, String
     })
 }
 
+/// A failed handshake's error, worded so an operator can act on it. rustls 0.23 passes some
+/// of webpki's refusals through only as `Other(…)` (`rustls::webpki::pki_error`): among
+/// them an X.509 version 1 client certificate (`UnsupportedCertVersion`), which webpki never
+/// accepts, and which `openssl x509 -req` makes when no extensions are given.
+pub fn handshake_failure(e: &str) -> String {
+    if e.contains("UnsupportedCertVersion") {
+        format!(
+            "{e}: the client's certificate is X.509 version 1, and only version 3 certificates are accepted; issue it with extensions (openssl x509 -req … -extfile FILE, FILE holding extendedKeyUsage=clientAuth)"
+        )
+    } else {
+        e.to_string()
+    }
+}
+
+/// Whether a failed handshake's error is about the peer's certificate (worth the
+/// operator's attention, unlike a client that hung up).
+pub fn is_certificate_refusal(e: &str) -> bool {
+    e.contains("certificate")
+}
+
 /// A server configuration that follows its files: [`Reloading::current`] gives the newest
 /// good one.
 pub struct Reloading {

@@ -119,7 +119,8 @@ fn bad_timeouts_are_refused_with_400() {
         assert!(e.contains("X-Request-Timeout"), "{e}");
     }
     let infer = "/v2/models/test%20app/infer";
-    for bad in ["-1", "1.5", "\"100\"", "true"] {
+    // Over a day (86,400,000,000 µs), the header's bound too (issue 46).
+    for bad in ["-1", "1.5", "\"100\"", "true", "86400000001"] {
         let v2 = format!(
             r#"{{"parameters": {{"timeout": {bad}}}, "inputs": [{{"name": "input__0", "shape": [1, 1], "datatype": "FP32", "data": [1]}}]}}"#
         );

@@ -552,6 +552,63 @@ fn bad_images_are_a_400_and_the_worker_is_unchanged() {
     let r = post_json(&s, &json!({"inputs": ["%%%"]}));
     assert_eq!(r.status, 400);
     assert!(String::from_utf8_lossy(&r.body).contains("element 0 is not base64"));
+    // MIME base64, wrapped at 76 columns (`base64` without -w0): the line ends are not data.
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&jpeg);
+    let wrapped: Vec<String> = b64
+        .as_bytes()
+        .chunks(76)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    let r = post_json(&s, &json!({ "inputs": [wrapped.join("\n")] }));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // The body's Content-Type (`http/body_kind.rs`): an image sent as octet-stream or with
+    // curl -d's form type is still the image; a GIF, a multipart upload, or bytes that are
+    // not JSON are refused naming what the body was sent as and what this model takes.
+    for ct in [
+        "application/octet-stream",
+        "application/x-www-form-urlencoded",
+    ] {
+        let r = raw(
+            s.port,
+            "POST",
+            "/",
+            &format!("Content-Type: {ct}\r\n"),
+            &jpeg,
+        );
+        assert_eq!(r.status, 200, "{ct}: {}", String::from_utf8_lossy(&r.body));
+    }
+    for (ct, body, want) in [
+        (
+            "image/gif",
+            b"GIF89a".to_vec(),
+            "GIF images are not supported (JPEG and PNG are)",
+        ),
+        (
+            "multipart/form-data; boundary=x",
+            b"--x".to_vec(),
+            "send the document itself as the body",
+        ),
+        (
+            "application/octet-stream",
+            b"plain words".to_vec(),
+            "sent as application/octet-stream",
+        ),
+    ] {
+        let r = raw(
+            s.port,
+            "POST",
+            "/",
+            &format!("Content-Type: {ct}\r\n"),
+            &body,
+        );
+        let e = String::from_utf8_lossy(&r.body).to_string();
+        assert_eq!(r.status, 400, "{ct}: {e}");
+        assert!(
+            e.contains(want) && e.contains("image/jpeg or image/png"),
+            "{ct}: {e}"
+        );
+    }
     // The worker is the one that started, and answers.
     let r = raw(s.port, "POST", "/", "Content-Type: image/jpeg\r\n", &jpeg);
     assert_eq!(r.status, 200);
@@ -842,6 +899,73 @@ fn too_many_documents_or_tensor_bytes_are_a_413_and_the_worker_keeps_serving() {
     let r = raw(s.port, "POST", "/", "Content-Type: image/png\r\n", &png);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+}
+
+/// 64 solid-colour 40-megapixel PNGs (127 kB each) in one request (issue 46: it held a
+/// worker for 14–16 s, and a request queued behind it for as long). By default refused
+/// from the headers for `max_request_pixels` (413), before anything is decoded; with the
+/// bound raised, stopped between images at `--request-timeout` (504) and at the client's
+/// deadline (503), the same worker serving the next request.
+#[test]
+fn costly_image_requests_are_bounded_and_stopped_at_their_deadlines() {
+    use base64::Engine;
+    let art = artefacts();
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.png");
+    python_json(
+        "solid_png.py",
+        &[big.to_str().unwrap(), "8000", "5000"],
+        b"",
+    );
+    let b64 = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&big).unwrap());
+    let body = json!({ "inputs": vec![b64; 64] });
+    let gray = std::fs::read(art.join("gray.png")).unwrap();
+
+    let app = DocApp::new(&art, image_metadata("ident.pt", json!({"size": [8, 8]}), 0));
+    let (s, pid) = app.serve(&[]);
+    let e = refusal(&post_json(&s, &body), 413, pid);
+    assert!(
+        e.contains("input image: its 64 images have 2560000000 pixels together")
+            && e.contains("at most 256000000 (`max_request_pixels`)"),
+        "{e}"
+    );
+    drop(s);
+
+    let app = DocApp::new(
+        &art,
+        image_metadata(
+            "ident.pt",
+            json!({"size": [8, 8], "max_request_pixels": 4_000_000_000u64}),
+            0,
+        ),
+    );
+    let (s, pid) = app.serve(&["--request-timeout", "1"]);
+    let e = refusal(&post_json(&s, &body), 504, pid);
+    assert!(
+        e.contains(
+            "pre-processing the request's documents ran past the request timeout of 1000 ms"
+        ),
+        "{e}"
+    );
+    // The worker serves on: its one pre-processing slot is free again once the image being
+    // decoded at the deadline is done (the other 63 never are).
+    let r = raw(s.port, "POST", "/", "Content-Type: image/png\r\n", &gray);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        "Content-Type: application/json\r\nX-Request-Timeout: 0.5\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    let e = refusal(&r, 503, pid);
+    assert!(e.contains("X-Request-Timeout 500 ms"), "{e}");
+    let r = raw(s.port, "POST", "/", "Content-Type: image/png\r\n", &gray);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("x-worker-pid"), Some(pid.to_string().as_str()));
+    let exits = s.events_named("worker_exited");
+    assert!(exits.is_empty(), "no worker went: {}", s.log_text());
 }
 
 #[test]

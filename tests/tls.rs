@@ -267,6 +267,61 @@ fn mutual_tls_refuses_clients_without_a_certificate_signed_by_the_client_ca() {
         "served a client certificate from another CA: {out}"
     );
 
+    // An X.509 version 1 certificate from the right CA (`openssl x509 -req` without
+    // extensions makes one): refused, and the log says why (issue 46).
+    openssl(
+        &pki.dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            "/CN=v1",
+            "-keyout",
+            "v1.key",
+            "-out",
+            "v1.csr",
+        ],
+    );
+    openssl(
+        &pki.dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "v1.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            "v1.pem",
+        ],
+    );
+    let mut v1 = post.clone();
+    v1.extend([
+        "--cert".into(),
+        pki.path("v1.pem"),
+        "--key".into(),
+        pki.path("v1.key"),
+    ]);
+    let (code, out) = curl(s.port, "/", &strs(&v1));
+    assert_ne!(code, 0, "served an X.509 v1 client certificate: {out}");
+    s.poll(
+        "the worker's reason for refusing the v1 certificate",
+        || {
+            s.log_text()
+                .contains("the client's certificate is X.509 version 1")
+                .then_some(())
+        },
+    );
+
     let mut good = post.clone();
     good.extend([
         "--cert".into(),

@@ -54,6 +54,10 @@ pub enum ApiError {
     QueueWait { waited_ms: u64, max_ms: u64 },
     #[error("the request ran past the request timeout of {0} ms (--request-timeout); this worker is being replaced")]
     Timeout(u64),
+    /// Pre-processing its documents ran past --request-timeout: stopped between documents,
+    /// it never reached the model; the worker serves on.
+    #[error("pre-processing the request's documents ran past the request timeout of {0} ms (--request-timeout) and was stopped; the request did not reach the model: send fewer or smaller documents")]
+    PreprocessTimeout(u64),
     /// Token auth (`--api-key-file`) refused the request; answered before its body is read.
     #[error("{}", .0.message())]
     Unauthorized(AuthFailure),
@@ -106,7 +110,7 @@ impl ApiError {
             ApiError::Unavailable | ApiError::ModelStuck | ApiError::QueueWait { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Timeout(_) | ApiError::PreprocessTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::DeadlineExpired { .. } => DEADLINE_STATUS,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
@@ -181,6 +185,7 @@ mod tests {
                 503,
             ),
             (ApiError::Timeout(5), 504),
+            (ApiError::PreprocessTimeout(5), 504),
             (
                 ApiError::DeadlineExpired {
                     waited_ms: 600,

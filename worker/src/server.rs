@@ -334,7 +334,15 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
             serve_http(stream, fd, app, state).await
         }
         Ok(Err(e)) => {
-            tracing::debug!("TLS handshake failed: {e}");
+            let e = e.to_string();
+            if vramfork::tls::is_certificate_refusal(&e) {
+                tracing::info!(
+                    "TLS handshake failed: {}",
+                    vramfork::tls::handshake_failure(&e)
+                );
+            } else {
+                tracing::debug!("TLS handshake failed: {e}");
+            }
             state.closed(&app);
         }
         Err(_) => {

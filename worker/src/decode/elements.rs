@@ -124,6 +124,7 @@ fn walk(
         n: 0,
         cap,
         out,
+        documents: max_documents.is_some(),
         err: None,
     };
     let mut de = serde_json::Deserializer::from_str(text);
@@ -183,6 +184,10 @@ struct Walk<'n> {
     n: usize,
     cap: usize,
     out: Out,
+    /// Strings for the worker's own pre-processing (a document input): a NUL is then an
+    /// ordinary character (the tokenizer takes it, as it does in a `text/plain` body);
+    /// strings for the model are TorchScript strings, which end at a NUL.
+    documents: bool,
     /// The first problem.
     err: Option<String>,
 }
@@ -318,7 +323,7 @@ impl Walk<'_> {
         };
         match &mut self.out {
             Out::Strings(list) => {
-                if s.contains('\0') {
+                if !self.documents && s.contains('\0') {
                     let name = self.name;
                     return Err(self.fail(format!(
                         "input {name}: element {i} contains a NUL character, which a TorchScript string cannot hold"
@@ -796,6 +801,18 @@ mod tests {
         );
         let e = strings_from_json("docs", json!(["a\u{0}b"]), &[1]).unwrap_err();
         assert!(e.contains("element 0 contains a NUL"), "{e}");
+        // A document input's strings go to the worker's tokenizer, not to TorchScript: a
+        // NUL is an ordinary character there, as in a text/plain body (issue 46).
+        let docs = arg_from_json(
+            "docs",
+            &raw(json!(["a\u{0}b"])),
+            Datatype::Bytes,
+            Layout::Shape(&[1]),
+            Some(4),
+        )
+        .unwrap()
+        .1;
+        assert_eq!(strings(docs), ["a\u{0}b"]);
         let e = strings_from_bytes("docs", &[2, 0, 0, 0, 0xff, 0xfe], 1, false).unwrap_err();
         assert!(e.contains("element 0 is not valid UTF-8"), "{e}");
         // A document input keeps its elements as bytes (an image is not UTF-8).

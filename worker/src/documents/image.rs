@@ -13,21 +13,44 @@
 //! memory.
 
 use std::io::Cursor;
+use std::time::Instant;
 
 use image::{ImageFormat, ImageReader, Limits};
 use tch::{Kind, Tensor};
 use vramfork::documents::{Channels, ImageSpec, Resize};
 use vramfork::metadata::Dtype;
 
+use super::DocError;
 use crate::args::{kind_of, tensor_from_bytes};
 
-/// The documents of one request as one tensor, `[blobs, 3, H, W]`.
-pub fn batch(spec: &ImageSpec, name: &str, blobs: &[Vec<u8>]) -> Result<Tensor, String> {
-    let one = blobs
+/// The documents of one request as one tensor, `[blobs, 3, H, W]`. Their pixels together
+/// are checked against `max_request_pixels` from the headers, before anything is decoded
+/// (413); decoding stops between images once `until` has passed.
+pub fn batch(
+    spec: &ImageSpec,
+    name: &str,
+    blobs: &[Vec<u8>],
+    until: Option<Instant>,
+) -> Result<Tensor, DocError> {
+    let at = |i: usize| move |e: String| DocError::Bad(format!("input {name}: element {i}: {e}"));
+    let sizes = blobs
         .iter()
         .enumerate()
-        .map(|(i, b)| decode(spec, b).map_err(|e| format!("input {name}: element {i}: {e}")))
+        .map(|(i, b)| sized(spec, b).map_err(at(i)))
         .collect::<Result<Vec<_>, _>>()?;
+    let total: u64 = sizes.iter().map(Sized::pixels).sum();
+    if total > spec.max_request_pixels {
+        return Err(DocError::TooLarge(format!(
+            "input {name}: its {} images have {total} pixels together; one request may decode at most {} (`max_request_pixels`): send them in several requests, or smaller",
+            blobs.len(),
+            spec.max_request_pixels
+        )));
+    }
+    let mut one = Vec::with_capacity(blobs.len());
+    for (i, (b, size)) in blobs.iter().zip(sizes).enumerate() {
+        super::stop_at(until)?;
+        one.push(decode_sized(spec, b, size).map_err(at(i))?);
+    }
     if one.is_empty() {
         let [h, w] = spec.size.map(i64::from);
         return Ok(Tensor::zeros(
@@ -35,37 +58,66 @@ pub fn batch(spec: &ImageSpec, name: &str, blobs: &[Vec<u8>]) -> Result<Tensor, 
             (kind_of(spec.dtype), tch::Device::Cpu),
         ));
     }
-    Tensor::f_stack(&one, 0).map_err(|e| format!("input {name}: {e}"))
+    Tensor::f_stack(&one, 0).map_err(|e| DocError::Bad(format!("input {name}: {e}")))
 }
 
 /// One image as `[3, H, W]` of the declared dtype.
+#[cfg(test)]
 pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
-    let reader = || {
-        let r = ImageReader::new(Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| e.to_string())?;
-        match r.format() {
-            Some(ImageFormat::Jpeg | ImageFormat::Png) => Ok(r),
-            Some(f) => Err(format!(
-                "{} images are not supported (JPEG and PNG are)",
-                f.extensions_str()
-                    .first()
-                    .unwrap_or(&"this kind of")
-                    .to_uppercase()
-            )),
-            None => Err(format!(
-                "not a JPEG or PNG image ({} bytes starting with {})",
-                bytes.len(),
-                bytes[..bytes.len().min(8)]
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            )),
-        }
-    };
-    let (w, h) = reader()?
+    decode_sized(spec, bytes, sized(spec, bytes)?)
+}
+
+/// A JPEG or PNG image's width and height, from its header.
+fn header(bytes: &[u8]) -> Result<(u32, u32), String> {
+    reader(bytes)?
         .into_dimensions()
-        .map_err(|e| format!("cannot read the image's header: {e}"))?;
+        .map_err(|e| format!("cannot read the image's header: {e}"))
+}
+
+/// A reader of `bytes` when they are a JPEG or PNG image; else why not.
+fn reader(bytes: &[u8]) -> Result<ImageReader<Cursor<&[u8]>>, String> {
+    let r = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())?;
+    match r.format() {
+        Some(ImageFormat::Jpeg | ImageFormat::Png) => Ok(r),
+        Some(f) => Err(format!(
+            "{} images are not supported (JPEG and PNG are)",
+            f.extensions_str()
+                .first()
+                .unwrap_or(&"this kind of")
+                .to_uppercase()
+        )),
+        None => Err(format!(
+            "not a JPEG or PNG image ({} bytes starting with {})",
+            bytes.len(),
+            bytes[..bytes.len().min(8)]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )),
+    }
+}
+
+/// What an image's header allows: its size and the size it is resized to before its
+/// centre is cut, both checked against the spec's bounds (nothing decoded yet).
+#[derive(Clone, Copy)]
+struct Sized {
+    w: u32,
+    h: u32,
+    nh: i64,
+    nw: i64,
+}
+
+impl Sized {
+    fn pixels(&self) -> u64 {
+        u64::from(self.w) * u64::from(self.h)
+    }
+}
+
+/// An image's [`Sized`] from its header, or why it is refused.
+fn sized(spec: &ImageSpec, bytes: &[u8]) -> Result<Sized, String> {
+    let (w, h) = header(bytes)?;
     let pixels = u64::from(w) * u64::from(h);
     if pixels > spec.max_pixels {
         return Err(format!(
@@ -88,7 +140,15 @@ pub fn decode(spec: &ImageSpec, bytes: &[u8]) -> Result<Tensor, String> {
             (nh, nw)
         }
     };
-    let mut r = reader()?;
+    Ok(Sized { w, h, nh, nw })
+}
+
+/// [`decode`] for an image already [`sized`].
+fn decode_sized(spec: &ImageSpec, bytes: &[u8], z: Sized) -> Result<Tensor, String> {
+    let Sized { w, h, nh, nw } = z;
+    let pixels = z.pixels();
+    let [th, tw] = spec.size.map(i64::from);
+    let mut r = reader(bytes)?;
     if r.format() == Some(ImageFormat::Jpeg) && !jpeg_complete(bytes) {
         // The decoder would fill the missing part with grey and say nothing (Pillow refuses
         // such a file: "image file is truncated").
@@ -279,6 +339,7 @@ mod tests {
             channels: Channels::Rgb,
             dtype: Dtype::Float32,
             max_pixels: 100,
+            max_request_pixels: 100,
             max_documents: 4,
         };
         let e = decode(&spec, b"hello").unwrap_err();
@@ -343,6 +404,7 @@ mod tests {
             channels: Channels::Rgb,
             dtype: Dtype::Float32,
             max_pixels: vramfork::documents::DEFAULT_MAX_PIXELS,
+            max_request_pixels: vramfork::documents::DEFAULT_MAX_REQUEST_PIXELS,
             max_documents: 4,
         }
     }

@@ -8,12 +8,16 @@
 //! Nothing here can take the worker down.
 //!
 //! The work runs off the event loop and off the model thread, at most `--torch-threads`
-//! requests at a time ([`Documents::permits`]), so pre-processing never has more cores than
-//! the model would use.
+//! requests at a time ([`Documents::permits`]), each with one intra-op thread, so
+//! pre-processing never has more cores than the model would use. It runs under the
+//! request's deadlines (`--request-timeout` from its start, the client's own): past them it
+//! stops between documents ([`DocError::Stopped`]) and the HTTP side answers at once, so a
+//! costly request holds neither its client nor the worker (issue 46).
 
 pub mod image;
 pub mod text;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -35,6 +39,10 @@ pub enum DocError {
     TooLarge(String),
     /// The pre-processing itself failed (a panic on its thread): 500.
     Failed(String),
+    /// A deadline passed: the client's (`client`), or `--request-timeout` counted from the
+    /// start of the work. The work stops before its next document; the request is answered
+    /// at once.
+    Stopped { client: bool },
 }
 
 impl From<String> for DocError {
@@ -49,6 +57,7 @@ impl From<DocError> for ApiError {
             DocError::Bad(e) => ApiError::BadRequest(e),
             DocError::TooLarge(e) => ApiError::DocumentsTooLarge(e),
             DocError::Failed(e) => ApiError::Run(RunError::Unsupported(e)),
+            DocError::Stopped { .. } => ApiError::Run(RunError::Expired),
         }
     }
 }
@@ -57,8 +66,9 @@ impl From<DocError> for ApiError {
 pub struct Documents {
     /// One per declared input, in order: what its documents become (`None`: passed through).
     inputs: Vec<Option<Prep>>,
-    /// Requests pre-processed at a time (the pool's size: `--torch-threads`).
-    permits: Semaphore,
+    /// Requests pre-processed at a time (the pool's size: `--torch-threads`); a permit is
+    /// held by the blocking thread doing the work, until it really ends.
+    permits: Arc<Semaphore>,
 }
 
 enum Prep {
@@ -90,29 +100,51 @@ impl Documents {
             .collect::<Result<_, String>>()?;
         Ok(Some(Documents {
             inputs,
-            permits: Semaphore::new(pool.max(1)),
+            permits: Arc::new(Semaphore::new(pool.max(1))),
         }))
     }
 
     /// `input` pre-processed on the pool (a blocking thread, at most `--torch-threads` at
-    /// a time, each with one intra-op thread), and how long the work took (not counting the wait for a permit).
+    /// a time, each with one intra-op thread), and how long the work took (not counting the
+    /// wait for a slot). The work gets `limit` from its start (`--request-timeout`, as a
+    /// forward pass does) and ends at the client's deadline `client` at the latest: past
+    /// either this answers [`DocError::Stopped`] at once, and the thread stops before its
+    /// next document (a slot is free again when it really has). The wait for a slot ends
+    /// at the client's deadline too.
     pub async fn run(
-        self: &std::sync::Arc<Self>,
-        specs: &std::sync::Arc<Vec<TensorSpec>>,
+        self: &Arc<Self>,
+        specs: &Arc<Vec<TensorSpec>>,
         input: Inputs,
-    ) -> Result<(Inputs, Duration), ApiError> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| ApiError::Unavailable)?;
+        client: Option<Instant>,
+        limit: Duration,
+    ) -> Result<(Inputs, Duration), DocError> {
+        let slot = self.permits.clone().acquire_owned();
+        let permit = match client {
+            Some(c) => tokio::time::timeout_at(c.into(), slot)
+                .await
+                .map_err(|_| DocError::Stopped { client: true })?,
+            None => slot.await,
+        }
+        .map_err(|_| DocError::Failed("the pre-processing pool is closed".into()))?;
+        let own = Instant::now() + limit;
+        let (until, by_client) = match client {
+            Some(c) if c <= own => (c, true),
+            _ => (own, false),
+        };
         let (me, specs) = (self.clone(), specs.clone());
-        Ok(off_thread(move || {
+        let work = off_thread(move || {
+            let _permit = permit;
             crate::process::one_intra_thread_here();
             let start = Instant::now();
-            me.prepare(&specs, input).map(|i| (i, start.elapsed()))
-        })
-        .await?)
+            me.prepare(&specs, input, Some(until))
+                .map(|i| (i, start.elapsed()))
+        });
+        match tokio::time::timeout_at(until.into(), work).await {
+            Ok(Err(DocError::Stopped { .. })) | Err(_) => {
+                Err(DocError::Stopped { client: by_client })
+            }
+            Ok(done) => done,
+        }
     }
 
     /// 413 when `input` has more documents in an input than its `max_documents`, or when
@@ -147,10 +179,16 @@ impl Documents {
     /// The model's arguments for `input` (its arguments in declared order): a text input
     /// becomes its tokenizer's tensors (`feeds`, in order), an image input one
     /// `[N, 3, H, W]` tensor; the rest is unchanged.
-    pub fn prepare(&self, specs: &[TensorSpec], input: Inputs) -> Result<Inputs, DocError> {
+    pub fn prepare(
+        &self,
+        specs: &[TensorSpec],
+        input: Inputs,
+        until: Option<Instant>,
+    ) -> Result<Inputs, DocError> {
         self.check_size(specs, &input)?;
         let mut args = Vec::with_capacity(input.args.len() + 2);
         for ((arg, prep), spec) in input.args.into_iter().zip(&self.inputs).zip(specs) {
+            stop_at(until)?;
             let name = &spec.name;
             match (prep, arg) {
                 (None, arg) => args.push(arg),
@@ -168,15 +206,20 @@ impl Documents {
                     args.extend(t.encode(name, &docs)?);
                 }
                 (Some(Prep::Image(spec)), Arg::Blobs(blobs)) => {
-                    args.push(Arg::Tensor(image::batch(spec, name, &blobs)?))
+                    args.push(Arg::Tensor(image::batch(spec, name, &blobs, until)?))
                 }
                 (Some(Prep::Image(spec)), Arg::Strings(b64)) => {
                     let blobs = b64
                         .iter()
                         .enumerate()
                         .map(|(i, s)| {
+                            // MIME base64 (RFC 2045) wraps its lines at 76 columns
+                            // (`base64` without -w0, Python's encodebytes): the line ends and
+                            // any other white space are not data.
+                            let data: Vec<u8> =
+                                s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
                             base64::engine::general_purpose::STANDARD
-                                .decode(s.trim())
+                                .decode(data)
                                 .map_err(|e| {
                                     format!(
                                         "input {name}: element {i} is not base64 ({e}); send images as base64 strings in JSON, or as raw bytes (v2 binary data, or a POST / body with Content-Type image/jpeg or image/png)"
@@ -184,7 +227,7 @@ impl Documents {
                                 })
                         })
                         .collect::<Result<Vec<_>, _>>()?;
-                    args.push(Arg::Tensor(image::batch(spec, name, &blobs)?))
+                    args.push(Arg::Tensor(image::batch(spec, name, &blobs, until)?))
                 }
                 (Some(_), Arg::Tensor(_) | Arg::Padded { .. }) => {
                     return Err(DocError::Bad(format!(
@@ -194,6 +237,15 @@ impl Documents {
             }
         }
         Ok(Inputs { args })
+    }
+}
+
+/// [`DocError::Stopped`] once `until` has passed (which deadline it was, [`Documents::run`]
+/// says).
+pub fn stop_at(until: Option<Instant>) -> Result<(), DocError> {
+    match until {
+        Some(u) if Instant::now() >= u => Err(DocError::Stopped { client: false }),
+        _ => Ok(()),
     }
 }
 

@@ -5,6 +5,7 @@
 //! table in `error.rs`; bodies are decoded by `decode/`.
 
 pub mod answer;
+pub mod body_kind;
 pub mod dispatch;
 pub mod pipeline;
 pub mod request;

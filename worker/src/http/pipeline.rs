@@ -18,6 +18,7 @@ use super::request::{arrival, endpoint_of, request_id_of};
 use crate::access_log::Trace;
 use crate::app::App;
 use crate::args::Inputs;
+use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::runner::{Encoding, RunError, RunOutput};
 use crate::state::Shared;
@@ -84,17 +85,6 @@ pub async fn model_request<T: Send + 'static>(
             .await
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
-    // Documents pre-processed (tokenized, decoded) on the pool, off the event loop.
-    let mut parsed = parsed;
-    let mut preprocess = None;
-    if let Some(docs) = &app.documents {
-        let (inputs, took) = docs.run(&app.input_specs, parsed.inputs).await?;
-        parsed.inputs = inputs;
-        preprocess = Some(took);
-        if let Some(m) = &app.metrics {
-            m.preprocessed(took);
-        }
-    }
     // The earlier of the header's deadline and the body's.
     let body_deadline = parsed.timeout.map(|t| Deadline {
         at: arrived + t,
@@ -105,6 +95,36 @@ pub async fn model_request<T: Send + 'static>(
         (Some(a), Some(b)) => Some(if b.at < a.at { b } else { a }),
         (a, b) => a.or(b),
     };
+    // Documents pre-processed (tokenized, decoded) on the pool, off the event loop, under
+    // the request's deadlines: `--request-timeout` from the start of the work, and the
+    // client's. Past either it stops between documents and the request is answered now.
+    let mut parsed = parsed;
+    let mut preprocess = None;
+    if let Some(docs) = &app.documents {
+        let work = docs.run(
+            &app.input_specs,
+            parsed.inputs,
+            deadline.map(|d| d.at),
+            app.request_timeout,
+        );
+        let (inputs, took) = match work.await {
+            Ok(done) => done,
+            Err(DocError::Stopped { client: true }) => {
+                return Err(deadline.expect("a client deadline").expired(arrived))
+            }
+            Err(DocError::Stopped { client: false }) => {
+                return Err(ApiError::PreprocessTimeout(
+                    app.request_timeout.as_millis() as u64
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        parsed.inputs = inputs;
+        preprocess = Some(took);
+        if let Some(m) = &app.metrics {
+            m.preprocessed(took);
+        }
+    }
     let job = Job {
         id,
         input: parsed.inputs,
@@ -179,7 +199,7 @@ impl Deadline {
 }
 
 /// The longest timeout a client may give (a day): anything longer is a mistake.
-const MAX_TIMEOUT_S: f64 = 86_400.0;
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
 /// A parsed request on its way to the model.
 struct Job {

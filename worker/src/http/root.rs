@@ -6,10 +6,8 @@ use hyper::{Request, StatusCode};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
 
-use vramfork::documents::Document;
-use vramfork::metadata::TensorSpec;
-
 use super::answer::{json_bytes, Answer};
+use super::body_kind::{classify, explained, BodyKind};
 use super::pipeline::{model_request, Parsed};
 use super::request::{hw_fetch, with_hw};
 use crate::app::App;
@@ -52,14 +50,22 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let specs = app.metadata.inputs.clone();
-    let raw = raw_document(&req, specs.as_deref())?;
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let (out, (), last) = model_request(req, app, move |body| {
-        let inputs = match raw {
+        let one = match specs.as_deref() {
+            Some([one]) => one.document.as_ref(),
+            _ => None,
+        };
+        let inputs = match classify(content_type.as_deref(), one, &body)? {
             // One document, as it is: pre-processing decodes it.
-            Some(_) => Inputs {
+            BodyKind::Image | BodyKind::Text => Inputs {
                 args: vec![Arg::Blobs(vec![body])],
             },
-            None => parse_request(&body, specs.as_deref())?,
+            BodyKind::Json => parse_request(&body, specs.as_deref())
+                .map_err(|e| explained(e.into(), content_type.as_deref(), one))?,
         };
         Ok(Parsed {
             inputs,
@@ -157,41 +163,4 @@ fn labelled(app: &App, outputs: &[u8]) -> Result<Value, ApiError> {
             .unwrap_or(Value::Null),
         _ => Value::Object(by_output),
     })
-}
-
-/// A `POST /` body that is one document as it is, not JSON: `Content-Type: image/jpeg` or
-/// `image/png` for a model whose one input is an image, `text/plain` for one whose one input
-/// is text.
-enum RawDocument {
-    Image,
-    Text,
-}
-
-/// What the body's `Content-Type` makes of it: `None` for JSON (the default, and a
-/// `text/plain` body for a model whose one input is not text: browsers send JSON as
-/// `text/plain` to spare a CORS preflight, and such bodies were always parsed as JSON); a
-/// 400 for an image body to a model whose one input is not an image.
-fn raw_document(
-    req: &Request<Incoming>,
-    specs: Option<&[TensorSpec]>,
-) -> Result<Option<RawDocument>, ApiError> {
-    let Some(ct) = req.headers().get(hyper::header::CONTENT_TYPE) else {
-        return Ok(None);
-    };
-    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
-    let essence = ct.split(';').next().unwrap_or("").trim();
-    let one = match specs {
-        Some([one]) => one.document.as_ref(),
-        _ => None,
-    };
-    match essence {
-        "text/plain" => Ok(matches!(one, Some(Document::Text(_))).then_some(RawDocument::Text)),
-        "image/jpeg" | "image/png" if matches!(one, Some(Document::Image(_))) => {
-            Ok(Some(RawDocument::Image))
-        }
-        "image/jpeg" | "image/png" => Err(ApiError::BadRequest(format!(
-            "a {essence} body is one document for a model whose one input is an image input; this model's declared inputs are not: send {{\"inputs\": …}} as JSON"
-        ))),
-        _ => Ok(None),
-    }
 }

@@ -79,12 +79,18 @@ pub struct Infer {
     pub timeout: Option<std::time::Duration>,
 }
 
-/// `parameters.timeout`: a whole number of microseconds; 0 (Triton: "no timeout") or
-/// absent is none.
+/// `parameters.timeout`: a whole number of microseconds, at most a day as the
+/// `X-Request-Timeout` header; 0 (Triton: "no timeout") or absent is none.
 fn timeout(params: &Params<'_>) -> Result<Option<std::time::Duration>, String> {
+    let max_us = (crate::http::pipeline::MAX_TIMEOUT_S * 1e6) as u64;
     let us = whole(params, "timeout").map_err(|other| {
         format!("parameter timeout must be a whole number of microseconds (0 = none), not {other}")
     })?;
+    if let Some(us) = us.filter(|us| *us > max_us) {
+        return Err(format!(
+            "parameter timeout must be at most {max_us} microseconds (a day, as X-Request-Timeout), not {us}"
+        ));
+    }
     Ok(us
         .filter(|us| *us > 0)
         .map(std::time::Duration::from_micros))
