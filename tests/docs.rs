@@ -1,0 +1,294 @@
+//! The documents tell the truth about themselves and the code (issue 42): a short README from
+//! which every page of `docs/` is reached; every internal link and anchor resolves; every page
+//! opens with a contents list that is exactly its headings; the options table is exactly the
+//! flags `app --help` lists; every app-metadata example is accepted by the real parser.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The README's length a newcomer reads before being sent elsewhere.
+const README_MAX_LINES: usize = 300;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and every `docs/*.md`, by path relative to the root.
+fn pages() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    out.insert(
+        "README.md".to_string(),
+        std::fs::read_to_string(root().join("README.md")).unwrap(),
+    );
+    for e in std::fs::read_dir(root().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            let name = format!("docs/{}", p.file_name().unwrap().to_string_lossy());
+            out.insert(name, std::fs::read_to_string(&p).unwrap());
+        }
+    }
+    out
+}
+
+/// The lines outside fenced code blocks.
+fn prose(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    text.lines()
+        .filter(|l| {
+            if l.starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect()
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces
+/// as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The page's headings (level, text), outside code blocks.
+fn headings(text: &str) -> Vec<(usize, String)> {
+    prose(text)
+        .into_iter()
+        .filter_map(|l| {
+            let level = l.chars().take_while(|c| *c == '#').count();
+            (1..=6)
+                .contains(&level)
+                .then(|| l[level..].strip_prefix(' '))
+                .flatten()
+                .map(|t| (level, t.to_string()))
+        })
+        .collect()
+}
+
+/// Every anchor of a page (a repeated heading gets `-1`, `-2`… as on GitHub).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    headings(text)
+        .into_iter()
+        .map(|(_, t)| {
+            let s = slug(&t);
+            let n = seen.entry(s.clone()).or_default();
+            let a = if *n == 0 { s } else { format!("{s}-{n}") };
+            *n += 1;
+            a
+        })
+        .collect()
+}
+
+/// Markdown link targets `](…)` outside code blocks (inline code spans included: a link
+/// written in backticks is not one, and none of ours are).
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose(text) {
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].to_string());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// A link from `page` resolved to (page or file path relative to the root, anchor);
+/// `None` for links out of the repository.
+fn resolve(page: &str, target: &str) -> Option<(String, Option<String>)> {
+    if target.contains("://") || target.starts_with("mailto:") {
+        return None;
+    }
+    let (file, anchor) = match target.split_once('#') {
+        Some((f, a)) => (f, Some(a.to_string())),
+        None => (target, None),
+    };
+    if file.is_empty() {
+        return Some((page.to_string(), anchor));
+    }
+    let base = Path::new(page).parent().unwrap_or(Path::new(""));
+    let mut parts: Vec<String> = Vec::new();
+    for c in base.join(file).components() {
+        match c {
+            std::path::Component::ParentDir => {
+                parts.pop();
+            }
+            std::path::Component::Normal(n) => parts.push(n.to_string_lossy().into_owned()),
+            _ => {}
+        }
+    }
+    Some((parts.join("/"), anchor))
+}
+
+#[test]
+fn every_internal_link_and_anchor_resolves() {
+    let pages = pages();
+    let mut broken = Vec::new();
+    for (page, text) in &pages {
+        for target in links(text) {
+            let Some((file, anchor)) = resolve(page, &target) else {
+                continue;
+            };
+            if !root().join(&file).exists() {
+                broken.push(format!("{page}: {target} (no file {file})"));
+                continue;
+            }
+            if let Some(a) = anchor {
+                match pages.get(&file) {
+                    Some(t) if anchors(t).contains(&a) => {}
+                    Some(_) => broken.push(format!("{page}: {target} (no heading #{a} in {file})")),
+                    None => {} // an anchor into a source file: not checked
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_readme_is_short_and_reaches_every_page() {
+    let pages = pages();
+    let readme = &pages["README.md"];
+    assert!(
+        readme.lines().count() <= README_MAX_LINES,
+        "README.md has {} lines; keep it at most {README_MAX_LINES} (the rest goes to docs/)",
+        readme.lines().count()
+    );
+    let mut reached = BTreeSet::from(["README.md".to_string()]);
+    let mut todo = vec!["README.md".to_string()];
+    while let Some(p) = todo.pop() {
+        for target in links(&pages[&p]) {
+            if let Some((file, _)) = resolve(&p, &target) {
+                if pages.contains_key(&file) && reached.insert(file.clone()) {
+                    todo.push(file);
+                }
+            }
+        }
+    }
+    let unreached: Vec<_> = pages.keys().filter(|p| !reached.contains(*p)).collect();
+    assert!(
+        unreached.is_empty(),
+        "pages no link from README.md leads to: {unreached:?}"
+    );
+}
+
+#[test]
+fn every_page_opens_with_a_contents_list_of_its_headings() {
+    for (page, text) in pages() {
+        if page == "README.md" {
+            continue;
+        }
+        let heads = headings(&text);
+        let wanted: Vec<String> = heads
+            .iter()
+            .filter(|(l, t)| (2..=3).contains(l) && t != "Contents")
+            .map(|(_, t)| format!("#{}", slug(t)))
+            .collect();
+        let lines = prose(&text);
+        let start = lines
+            .iter()
+            .position(|l| *l == "## Contents")
+            .unwrap_or_else(|| panic!("{page} has no `## Contents` list"));
+        let listed: Vec<String> = lines[start + 1..]
+            .iter()
+            .take_while(|l| l.is_empty() || l.trim_start().starts_with("- "))
+            .flat_map(|l| links(l))
+            .collect();
+        assert_eq!(
+            listed, wanted,
+            "{page}: the contents list must link every ## and ### heading, in order"
+        );
+    }
+}
+
+#[test]
+fn the_options_table_is_exactly_what_app_help_lists() {
+    let out = std::process::Command::new(common::app_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let flag = |s: &str| -> Option<String> {
+        let s = s.trim().trim_start_matches('`');
+        s.starts_with("--").then(|| {
+            s.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect()
+        })
+    };
+    let mut from_help: BTreeSet<String> = help.lines().filter_map(&flag).collect();
+    from_help.remove("--help");
+    let options = std::fs::read_to_string(root().join("docs/options.md")).unwrap();
+    let in_table: BTreeSet<String> = prose(&options)
+        .into_iter()
+        .filter(|l| l.starts_with("| `--"))
+        .filter_map(|l| flag(l.trim_start_matches('|')))
+        .collect();
+    assert!(from_help.len() >= 30, "{help}");
+    assert_eq!(
+        in_table, from_help,
+        "docs/options.md's table and `app --help` list different flags"
+    );
+}
+
+#[test]
+fn every_app_metadata_example_is_accepted_by_the_parser() {
+    let dir = tempfile::tempdir().unwrap();
+    // What the examples point at, so that the parser's own reads succeed.
+    std::fs::write(
+        dir.path().join("labels.json"),
+        r#"["negative", "neutral", "positive"]"#,
+    )
+    .unwrap();
+    for f in ["model.pt", "resnet18.pt", "encoder.pt", "tokenizer.json"] {
+        std::fs::write(dir.path().join(f), "").unwrap();
+    }
+    let meta = dir.path().join("app-metadata.json");
+    let mut checked = 0;
+    for (page, text) in pages() {
+        let mut block: Option<String> = None;
+        for line in text.lines() {
+            match (&mut block, line) {
+                (None, "```json") => block = Some(String::new()),
+                (Some(b), "```") => {
+                    let b = std::mem::take(b);
+                    block = None;
+                    // A fragment of fields is shown inside a minimal metadata.
+                    let doc = if b.trim_start().starts_with('{') {
+                        b
+                    } else {
+                        format!("{{\"name\": \"x\", \"model\": \"model.pt\", {b}}}")
+                    };
+                    let v: serde_json::Value = match serde_json::from_str(&doc) {
+                        Ok(v) => v,
+                        Err(e) => panic!("{page}: a json block is not JSON ({e}):\n{doc}"),
+                    };
+                    if v.get("name").is_none() || v.get("model").is_none() {
+                        continue; // not app metadata (a device call, a v2 answer…)
+                    }
+                    if let Err(e) = vramfork::metadata::AppMetadata::parse(&meta, &doc) {
+                        panic!("{page}: an app-metadata example is refused: {e}\n{doc}");
+                    }
+                    checked += 1;
+                }
+                (Some(b), l) => {
+                    b.push_str(l);
+                    b.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+    }
+    assert!(checked >= 5, "only {checked} metadata examples found");
+}
