@@ -139,6 +139,23 @@ impl ImageSpec {
         3 * h * w * element
     }
 
+    /// Likely unit mistakes in `mean` and `std` (the block at `at`), for a warning at start:
+    /// pixels are scaled to 0..1 before they apply (torchvision's `ToTensor()` then
+    /// `Normalize`), so a value over [`UNIT_MISTAKE`] — ImageNet's `[123.675, 116.28,
+    /// 103.53]` — is most likely in 0–255 units, and would leave every pixel near one value.
+    pub fn unit_warnings(&self, at: &str) -> Vec<String> {
+        [("mean", self.mean), ("std", self.std)]
+            .into_iter()
+            .filter(|(_, v)| v.iter().any(|x| x.abs() > UNIT_MISTAKE))
+            .map(|(field, v)| {
+                let scaled = v.map(|x| (f64::from(x) / 255.0 * 1e4).round() / 1e4);
+                format!(
+                    "`{at}.{field}` is {v:?}: pixels are scaled to 0..1 before `mean` and `std` apply (as ToTensor() then Normalize), so values over {UNIT_MISTAKE} look like 0-255 units; in 0..1 units that is {scaled:?}"
+                )
+            })
+            .collect()
+    }
+
     /// The most pixels an image resized for `center_crop` (its shorter side to
     /// `shorter_side`, before its centre is cut) may have: `max_pixels`, or 4 ×
     /// `shorter_side`² when that is more (an image of aspect ratio up to 4:1 is never
@@ -150,6 +167,10 @@ impl ImageSpec {
         }
     }
 }
+
+/// A `mean` or `std` value above this (in absolute value) is most likely in 0–255 units
+/// ([`ImageSpec::unit_warnings`]).
+pub const UNIT_MISTAKE: f32 = 2.0;
 
 /// How an image is brought to `size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,7 +262,10 @@ fn object<'a>(at: &str, v: &'a Value) -> Result<&'a Map<String, Value>, String> 
     }
 }
 
+/// Refuses a key of the block at `at` that is not one of `known`: a near miss of one as a
+/// typo of it (`crate::near_miss`), any other as not known.
 fn unknown(at: &str, o: &Map<String, Value>, known: &[&str]) -> Result<(), String> {
+    crate::near_miss::check(at, o, known, &[])?;
     match o.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(format!(
             "field `{at}.{k}` is not known; `{at}` takes {}",
@@ -687,5 +711,49 @@ mod tests {
             let e = parse_json(block, true).unwrap_err();
             assert!(e.contains(want), "{e:?} lacks {want:?}");
         }
+    }
+
+    #[test]
+    fn mean_and_std_in_0_255_units_are_warned_of_naming_the_field() {
+        let image = |block: &str| match parse_json(block, true).unwrap() {
+            Some(Document::Image(i)) => i,
+            _ => panic!("not an image"),
+        };
+        // ImageNet's in 0..1 units, the defaults, and 0.5/0.5: nothing to say.
+        for block in [
+            r#"{"image": {"size": [8, 8], "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}"#,
+            r#"{"image": {"size": [8, 8]}}"#,
+            r#"{"image": {"size": [8, 8], "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}"#,
+            r#"{"image": {"size": [8, 8], "mean": [-1.5, 0, 2], "std": [2, 1, 1]}}"#,
+        ] {
+            assert!(
+                image(block).unit_warnings("inputs[0].image").is_empty(),
+                "{block}"
+            );
+        }
+        // ImageNet's in 0-255 units: both named, with the values in 0..1 units.
+        let w = image(
+            r#"{"image": {"size": [8, 8], "mean": [123.675, 116.28, 103.53], "std": [58.395, 57.12, 57.375]}}"#,
+        )
+        .unit_warnings("inputs[1].image");
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("`inputs[1].image.mean` is [123.675, 116.28, 103.53]")
+                && w[0].contains("0-255 units")
+                && w[0].contains("[0.485, 0.456, 0.406]"),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[1].starts_with("`inputs[1].image.std` is [58.395, 57.12, 57.375]")
+                && w[1].contains("[0.229, 0.224, 0.225]"),
+            "{}",
+            w[1]
+        );
+        // One channel is enough.
+        let w = image(r#"{"image": {"size": [8, 8], "std": [1, 1, 255]}}"#)
+            .unit_warnings("inputs[0].image");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("`inputs[0].image.std`"), "{}", w[0]);
     }
 }

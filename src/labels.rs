@@ -40,10 +40,9 @@ pub fn parse(
             kind(v)
         ));
     };
-    if let Some(k) = b
-        .keys()
-        .find(|k| !["file", "top_k", "softmax"].contains(&k.as_str()))
-    {
+    let fields = ["file", "top_k", "softmax"];
+    crate::near_miss::check(&at, b, &fields, &[])?;
+    if let Some(k) = b.keys().find(|k| !fields.contains(&k.as_str())) {
         return Err(format!(
             "field `{at}.{k}` is not known; `{at}` takes file, top_k, softmax"
         ));

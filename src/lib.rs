@@ -21,6 +21,7 @@ pub mod logging;
 pub mod master;
 pub mod metadata;
 pub mod metrics;
+pub mod near_miss;
 pub mod plan;
 pub mod protocol;
 pub mod resources;

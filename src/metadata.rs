@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::near_miss;
 pub use crate::schema::{kind, Dtype};
 
 /// A tensor's element type as the Open Inference Protocol names it: a numeric or boolean
@@ -224,11 +225,7 @@ impl AppMetadata {
             }
             None => return Err(field("required field `name` is missing".into())),
         };
-        if let Some((typo, known)) = raw.keys().find_map(|k| near_miss(k).map(|n| (k, n))) {
-            return Err(field(format!(
-                "field `{typo}` is so close to `{known}` that it looks like a typo of it; rename it to `{known}` (as it is, vramfork would ignore it and use `{known}`'s default)"
-            )));
-        }
+        near_miss::check("", &raw, &KNOWN_FIELDS, &FOREIGN_FIELDS).map_err(field)?;
         for key in ["description", "version"] {
             if let Some(v) = raw.get(key) {
                 if !v.is_string() {
@@ -440,6 +437,22 @@ impl AppMetadata {
             .collect()
     }
 
+    /// Likely mistakes that do not stop the start, for warnings (the plan's): `mean` or
+    /// `std` of an `image` block in 0–255 units.
+    pub fn warnings(&self) -> Vec<String> {
+        let inputs = self.inputs.as_deref().unwrap_or_default();
+        inputs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, spec)| match &spec.document {
+                Some(crate::documents::Document::Image(image)) => {
+                    image.unit_warnings(&format!("inputs[{i}].image"))
+                }
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The document as JSON text, as handed to workers.
     pub fn to_json(&self) -> String {
         serde_json::to_string(&self.raw).expect("a JSON map always serializes")
@@ -615,36 +628,6 @@ const FOREIGN_FIELDS: [&str; 9] = [
     "dependencies",
 ];
 
-/// The known field an unknown `key` is a likely typo of: at most one edit away (two for
-/// names of 8 letters or more), ignoring case. Unknown fields further away are kept as they
-/// are (CLAMS metadata carries many).
-fn near_miss(key: &str) -> Option<&'static str> {
-    if KNOWN_FIELDS.contains(&key) || FOREIGN_FIELDS.contains(&key) || key.len() < 5 {
-        return None;
-    }
-    let key = key.to_ascii_lowercase();
-    KNOWN_FIELDS.into_iter().find(|k| {
-        let limit = if k.len() >= 8 { 2 } else { 1 };
-        k.len() >= 5 && edit_distance(&key, k) <= limit
-    })
-}
-
-/// Levenshtein distance between two ASCII-ish strings (by chars).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
-
 fn parse_input(v: &Value) -> Result<InputSpec, String> {
     let Value::Object(o) = v else {
         return Err(format!(
@@ -654,18 +637,7 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
     };
     // Both keys are optional, so a misspelt one would silently mean "any shape, float32";
     // other keys (a description…) are kept as written.
-    let near =
-        |k: &str, known: &str| k != known && edit_distance(&k.to_ascii_lowercase(), known) <= 2;
-    if let Some((k, known)) = o.keys().find_map(|k| {
-        ["shape", "dtype"]
-            .into_iter()
-            .find(|n| near(k, n))
-            .map(|n| (k, n))
-    }) {
-        return Err(format!(
-            "field `input.{k}` is so close to `input.{known}` that it looks like a typo of it; rename it to `{known}` (as it is, vramfork would ignore it)"
-        ));
-    }
+    near_miss::check("input", o, &["shape", "dtype"], &[])?;
     let shape = match o.get("shape") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_shape("input.shape", v)?),
@@ -688,6 +660,14 @@ fn parse_input(v: &Value) -> Result<InputSpec, String> {
     Ok(InputSpec { shape, dtype })
 }
 
+/// The fields vramfork reads in an entry of `inputs` or `outputs` (`key`).
+fn entry_fields(key: &str) -> &'static [&'static str] {
+    match key {
+        "inputs" => &["name", "datatype", "shape", "tokenizer", "image"],
+        _ => &["name", "datatype", "shape", "labels"],
+    }
+}
+
 /// `inputs` or `outputs`: a non-empty array of `{name, datatype, shape}` with unique names.
 fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
     let items = match v {
@@ -708,6 +688,7 @@ fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
                 kind(item)
             ));
         };
+        near_miss::check(&at, o, entry_fields(key), &[])?;
         let name = match o.get("name") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(v) => {
@@ -935,7 +916,6 @@ mod tests {
         )
         .unwrap();
         assert!(m.raw.contains_key("output") && m.raw.contains_key("est_gpu_mem_maximum"));
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
     }
 
     #[test]
@@ -955,6 +935,83 @@ mod tests {
         assert!(parse(r#"{"name": "d", "input": {"shape": [-1, 4], "description": "x"}}"#).is_ok());
         assert!(parse(r#"{"name": "d", "input": {"shape": [-1, 4], "dtype": "int64"}}"#).is_ok());
         assert!(parse(r#"{"name": "d", "input": {}}"#).is_ok());
+    }
+
+    #[test]
+    fn misspelt_fields_at_every_level_are_refused_with_their_path() {
+        let sig = |input: &str, output: &str| {
+            format!(
+                r#"{{"name": "d", "inputs": [{{"name": "text", "datatype": "BYTES", "shape": [-1]{input}}}],
+                   "outputs": [{{"name": "logits", "datatype": "FP32", "shape": [-1, 3]{output}}}]}}"#
+            )
+        };
+        for (input, output, want) in [
+            (
+                r#", "tokeniser": {"file": "t.json", "max_length": 8}"#,
+                "",
+                "field `inputs[0].tokeniser` is so close to `inputs[0].tokenizer`",
+            ),
+            (
+                r#", "Image": {"size": [8, 8]}"#,
+                "",
+                "field `inputs[0].Image` is so close to `inputs[0].image`",
+            ),
+            (
+                r#", "data_type": "BYTES""#,
+                "",
+                "(did you mean `datatype`?)",
+            ),
+            (
+                "",
+                r#", "label": {"file": "labels.json"}"#,
+                "field `outputs[0].label` is so close to `outputs[0].labels`",
+            ),
+            (
+                r#", "tokenizer": {"file": "t.json", "max_lenght": 8}"#,
+                "",
+                "field `inputs[0].tokenizer.max_lenght` is so close to `inputs[0].tokenizer.max_length`",
+            ),
+            (
+                r#", "image": {"size": [8, 8], "sdt": [1, 1, 1], "meen": [0, 0, 0]}"#,
+                "",
+                "field `inputs[0].image.meen` is so close to `inputs[0].image.mean`",
+            ),
+            (
+                "",
+                r#", "labels": {"file": "labels.json", "topk": 2}"#,
+                "field `outputs[0].labels.topk` is so close to `outputs[0].labels.top_k`",
+            ),
+        ] {
+            let e = err(&sig(input, output));
+            assert!(e.contains(want), "{input} {output}: {e}");
+        }
+        let e = err(r#"{"name": "d", "input": {"shpae": [-1, 4]}}"#);
+        assert!(
+            e.contains("field `input.shpae` is so close to `input.shape`"),
+            "{e}"
+        );
+        // Fields no near miss of one vramfork reads are kept, at every level.
+        let m = parse(
+            r#"{"name": "d", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4], "description": "features", "dims": [4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3], "note": "logits", "reshape": [3]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.raw["inputs"][0]["description"], "features");
+        assert_eq!(m.raw["outputs"][0]["reshape"], serde_json::json!([3]));
+    }
+
+    #[test]
+    fn an_image_mean_in_0_255_units_is_a_warning_naming_its_input() {
+        let m = parse(
+            r#"{"name": "d", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]},
+                {"name": "photo", "datatype": "BYTES", "shape": [-1],
+                 "image": {"size": [8, 8], "mean": [123.675, 116.28, 103.53]}}]}"#,
+        )
+        .unwrap();
+        let w = m.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("`inputs[1].image.mean` is"), "{}", w[0]);
+        assert!(parse(r#"{"name": "d"}"#).unwrap().warnings().is_empty());
     }
 
     #[test]

@@ -293,7 +293,8 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         policy.gpu_reserve_mb,
     );
     let mut why = vec![format!("CPU bound = 2 × {cpus} cores + 1 = {cpu_bound}")];
-    let mut warnings = Vec::new();
+    // The metadata's likely mistakes first (issue 47: `mean`/`std` in 0–255 units).
+    let mut warnings = meta.warnings();
     let no_gpu_reason = || {
         res.gpu_note
             .clone()
