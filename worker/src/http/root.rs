@@ -5,6 +5,7 @@ use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
+use vramfork::metadata::TensorSpec;
 
 use super::answer::{json_bytes, Answer};
 use super::body_kind::{classify, explained, BodyKind};
@@ -99,6 +100,33 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     Ok(answer)
 }
 
+/// Output `i` of the model's outputs as `POST /` writes them (`all`), `declared` being the
+/// metadata's `outputs`. With several declared, the model returns a tuple or list: its `i`-th
+/// item. With one, the model returns that output, or a tuple or list of it alone — what a
+/// transformers model traced with `torchscript=True` returns, `(logits,)` — written as a
+/// one-element array one level deeper than the declared shape: that element (as v2 names
+/// the tuple's item `outputs[0].name`).
+fn output_of<'a>(all: &'a Value, i: usize, declared: &[TensorSpec]) -> &'a Value {
+    if declared.len() > 1 {
+        return &all[i];
+    }
+    fn depth(v: &Value) -> usize {
+        match v {
+            Value::Array(items) => 1 + items.first().map_or(0, depth),
+            _ => 0,
+        }
+    }
+    // The labelled output has rows of scores (two levels) unless declared otherwise.
+    let rank = declared
+        .first()
+        .and_then(|d| d.shape.as_ref())
+        .map_or(2, Vec::len);
+    match all {
+        Value::Array(items) if items.len() == 1 && depth(all) == rank + 1 => &items[0],
+        _ => all,
+    }
+}
+
 /// The best classes of each row of the labelled output (`outputs[i].labels`), best first:
 /// `[[[name, score], …], …]`, one list per row. With one labelled output among several,
 /// the rows are its rows; with several labelled, an object by output name.
@@ -109,10 +137,10 @@ fn labelled(app: &App, outputs: &[u8]) -> Result<Value, ApiError> {
             "the outputs could not be read back for labels: {e}"
         ))
     })?;
-    let declared = app.metadata.outputs.as_ref().map_or(1, Vec::len);
+    let declared = app.metadata.outputs.as_deref().unwrap_or_default();
     let mut by_output = serde_json::Map::new();
     for (&i, labels) in &app.metadata.labels {
-        let out = if declared == 1 { &all } else { &all[i] };
+        let out = output_of(&all, i, declared);
         let rows: Vec<Vec<f64>> = match out {
             Value::Array(items) if items.iter().all(Value::is_number) => {
                 vec![items.iter().filter_map(Value::as_f64).collect()]
@@ -163,4 +191,38 @@ fn labelled(app: &App, outputs: &[u8]) -> Result<Value, ApiError> {
             .unwrap_or(Value::Null),
         _ => Value::Object(by_output),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use vramfork::metadata::{Datatype, Dtype};
+
+    fn spec(name: &str, shape: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype: Datatype::Tensor(Dtype::Float32),
+            shape: Some(shape.to_vec()),
+            document: None,
+        }
+    }
+
+    #[test]
+    fn a_labelled_output_is_found_alone_in_a_tuple_or_among_several() {
+        let rows = json!([[0.1, 0.9], [0.7, 0.3]]);
+        let one = [spec("logits", &[-1, 2])];
+        // The tensor itself, or a tuple of it alone (`(logits,)`).
+        assert_eq!(output_of(&rows, 0, &one), &rows);
+        assert_eq!(output_of(&json!([rows.clone()]), 0, &one), &rows);
+        // One row is not mistaken for a tuple.
+        let row = json!([[0.1, 0.9]]);
+        assert_eq!(output_of(&row, 0, &one), &row);
+        // With several outputs, the i-th.
+        let two = [spec("logits", &[-1, 2]), spec("pooled", &[-1, 4])];
+        let both = json!([rows.clone(), [[1, 2, 3, 4], [5, 6, 7, 8]]]);
+        assert_eq!(output_of(&both, 0, &two), &rows);
+        // Nothing declared: the outputs as they are.
+        assert_eq!(output_of(&rows, 0, &[]), &rows);
+    }
 }

@@ -8,12 +8,16 @@
 //! kernels lazily, the allocator growing its heaps, oneDNN choosing and generating kernels —
 //! is then paid before the first request instead of by it (which with `--max-requests 1` is
 //! every request). The first pass also checks the declared inputs against `forward()`
-//! ([`boot_refusal`]).
+//! ([`boot_refusal`]), and one more pass per text input whose passes ran shorter than its
+//! `max_length` runs a document of `max_length` tokens ([`check_max_lengths`]): a
+//! `max_length` beyond what the model takes (its position embeddings) ends the boot naming
+//! the field, instead of failing the first long text with a 500 (issue 47). An image input's
+//! passes already run at its declared `size`.
 
 use std::time::Instant;
 
 use tch::{CModule, Device, IValue, Tensor};
-use vramfork::documents::{Document, Feed, Padding};
+use vramfork::documents::{Document, Feed, Padding, TextSpec};
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
 use super::load::LoadError;
@@ -87,9 +91,10 @@ pub fn warm(
             }
         }
     }
+    let checked = check_max_lengths(module, plan, path, device)?;
     let warmed = Warmed {
         ms: start.elapsed().as_secs_f64() * 1e3,
-        passes: plan.passes * plan.shapes.len() as u32,
+        passes: plan.passes * plan.shapes.len() as u32 + checked,
     };
     tracing::debug!(
         ms = warmed.ms,
@@ -134,6 +139,52 @@ pub fn boot_refusal(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadE
     })
 }
 
+/// The text inputs whose warm-up passes ran shorter than their `max_length` (`"longest"`
+/// padding runs them at [`short_length`]) get one pass more each, at the one-request shape
+/// with that input's documents `max_length` tokens long. The passes before it ran, so its
+/// failure is the length's: the boot ends naming the field (a pass out of GPU memory is a
+/// warning: such requests will get 507). Returns the passes it ran.
+fn check_max_lengths(
+    module: &CModule,
+    plan: &Warmup,
+    path: &str,
+    device: Device,
+) -> Result<u32, LoadError> {
+    let Some(shapes) = plan.shapes.last() else {
+        return Ok(0);
+    };
+    let mut passes = 0;
+    for (i, spec) in plan.specs.iter().enumerate() {
+        let Some(Document::Text(text)) = &spec.document else {
+            continue;
+        };
+        if short_length(text) == text.max_length {
+            continue;
+        }
+        passes += 1;
+        let Err(e) = pass(module, &plan.specs, shapes, device, Some(i)) else {
+            continue;
+        };
+        if let Some(refused) = boot_refusal(path, &plan.specs, &e) {
+            return Err(refused);
+        }
+        let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
+        if matches!(super::classify(&e), super::RunError::OutOfMemory(_)) {
+            tracing::warn!(
+                "{field} = {n}: a pass on a document of {n} tokens ran out of GPU memory ({e}); requests with documents that long will get 507"
+            );
+            continue;
+        }
+        return Err(LoadError::Model {
+            path: path.to_string(),
+            reason: format!(
+                "{field} = {n}, but the model failed on {n} tokens (shorter documents ran): {e}. Set `{field}` to at most what the model takes (for a transformers model, its config's max_position_embeddings)"
+            ),
+        });
+    }
+    Ok(passes)
+}
+
 /// One forward pass on `device` with zeros of `shapes` (one per declared input); its
 /// duration in ms, or the model's message when it failed.
 pub fn warm_up(
@@ -142,12 +193,24 @@ pub fn warm_up(
     shapes: &[Vec<i64>],
     device: Device,
 ) -> Result<f64, String> {
+    pass(module, specs, shapes, device, None)
+}
+
+/// [`warm_up`], with the documents of text input `longest` (an index into `specs`), if any,
+/// `max_length` tokens long.
+fn pass(
+    module: &CModule,
+    specs: &[TensorSpec],
+    shapes: &[Vec<i64>],
+    device: Device,
+    longest: Option<usize>,
+) -> Result<f64, String> {
     let mut args = Vec::with_capacity(specs.len());
-    for (spec, shape) in specs.iter().zip(shapes) {
+    for (i, (spec, shape)) in specs.iter().zip(shapes).enumerate() {
         if let Some(doc) = &spec.document {
             // What its documents become: zeros at the rows the shape gives.
             let rows = shape.first().copied().unwrap_or(1);
-            for (t, kind) in document_args(doc, rows) {
+            for (t, kind) in document_args(doc, rows, longest == Some(i)) {
                 args.push(IValue::Tensor(t.to_kind(kind).to_device(device)));
             }
             continue;
@@ -181,16 +244,27 @@ pub fn warm_up(
     }
 }
 
+/// The tokens a text input's warm-up passes run at: `max_length` with `"max_length"`
+/// padding (every pass has that length), else 16 or fewer (a short document: running every
+/// pass at the longest would make a boot pay the worst case many times over).
+fn short_length(t: &TextSpec) -> usize {
+    match t.padding {
+        Padding::MaxLength => t.max_length,
+        Padding::Longest => t.max_length.min(16),
+    }
+}
+
 /// The tensors a document input gives `forward` for `rows` documents, as zeros (ones for an
-/// attention mask): a text input's feeds at `max_length` tokens with `"max_length"`
-/// padding, else 16 (or fewer), an image input's `[rows, 3, H, W]`.
-fn document_args(doc: &Document, rows: i64) -> Vec<(Tensor, tch::Kind)> {
+/// attention mask): a text input's feeds at [`short_length`] tokens, or `max_length` when
+/// `longest`; an image input's `[rows, 3, H, W]`.
+fn document_args(doc: &Document, rows: i64, longest: bool) -> Vec<(Tensor, tch::Kind)> {
     let cpu = Device::Cpu;
     match doc {
         Document::Text(t) => {
-            let len = match t.padding {
-                Padding::MaxLength => t.max_length,
-                Padding::Longest => t.max_length.min(16),
+            let len = if longest {
+                t.max_length
+            } else {
+                short_length(t)
             } as i64;
             t.feeds
                 .iter()
