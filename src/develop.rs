@@ -61,5 +61,7 @@ pub fn exec_worker(
             Ok(())
         });
     }
+    // The lines queued so far, before this process becomes the worker.
+    crate::logging::flush();
     cmd.exec()
 }

@@ -28,6 +28,8 @@ fn main() -> ExitCode {
         Ok(cfg) => run(cfg),
         Err(e) => fail(e),
     };
+    // The last lines (why it exits), for a bounded time: a stalled reader does not hold it.
+    logging::flush();
     ExitCode::from(code as u8)
 }
 

@@ -176,6 +176,7 @@ impl MasterMetrics {
             for w in s.live.values() {
                 traffic.add(&w.traffic);
             }
+            traffic.log_lines_dropped += crate::logging::dropped(crate::logging::Kind::Log);
             let p = s.pool;
             let snap = Snapshot {
                 traffic,
@@ -270,11 +271,26 @@ impl Source for MasterMetrics {
     }
 
     fn ready(&self) -> Result<String, String> {
-        let (ready, planned, stopping, last) =
-            self.with(|s| (s.pool.ready, s.pool.target, s.stopping, s.last_ready));
+        let (ready, planned, stopping, last, turn) = self.with(|s| {
+            (
+                s.pool.ready,
+                s.pool.target,
+                s.stopping,
+                s.last_ready,
+                s.last_turn,
+            )
+        });
         let since = last.map(|t| t.elapsed());
+        // The pool's figures are as of the loop's last turn: a stuck loop's are stale, and
+        // nobody replaces a worker that dies meanwhile.
+        let stale = turn.map(|t| t.elapsed()).filter(|ago| *ago > LOOP_STALE);
         if stopping {
             Err("stopping".into())
+        } else if let Some(ago) = stale {
+            Err(format!(
+                "the supervisor loop has not turned for {:.1} s: the workers' state is not known",
+                ago.as_secs_f64()
+            ))
         } else if ready > 0 {
             Ok(format!("{ready} of {planned} workers ready"))
         } else if let Some(ago) = since.filter(|a| *a <= READY_GRACE) {
@@ -426,6 +442,9 @@ mod tests {
         assert_eq!(m.ready(), Err("stopping".into()));
         m.with(|s| s.last_turn = Some(Instant::now() - LOOP_STALE - Duration::from_secs(1)));
         assert!(m.live().unwrap_err().contains("has not turned"));
+        // A loop that does not turn makes its last figures stale: not ready either.
+        m.with(|s| s.stopping = false);
+        assert!(m.ready().unwrap_err().contains("has not turned"));
     }
 
     #[test]

@@ -387,6 +387,11 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
         "Access-log lines dropped because stderr could not keep up (--access-log); the requests were answered.",
         vec![(vec![], t.access_log_dropped)],
     );
+    f.counter(
+        "log_lines_dropped",
+        "Log lines (access-log lines apart) the master and the workers dropped because stderr could not keep up (a pipe nobody reads, a stalled journal); nothing waited for them.",
+        vec![(vec![], t.log_lines_dropped)],
+    );
     f.gauge(
         "requests_in_flight",
         "Requests being handled now (as of the workers' last heartbeats).",

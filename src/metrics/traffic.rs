@@ -60,6 +60,9 @@ pub struct Traffic {
     /// Access-log lines dropped because stderr could not keep up (`--access-log`).
     #[serde(default)]
     pub access_log_dropped: u64,
+    /// Log lines (not access-log lines) dropped because stderr could not keep up.
+    #[serde(default)]
+    pub log_lines_dropped: u64,
     /// Requests refused by token auth, by `<port>/<reason>` (`serving/missing`,
     /// `metrics/invalid`…).
     #[serde(default)]
@@ -77,6 +80,7 @@ impl Traffic {
             *self.batches.entry(*rows).or_default() += n;
         }
         self.access_log_dropped += o.access_log_dropped;
+        self.log_lines_dropped += o.log_lines_dropped;
         for (k, n) in &o.auth_failures {
             *self.auth_failures.entry(k.clone()).or_default() += n;
         }

@@ -3,14 +3,14 @@
 //!
 //! Off the request path: an answer only pushes its [`Record`] into a bounded buffer (one
 //! uncontended lock, no system call, no formatting); a thread of its own formats what has
-//! gathered every [`FLUSH_EVERY`] and writes it in pieces of at most [`PIPE_BUF`] bytes,
-//! whole lines only, so that a line is never interleaved with another process's output on a
-//! pipe. When stderr is slow (a full pipe, a stalled journal) that thread waits, the buffer
-//! fills, and further records are dropped and counted (`vramfork_access_log_dropped_total`)
-//! rather than ever making a request wait.
+//! gathered every [`FLUSH_EVERY`] and hands the lines to the process's log path
+//! (`vramfork::logging`), which writes whole lines of at most 4,096 bytes (`PIPE_BUF`, a
+//! longer line's path cut to fit) and never waits on stderr. When stderr is slow (a full
+//! pipe, a stalled journal) the log path's queue fills, and further lines are dropped and
+//! counted (`vramfork_access_log_dropped_total`) rather than ever making a request, or
+//! another log line, wait.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,10 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Records held at most while the writer is behind; more are dropped and counted.
 pub const CAPACITY: usize = 16_384;
-/// How long an exiting worker waits for a writer that is writing.
-const EXIT_WAIT: Duration = Duration::from_secs(1);
-/// The size up to which a write to a pipe is atomic (POSIX: at least 512; Linux: 4096).
-const PIPE_BUF: usize = 4096;
 
 /// What the pipeline learns about a model request, for its access-log line: set in the
 /// request's extensions by dispatch when the log is on, filled in as the request goes.
@@ -89,7 +85,7 @@ pub struct AccessLog {
     pending: Mutex<Vec<Record>>,
     /// Records dropped because the buffer was full.
     dropped: AtomicU64,
-    /// Serialises writes (the thread's and the final flush), so lines keep their order.
+    /// Serialises flushes (the thread's and the final one), so lines keep their order.
     out: Mutex<()>,
     json: bool,
     slot: u32,
@@ -131,54 +127,33 @@ impl AccessLog {
         p.push(r);
     }
 
-    /// Records dropped so far.
+    /// Lines dropped so far: records the buffer had no room for, and lines the log path
+    /// dropped (no room in its queue, or left unwritten when the worker exited).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+            + vramfork::logging::dropped(vramfork::logging::Kind::Access)
     }
 
-    /// Writes what is left, unless the writer thread is stuck on a stderr nobody reads (then
-    /// what is left is counted as dropped): the worker calls it before it exits, and must
-    /// not wait on its output to do so.
+    /// Hands what is left to the log path: the worker calls it before it exits (which then
+    /// writes it, for a bounded time: `vramfork::logging::flush`).
     pub fn flush_at_exit(&self) {
-        // The writer holds the output for a moment when it writes, for ever when stuck.
-        let deadline = std::time::Instant::now() + EXIT_WAIT;
-        while std::time::Instant::now() < deadline {
-            if let Ok(out) = self.out.try_lock() {
-                drop(out);
-                self.flush();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let left = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        self.dropped.fetch_add(left.len() as u64, Ordering::Relaxed);
+        self.flush();
     }
 
-    /// Writes everything gathered so far (the writer thread).
+    /// Hands everything gathered so far to the log path, one line per record (which counts
+    /// what it has no room for). Never waits on stderr.
     fn flush(&self) {
         let _out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         if batch.is_empty() {
             return;
         }
-        let mut text = String::with_capacity(batch.len() * 256);
-        let mut chunk_start = 0;
-        let mut stderr = std::io::stderr().lock();
-        for r in &batch {
-            let before = text.len();
+        let lines = batch.iter().map(|r| {
+            let mut text = String::with_capacity(256 + r.target.len());
             self.line(r, &mut text);
-            if text.len() - chunk_start > PIPE_BUF && before > chunk_start {
-                // Write the whole lines before this one.
-                if stderr
-                    .write_all(&text.as_bytes()[chunk_start..before])
-                    .is_err()
-                {
-                    return;
-                }
-                chunk_start = before;
-            }
-        }
-        let _ = stderr.write_all(&text.as_bytes()[chunk_start..]);
+            text.into_bytes()
+        });
+        vramfork::logging::submit(lines, vramfork::logging::Kind::Access);
     }
 
     /// Appends one line for `r`.

@@ -104,6 +104,7 @@ impl App {
             .unwrap_or_default();
         t.batches = self.runner.batches();
         t.access_log_dropped = self.access_log.as_ref().map_or(0, |l| l.dropped());
+        t.log_lines_dropped = vramfork::logging::dropped(vramfork::logging::Kind::Log);
         t
     }
 }

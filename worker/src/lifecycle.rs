@@ -100,6 +100,8 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         if let Some(log) = &app.access_log {
             log.flush_at_exit();
         }
+        // Written (for a bounded time), or counted as dropped in the last report.
+        vramfork::logging::flush();
         crate::report::report(&app, &mut None);
         if quick {
             return Ok(vramfork::protocol::worker_exit::OK);

@@ -129,9 +129,10 @@ pub fn one_intra_thread_here() {
 }
 
 /// Exits now with `code`, without C++ static destructors (the model thread may still be
-/// inside libtorch, e.g. after a request timeout).
+/// inside libtorch, e.g. after a request timeout). The last log lines go first, for a
+/// bounded time (`vramfork::logging::flush`: a reader that stalls does not hold the exit).
 pub fn exit_now(code: i32) -> ! {
-    let _ = std::io::stderr().flush();
+    vramfork::logging::flush();
     let _ = std::io::stdout().flush();
     // SAFETY: _exit ends the process immediately; nothing runs after it, so no Rust
     // invariant can be observed broken.

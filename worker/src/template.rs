@@ -36,7 +36,8 @@ pub fn run(process_ms: f64) -> i32 {
             return worker_exit::CONFIG;
         }
     };
-    vramfork::logging::init(cfg.log_json);
+    // No writer thread: the template must stay single-threaded to fork.
+    vramfork::logging::init_single_threaded(cfg.log_json);
     process::set_process_name("vf-template");
     // One intra-op thread while loading and warming up; each worker sets its own count
     // after the fork. With libtorch's default (one per core), loading a real model
