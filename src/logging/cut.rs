@@ -1,8 +1,10 @@
 //! The line-size rule: a line is at most [`PIPE_BUF`] bytes (4,096), the most a pipe takes in
 //! one atomic write, so that lines from several processes sharing stderr never mix. A longer
-//! line is shortened, never split: in a JSON line its longest string values (a long request
-//! path, a long message) lose their ends, marked `[... N bytes cut]`, so that the line stays
-//! one valid JSON object; any other line loses its end, marked the same way.
+//! line is shortened, never split: in a JSON line its longest strings (a long request path,
+//! a long message) are cut to one length, the longest that makes the line fit, each keeping
+//! its start and marked `[...N-bytes-cut]`, so that the line stays one valid JSON object;
+//! any other line (text, or JSON too long without its strings) loses its end, marked the
+//! same way. (A text access line has its request target cut instead: `access_log.rs`.)
 
 /// The size up to which a write to a pipe is atomic (POSIX: at least 512; Linux: 4096).
 pub const PIPE_BUF: usize = 4096;
@@ -26,8 +28,10 @@ pub fn fit(line: &mut Vec<u8>) {
     shorten_text(line);
 }
 
-fn marker(cut: usize) -> String {
-    format!("[... {cut} bytes cut]")
+/// What marks a cut: `[...N-bytes-cut]` (no space, so that a text line's fields stay
+/// apart).
+pub fn marker(cut: usize) -> String {
+    format!("[...{cut}-bytes-cut]")
 }
 
 /// Cuts the end of a text line (at a character boundary) to fit, with the marker.
@@ -159,10 +163,10 @@ mod tests {
         // Both long strings keep their start, about as much of each.
         let kept = v["fields"]["path"].as_str().unwrap();
         assert!(kept.starts_with("/nowhere/é\\\"\n"), "{kept:.40}");
-        assert!(kept.ends_with(" bytes cut]"), "{kept}");
+        assert!(kept.ends_with("-bytes-cut]"), "{kept}");
         let note = v["fields"]["note"].as_str().unwrap();
         assert!(
-            note.starts_with("üü") && note.ends_with(" bytes cut]"),
+            note.starts_with("üü") && note.ends_with("-bytes-cut]"),
             "{note}"
         );
         assert!(
@@ -190,7 +194,7 @@ mod tests {
         let out = fitted(&line);
         assert!(out.starts_with("2026 WARN éé"));
         assert!(
-            out.ends_with(" bytes cut]\n"),
+            out.ends_with("-bytes-cut]\n"),
             "{:?}",
             &out[out.len() - 40..]
         );
@@ -200,6 +204,6 @@ mod tests {
     fn json_that_strings_cannot_shorten_enough_is_cut_as_text() {
         let numbers: Vec<u32> = (0..2000).collect();
         let out = fitted(&serde_json::to_string(&serde_json::json!({ "n": numbers })).unwrap());
-        assert!(out.ends_with(" bytes cut]\n"));
+        assert!(out.ends_with("-bytes-cut]\n"));
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
 
-pub use cut::PIPE_BUF;
+pub use cut::{marker, PIPE_BUF};
 pub use queue::Kind;
 
 /// Before a process exits: how long its last lines may take at most, and how long it waits

@@ -186,20 +186,41 @@ impl AccessLog {
             );
         } else {
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| format!("{:.3}", ms(v)));
-            let _ = writeln!(
-                out,
-                "{time}  INFO access: {} {} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} slot={} pid={}",
-                r.method,
-                printable(&r.target),
-                r.status,
-                r.request_id,
-                r.bytes_out,
-                opt(wait),
-                opt(model),
-                ms(total),
-                self.slot,
-                self.pid,
-            );
+            let target = printable(&r.target);
+            // The fields after a long target are kept: the target is what gets cut (a
+            // JSON line's longest string, the path, is cut by the log path itself).
+            let start = out.len();
+            let rest = |target: &str, out: &mut String| {
+                let _ = writeln!(
+                    out,
+                    "{time}  INFO access: {} {target} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} slot={} pid={}",
+                    r.method,
+                    r.status,
+                    r.request_id,
+                    r.bytes_out,
+                    opt(wait),
+                    opt(model),
+                    ms(total),
+                    self.slot,
+                    self.pid,
+                );
+            };
+            rest(&target, out);
+            let excess = (out.len() - start).saturating_sub(vramfork::logging::PIPE_BUF);
+            if excess > 0 {
+                out.truncate(start);
+                let mark = vramfork::logging::marker(target.len());
+                let mut keep = target.len().saturating_sub(excess + mark.len());
+                while !target.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+                let cut = format!(
+                    "{}{}",
+                    &target[..keep],
+                    vramfork::logging::marker(target.len() - keep)
+                );
+                rest(&cut, out);
+            }
         }
     }
 }
@@ -319,6 +340,21 @@ mod tests {
         assert_eq!(s.matches('\n').count(), 1, "{s:?}");
         assert!(s.contains(" POST /a%20b\\nc 200 request_id=id-1 "), "{s:?}");
         assert!(s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 slot=3 pid=42"));
+    }
+
+    #[test]
+    fn a_long_target_is_cut_so_that_the_line_fits_with_all_its_fields() {
+        let target = format!("/a b/{}", "é".repeat(5000));
+        let mut s = String::new();
+        log(false).line(&record(&target, None), &mut s);
+        assert!(s.len() <= vramfork::logging::PIPE_BUF, "{} bytes", s.len());
+        assert!(s.contains(" POST /a%20b/éé"), "{s:.80}");
+        assert!(s.contains("-bytes-cut] 200 request_id=id-1 "), "{s}");
+        assert!(s.ends_with(" slot=3 pid=42\n"));
+        // A short one is left as it is.
+        let mut s = String::new();
+        log(false).line(&record("/short", None), &mut s);
+        assert!(s.contains(" POST /short 200 ") && !s.contains("cut]"));
     }
 
     #[test]
