@@ -39,6 +39,7 @@
 //! | `key_file_changed` | warn, error | `flag`, `file`, `loads` | as it starts a worker, the master saw a key file changed since it was read (at start or the last accepted HUP), once per change: the workers keep the keys read then until a HUP reads the file (`loads` = false: as it is now, it would be refused) |
 //! | `tls_reloaded`, `tls_reload_failed` | info, error | `cert`; `error` | `--tls-cert`: the certificate files changed and were read again for new connections (logged by whoever serves TLS: each worker, and the master for `--metrics-port`); or they no longer load, and the previous certificate stays |
 //! | `signal_ignored` | warn | | USR1 or USR2 (gunicorn's log reopen and binary upgrade): nothing to do |
+//! | `log_lines_dropped` | warn | `dropped`, `access_dropped` | stderr takes lines again after lines were dropped (a reader that stalled): how many log and access-log lines this process (the master, a worker, the template) dropped since its last such line; at most one a second (`src/logging/queue.rs`) |
 //!
 //! Why a worker went: it retired by itself (`worker_retiring`, its `reason`), the master asked
 //! it to (`worker_retire_asked`, `why`) or killed it (`worker_killed`, `why`); its
