@@ -74,14 +74,17 @@ fn serve_on_every_worker(s: &Server, pids: &[u32]) {
     });
 }
 
-/// `pid`'s threads are its main thread, the model thread's team of `n` (`vf-model`) and, at
-/// most, the event loop's blocking threads (`vf-http`, which parse large bodies).
+/// `pid`'s threads are its main thread, the model thread's team of `n` (`vf-model`), its log
+/// writer (`vf-log`) and, at most, the event loop's blocking threads (`vf-http`, which parse
+/// large bodies).
 fn assert_team(pid: u32, n: usize, what: &str, s: &Server) {
     let t = threads(pid);
     let model = t.get("vf-model").copied().unwrap_or(0);
     let others: Vec<_> = t
         .keys()
-        .filter(|k| !matches!(k.as_str(), "vf-model" | "vf-http") && !k.starts_with("vf-worker-"))
+        .filter(|k| {
+            !matches!(k.as_str(), "vf-model" | "vf-http" | "vf-log") && !k.starts_with("vf-worker-")
+        })
         .collect();
     assert!(
         model == n && others.is_empty() && t.keys().any(|k| k.starts_with("vf-worker-")),
