@@ -22,7 +22,9 @@ pub use cut::{marker, PIPE_BUF};
 pub use queue::Kind;
 
 /// Before a process exits: how long its last lines may take at most, and how long it waits
-/// when none of them can be written (a reader that stalls) before it leaves them.
+/// when none of them can be written (a reader that stalls) before it leaves them — counted
+/// from the last write that went out, so that a process that finds stderr stalled for long
+/// (or never wrote a line) waits only 10 ms.
 pub const EXIT_FLUSH: Duration = Duration::from_secs(1);
 pub const EXIT_STUCK: Duration = Duration::from_millis(100);
 
@@ -107,7 +109,7 @@ pub fn dropped(kind: Kind) -> u64 {
 }
 
 /// Writes what is queued before the process exits or execs: at most [`EXIT_FLUSH`], and no
-/// more than [`EXIT_STUCK`] without writing anything; what is left then is dropped and
+/// more than [`EXIT_STUCK`] since anything was written; what is left then is dropped and
 /// counted. Never waits for ever.
 pub fn flush() {
     queue::logger().flush(EXIT_FLUSH, EXIT_STUCK);

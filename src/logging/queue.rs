@@ -34,6 +34,8 @@ pub const CAPACITY: usize = 1 << 20;
 const ACCESS_ROOM: usize = CAPACITY / 4 * 3;
 /// How long the writer thread waits for room, or for lines, before it looks again.
 const TICK: Duration = Duration::from_secs(1);
+/// The least a flush waits for room before it gives up (see [`Logger::flush`]).
+const MIN_WAIT: Duration = Duration::from_millis(10);
 /// At most one `log_lines_dropped` line this often.
 const NOTICE_EVERY: Duration = Duration::from_secs(1);
 
@@ -61,6 +63,8 @@ struct Output {
     rest: Vec<u8>,
     /// The last write found no room.
     stalled: bool,
+    /// When a write last went out (in this process, or in the parent it was forked from).
+    wrote_at: Option<Instant>,
     last_notice: Option<Instant>,
 }
 
@@ -118,7 +122,12 @@ impl Logger {
     /// thread that is gone): starts from an empty queue and no writer thread.
     fn adopt(&self, me: u32) {
         *lock(&self.queue) = Queue::default();
-        *lock(&self.output) = Output::default();
+        let mut out = lock(&self.output);
+        *out = Output {
+            wrote_at: out.wrote_at,
+            ..Output::default()
+        };
+        drop(out);
         self.owner.store(me, Ordering::Release);
     }
 
@@ -208,9 +217,13 @@ impl Logger {
         loop {
             if !out.rest.is_empty() {
                 match self.sink.write(&out.rest) {
-                    Ok(n) if n == out.rest.len() => out.rest.clear(),
+                    Ok(n) if n == out.rest.len() => {
+                        out.rest.clear();
+                        out.wrote_at = Some(Instant::now());
+                    }
                     Ok(n) => {
                         out.rest.drain(..n);
+                        out.wrote_at = Some(Instant::now());
                         out.stalled = true;
                         return Drained::Stalled;
                     }
@@ -241,9 +254,13 @@ impl Logger {
                 return Drained::Empty;
             }
             match self.sink.write(&out.chunk) {
-                Ok(n) if n == out.chunk.len() => out.stalled = false,
+                Ok(n) if n == out.chunk.len() => {
+                    out.stalled = false;
+                    out.wrote_at = Some(Instant::now());
+                }
                 Ok(n) => {
                     out.rest = out.chunk[n..].to_vec();
+                    out.wrote_at = Some(Instant::now());
                     out.stalled = true;
                     return Drained::Stalled;
                 }
@@ -306,8 +323,10 @@ impl Logger {
     }
 
     /// Writes what is queued, waiting at most `limit` in all and giving up sooner when
-    /// nothing could be written for `stuck`: before a process exits or execs. What is left
-    /// then is dropped and counted (the process is leaving; nobody would write it).
+    /// nothing could be written for `stuck` (counted from the last write that went out, so
+    /// that a process that finds stderr long stalled, or never wrote a line, waits only
+    /// [`MIN_WAIT`]): before a process exits or execs. What is left then is dropped and counted (the process is
+    /// leaving; nobody would write it).
     pub fn flush(&self, limit: Duration, stuck: Duration) {
         self.write_queued(limit, stuck);
         let mut q = lock(&self.queue);
@@ -319,7 +338,16 @@ impl Logger {
 
     fn write_queued(&self, limit: Duration, stuck: Duration) {
         let start = Instant::now();
-        let mut progress = start;
+        let floor = start
+            .checked_sub(stuck.saturating_sub(MIN_WAIT))
+            .unwrap_or(start);
+        // A process none of whose lines ever went out (a worker forked while stderr was
+        // stalled) waits the least; one whose writer is writing right now, the most.
+        let wrote_at = match self.output.try_lock() {
+            Ok(o) => o.wrote_at.unwrap_or(floor),
+            Err(_) => start,
+        };
+        let mut progress = wrote_at.max(floor);
         let mut left = self.queued();
         loop {
             let drained = self.drain();
