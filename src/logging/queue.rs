@@ -157,11 +157,18 @@ impl Logger {
             Kind::Log => CAPACITY,
             Kind::Access => ACCESS_ROOM,
         };
+        // Made (formatted, cut) before the lock: other threads' lines do not wait on it.
+        let lines: Vec<Vec<u8>> = lines
+            .into_iter()
+            .map(|mut line| {
+                fit(&mut line);
+                line
+            })
+            .collect();
         let mut refused = 0;
         {
             let mut q = lock(&self.queue);
-            for mut line in lines {
-                fit(&mut line);
+            for line in lines {
                 if q.bytes + line.len() > room {
                     refused += 1;
                     continue;
