@@ -327,8 +327,19 @@ mod tests {
         t.encode(text, true).unwrap()
     }
 
+    /// English prose with code and tables: the project's own documents.
+    fn prose() -> String {
+        [
+            include_str!("../../../README.md"),
+            include_str!("../../../docs/production.md"),
+            include_str!("../../../docs/metadata.md"),
+        ]
+        .concat()
+    }
+
     fn texts() -> Vec<(&'static str, String)> {
-        let readme = include_str!("../../../README.md");
+        let prose = prose();
+        let readme = prose.as_str();
         let mut end = 40_000;
         while !readme.is_char_boundary(end) {
             end -= 1;
@@ -340,7 +351,7 @@ mod tests {
         let late = format!("{}{readme}", "\n".repeat(3000));
         let long_word = format!("{}{readme}", "x".repeat(5000));
         vec![
-            ("the README", readme.to_string()),
+            ("the docs", readme.to_string()),
             ("spaces 40 times", spaced),
             ("CJK", cjk),
             ("emoji and accents", emoji),
@@ -375,7 +386,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("wordpiece.json");
         std::fs::write(&file, serde_json::to_vec(&wordpiece()).unwrap()).unwrap();
-        let doc = include_str!("../../../README.md").repeat(400);
+        let prose = prose();
+        let doc = prose.repeat((31 << 20) / prose.len() + 1);
         assert!(doc.len() > 30 << 20, "{}", doc.len());
         let text = Text::load(&spec(&file, 24, true)).unwrap();
         let got = text.encode_one(&doc).unwrap();
