@@ -50,7 +50,7 @@ fn run(cfg: Config) -> i32 {
         Err(e) => return fail(ConfigError(format!("--nvml-library: {e}"))),
     };
     let res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
-    let plan = match plan::plan(&res, &cfg.metadata, &cfg.policy()) {
+    let plan = match plan::plan(&res, &plan::Demand::declared(&cfg.metadata), &cfg.policy()) {
         Ok(p) => p,
         Err(e) => return fail(ConfigError(e.to_string())),
     };
@@ -199,8 +199,8 @@ fn run(cfg: Config) -> i32 {
     // Learning needs something to compare with: GPU workers planned from a footprint.
     let learner = (plan.device == vramfork::protocol::Device::Cuda
         && gpus.is_some()
-        && plan.est_gpu_mem_typ > 0)
-        .then(|| Learner::new(plan.est_gpu_mem_typ, footprint_file));
+        && plan.planned_typ_mb > 0)
+        .then(|| Learner::new(plan.planned_typ_mb, footprint_file));
     Supervisor::new(cfg, plan, listener, signals, gpus, metrics)
         .with_learner(learner)
         .run()
@@ -255,9 +255,6 @@ fn measured_plan(
         return Ok((plan, footprint_file));
     };
     p.log();
-    if p.kept_estimate.is_none() {
-        cfg.metadata.est_gpu_mem_typ = p.planned_mb;
-    }
     for w in p
         .plan
         .warnings

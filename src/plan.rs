@@ -51,6 +51,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use std::path::PathBuf;
+
 use crate::metadata::AppMetadata;
 use crate::protocol::{
     cuda_version_text, Device, GpuAssignment, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION,
@@ -70,6 +72,69 @@ pub const MIN_ALLOCATOR_MB: u64 = 64;
 /// [`MIN_ALLOCATOR_MB`] (rule 7).
 pub fn per_worker_mb(typ: u64) -> u64 {
     typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB)
+}
+
+/// What a GPU of `total_mb` with `free_mb` free offers the server: `min(total × fraction,
+/// free) − reserve`, saturating at 0 (rule 3). The plan and the placement of slots beyond
+/// it ([`crate::master::rules::place_unplaced`]) both ask it.
+pub fn usable_mb(total_mb: u64, fraction: f64, free_mb: u64, reserve_mb: u64) -> u64 {
+    let share = (total_mb as f64 * fraction).floor() as u64;
+    share.min(free_mb).saturating_sub(reserve_mb)
+}
+
+/// **The one rule of fitting**: how many workers of `per_worker_mb` fit in `usable_mb`
+/// (`floor(usable / per worker)`; a worker fits where `usable ≥ per worker`). Asked by the
+/// plan for each GPU, by [`crate::master::rules::place_unplaced`] for a slot beyond the
+/// plan, and by the footprint learner with the footprint observed while serving.
+pub fn workers_fitting(usable_mb: u64, per_worker_mb: u64) -> u32 {
+    match usable_mb.checked_div(per_worker_mb) {
+        Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
+        None => u32::MAX,
+    }
+}
+
+/// What the app asks of a GPU: the numbers [`plan`] reads, taken from the app metadata
+/// ([`Demand::declared`]) and, when a worker's footprint was measured, from that
+/// (`master::measured`). The declared metadata is never changed: the plan owns the
+/// figure per worker ([`Plan::planned_typ_mb`]) and every reader takes it from there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demand {
+    /// `est_gpu_mem_min`: what a GPU must have free (plus the reserve) to take a worker.
+    pub min_mb: u64,
+    /// MB per worker to plan with: `est_gpu_mem_typ` as declared, or the measured
+    /// footprint with headroom.
+    pub typ_mb: u64,
+    /// `est_gpu_mem_typ` as declared.
+    pub declared_typ_mb: u64,
+    /// The footprint `typ_mb` was made from, when it was measured.
+    pub measured_mb: Option<u64>,
+    /// The metadata file, named in warnings.
+    pub metadata: PathBuf,
+    /// The metadata's own warnings, first among the plan's.
+    pub warnings: Vec<String>,
+}
+
+impl Demand {
+    /// What the metadata declares.
+    pub fn declared(meta: &AppMetadata) -> Demand {
+        Demand {
+            min_mb: meta.est_gpu_mem_min,
+            typ_mb: meta.est_gpu_mem_typ,
+            declared_typ_mb: meta.est_gpu_mem_typ,
+            measured_mb: None,
+            metadata: meta.path.clone(),
+            warnings: meta.warnings(),
+        }
+    }
+
+    /// Planned from a measured footprint: `planned_mb` per worker instead of the estimate.
+    pub fn measured(self, footprint_mb: u64, planned_mb: u64) -> Demand {
+        Demand {
+            typ_mb: planned_mb,
+            measured_mb: Some(footprint_mb),
+            ..self
+        }
+    }
 }
 
 /// Default share of a GPU's memory the server may plan for, by the GPU's total memory:
@@ -212,9 +277,11 @@ pub struct Plan {
     /// Σ fits over GPUs, when GPU memory bounds the count.
     pub gpu_bound: Option<u32>,
     pub est_gpu_mem_min: u64,
-    /// MB per worker the plan assumes: the metadata's `est_gpu_mem_typ`, or the measured
-    /// footprint with headroom (`master::measured`).
-    pub est_gpu_mem_typ: u64,
+    /// MB per worker the plan assumes, **the one figure every reader takes**: the
+    /// metadata's `est_gpu_mem_typ` as declared, or the measured footprint with headroom
+    /// (`master::measured`). Named `est_gpu_mem_typ` in `app plan --json`.
+    #[serde(rename = "est_gpu_mem_typ")]
+    pub planned_typ_mb: u64,
     /// The metadata's `est_gpu_mem_typ` as declared.
     pub declared_typ_mb: u64,
     /// The footprint one worker was measured with (`--profile-memory`, `--footprint-file`),
@@ -263,7 +330,7 @@ pub enum PlanError {
 }
 
 /// Makes the plan. See the module documentation for the rules.
-pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan, PlanError> {
+pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, PlanError> {
     if let Some(f) = policy.gpu_memory_utilization {
         if !(f > 0.0 && f <= 1.0) {
             return Err(PlanError::InvalidPolicy(format!(
@@ -287,14 +354,10 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
 
     let cpus = res.cpus.max(1);
     let cpu_bound = u32::try_from(2 * cpus + 1).unwrap_or(u32::MAX);
-    let (min, typ, reserve) = (
-        meta.est_gpu_mem_min,
-        meta.est_gpu_mem_typ,
-        policy.gpu_reserve_mb,
-    );
+    let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
     let mut why = vec![format!("CPU bound = 2 × {cpus} cores + 1 = {cpu_bound}")];
     // The metadata's likely mistakes first (issue 47: `mean`/`std` in 0–255 units).
-    let mut warnings = meta.warnings();
+    let mut warnings = demand.warnings.clone();
     let no_gpu_reason = || {
         res.gpu_note
             .clone()
@@ -319,7 +382,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                  over {} GPU(s) with no memory bound and no allocator cap; set est_gpu_mem_min \
                  and est_gpu_mem_typ in {}",
                 res.gpus.len(),
-                meta.path.display()
+                demand.metadata.display()
             ));
             PlacementMode::GpuSpread
         }
@@ -335,7 +398,7 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
                      uses, as nvidia-smi shows it) to serve on the GPUs, or pass --device cpu to \
                      say the CPU is meant",
                     res.gpus.len(),
-                    meta.path.display()
+                    demand.metadata.display()
                 ));
             }
             PlacementMode::Cpu
@@ -564,9 +627,9 @@ pub fn plan(res: &Resources, meta: &AppMetadata, policy: &Policy) -> Result<Plan
         cpu_bound,
         gpu_bound,
         est_gpu_mem_min: min,
-        est_gpu_mem_typ: typ,
-        declared_typ_mb: typ,
-        measured_mb: None,
+        planned_typ_mb: typ,
+        declared_typ_mb: demand.declared_typ_mb,
+        measured_mb: demand.measured_mb,
         reserve_mb: reserve,
         utilization_override: policy.gpu_memory_utilization,
         gpus,
@@ -596,8 +659,7 @@ fn gpu_plan(
     let fraction = policy
         .gpu_memory_utilization
         .unwrap_or_else(|| default_utilization(total_mb));
-    let cap_mb = (total_mb as f64 * fraction).floor() as u64;
-    let usable_mb = cap_mb.min(free_mb).saturating_sub(reserve);
+    let usable_mb = usable_mb(total_mb, fraction, free_mb, reserve);
     let per_worker = per_worker_mb(typ);
     let (fits, excluded) = match mode {
         PlacementMode::Cpu => (0, None),
@@ -617,9 +679,7 @@ fn gpu_plan(
             )),
         ),
         PlacementMode::GpuMemory => {
-            let fits = g
-                .compute_mode
-                .limit(u32::try_from(usable_mb / per_worker).unwrap_or(u32::MAX));
+            let fits = g.compute_mode.limit(workers_fitting(usable_mb, per_worker));
             let excluded = (fits == 0).then(|| {
                 format!(
                     "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
@@ -804,11 +864,11 @@ impl Plan {
         )?;
         writeln!(s, "  est_gpu_mem_min       {} MB", self.est_gpu_mem_min)?;
         match self.measured_mb {
-            None => writeln!(s, "  est_gpu_mem_typ       {} MB", self.est_gpu_mem_typ)?,
+            None => writeln!(s, "  est_gpu_mem_typ       {} MB", self.planned_typ_mb)?,
             Some(m) => writeln!(
                 s,
                 "  per worker            {} MB, from a measured footprint of {m} MB (est_gpu_mem_typ declared {} MB)",
-                self.est_gpu_mem_typ, self.declared_typ_mb
+                self.planned_typ_mb, self.declared_typ_mb
             )?,
         }
         writeln!(s, "  gpu reserve           {} MB per GPU", self.reserve_mb)?;
@@ -944,12 +1004,16 @@ mod tests {
 
     const GIB: u64 = 1024; // in MB
 
-    fn meta(min: u64, typ: u64) -> AppMetadata {
-        AppMetadata::parse(
-            Path::new("/apps/demo/app-metadata.json"),
-            &format!(r#"{{"name": "demo", "est_gpu_mem_min": {min}, "est_gpu_mem_typ": {typ}}}"#),
+    fn meta(min: u64, typ: u64) -> Demand {
+        Demand::declared(
+            &AppMetadata::parse(
+                Path::new("/apps/demo/app-metadata.json"),
+                &format!(
+                    r#"{{"name": "demo", "est_gpu_mem_min": {min}, "est_gpu_mem_typ": {typ}}}"#
+                ),
+            )
+            .unwrap(),
         )
-        .unwrap()
     }
 
     fn gpu(index: u32, name: &str, total_mb: u64, free_mb: u64) -> GpuInfo {
@@ -995,7 +1059,7 @@ mod tests {
     struct Case {
         name: &'static str,
         res: Resources,
-        meta: AppMetadata,
+        meta: Demand,
         policy: Policy,
         workers: u32,
         gpu_bound: Option<u32>,
@@ -1310,7 +1374,7 @@ mod tests {
                             c.name
                         );
                         assert!(
-                            cap + CUDA_CONTEXT_MB >= c.meta.est_gpu_mem_typ,
+                            cap + CUDA_CONTEXT_MB >= c.meta.typ_mb,
                             "{}: cap and context below est_gpu_mem_typ",
                             c.name
                         );

@@ -199,6 +199,9 @@ pub struct WorkerMetrics {
     pub cpu_bound: u32,
     pub gpu_bound: Option<u32>,
     pub planned: u32,
+    /// MB per worker the plan assumes (`Plan::planned_typ_mb`).
+    #[serde(default)]
+    pub planned_typ_mb: u64,
 }
 
 /// Why a worker retires by itself.

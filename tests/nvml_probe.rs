@@ -8,7 +8,7 @@ use std::path::Path;
 
 use nvml_sim::{SimGpu, SimGpus};
 use vramfork::metadata::AppMetadata;
-use vramfork::plan::{plan, Policy};
+use vramfork::plan::{plan, Demand, Policy};
 use vramfork::resources::{probe, GpuProbe, NvmlProbe, ProbeError, Resources, MB};
 
 /// The mock in this process.
@@ -77,7 +77,7 @@ fn two_gpus_of_different_sizes_and_a_plan() {
         r#"{"name": "demo", "est_gpu_mem_min": 2000, "est_gpu_mem_typ": 4000}"#,
     )
     .unwrap();
-    let plan = plan(&res, &meta, &Policy::default()).unwrap();
+    let plan = plan(&res, &Demand::declared(&meta), &Policy::default()).unwrap();
     // T4: min(15360 × 0.84, 15000) − 500 = 12402 → 3; H100: min(81559 × 0.95, 80000) − 500
     // = 77001 → 19. GPU bound 22 < CPU bound 65.
     assert_eq!(plan.gpu_bound, Some(22), "{}", plan.to_text());

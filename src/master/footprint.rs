@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::footprint_file::FootprintFile;
 use super::profile::footprint;
-use crate::plan::Plan;
+use crate::plan::{workers_fitting, Plan};
 use crate::resources::NvmlProbe;
 
 /// How often NVML is read.
@@ -145,7 +145,7 @@ impl Learner {
             plan.gpus
                 .iter()
                 .filter(|g| g.excluded.is_none())
-                .map(|g| g.compute_mode.limit((g.usable_mb / hw) as u32))
+                .map(|g| g.compute_mode.limit(workers_fitting(g.usable_mb, hw)))
                 .sum(),
         )
     }

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use super::profile::{measure, Measured};
 use crate::config::Config;
-use crate::plan::{self, Plan};
+use crate::plan::{self, Demand, Plan};
 use crate::resources::{NvmlProbe, Resources};
 
 /// Whether `app --production` profiles before planning: `--profile-memory on/off`, else
@@ -93,14 +93,9 @@ fn plan_from(
 ) -> Profiled {
     let meta = &cfg.metadata;
     let planned_mb = measured.planned_mb(cfg.memory_headroom, meta.est_gpu_mem_min);
-    let mut remeta = meta.clone();
-    remeta.est_gpu_mem_typ = planned_mb;
-    let (new_plan, kept_estimate) = match plan::plan(res, &remeta, &cfg.policy()) {
-        Ok(mut p) => {
-            p.declared_typ_mb = meta.est_gpu_mem_typ;
-            p.measured_mb = Some(measured.footprint_mb);
-            (p, None)
-        }
+    let demand = Demand::declared(meta).measured(measured.footprint_mb, planned_mb);
+    let (new_plan, kept_estimate) = match plan::plan(res, &demand, &cfg.policy()) {
+        Ok(p) => (p, None),
         Err(e) => (plan.clone(), Some(e.to_string())),
     };
     Profiled {

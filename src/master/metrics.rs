@@ -76,7 +76,7 @@ impl MasterMetrics {
                 workers: plan.workers,
                 footprint_declared_mb: plan.declared_typ_mb,
                 footprint_measured_mb: plan.measured_mb,
-                footprint_planned_mb: plan.est_gpu_mem_typ,
+                footprint_planned_mb: plan.planned_typ_mb,
                 footprint_observed_mb: None,
             },
             ..State::default()
@@ -372,7 +372,12 @@ mod tests {
             gpus: vec![],
             ..Default::default()
         };
-        crate::plan::plan(&res, &meta, &crate::plan::Policy::default()).unwrap()
+        crate::plan::plan(
+            &res,
+            &crate::plan::Demand::declared(&meta),
+            &crate::plan::Policy::default(),
+        )
+        .unwrap()
     }
 
     fn worker(pid: u32, slot: u32, generation: u64) -> WorkerState {

@@ -13,7 +13,7 @@
 
 use super::slot::{Phase, WorkerState};
 use crate::config::Config;
-use crate::plan::{per_worker_mb, GpuPlan, Target};
+use crate::plan::{usable_mb, workers_fitting, GpuPlan, Target};
 use crate::protocol::GpuAssignment;
 use crate::resources::ComputeMode;
 
@@ -141,9 +141,10 @@ pub fn settling<'a>(workers: impl IntoIterator<Item = &'a WorkerState>) -> bool 
 }
 
 /// The GPU for a slot beyond the plan (an override larger than what fitted), once one has
-/// the memory for a typical worker: it admits one ([`Admission`]) and
-/// `min(total × fraction, free) − reserve ≥` one worker as planned
-/// ([`crate::plan::per_worker_mb`] of `est_gpu_mem_typ`). Skipped: GPUs the plan excluded,
+/// the memory for a typical worker: it admits one ([`Admission`]) and one worker as planned
+/// ([`crate::plan::per_worker_mb`] of the plan's `planned_typ_mb`) fits in
+/// `min(total × fraction, free) − reserve` ([`crate::plan::workers_fitting`], the plan's
+/// own rule). Skipped: GPUs the plan excluded,
 /// GPUs where a worker of ours is still booting (NVML's free figure does not count it yet),
 /// GPUs whose compute mode allows one process that already have a slot, and GPUs whose
 /// free memory cannot be read. Among the rest, the most free memory wins (the last of
@@ -151,17 +152,16 @@ pub fn settling<'a>(workers: impl IntoIterator<Item = &'a WorkerState>) -> bool 
 pub fn place_unplaced(
     gpus: &[GpuPlan],
     admission: Admission,
-    est_gpu_mem_typ: u64,
+    planned_typ_mb: u64,
     free_mb: impl Fn(u32) -> Option<u64>,
     booting_on: impl Fn(u32) -> bool,
     has_slot: impl Fn(u32) -> bool,
 ) -> Option<(&GpuPlan, u64)> {
-    let per_worker = per_worker_mb(est_gpu_mem_typ);
+    let per_worker = crate::plan::per_worker_mb(planned_typ_mb);
     let fits_now = |g: &GpuPlan| -> Option<u64> {
         let free = free_mb(g.index)?;
-        let usable = ((g.total_mb as f64 * g.fraction) as u64).min(free);
-        (admission.admits_mb(free) && usable.saturating_sub(admission.reserve_mb) >= per_worker)
-            .then_some(free)
+        let usable = usable_mb(g.total_mb, g.fraction, free, admission.reserve_mb);
+        (admission.admits_mb(free) && workers_fitting(usable, per_worker) >= 1).then_some(free)
     };
     gpus.iter()
         .filter(|g| g.excluded.is_none() && !booting_on(g.index))
@@ -174,7 +174,7 @@ pub fn place_unplaced(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::CUDA_CONTEXT_MB;
+    use crate::plan::{per_worker_mb, CUDA_CONTEXT_MB};
     use std::time::Instant;
 
     #[test]

@@ -55,7 +55,7 @@ pub fn worker_config(
         // The plan put it on a GPU: CUDA it must be (`auto` would fall back to the CPU).
         (_, Some(_)) => Device::Cuda,
         // No GPU placed for this worker (no GPU seen, or the app needs none): CPU.
-        (_, None) if cfg.metadata.est_gpu_mem_typ == 0 && cfg.device == Device::Auto => Device::Cpu,
+        (_, None) if plan.planned_typ_mb == 0 && cfg.device == Device::Auto => Device::Cpu,
         (d, None) => d,
     };
     WorkerConfig {
@@ -96,13 +96,14 @@ pub fn worker_config(
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,
-            planned_mb: plan.est_gpu_mem_typ,
+            planned_mb: plan.planned_typ_mb,
         }),
         metrics: cfg.metrics_port.map(|_| WorkerMetrics {
             serve: false,
             cpu_bound: plan.cpu_bound,
             gpu_bound: plan.gpu_bound,
             planned: plan.workers,
+            planned_typ_mb: plan.planned_typ_mb,
         }),
     }
 }

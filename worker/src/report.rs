@@ -71,7 +71,7 @@ impl Source for DevSource {
                 workers: self.cfg.planned,
                 footprint_declared_mb: app.metadata.est_gpu_mem_typ,
                 footprint_measured_mb: None,
-                footprint_planned_mb: app.metadata.est_gpu_mem_typ,
+                footprint_planned_mb: self.cfg.planned_typ_mb,
                 footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
             },
         }

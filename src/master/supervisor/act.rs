@@ -32,7 +32,7 @@ impl Supervisor {
         let best = rules::place_unplaced(
             &self.plan.gpus,
             self.admission(),
-            self.cfg.metadata.est_gpu_mem_typ,
+            self.plan.planned_typ_mb,
             |g| probe.free_bytes(g).ok().map(|b| b >> 20),
             |g| {
                 self.workers

@@ -72,12 +72,10 @@ impl Supervisor {
 
     pub(super) fn reload(&mut self) {
         match self.cfg.reloaded() {
-            Ok(mut new) => {
-                if self.plan.measured_mb.is_some() {
-                    // The pool and its caps stay as planned from the measurement; so does
-                    // the per-worker figure admission compares with.
-                    new.metadata.est_gpu_mem_typ = self.plan.est_gpu_mem_typ;
-                }
+            Ok(new) => {
+                // A reload does not plan again: the pool, its caps and the figure per worker
+                // stay the plan's (`Plan::planned_typ_mb`); admission reads the new
+                // metadata's `est_gpu_mem_min` (`rules::Admission`).
                 if new.model_path != self.cfg.model_path {
                     if let Some(l) = &mut self.learner {
                         l.model_changed();
@@ -221,7 +219,8 @@ mod tests {
             driver_version: None,
             cuda_driver_version: None,
         };
-        let plan = crate::plan::plan(&res, &cfg.metadata, &cfg.policy()).unwrap();
+        let demand = crate::plan::Demand::declared(&cfg.metadata);
+        let plan = crate::plan::plan(&res, &demand, &cfg.policy()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let signals = Signals::detached().unwrap();
         let sup = Supervisor::new(cfg, plan, listener, signals, None, None);
