@@ -5,26 +5,19 @@
 //! worker plan, the master↔worker protocol and the supervisor. The worker binary
 //! (`worker/`) depends on it for the protocol and the metadata types.
 
-pub mod activation;
 pub mod auth;
 pub mod board;
-pub mod cli;
-pub mod config;
-pub mod develop;
 pub mod documents;
-pub mod exit;
 pub mod files;
 pub mod hwline;
 pub mod labels;
-pub mod listen;
 pub mod logging;
 pub mod master;
 pub mod metadata;
 pub mod metrics;
 pub mod near_miss;
-pub mod plan;
 pub mod protocol;
-pub mod resources;
 pub mod schema;
 pub mod secrets;
+pub mod sockopt;
 pub mod tls;

@@ -6,16 +6,17 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use vramfork::cli::Cli;
-use vramfork::config::{Config, ConfigError, Mode};
-use vramfork::exit;
+use vramfork::master::cli::Cli;
+use vramfork::master::config::{Config, ConfigError, Mode};
+use vramfork::master::exit;
 use vramfork::master::footprint::Learner;
 use vramfork::master::footprint_file::FootprintFile;
 use vramfork::master::measured;
 use vramfork::master::metrics::MasterMetrics;
 use vramfork::master::signals::Signals;
 use vramfork::master::supervisor::Supervisor;
-use vramfork::{activation, develop, listen, logging, metrics, plan, resources};
+use vramfork::master::{activation, develop, listen, plan, resources};
+use vramfork::{logging, metrics};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();

@@ -80,7 +80,16 @@ pub struct GpuAssignment {
     pub cap_mb: Option<u64>,
     /// Set for a MIG instance: its GPU's NVML index and its MIG slot (hwFetch needs both).
     #[serde(default)]
-    pub mig: Option<crate::resources::MigInstance>,
+    pub mig: Option<MigInstance>,
+}
+
+/// Where a MIG instance sits: its GPU and its place among that GPU's MIG devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct MigInstance {
+    /// NVML index of the GPU it is part of.
+    pub parent: u32,
+    /// Its index for `nvmlDeviceGetMigDeviceHandleByIndex` on that GPU.
+    pub slot: u32,
 }
 
 /// Everything a worker needs to serve, handed over as JSON in [`ENV_WORKER_CONFIG`].

@@ -627,7 +627,7 @@ fn bad_declarations_stop_the_start_with_the_field_named() {
                 0,
             ),
             "input text (`inputs[0].tokenizer.file`): cannot load the tokenizer",
-            vramfork::exit::MODEL_LOAD,
+            vramfork::master::exit::MODEL_LOAD,
         ),
         (
             text_metadata(
@@ -636,17 +636,17 @@ fn bad_declarations_stop_the_start_with_the_field_named() {
                 0,
             ),
             "field `inputs[0].tokenizer.file`",
-            vramfork::exit::CONFIG,
+            vramfork::master::exit::CONFIG,
         ),
         (
             text_metadata("bert.pt", json!({"file": "tokenizer.json"}), 0),
             "field `inputs[0].tokenizer.max_length` is missing",
-            vramfork::exit::CONFIG,
+            vramfork::master::exit::CONFIG,
         ),
         (
             image_metadata("ident.pt", json!({"size": [8]}), 0),
             "field `inputs[0].image.size` must be [height, width]",
-            vramfork::exit::CONFIG,
+            vramfork::master::exit::CONFIG,
         ),
     ] {
         let app = DocApp::new(&art, metadata);
@@ -823,7 +823,7 @@ fn misspelt_nested_fields_stop_the_start_naming_their_path() {
         let app = DocApp::new(&art, metadata);
         let mut s = Server::spawn(&app.app, &app.args(&[]), &[]);
         let status = s.wait_exit(common::PATIENCE);
-        assert_eq!(status.code(), Some(vramfork::exit::CONFIG), "{}", s.log_text());
+        assert_eq!(status.code(), Some(vramfork::master::exit::CONFIG), "{}", s.log_text());
         assert!(s.log_text().contains(want), "{want:?} not in\n{}", s.log_text());
     }
 }
@@ -885,7 +885,7 @@ fn a_max_length_beyond_the_models_positions_stops_the_boot_naming_the_field() {
     let status = s.wait_exit(common::PATIENCE);
     assert_eq!(
         status.code(),
-        Some(vramfork::exit::MODEL_LOAD),
+        Some(vramfork::master::exit::MODEL_LOAD),
         "{}",
         s.log_text()
     );

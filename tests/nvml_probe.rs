@@ -7,9 +7,9 @@ mod nvml_sim;
 use std::path::Path;
 
 use nvml_sim::{SimGpu, SimGpus};
+use vramfork::master::plan::{plan, Demand, Policy};
+use vramfork::master::resources::{probe, GpuProbe, NvmlProbe, ProbeError, Resources, MB};
 use vramfork::metadata::AppMetadata;
-use vramfork::plan::{plan, Demand, Policy};
-use vramfork::resources::{probe, GpuProbe, NvmlProbe, ProbeError, Resources, MB};
 
 /// The mock in this process.
 type Sim = nvml_sim::InProcess;
@@ -174,7 +174,7 @@ fn reserved_memory_and_the_drivers_cuda_version() {
 #[test]
 fn compute_modes_and_their_errors() {
     use nvml_sim::{nvml_return, SimComputeMode};
-    use vramfork::resources::ComputeMode;
+    use vramfork::master::resources::ComputeMode;
     let sim = SimGpus::new(vec![
         SimGpu::a100_40gb().compute_mode(SimComputeMode::ExclusiveProcess),
         SimGpu::a100_40gb().compute_mode(SimComputeMode::Prohibited),
@@ -205,7 +205,7 @@ fn compute_modes_and_their_errors() {
 #[test]
 fn mig_instances_are_devices() {
     use nvml_sim::{SimMig, SimMigInstance};
-    use vramfork::resources::MigInstance;
+    use vramfork::master::resources::MigInstance;
     let sim = SimGpus::new(vec![
         SimGpu::a100_40gb().mig(
             SimMig::enabled()

@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use super::slot::{KillReason, Phase, RetireAsk, Slot, WorkerState};
-use crate::exit;
+use crate::master::exit;
 
 /// Workers already planned per GPU this round: (NVML index, count).
 type Extra = Vec<(u32, u32)>;

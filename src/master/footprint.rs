@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use super::footprint_file::FootprintFile;
 use super::profile::footprint;
-use crate::plan::{workers_fitting, Plan};
-use crate::resources::NvmlProbe;
+use crate::master::plan::{workers_fitting, Plan};
+use crate::master::resources::NvmlProbe;
 
 /// How often NVML is read.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);

@@ -11,9 +11,9 @@
 use std::fmt::Write as _;
 
 use super::profile::{measure, Measured};
-use crate::config::Config;
-use crate::plan::{self, Demand, Plan};
-use crate::resources::{NvmlProbe, Resources};
+use crate::master::config::Config;
+use crate::master::plan::{self, Demand, Plan};
+use crate::master::resources::{NvmlProbe, Resources};
 
 /// Whether `app --production` profiles before planning: `--profile-memory on/off`, else
 /// (auto) when a worker is planned on a GPU and the metadata declares the input shapes a

@@ -17,13 +17,13 @@ use nix::sys::signal::Signal;
 
 use super::events::Pool;
 use super::slot::{KillReason, Phase, WorkerState};
+use crate::master::plan::Plan;
+use crate::master::resources::NvmlProbe;
 use crate::metrics::endpoint::{SharedSource, Source};
 use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
 use crate::metrics::histogram::Hist;
 use crate::metrics::traffic::Traffic;
-use crate::plan::Plan;
 use crate::protocol::{worker_exit, Device, RetireReason};
-use crate::resources::NvmlProbe;
 
 #[derive(Debug, Clone)]
 struct LiveWorker {
@@ -367,15 +367,15 @@ mod tests {
             r#"{"name": "t"}"#,
         )
         .unwrap();
-        let res = crate::resources::Resources {
+        let res = crate::master::resources::Resources {
             cpus: 1,
             gpus: vec![],
             ..Default::default()
         };
-        crate::plan::plan(
+        crate::master::plan::plan(
             &res,
-            &crate::plan::Demand::declared(&meta),
-            &crate::plan::Policy::default(),
+            &crate::master::plan::Demand::declared(&meta),
+            &crate::master::plan::Policy::default(),
         )
         .unwrap()
     }

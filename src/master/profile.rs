@@ -23,10 +23,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::spawn::{launch, worker_config, WorkerSpec};
-use crate::config::Config;
-use crate::plan::Plan;
+use crate::master::config::Config;
+use crate::master::plan::Plan;
+use crate::master::resources::NvmlProbe;
 use crate::protocol::{take_line, ControlMsg};
-use crate::resources::NvmlProbe;
 
 const MB: u64 = 1 << 20;
 

@@ -12,13 +12,13 @@
 //! | [`place_unplaced`] | which GPU a slot beyond the plan gets | each loop, while such a slot waits (`worker_waits` `unplaced`) |
 
 use super::slot::{Phase, WorkerState};
-use crate::config::Config;
-use crate::plan::{usable_mb, workers_fitting, GpuPlan, Target};
+use crate::master::config::Config;
+use crate::master::plan::{usable_mb, workers_fitting, GpuPlan, Target};
+use crate::master::resources::ComputeMode;
 use crate::protocol::GpuAssignment;
-use crate::resources::ComputeMode;
 
 /// What a GPU must have free before a worker starts there: `est_gpu_mem_min` plus the
-/// reserve ([`crate::plan::admits`], the same rule the plan applies at start).
+/// reserve ([`crate::master::plan::admits`], the same rule the plan applies at start).
 ///
 /// **After a reload (HUP)** admission reads the metadata of the configuration the master
 /// starts workers with now, [`Admission::of`] the supervisor's current `Config`: the new
@@ -44,7 +44,7 @@ impl Admission {
 
     /// Whether a GPU with `free_mb` free takes one more worker.
     pub fn admits_mb(self, free_mb: u64) -> bool {
-        crate::plan::admits(free_mb, self.est_gpu_mem_min, self.reserve_mb)
+        crate::master::plan::admits(free_mb, self.est_gpu_mem_min, self.reserve_mb)
     }
 
     /// Whether a GPU admits one more worker, from NVML's free bytes; `None` (NVML
@@ -84,7 +84,7 @@ pub enum Ttin {
 /// TTIN's rule. `target`: the workers wanted now; `slots`: how many slots exist;
 /// `footprint_cap`: what the GPUs hold at the footprint observed while serving, once it
 /// passed what the plan assumed (`Learner::capacity`; `None` while it has not);
-/// `next`: where the plan puts one more worker ([`crate::plan::Plan::next_target`]), asked
+/// `next`: where the plan puts one more worker ([`crate::master::plan::Plan::next_target`]), asked
 /// only when a new slot is needed.
 pub fn ttin(
     target: u32,
@@ -142,8 +142,8 @@ pub fn settling<'a>(workers: impl IntoIterator<Item = &'a WorkerState>) -> bool 
 
 /// The GPU for a slot beyond the plan (an override larger than what fitted), once one has
 /// the memory for a typical worker: it admits one ([`Admission`]) and one worker as planned
-/// ([`crate::plan::per_worker_mb`] of the plan's `planned_typ_mb`) fits in
-/// `min(total × fraction, free) − reserve` ([`crate::plan::workers_fitting`], the plan's
+/// ([`crate::master::plan::per_worker_mb`] of the plan's `planned_typ_mb`) fits in
+/// `min(total × fraction, free) − reserve` ([`crate::master::plan::workers_fitting`], the plan's
 /// own rule). Skipped: GPUs the plan excluded,
 /// GPUs where a worker of ours is still booting (NVML's free figure does not count it yet),
 /// GPUs whose compute mode allows one process that already have a slot, and GPUs whose
@@ -157,7 +157,7 @@ pub fn place_unplaced(
     booting_on: impl Fn(u32) -> bool,
     has_slot: impl Fn(u32) -> bool,
 ) -> Option<(&GpuPlan, u64)> {
-    let per_worker = crate::plan::per_worker_mb(planned_typ_mb);
+    let per_worker = crate::master::plan::per_worker_mb(planned_typ_mb);
     let fits_now = |g: &GpuPlan| -> Option<u64> {
         let free = free_mb(g.index)?;
         let usable = usable_mb(g.total_mb, g.fraction, free, admission.reserve_mb);
@@ -174,7 +174,7 @@ pub fn place_unplaced(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{per_worker_mb, CUDA_CONTEXT_MB};
+    use crate::master::plan::{per_worker_mb, CUDA_CONTEXT_MB};
     use std::time::Instant;
 
     #[test]

@@ -10,8 +10,8 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use crate::config::Config;
-use crate::plan::Plan;
+use crate::master::config::Config;
+use crate::master::plan::Plan;
 use crate::protocol::{
     Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD, CONTROL_FD,
     ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,

@@ -43,7 +43,7 @@ pub fn inherit_metrics() -> Result<std::net::TcpListener, String> {
 }
 
 fn getsockopt_int(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    vramfork::listen::socket_option(fd, opt)
+    vramfork::sockopt::socket_option(fd, opt)
 }
 
 fn socket_domain(fd: RawFd) -> io::Result<libc::c_int> {

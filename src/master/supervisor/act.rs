@@ -9,10 +9,10 @@ use nix::sys::signal::Signal;
 use super::{Live, Supervisor, WAIT_LOG_EVERY};
 use crate::board::Board;
 use crate::master::decide::{decide, Action, Limits, View};
+use crate::master::plan::Placement;
 use crate::master::rules;
 use crate::master::slot::{Phase, RetireAsk, WorkerState};
 use crate::master::spawn::worker_config;
-use crate::plan::Placement;
 
 impl Supervisor {
     /// Gives the first unplaced slot below the target (an override beyond what the plan
@@ -86,7 +86,7 @@ impl Supervisor {
             tracing::error!(event = "no_cuda", "giving up: {why}");
             crate::logging::say(&format!("app: {why}"));
             self.kill_all();
-            return Some(crate::exit::NO_CUDA);
+            return Some(crate::master::exit::NO_CUDA);
         }
         self.place_unplaced();
         let now = Instant::now();

@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use super::Supervisor;
 use crate::master::decide::Stopping;
+use crate::master::plan::Placement;
 use crate::master::rules::{self, Ttin};
 use crate::master::signals::Intent;
 use crate::master::slot::Slot;
-use crate::plan::Placement;
 
 impl Supervisor {
     pub(super) fn on_intent(&mut self, intent: Intent) {
@@ -169,11 +169,11 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::Cli;
-    use crate::config::Config;
+    use crate::master::cli::Cli;
+    use crate::master::config::Config;
     use crate::master::footprint::Learner;
+    use crate::master::resources::{ComputeMode, GpuInfo, Resources, MB};
     use crate::master::signals::Signals;
-    use crate::resources::{ComputeMode, GpuInfo, Resources, MB};
 
     /// A supervisor with no process behind it: its configuration read from a metadata file
     /// in a temporary folder, planned for `cpus` CPUs and GPUs of `gpu_mb` MB each (free).
@@ -219,8 +219,8 @@ mod tests {
             driver_version: None,
             cuda_driver_version: None,
         };
-        let demand = crate::plan::Demand::declared(&cfg.metadata);
-        let plan = crate::plan::plan(&res, &demand, &cfg.policy()).unwrap();
+        let demand = crate::master::plan::Demand::declared(&cfg.metadata);
+        let plan = crate::master::plan::plan(&res, &demand, &cfg.policy()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let signals = Signals::detached().unwrap();
         let sup = Supervisor::new(cfg, plan, listener, signals, None, None);

@@ -42,9 +42,9 @@ use super::signals::Signals;
 use super::slot::{Slot, WorkerState};
 use super::template::Template;
 use crate::board::Board;
-use crate::config::Config;
-use crate::plan::Plan;
-use crate::resources::NvmlProbe;
+use crate::master::config::Config;
+use crate::master::plan::Plan;
+use crate::master::resources::NvmlProbe;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
 const TICK: Duration = Duration::from_millis(100);

@@ -53,11 +53,11 @@ use serde::Serialize;
 
 use std::path::PathBuf;
 
+use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
 use crate::metadata::AppMetadata;
 use crate::protocol::{
     cuda_version_text, Device, GpuAssignment, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION,
 };
-use crate::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
 
 /// GPU memory one worker's CUDA context takes beside what its caching allocator holds, in
 /// MB: about 0.5 GB on an H100 with CUDA 12–13 and lazy module loading (PyTorch's
@@ -1000,7 +1000,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::resources::MB;
+    use crate::master::resources::MB;
 
     const GIB: u64 = 1024; // in MB
 

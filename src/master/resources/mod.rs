@@ -67,14 +67,8 @@ impl ComputeMode {
     }
 }
 
-/// Where a MIG instance sits: its GPU and its place among that GPU's MIG devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct MigInstance {
-    /// NVML index of the GPU it is part of.
-    pub parent: u32,
-    /// Its index for `nvmlDeviceGetMigDeviceHandleByIndex` on that GPU.
-    pub slot: u32,
-}
+/// Where a MIG instance sits (part of the protocol: a worker placed on one is told).
+pub use crate::protocol::MigInstance;
 
 /// One device (a whole GPU or a MIG instance) as NVML reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

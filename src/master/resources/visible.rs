@@ -76,7 +76,7 @@ fn names(entry: &str, g: &GpuInfo) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::{MigInstance, MB};
+    use crate::master::resources::{MigInstance, MB};
 
     fn gpu(index: u32, uuid: &str) -> GpuInfo {
         GpuInfo {

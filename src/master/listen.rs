@@ -6,12 +6,11 @@
 //! request in hand, so it counts as busy at once and an idle sibling takes the next
 //! connection; a client that connects and stays silent costs no worker anything until then.
 
-use std::io;
 use std::mem::size_of;
 use std::net::{TcpListener, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 
-use crate::config::ConfigError;
+use crate::master::config::ConfigError;
 
 /// Connections the kernel queues while every worker is busy or recycling (capped by
 /// `net.core.somaxconn`, 4096 by default).
@@ -79,36 +78,5 @@ pub fn defer_accept(l: &TcpListener) {
             (&DEFER_ACCEPT_S as *const i32).cast(),
             size_of::<i32>() as libc::socklen_t,
         );
-    }
-}
-
-/// An integer `SOL_SOCKET` option of `fd` (`SO_DOMAIN`, `SO_TYPE`, `SO_ACCEPTCONN`…). A
-/// closed descriptor is `NotFound` ("not an open file descriptor"), one that is not a socket
-/// `InvalidInput` ("not a socket").
-pub fn socket_option(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
-    let mut val: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `val` and `len` are valid for writes and `len` holds the size of `val`;
-    // getsockopt only reads/writes within them, and fails cleanly on a bad fd.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&mut val as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(val)
-    } else {
-        let e = io::Error::last_os_error();
-        Err(match e.raw_os_error() {
-            Some(libc::EBADF) => {
-                io::Error::new(io::ErrorKind::NotFound, "not an open file descriptor")
-            }
-            Some(libc::ENOTSOCK) => io::Error::new(io::ErrorKind::InvalidInput, "not a socket"),
-            _ => e,
-        })
     }
 }

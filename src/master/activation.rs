@@ -7,7 +7,7 @@
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, RawFd};
 
-use crate::config::ConfigError;
+use crate::master::config::ConfigError;
 
 /// A listening socket handed over by the service manager.
 pub struct Inherited {
@@ -44,7 +44,7 @@ pub fn inherited() -> Result<Option<Inherited>, ConfigError> {
             })?;
             // SAFETY: as above; from here on the TcpListener owns the descriptor.
             let listener = unsafe { TcpListener::from_raw_fd(fd) };
-            crate::listen::defer_accept(&listener);
+            crate::master::listen::defer_accept(&listener);
             Ok(Some(Inherited { listener, fd, name }))
         }
         n => Err(ConfigError(format!(
@@ -61,7 +61,7 @@ pub fn inherited() -> Result<Option<Inherited>, ConfigError> {
 /// Why `fd` is not a listening TCP stream socket, if it is not one.
 pub fn check(fd: BorrowedFd<'_>) -> Result<(), String> {
     let int_opt = |opt: i32| -> Result<i32, String> {
-        crate::listen::socket_option(fd.as_raw_fd(), opt).map_err(|e| e.to_string())
+        crate::sockopt::socket_option(fd.as_raw_fd(), opt).map_err(|e| e.to_string())
     };
     let domain = int_opt(libc::SO_DOMAIN)?;
     let kind = int_opt(libc::SO_TYPE)?;

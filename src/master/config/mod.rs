@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::{Cli, Command, OPTION_ENV};
+use crate::master::cli::{Cli, Command, OPTION_ENV};
+use crate::master::plan::{Policy, TorchThreads, WorkerOverride};
 use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
-use crate::plan::{Policy, TorchThreads, WorkerOverride};
 use crate::protocol::{Device, DEFAULT_WARMUP_PASSES};
 
 /// What `app` was asked to do.

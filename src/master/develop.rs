@@ -7,9 +7,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use crate::config::Config;
+use crate::master::config::Config;
+use crate::master::plan::Plan;
 use crate::master::spawn::worker_config;
-use crate::plan::Plan;
 use crate::protocol::{ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, METRICS_FD, SECRETS_FD};
 
 /// Execs the worker binary in place of this process; returns only on failure. With a
