@@ -12,7 +12,7 @@
 //! must wait for memory.
 //!
 //! Expected numbers are computed here from the documented rule (SPEC §4 and §7, the
-//! utilisation table in `src/plan.rs`), never copied from the program's output:
+//! utilisation table in `src/master/plan/fit.rs`), never copied from the program's output:
 //! `usable = min(floor(total × fraction), free) − reserve`, `fits = floor(usable / max(typ,
 //! context + 64))` (0 when `free < est_gpu_mem_min + reserve`), workers = min(2 × cores +
 //! 1, Σ fits), each worker to the GPU with the most room left (ties to the lower index),
@@ -37,7 +37,7 @@ const DEFAULT_RESERVE_MB: u64 = 500;
 const CONTEXT_MB: u64 = 500;
 
 // ---------------------------------------------------------------------------------------
-// The documented rule, written out independently of src/plan.rs.
+// The documented rule, written out independently of src/master/plan/.
 
 /// SPEC §7 / `UTILIZATION_BY_GPU_SIZE`: 0.95 from 60 GiB, 0.90 from 20 GiB, else 0.84.
 fn utilisation(total_mb: u64) -> f64 {

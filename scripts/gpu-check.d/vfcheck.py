@@ -61,7 +61,7 @@ def parse_smi_gpus(text):
 
 def visible_rows(rows, spec):
     """The GPUs of nvidia-smi's list (parse_smi_gpus) that CUDA_VISIBLE_DEVICES=spec lets a
-    process use, by CUDA's rule as src/resources/visible.rs applies it to the plan: entries
+    process use, by CUDA's rule as src/master/resources/visible.rs applies it to the plan: entries
     are indices (nvidia-smi's order) or unique GPU-… UUID prefixes; an empty value hides every
     GPU; the list ends at the first entry that names no GPU. MIG-… entries name no whole GPU
     here (nvidia-smi's --query-gpu lists whole GPUs only). None: no variable, every GPU."""

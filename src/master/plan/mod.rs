@@ -3,6 +3,17 @@
 //! from the command line. **Pure**: no I/O, no clock, no environment, so every rule is
 //! covered by the table-driven tests at the bottom.
 //!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | [`Plan`], [`PlanError`] and [`plan`]: the rules below, in order |
+//! | `demand.rs` | [`Demand`]: the numbers of the app metadata the plan reads |
+//! | `policy.rs` | [`Policy`]: the command line's choices; torch threads (rule 8) |
+//! | `mode.rs` | [`PlacementMode`]: where workers go (rule 2) |
+//! | `fit.rs` | the numbers of fitting: usable memory, one worker, [`workers_fitting`], [`admits`] (rules 3, 7) |
+//! | `gpus.rs` | [`GpuPlan`]: each GPU's figures, compute modes, the driver, the GPU bound (rules 3, 7, 9–11) |
+//! | `placement.rs` | the worker count and each slot's place (rules 4–6); what the supervisor asks later ([`Target`]) |
+//! | `text.rs` | `app plan`'s text and JSON |
+//!
 //! The rules, in order:
 //!
 //! 1. CPU bound = `2 × cpus + 1` (gunicorn's rule of thumb).
@@ -47,217 +58,28 @@
 //!
 //! MB means MiB (2^20 bytes) throughout, as `nvidia-smi` prints it.
 
-use std::fmt::Write as _;
+mod demand;
+mod fit;
+mod gpus;
+mod mode;
+mod placement;
+mod policy;
+mod text;
 
 use serde::Serialize;
 
-use std::path::PathBuf;
-
-use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
-use crate::metadata::AppMetadata;
-use crate::protocol::{
-    cuda_version_text, Device, GpuAssignment, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION,
+pub use demand::Demand;
+pub use fit::{
+    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, CUDA_CONTEXT_MB,
+    MIN_ALLOCATOR_MB, UTILIZATION_BY_GPU_SIZE,
 };
+pub use gpus::GpuPlan;
+pub use mode::PlacementMode;
+pub use placement::{Placement, Target};
+pub use policy::{Policy, TorchThreads, WorkerOverride};
 
-/// GPU memory one worker's CUDA context takes beside what its caching allocator holds, in
-/// MB: about 0.5 GB on an H100 with CUDA 12–13 and lazy module loading (PyTorch's
-/// "CUDA semantics" notes give 300–800 MB by GPU and CUDA version). NVML counts it in the
-/// process's figure; the allocator's cap does not.
-pub const CUDA_CONTEXT_MB: u64 = 500;
-
-/// The least allocator cap a worker is planned with, in MB.
-pub const MIN_ALLOCATOR_MB: u64 = 64;
-
-/// MB one worker is planned as: the estimate, but at least a CUDA context plus
-/// [`MIN_ALLOCATOR_MB`] (rule 7).
-pub fn per_worker_mb(typ: u64) -> u64 {
-    typ.max(CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB)
-}
-
-/// What a GPU of `total_mb` with `free_mb` free offers the server: `min(total × fraction,
-/// free) − reserve`, saturating at 0 (rule 3). The plan and the placement of slots beyond
-/// it ([`crate::master::rules::place_unplaced`]) both ask it.
-pub fn usable_mb(total_mb: u64, fraction: f64, free_mb: u64, reserve_mb: u64) -> u64 {
-    let share = (total_mb as f64 * fraction).floor() as u64;
-    share.min(free_mb).saturating_sub(reserve_mb)
-}
-
-/// **The one rule of fitting**: how many workers of `per_worker_mb` fit in `usable_mb`
-/// (`floor(usable / per worker)`; a worker fits where `usable ≥ per worker`). Asked by the
-/// plan for each GPU, by [`crate::master::rules::place_unplaced`] for a slot beyond the
-/// plan, and by the footprint learner with the footprint observed while serving.
-pub fn workers_fitting(usable_mb: u64, per_worker_mb: u64) -> u32 {
-    match usable_mb.checked_div(per_worker_mb) {
-        Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
-        None => u32::MAX,
-    }
-}
-
-/// What the app asks of a GPU: the numbers [`plan`] reads, taken from the app metadata
-/// ([`Demand::declared`]) and, when a worker's footprint was measured, from that
-/// (`master::measured`). The declared metadata is never changed: the plan owns the
-/// figure per worker ([`Plan::planned_typ_mb`]) and every reader takes it from there.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Demand {
-    /// `est_gpu_mem_min`: what a GPU must have free (plus the reserve) to take a worker.
-    pub min_mb: u64,
-    /// MB per worker to plan with: `est_gpu_mem_typ` as declared, or the measured
-    /// footprint with headroom.
-    pub typ_mb: u64,
-    /// `est_gpu_mem_typ` as declared.
-    pub declared_typ_mb: u64,
-    /// The footprint `typ_mb` was made from, when it was measured.
-    pub measured_mb: Option<u64>,
-    /// The metadata file, named in warnings.
-    pub metadata: PathBuf,
-    /// The metadata's own warnings, first among the plan's.
-    pub warnings: Vec<String>,
-}
-
-impl Demand {
-    /// What the metadata declares.
-    pub fn declared(meta: &AppMetadata) -> Demand {
-        Demand {
-            min_mb: meta.est_gpu_mem_min,
-            typ_mb: meta.est_gpu_mem_typ,
-            declared_typ_mb: meta.est_gpu_mem_typ,
-            measured_mb: None,
-            metadata: meta.path.clone(),
-            warnings: meta.warnings(),
-        }
-    }
-
-    /// Planned from a measured footprint: `planned_mb` per worker instead of the estimate.
-    pub fn measured(self, footprint_mb: u64, planned_mb: u64) -> Demand {
-        Demand {
-            typ_mb: planned_mb,
-            measured_mb: Some(footprint_mb),
-            ..self
-        }
-    }
-}
-
-/// Default share of a GPU's memory the server may plan for, by the GPU's total memory:
-/// `(at least this many MB, fraction)`, first match wins.
-///
-/// From KAITO's OOM prevention (kaito-project/kaito, `docs/inference/oom-prevention` and
-/// `presets/.../inference_api.py`): a fixed percentage suits no GPU size, because what
-/// CUDA contexts, cuBLAS workspaces and allocator fragments take does not shrink with the
-/// card, so smaller GPUs (under 20 GB) must keep a bigger share back, and even the largest
-/// never plan past 0.95. The per-GPU `--gpu-reserve-mb` is taken off on top of this.
-pub const UTILIZATION_BY_GPU_SIZE: &[(u64, f64)] = &[
-    (60 * 1024, 0.95), // 80 GB A100/H100, 141 GB H200, 96 GB …
-    (20 * 1024, 0.90), // 24 GB RTX 4090/L4/A10, 40–48 GB A100/L40S
-    (0, 0.84),         // 16 GB T4/V100, 8–12 GB consumer cards
-];
-
-/// The default utilisation fraction for a GPU of `total_mb` ([`UTILIZATION_BY_GPU_SIZE`]).
-pub fn default_utilization(total_mb: u64) -> f64 {
-    UTILIZATION_BY_GPU_SIZE
-        .iter()
-        .find(|(min, _)| total_mb >= *min)
-        .map_or(0.84, |(_, f)| *f)
-}
-
-/// A fixed worker count that replaces the planned one, and where it came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct WorkerOverride {
-    pub count: u32,
-    /// `"--workers"`, `"VRAMFORK_WORKERS"` or `"CLAMS_GUNICORN_WORKERS"`.
-    pub source: &'static str,
-}
-
-/// The planning choices from the command line (validated by `config`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
-    pub workers_override: Option<WorkerOverride>,
-    pub device: Device,
-    /// `--gpu-memory-utilization`: replaces the size table for every GPU; (0, 1].
-    pub gpu_memory_utilization: Option<f64>,
-    /// `--gpu-reserve-mb`: kept free on every GPU.
-    pub gpu_reserve_mb: u64,
-    /// Torch intra-op threads per worker, when the operator set them.
-    pub torch_threads: Option<TorchThreads>,
-}
-
-/// Torch intra-op threads per worker as the operator set them, and where
-/// (`--torch-threads`, `VRAMFORK_TORCH_THREADS`, `MKL_NUM_THREADS` or `OMP_NUM_THREADS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TorchThreads {
-    pub count: usize,
-    pub source: &'static str,
-}
-
-impl Default for Policy {
-    fn default() -> Policy {
-        Policy {
-            workers_override: None,
-            device: Device::Auto,
-            gpu_memory_utilization: None,
-            gpu_reserve_mb: 500,
-            torch_threads: None,
-        }
-    }
-}
-
-/// How workers are placed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlacementMode {
-    /// Every worker on the CPU.
-    Cpu,
-    /// On GPUs, bounded by what fits in their memory.
-    GpuMemory,
-    /// On GPUs round-robin, not bounded by memory (`--device cuda`, no estimate).
-    GpuSpread,
-}
-
-/// One GPU as the plan sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuPlan {
-    pub index: u32,
-    /// `GPU 1` or `GPU 0 MIG 2`.
-    pub label: String,
-    pub name: String,
-    pub uuid: String,
-    pub compute_mode: ComputeMode,
-    /// Set when this device is a MIG instance.
-    pub mig: Option<MigInstance>,
-    pub total_mb: u64,
-    pub free_mb: u64,
-    /// Utilisation fraction applied (table or override).
-    pub fraction: f64,
-    /// `min(total × fraction, free) − reserve`.
-    pub usable_mb: u64,
-    /// Workers that fit by memory (0 when not admitted). In spread placement (no memory
-    /// estimate) it is the round-robin share instead: `ceil(max(workers, CPU bound) / GPUs)`.
-    pub fits: u32,
-    /// Workers the plan puts here.
-    pub assigned: u32,
-    /// Allocator cap of each worker here, `usable / fits − CUDA_CONTEXT_MB`, when bounded.
-    pub cap_mb: Option<u64>,
-    /// The cap as a share of `total_mb`.
-    pub memory_fraction: Option<f64>,
-    /// Why this GPU takes no worker, when it takes none.
-    pub excluded: Option<String>,
-}
-
-/// Where one worker slot goes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Placement {
-    pub slot: u32,
-    /// `None`: on the CPU.
-    pub gpu: Option<GpuAssignment>,
-}
-
-/// Where the master should start one more worker ([`Plan::next_target`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Target {
-    Cpu,
-    Gpu(GpuAssignment),
-    /// Every GPU is at capacity.
-    NoRoom,
-}
+use crate::master::resources::Resources;
+use crate::protocol::{Device, CUDA_BUILD_VERSION};
 
 /// The plan: every input, each bound and why, the result and each worker's place.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -329,289 +151,54 @@ pub enum PlanError {
     InvalidPolicy(String),
 }
 
+/// How the plan was reached (`why`, one sentence each) and what it warns about, in the
+/// order the rules ran.
+#[derive(Debug, Default)]
+struct Notes {
+    why: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Notes {
+    fn why(&mut self, s: String) {
+        self.why.push(s);
+    }
+    fn warn(&mut self, s: String) {
+        self.warnings.push(s);
+    }
+}
+
 /// Makes the plan. See the module documentation for the rules.
 pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, PlanError> {
-    if let Some(f) = policy.gpu_memory_utilization {
-        if !(f > 0.0 && f <= 1.0) {
-            return Err(PlanError::InvalidPolicy(format!(
-                "--gpu-memory-utilization is {f}; allowed: a fraction greater than 0 and at most 1"
-            )));
-        }
-    }
-    if let Some(o) = policy.workers_override {
-        if o.count == 0 {
-            return Err(PlanError::InvalidPolicy(format!(
-                "{} is 0; allowed: a whole number of workers ≥ 1",
-                o.source
-            )));
-        }
-    }
-    if policy.torch_threads.is_some_and(|t| t.count == 0) {
-        return Err(PlanError::InvalidPolicy(
-            "torch threads is 0; allowed: ≥ 1".into(),
-        ));
-    }
-
+    policy.check()?;
     let cpus = res.cpus.max(1);
     let cpu_bound = u32::try_from(2 * cpus + 1).unwrap_or(u32::MAX);
     let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
-    let mut why = vec![format!("CPU bound = 2 × {cpus} cores + 1 = {cpu_bound}")];
-    // The metadata's likely mistakes first (issue 47: `mean`/`std` in 0–255 units).
-    let mut warnings = demand.warnings.clone();
-    let no_gpu_reason = || {
-        res.gpu_note
-            .clone()
-            .unwrap_or_else(|| "NVML sees no GPU".into())
+    let mut notes = Notes {
+        why: vec![format!("CPU bound = 2 × {cpus} cores + 1 = {cpu_bound}")],
+        // The metadata's likely mistakes first (issue 47: `mean`/`std` in 0–255 units).
+        warnings: demand.warnings.clone(),
     };
-
-    let mode = match policy.device {
-        Device::Cpu => {
-            why.push("--device cpu: every worker on the CPU".into());
-            PlacementMode::Cpu
-        }
-        Device::Cuda if res.gpus.is_empty() => {
-            return Err(PlanError::NoGpu(format!(
-                "--device cuda, but no GPU is visible through NVML ({}); use --device auto or \
-                 --device cpu, or point --nvml-library at the driver's libnvidia-ml.so.1",
-                no_gpu_reason()
-            )))
-        }
-        Device::Cuda if typ == 0 => {
-            warnings.push(format!(
-                "--device cuda but the app metadata's est_gpu_mem_typ is 0: workers are spread \
-                 over {} GPU(s) with no memory bound and no allocator cap; set est_gpu_mem_min \
-                 and est_gpu_mem_typ in {}",
-                res.gpus.len(),
-                demand.metadata.display()
-            ));
-            PlacementMode::GpuSpread
-        }
-        Device::Auto if typ == 0 => {
-            why.push(
-                "est_gpu_mem_typ is 0 (the app does not use a GPU): every worker on the CPU".into(),
-            );
-            if !res.gpus.is_empty() {
-                // Often a forgotten or misspelt field: say so where the server starts.
-                warnings.push(format!(
-                    "{} GPU(s) visible, but {} declares no est_gpu_mem_typ, or 0 (= the app uses \
-                     no GPU), so every worker runs on the CPU: set est_gpu_mem_typ (MB one worker \
-                     uses, as nvidia-smi shows it) to serve on the GPUs, or pass --device cpu to \
-                     say the CPU is meant",
-                    res.gpus.len(),
-                    demand.metadata.display()
-                ));
-            }
-            PlacementMode::Cpu
-        }
-        Device::Auto if res.gpus.is_empty() => {
-            warnings.push(format!(
-                "the app expects a GPU (est_gpu_mem_typ {typ} MB) but none is visible ({}): \
-                 serving on the CPU",
-                no_gpu_reason()
-            ));
-            PlacementMode::Cpu
-        }
-        Device::Auto | Device::Cuda => PlacementMode::GpuMemory,
-    };
-
-    // On the CPU the plan lists no GPU (none is used); the ones seen are named in `why`.
-    let mut gpus: Vec<GpuPlan> = match mode {
-        PlacementMode::Cpu => {
-            if !res.gpus.is_empty() {
-                let seen: Vec<String> = res
-                    .gpus
-                    .iter()
-                    .map(|g| format!("GPU {} ({}, {} MB free)", g.index, g.name, g.free_mb()))
-                    .collect();
-                why.push(format!("GPUs seen but not used: {}", seen.join(", ")));
-            }
-            Vec::new()
-        }
-        _ => res
-            .gpus
-            .iter()
-            .map(|g| gpu_plan(g, policy, min, typ, reserve, mode))
-            .collect(),
-    };
-
+    let mode = PlacementMode::choose(res, demand, policy, &mut notes)?;
+    let mut gpus = gpus::plan_gpus(res, demand, policy, mode, &mut notes);
     let mut driver_too_old = None;
     if mode != PlacementMode::Cpu {
-        if let Some(v) = res.cuda_driver_version.filter(|v| *v < CUDA_BUILD_VERSION) {
-            let why = format!(
-                "the NVIDIA driver{} supports CUDA up to {}, but the worker's libtorch is built \
-                 with CUDA {} and needs a driver that supports it ({CUDA_BUILD_MIN_DRIVER} or \
-                 newer): libtorch would see no GPU. Update the NVIDIA driver, or serve on the \
-                 CPU with --device cpu",
-                res.driver_version
-                    .as_deref()
-                    .map(|d| format!(" ({d})"))
-                    .unwrap_or_default(),
-                cuda_version_text(v),
-                cuda_version_text(CUDA_BUILD_VERSION),
-            );
-            if policy.device == Device::Cuda {
-                warnings.push(format!(
-                    "{why}; --device cuda: starting anyway (a worker that finds no CUDA stops the server, exit 5)"
-                ));
-            } else {
-                warnings.push(why.clone());
-                driver_too_old = Some(why);
-            }
-        }
-        for g in gpus
-            .iter()
-            .filter(|g| g.compute_mode != ComputeMode::Default)
-        {
-            why.push(format!(
-                "{} is in {} compute mode: {}",
-                g.label,
-                g.compute_mode.name(),
-                if g.compute_mode == ComputeMode::Prohibited {
-                    "no worker (no process may use it)"
-                } else {
-                    "at most one worker (one process at a time may use it)"
-                }
-            ));
-        }
-        if mode == PlacementMode::GpuMemory && per_worker_mb(typ) > typ {
-            warnings.push(format!(
-                "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({CUDA_CONTEXT_MB} \
-                 MB) plus {MIN_ALLOCATOR_MB} MB for its tensors: each worker is planned as {} MB",
-                per_worker_mb(typ)
-            ));
-        }
+        driver_too_old = gpus::driver_too_old(res, policy, &mut notes);
+        gpus::gpu_notes(&gpus, demand, mode, &mut notes);
     }
-
-    let gpu_bound = match mode {
-        PlacementMode::GpuMemory => {
-            let bound: u32 = gpus.iter().map(|g| g.fits).sum();
-            if bound == 0 {
-                return Err(does_not_fit(gpus, min, typ, reserve));
-            }
-            let terms: Vec<String> = gpus.iter().map(|g| g.fits.to_string()).collect();
-            let per_worker = per_worker_mb(typ);
-            let divisor = if per_worker == typ {
-                format!("est_gpu_mem_typ {typ} MB")
-            } else {
-                format!("{per_worker} MB per worker")
-            };
-            why.push(format!(
-                "GPU bound = Σ floor(usable / {divisor}) = {} = {bound}",
-                terms.join(" + ")
-            ));
-            for g in gpus.iter().filter(|g| g.excluded.is_some()) {
-                warnings.push(format!(
-                    "{} ({}) takes no worker: {}",
-                    g.label,
-                    g.name,
-                    g.excluded.as_deref().unwrap_or_default()
-                ));
-            }
-            Some(bound)
-        }
-        PlacementMode::Cpu | PlacementMode::GpuSpread => None,
-    };
-
-    let planned = gpu_bound.map_or(cpu_bound, |g| g.min(cpu_bound));
-    let (workers, source) = match policy.workers_override {
-        Some(o) => {
-            why.push(format!(
-                "workers = {} from {} (the plan would give {planned})",
-                o.count, o.source
-            ));
-            if o.count > cpu_bound {
-                warnings.push(format!(
-                    "{} = {} is above the CPU bound {cpu_bound}: workers will compete for cores",
-                    o.source, o.count
-                ));
-            }
-            (o.count, o.source.to_string())
-        }
-        None => {
-            match gpu_bound {
-                Some(g) => why.push(format!(
-                    "workers = min(CPU bound {cpu_bound}, GPU bound {g}) = {planned}"
-                )),
-                None => why.push(format!("workers = CPU bound = {planned}")),
-            }
-            (planned, "plan".to_string())
-        }
-    };
-
-    let mut placed = gpu_bound.map_or(workers, |g| workers.min(g));
-    if mode == PlacementMode::GpuSpread {
-        // Not a memory bound: the round-robin share, so TTIN spreads further evenly; but
-        // never past what the compute mode allows.
-        let exclusive = gpus
-            .iter()
-            .filter(|g| {
-                g.compute_mode != ComputeMode::Default && g.compute_mode != ComputeMode::Prohibited
-            })
-            .count() as u32;
-        let open = gpus
-            .iter()
-            .filter(|g| g.compute_mode == ComputeMode::Default)
-            .count() as u32;
-        let share = workers
-            .max(cpu_bound)
-            .saturating_sub(exclusive)
-            .div_ceil(open.max(1));
-        for g in &mut gpus {
-            g.fits = match g.compute_mode {
-                ComputeMode::Default => share,
-                mode => mode.limit(1),
-            };
-        }
-        let room: u32 = gpus.iter().map(|g| g.fits).sum();
-        if room == 0 {
-            return Err(does_not_fit(gpus, min, typ, reserve));
-        }
-        placed = placed.min(room);
-    }
-    let mut placement = Vec::with_capacity(placed as usize);
-    for slot in 0..placed {
-        let gpu = match mode {
-            PlacementMode::Cpu => None,
-            PlacementMode::GpuMemory => {
-                let i = most_room(&gpus).expect("placed ≤ Σ fits");
-                gpus[i].assigned += 1;
-                Some(assignment(&gpus[i]))
-            }
-            PlacementMode::GpuSpread => {
-                let i = most_room(&gpus).expect("placed ≤ Σ shares");
-                gpus[i].assigned += 1;
-                Some(assignment(&gpus[i]))
-            }
-        };
-        placement.push(Placement { slot, gpu });
-    }
-    let unplaced: Vec<u32> = (placed..workers).collect();
-    if !unplaced.is_empty() {
-        warnings.push(format!(
-            "{source} asks for {workers} workers but only {placed} fit in GPU memory now: \
-             slot(s) {}..={} start only when a GPU has {} MB free (est_gpu_mem_min + reserve) \
-             and room for est_gpu_mem_typ {typ} MB",
-            placed,
-            workers - 1,
-            min + reserve
-        ));
-    }
-
-    let torch_threads = match policy.torch_threads {
-        Some(TorchThreads { count, source }) => {
-            why.push(format!(
-                "torch threads = {count} per worker (set by {source})"
-            ));
-            count
-        }
-        None => {
-            let t = (cpus / workers.max(1) as usize).max(1);
-            why.push(format!(
-                "torch threads = max(1, {cpus} cores / {workers} workers) = {t} per worker"
-            ));
-            t
-        }
-    };
+    let gpu_bound = gpus::gpu_bound(&gpus, demand, policy, mode, &mut notes)?;
+    let (workers, source) = placement::worker_count(policy, cpu_bound, gpu_bound, &mut notes);
+    let (placement, unplaced) = placement::place(
+        &mut gpus,
+        demand,
+        policy,
+        mode,
+        (workers, &source),
+        (cpu_bound, gpu_bound),
+        &mut notes,
+    )?;
+    let torch_threads = policy.torch_threads(cpus, workers, &mut notes);
+    let Notes { why, warnings } = notes;
 
     Ok(Plan {
         workers,
@@ -647,360 +234,13 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
     })
 }
 
-fn gpu_plan(
-    g: &GpuInfo,
-    policy: &Policy,
-    min: u64,
-    typ: u64,
-    reserve: u64,
-    mode: PlacementMode,
-) -> GpuPlan {
-    let (total_mb, free_mb) = (g.total_mb(), g.free_mb());
-    let fraction = policy
-        .gpu_memory_utilization
-        .unwrap_or_else(|| default_utilization(total_mb));
-    let usable_mb = usable_mb(total_mb, fraction, free_mb, reserve);
-    let per_worker = per_worker_mb(typ);
-    let (fits, excluded) = match mode {
-        PlacementMode::Cpu => (0, None),
-        PlacementMode::GpuSpread => (
-            0,
-            (g.compute_mode == ComputeMode::Prohibited)
-                .then(|| "compute mode prohibited: no process may use it".to_string()),
-        ),
-        PlacementMode::GpuMemory if g.compute_mode == ComputeMode::Prohibited => (
-            0,
-            Some("compute mode prohibited: no process may use it".to_string()),
-        ),
-        PlacementMode::GpuMemory if !admits(free_mb, min, reserve) => (
-            0,
-            Some(format!(
-                "{free_mb} MB free < est_gpu_mem_min {min} MB + reserve {reserve} MB"
-            )),
-        ),
-        PlacementMode::GpuMemory => {
-            let fits = g.compute_mode.limit(workers_fitting(usable_mb, per_worker));
-            let excluded = (fits == 0).then(|| {
-                format!(
-                    "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
-                     − reserve {reserve} MB) < {per_worker} MB per worker"
-                )
-            });
-            (fits, excluded)
-        }
-    };
-    let cap_mb = (mode == PlacementMode::GpuMemory && fits > 0)
-        .then(|| (usable_mb / u64::from(fits)).saturating_sub(CUDA_CONTEXT_MB));
-    let memory_fraction = cap_mb
-        .filter(|_| total_mb > 0)
-        .map(|c| floor4(c as f64 / total_mb as f64));
-    GpuPlan {
-        index: g.index,
-        label: g.label(),
-        name: g.name.clone(),
-        uuid: g.uuid.clone(),
-        compute_mode: g.compute_mode,
-        mig: g.mig,
-        total_mb,
-        free_mb,
-        fraction,
-        usable_mb,
-        fits,
-        assigned: 0,
-        cap_mb,
-        memory_fraction,
-        excluded,
-    }
-}
-
-/// Rounds down to 4 decimals (a cap a little low is safe, a little high is not).
-fn floor4(x: f64) -> f64 {
-    (x * 10_000.0).floor() / 10_000.0
-}
-
-/// The GPU with the most remaining capacity, ties to the lower index.
-fn most_room(gpus: &[GpuPlan]) -> Option<usize> {
-    gpus.iter()
-        .enumerate()
-        .filter(|(_, g)| g.fits > g.assigned)
-        .max_by(|(ia, a), (ib, b)| {
-            (a.fits - a.assigned)
-                .cmp(&(b.fits - b.assigned))
-                .then(ib.cmp(ia))
-        })
-        .map(|(i, _)| i)
-}
-
-fn assignment(g: &GpuPlan) -> GpuAssignment {
-    g.assignment()
-}
-
-impl GpuPlan {
-    /// What a worker placed here is told.
-    pub fn assignment(&self) -> GpuAssignment {
-        let g = self;
-        GpuAssignment {
-            index: g.index,
-            uuid: g.uuid.clone(),
-            memory_fraction: g.memory_fraction,
-            cap_mb: g.cap_mb,
-            mig: g.mig,
-        }
-    }
-}
-
-/// Admission (SPEC, from djl-serving), the one rule for it: a GPU with `free_mb` free takes
-/// one more worker only when that covers `est_gpu_mem_min` plus the reserve. The plan asks
-/// it of each GPU's free memory at start (rule 3); the supervisor asks it before every
-/// start on a GPU and before it places a slot beyond the plan
-/// (`master::rules::Admission`, which settles whose metadata counts after a reload).
-pub fn admits(free_mb: u64, est_gpu_mem_min: u64, reserve_mb: u64) -> bool {
-    free_mb >= est_gpu_mem_min + reserve_mb
-}
-
-fn does_not_fit(gpus: Vec<GpuPlan>, min: u64, typ: u64, reserve: u64) -> PlanError {
-    let per_gpu: Vec<String> = gpus
-        .iter()
-        .map(|g| {
-            format!(
-                "{} ({}, {} MB total, {} MB free): {}",
-                g.label,
-                g.name,
-                g.total_mb,
-                g.free_mb,
-                g.excluded.as_deref().unwrap_or("no room")
-            )
-        })
-        .collect();
-    let message = format!(
-        "the model does not fit on any GPU (est_gpu_mem_min {min} MB, est_gpu_mem_typ {typ} MB, \
-         reserve {reserve} MB per GPU): {}; use --device cpu to serve on the CPU, or free GPU \
-         memory, lower --gpu-reserve-mb or raise --gpu-memory-utilization",
-        per_gpu.join("; ")
-    );
-    PlanError::DoesNotFit { message, gpus }
-}
-
-impl Plan {
-    /// Workers that fit on GPU `index` by memory; `None` when memory does not bound it
-    /// (CPU or spread placement) or the GPU is unknown.
-    pub fn gpu_capacity(&self, index: u32) -> Option<u32> {
-        if self.mode != PlacementMode::GpuMemory {
-            return None;
-        }
-        self.gpus.iter().find(|g| g.index == index).map(|g| g.fits)
-    }
-
-    /// The most workers memory allows in all (TTIN beyond it is refused); `None`: unbounded.
-    pub fn max_workers(&self) -> Option<u32> {
-        self.gpu_bound
-    }
-
-    /// MB that must be free on a GPU before a worker starts there (admission).
-    pub fn admission_mb(&self) -> u64 {
-        self.est_gpu_mem_min + self.reserve_mb
-    }
-
-    /// Where one more worker should go, given how many run on each GPU now
-    /// (`running_on(index)`): the GPU with the most capacity left (memory placement), the
-    /// one with the fewest workers (spread), or the CPU. Admission is still to be checked
-    /// against the GPU's free memory now ([`admits`]).
-    pub fn next_target(&self, running_on: impl Fn(u32) -> u32) -> Target {
-        let pick = match self.mode {
-            PlacementMode::Cpu => return Target::Cpu,
-            PlacementMode::GpuMemory => self
-                .gpus
-                .iter()
-                .filter(|g| g.fits > running_on(g.index))
-                .max_by(|a, b| {
-                    (a.fits - running_on(a.index))
-                        .cmp(&(b.fits - running_on(b.index)))
-                        .then(b.index.cmp(&a.index))
-                }),
-            // Past the share on a GPU any process may use; never past a compute mode's limit.
-            PlacementMode::GpuSpread => self
-                .gpus
-                .iter()
-                .filter(|g| g.compute_mode == ComputeMode::Default || g.fits > running_on(g.index))
-                .filter(|g| g.compute_mode != ComputeMode::Prohibited)
-                .min_by(|a, b| {
-                    running_on(a.index)
-                        .cmp(&running_on(b.index))
-                        .then(a.index.cmp(&b.index))
-                }),
-        };
-        pick.map_or(Target::NoRoom, |g| Target::Gpu(assignment(g)))
-    }
-
-    /// How messages name device `index` (`GPU 1`, `GPU 0 MIG 2`).
-    pub fn gpu_label(&self, index: u32) -> String {
-        self.gpus
-            .iter()
-            .find(|g| g.index == index)
-            .map_or_else(|| format!("GPU {index}"), |g| g.label.clone())
-    }
-
-    /// The plan as pretty JSON (`app plan --json`).
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a plan always serializes")
-    }
-
-    /// The plan for people (`app plan`): inputs, each GPU, bounds and why, the result,
-    /// where each worker goes, and warnings marked loudly.
-    pub fn to_text(&self) -> String {
-        let mut s = String::new();
-        // Writing to a String cannot fail.
-        let _ = self.write_text(&mut s);
-        s
-    }
-
-    fn write_text(&self, s: &mut String) -> std::fmt::Result {
-        writeln!(s, "inputs")?;
-        writeln!(s, "  cpus                  {}", self.cpus)?;
-        writeln!(
-            s,
-            "  device                {}",
-            self.requested_device.name()
-        )?;
-        writeln!(s, "  est_gpu_mem_min       {} MB", self.est_gpu_mem_min)?;
-        match self.measured_mb {
-            None => writeln!(s, "  est_gpu_mem_typ       {} MB", self.planned_typ_mb)?,
-            Some(m) => writeln!(
-                s,
-                "  per worker            {} MB, from a measured footprint of {m} MB (est_gpu_mem_typ declared {} MB)",
-                self.planned_typ_mb, self.declared_typ_mb
-            )?,
-        }
-        writeln!(s, "  gpu reserve           {} MB per GPU", self.reserve_mb)?;
-        match self.utilization_override {
-            Some(f) => writeln!(s, "  gpu utilisation       {f} (--gpu-memory-utilization)")?,
-            None => {
-                let table: Vec<String> = UTILIZATION_BY_GPU_SIZE
-                    .iter()
-                    .map(|(mb, f)| format!("≥ {} GiB: {f}", mb / 1024))
-                    .collect();
-                writeln!(
-                    s,
-                    "  gpu utilisation       by GPU size ({})",
-                    table.join(", ")
-                )?
-            }
-        }
-        if self.source != "plan" {
-            writeln!(
-                s,
-                "  workers override      {} ({})",
-                self.workers, self.source
-            )?;
-        }
-        let cuda = |v: Option<u32>| v.map_or_else(|| "unknown".to_string(), cuda_version_text);
-        writeln!(
-            s,
-            "  driver                {} (CUDA {}); worker built for CUDA {} (driver {CUDA_BUILD_MIN_DRIVER}+)",
-            self.driver_version.as_deref().unwrap_or("unknown"),
-            cuda(self.cuda_driver_version),
-            cuda_version_text(self.cuda_build_version)
-        )?;
-        writeln!(s, "gpus (NVML)")?;
-        if self.gpus.is_empty() {
-            match &self.gpu_note {
-                Some(note) => writeln!(s, "  none: {note}")?,
-                None => writeln!(s, "  none used: workers run on the CPU")?,
-            }
-        } else if let Some(note) = &self.gpu_note {
-            writeln!(s, "  note: {note}")?;
-        }
-        for g in &self.gpus {
-            write!(s, "  {}  {}  {}", g.label, g.name, g.uuid)?;
-            if g.compute_mode != ComputeMode::Default {
-                write!(s, "  compute mode {}", g.compute_mode.name())?;
-            }
-            write!(
-                s,
-                "\n    total {} MB, free {} MB, fraction {}, usable {} MB",
-                g.total_mb, g.free_mb, g.fraction, g.usable_mb
-            )?;
-            if self.mode == PlacementMode::GpuMemory {
-                write!(s, ", fits {}, assigned {}", g.fits, g.assigned)?;
-            } else if self.mode == PlacementMode::GpuSpread {
-                write!(s, ", assigned {}", g.assigned)?;
-            }
-            if let (Some(cap), Some(mf)) = (g.cap_mb, g.memory_fraction) {
-                write!(
-                    s,
-                    ", allocator cap {cap} MB ({mf}) + CUDA context ~{} MB per worker",
-                    self.cuda_context_mb
-                )?;
-            }
-            writeln!(s)?;
-            if let Some(x) = &g.excluded {
-                if self.mode != PlacementMode::Cpu {
-                    writeln!(s, "    no worker: {x}")?;
-                }
-            }
-        }
-        writeln!(s, "bounds and result")?;
-        for w in &self.why {
-            writeln!(s, "  {w}")?;
-        }
-        writeln!(
-            s,
-            "  => {} worker(s) on {} ({})",
-            self.workers,
-            self.device.name(),
-            self.source
-        )?;
-        writeln!(s, "placement")?;
-        for (first, last, gpu) in runs(&self.placement) {
-            let slots = if first == last {
-                format!("worker {first}")
-            } else {
-                format!("workers {first}-{last}")
-            };
-            match gpu {
-                None => writeln!(s, "  {slots} -> CPU")?,
-                Some(a) => {
-                    let label = self.gpu_label(a.index);
-                    write!(s, "  {slots} -> {label} ({})", a.uuid)?;
-                    match (a.cap_mb, a.memory_fraction) {
-                        (Some(c), Some(f)) => writeln!(s, ", allocator cap {c} MB ({f})")?,
-                        _ => writeln!(s)?,
-                    }
-                }
-            }
-        }
-        if let (Some(first), Some(last)) = (self.unplaced.first(), self.unplaced.last()) {
-            writeln!(
-                s,
-                "  workers {first}-{last} -> not placed: wait for {} MB free on a GPU",
-                self.admission_mb()
-            )?;
-        }
-        for w in &self.warnings {
-            writeln!(s, "WARNING: {w}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Consecutive slots with the same place, as (first, last, place).
-fn runs(placement: &[Placement]) -> Vec<(u32, u32, Option<&GpuAssignment>)> {
-    let mut out: Vec<(u32, u32, Option<&GpuAssignment>)> = Vec::new();
-    for p in placement {
-        match out.last_mut() {
-            Some((_, last, gpu)) if *gpu == p.gpu.as_ref() && *last + 1 == p.slot => *last = p.slot,
-            _ => out.push((p.slot, p.slot, p.gpu.as_ref())),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::master::resources::MB;
+    use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, MB};
+    use crate::metadata::AppMetadata;
 
     const GIB: u64 = 1024; // in MB
 

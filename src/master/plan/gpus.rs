@@ -1,0 +1,282 @@
+//! [`GpuPlan`]: one GPU as the plan sees it, and the plan's rules per GPU: usable memory,
+//! fits and allocator caps (rules 3 and 7, numbers from [`super::fit`]), compute modes
+//! (rule 9), MIG instances as devices (rule 10), the driver's CUDA version (rule 11) and
+//! the GPU bound (Σ fits; 0 is [`PlanError::DoesNotFit`]).
+
+use serde::Serialize;
+
+use super::fit::{
+    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, CUDA_CONTEXT_MB,
+    MIN_ALLOCATOR_MB,
+};
+use super::{Demand, Notes, PlacementMode, PlanError, Policy};
+use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
+use crate::protocol::{
+    cuda_version_text, Device, GpuAssignment, CUDA_BUILD_MIN_DRIVER, CUDA_BUILD_VERSION,
+};
+
+/// One GPU as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuPlan {
+    pub index: u32,
+    /// `GPU 1` or `GPU 0 MIG 2`.
+    pub label: String,
+    pub name: String,
+    pub uuid: String,
+    pub compute_mode: ComputeMode,
+    /// Set when this device is a MIG instance.
+    pub mig: Option<MigInstance>,
+    pub total_mb: u64,
+    pub free_mb: u64,
+    /// Utilisation fraction applied (table or override).
+    pub fraction: f64,
+    /// `min(total × fraction, free) − reserve`.
+    pub usable_mb: u64,
+    /// Workers that fit by memory (0 when not admitted). In spread placement (no memory
+    /// estimate) it is the round-robin share instead: `ceil(max(workers, CPU bound) / GPUs)`.
+    pub fits: u32,
+    /// Workers the plan puts here.
+    pub assigned: u32,
+    /// Allocator cap of each worker here, `usable / fits − CUDA_CONTEXT_MB`, when bounded.
+    pub cap_mb: Option<u64>,
+    /// The cap as a share of `total_mb`.
+    pub memory_fraction: Option<f64>,
+    /// Why this GPU takes no worker, when it takes none.
+    pub excluded: Option<String>,
+}
+
+impl GpuPlan {
+    /// What a worker placed here is told.
+    pub fn assignment(&self) -> GpuAssignment {
+        let g = self;
+        GpuAssignment {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            memory_fraction: g.memory_fraction,
+            cap_mb: g.cap_mb,
+            mig: g.mig,
+        }
+    }
+}
+
+/// The GPUs the plan may use, each with its figures, in NVML index order. On the CPU the
+/// plan lists no GPU (none is used); the ones seen are named in `why`.
+pub(super) fn plan_gpus(
+    res: &Resources,
+    demand: &Demand,
+    policy: &Policy,
+    mode: PlacementMode,
+    notes: &mut Notes,
+) -> Vec<GpuPlan> {
+    match mode {
+        PlacementMode::Cpu => {
+            if !res.gpus.is_empty() {
+                let seen: Vec<String> = res
+                    .gpus
+                    .iter()
+                    .map(|g| format!("GPU {} ({}, {} MB free)", g.index, g.name, g.free_mb()))
+                    .collect();
+                notes.why(format!("GPUs seen but not used: {}", seen.join(", ")));
+            }
+            Vec::new()
+        }
+        _ => res
+            .gpus
+            .iter()
+            .map(|g| gpu_plan(g, policy, demand, mode))
+            .collect(),
+    }
+}
+
+/// One GPU's figures (rules 3, 7, 9): usable memory, how many workers fit (0 when it does
+/// not admit one, or its compute mode forbids), each one's allocator cap.
+fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) -> GpuPlan {
+    let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
+    let (total_mb, free_mb) = (g.total_mb(), g.free_mb());
+    let fraction = policy
+        .gpu_memory_utilization
+        .unwrap_or_else(|| default_utilization(total_mb));
+    let usable_mb = usable_mb(total_mb, fraction, free_mb, reserve);
+    let per_worker = per_worker_mb(typ);
+    let (fits, excluded) = match mode {
+        PlacementMode::Cpu => (0, None),
+        PlacementMode::GpuSpread => (
+            0,
+            (g.compute_mode == ComputeMode::Prohibited)
+                .then(|| "compute mode prohibited: no process may use it".to_string()),
+        ),
+        PlacementMode::GpuMemory if g.compute_mode == ComputeMode::Prohibited => (
+            0,
+            Some("compute mode prohibited: no process may use it".to_string()),
+        ),
+        PlacementMode::GpuMemory if !admits(free_mb, min, reserve) => (
+            0,
+            Some(format!(
+                "{free_mb} MB free < est_gpu_mem_min {min} MB + reserve {reserve} MB"
+            )),
+        ),
+        PlacementMode::GpuMemory => {
+            let fits = g.compute_mode.limit(workers_fitting(usable_mb, per_worker));
+            let excluded = (fits == 0).then(|| {
+                format!(
+                    "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
+                     − reserve {reserve} MB) < {per_worker} MB per worker"
+                )
+            });
+            (fits, excluded)
+        }
+    };
+    let cap_mb = (mode == PlacementMode::GpuMemory && fits > 0)
+        .then(|| (usable_mb / u64::from(fits)).saturating_sub(CUDA_CONTEXT_MB));
+    let memory_fraction = cap_mb
+        .filter(|_| total_mb > 0)
+        .map(|c| floor4(c as f64 / total_mb as f64));
+    GpuPlan {
+        index: g.index,
+        label: g.label(),
+        name: g.name.clone(),
+        uuid: g.uuid.clone(),
+        compute_mode: g.compute_mode,
+        mig: g.mig,
+        total_mb,
+        free_mb,
+        fraction,
+        usable_mb,
+        fits,
+        assigned: 0,
+        cap_mb,
+        memory_fraction,
+        excluded,
+    }
+}
+
+/// Rounds down to 4 decimals (a cap a little low is safe, a little high is not).
+fn floor4(x: f64) -> f64 {
+    (x * 10_000.0).floor() / 10_000.0
+}
+
+/// Rule 11: why the driver cannot run the worker on a GPU, when its CUDA version is older
+/// than the build's (warned). `--device cuda` insists: warned, and `None`.
+pub(super) fn driver_too_old(
+    res: &Resources,
+    policy: &Policy,
+    notes: &mut Notes,
+) -> Option<String> {
+    if let Some(v) = res.cuda_driver_version.filter(|v| *v < CUDA_BUILD_VERSION) {
+        let why = format!(
+            "the NVIDIA driver{} supports CUDA up to {}, but the worker's libtorch is built \
+             with CUDA {} and needs a driver that supports it ({CUDA_BUILD_MIN_DRIVER} or \
+             newer): libtorch would see no GPU. Update the NVIDIA driver, or serve on the \
+             CPU with --device cpu",
+            res.driver_version
+                .as_deref()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default(),
+            cuda_version_text(v),
+            cuda_version_text(CUDA_BUILD_VERSION),
+        );
+        if policy.device == Device::Cuda {
+            notes.warn(format!(
+                "{why}; --device cuda: starting anyway (a worker that finds no CUDA stops the server, exit 5)"
+            ));
+        } else {
+            notes.warn(why.clone());
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// What the plan says of the GPUs it uses before it counts: their compute modes (rule 9),
+/// and an estimate below one CUDA context plus [`MIN_ALLOCATOR_MB`] (rule 7).
+pub(super) fn gpu_notes(gpus: &[GpuPlan], demand: &Demand, mode: PlacementMode, notes: &mut Notes) {
+    let typ = demand.typ_mb;
+    for g in gpus
+        .iter()
+        .filter(|g| g.compute_mode != ComputeMode::Default)
+    {
+        notes.why(format!(
+            "{} is in {} compute mode: {}",
+            g.label,
+            g.compute_mode.name(),
+            if g.compute_mode == ComputeMode::Prohibited {
+                "no worker (no process may use it)"
+            } else {
+                "at most one worker (one process at a time may use it)"
+            }
+        ));
+    }
+    if mode == PlacementMode::GpuMemory && per_worker_mb(typ) > typ {
+        notes.warn(format!(
+            "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({CUDA_CONTEXT_MB} \
+             MB) plus {MIN_ALLOCATOR_MB} MB for its tensors: each worker is planned as {} MB",
+            per_worker_mb(typ)
+        ));
+    }
+}
+
+/// The GPU bound (rule 3) when memory bounds the count: Σ fits, with why, each GPU that
+/// takes none warned; `None` on the CPU and in spread placement.
+pub(super) fn gpu_bound(
+    gpus: &[GpuPlan],
+    demand: &Demand,
+    policy: &Policy,
+    mode: PlacementMode,
+    notes: &mut Notes,
+) -> Result<Option<u32>, PlanError> {
+    let (typ, reserve) = (demand.typ_mb, policy.gpu_reserve_mb);
+    Ok(match mode {
+        PlacementMode::GpuMemory => {
+            let bound: u32 = gpus.iter().map(|g| g.fits).sum();
+            if bound == 0 {
+                return Err(does_not_fit(gpus.to_vec(), demand, reserve));
+            }
+            let terms: Vec<String> = gpus.iter().map(|g| g.fits.to_string()).collect();
+            let per_worker = per_worker_mb(typ);
+            let divisor = if per_worker == typ {
+                format!("est_gpu_mem_typ {typ} MB")
+            } else {
+                format!("{per_worker} MB per worker")
+            };
+            notes.why(format!(
+                "GPU bound = Σ floor(usable / {divisor}) = {} = {bound}",
+                terms.join(" + ")
+            ));
+            for g in gpus.iter().filter(|g| g.excluded.is_some()) {
+                notes.warn(format!(
+                    "{} ({}) takes no worker: {}",
+                    g.label,
+                    g.name,
+                    g.excluded.as_deref().unwrap_or_default()
+                ));
+            }
+            Some(bound)
+        }
+        PlacementMode::Cpu | PlacementMode::GpuSpread => None,
+    })
+}
+
+/// [`PlanError::DoesNotFit`], naming each GPU, the estimate and the way out.
+pub(super) fn does_not_fit(gpus: Vec<GpuPlan>, demand: &Demand, reserve: u64) -> PlanError {
+    let (min, typ) = (demand.min_mb, demand.typ_mb);
+    let per_gpu: Vec<String> = gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "{} ({}, {} MB total, {} MB free): {}",
+                g.label,
+                g.name,
+                g.total_mb,
+                g.free_mb,
+                g.excluded.as_deref().unwrap_or("no room")
+            )
+        })
+        .collect();
+    let message = format!(
+        "the model does not fit on any GPU (est_gpu_mem_min {min} MB, est_gpu_mem_typ {typ} MB, \
+         reserve {reserve} MB per GPU): {}; use --device cpu to serve on the CPU, or free GPU \
+         memory, lower --gpu-reserve-mb or raise --gpu-memory-utilization",
+        per_gpu.join("; ")
+    );
+    PlanError::DoesNotFit { message, gpus }
+}
