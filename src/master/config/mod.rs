@@ -2,14 +2,38 @@
 //! configuration. This is the only module that reads the environment. Every invalid value is
 //! an error naming the option (and the variable it came from), the value and what is allowed;
 //! nothing is silently replaced by a default.
+//!
+//! | file | checks |
+//! |---|---|
+//! | `mod.rs` | [`Config`], the mode, the metadata and model; the order of the checks; a reload |
+//! | `checker.rs` | how a value is read and an error names its option |
+//! | `serving.rs` | the address, the per-worker limits and timeouts, the body limit |
+//! | `access.rs` | API key files and TLS, read once into the workers' secrets |
+//! | `batching.rs` | batching and warm-up passes |
+//! | `devices.rs` | the device, GPU memory, NVML, measuring the footprint |
+//! | `workers.rs` | the worker-count override and torch threads (precedence through other programs' variables) |
+
+mod access;
+mod batching;
+mod checker;
+mod devices;
+mod serving;
+mod workers;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use access::{read_secrets, Access};
+use batching::{batching, Batch};
+use checker::{absolute, Checker};
+use devices::GpuMemory;
+use serving::{Address, Limits};
+use workers::{torch_threads, worker_override};
+
 use crate::master::cli::{Cli, Command, OPTION_ENV};
 use crate::master::plan::{Policy, TorchThreads, WorkerOverride};
-use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
-use crate::protocol::{Device, DEFAULT_WARMUP_PASSES};
+use crate::metadata::AppMetadata;
+use crate::protocol::Device;
 
 /// What `app` was asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,95 +114,69 @@ pub struct Config {
     pub secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
-/// The most `--warmup-passes` accepted: more passes than this buy nothing and delay every
-/// worker's boot.
-const MAX_WARMUP_PASSES: u32 = 100;
-
 /// A configuration error: printed as one line, exit status 2.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-/// Where a value came from, for messages: `--port` or `VRAMFORK_PORT`.
-fn origin(flag: &str, env: &dyn Fn(&str) -> Option<String>, from_cli_args: bool) -> String {
-    let var = OPTION_ENV
-        .iter()
-        .find(|(f, _)| *f == flag)
-        .map(|(_, v)| *v)
-        .unwrap_or("");
-    if !from_cli_args && env(var).is_some() {
-        format!("{var} (for {flag})")
-    } else {
-        flag.to_string()
-    }
-}
-
-struct Checker<'a> {
-    env: &'a dyn Fn(&str) -> Option<String>,
-    args: &'a [String],
-}
-
-impl Checker<'_> {
-    fn name(&self, flag: &str) -> String {
-        let on_cli = self
-            .args
-            .iter()
-            .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
-        origin(flag, self.env, on_cli)
-    }
-
-    fn bad(&self, flag: &str, value: &str, allowed: &str) -> ConfigError {
-        ConfigError(format!(
-            "invalid value '{value}' for {}: {allowed}",
-            self.name(flag)
-        ))
-    }
-
-    fn uint(
-        &self,
-        flag: &str,
-        v: Option<&str>,
-        default: u64,
-        min: u64,
-    ) -> Result<u64, ConfigError> {
-        let Some(v) = v else { return Ok(default) };
-        match v.trim().parse::<u64>() {
-            Ok(n) if n >= min => Ok(n),
-            _ => Err(self.bad(flag, v, &format!("expected a whole number ≥ {min}"))),
+/// A variable of an option that is set but empty is an error, not "unset".
+fn no_empty_variables(env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    for (flag, var) in OPTION_ENV {
+        if let Some(v) = env(var) {
+            if v.trim().is_empty() {
+                return Err(ConfigError(format!(
+                    "{var} (for {flag}) is set but empty: unset it or give a value"
+                )));
+            }
         }
     }
-
-    fn seconds(&self, flag: &str, v: Option<&str>, default: f64) -> Result<Duration, ConfigError> {
-        let Some(v) = v else {
-            return Ok(Duration::from_secs_f64(default));
-        };
-        match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
-            _ => Err(self.bad(flag, v, "expected a number of seconds > 0 (e.g. 30 or 0.5)")),
-        }
-    }
+    Ok(())
 }
 
-impl Checker<'_> {
-    /// Seconds ≥ 0, where 0 turns the limit off.
-    fn seconds_or_off(
-        &self,
-        flag: &str,
-        v: Option<&str>,
-        default: f64,
-    ) -> Result<Option<Duration>, ConfigError> {
-        match v.map(str::trim) {
-            Some("0") => Ok(None),
-            Some(s) if s.parse::<f64>() == Ok(0.0) => Ok(None),
-            _ => self.seconds(flag, v, default).map(Some).map_err(|_| {
-                self.bad(
-                    flag,
-                    v.unwrap_or_default(),
-                    "expected a number of seconds ≥ 0 (e.g. 10 or 0.5; 0 = no limit)",
-                )
-            }),
-        }
+/// The app metadata (`--metadata`) and the model to serve: `--model` (kept by a reload),
+/// else the metadata's `model`; none is an error unless only the plan is printed.
+fn metadata_and_model(
+    metadata: Option<&std::ffi::OsStr>,
+    model: Option<&std::ffi::OsStr>,
+    mode: Mode,
+) -> Result<(AppMetadata, Option<PathBuf>, Option<PathBuf>), ConfigError> {
+    let metadata_path = metadata
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("app-metadata.json"));
+    let metadata_path = absolute(&metadata_path);
+    let metadata = AppMetadata::load(&metadata_path).map_err(|e| ConfigError(e.to_string()))?;
+    let model_override = model.map(|m| absolute(Path::new(m)));
+    let model_path = model_override.clone().or_else(|| metadata.model.clone());
+    if model_path.is_none() && !matches!(mode, Mode::Plan { measure: false, .. }) {
+        return Err(ConfigError(format!(
+            "no model to serve: set `model` in {} or pass --model FILE",
+            metadata_path.display()
+        )));
     }
+    Ok((metadata, model_override, model_path))
+}
+
+/// The worker binary: `--worker-binary`, else `app-worker` beside `app`; it must exist
+/// unless only the plan is printed.
+fn worker_binary(
+    flag: Option<std::ffi::OsString>,
+    exe_dir: Option<&Path>,
+    mode: Mode,
+) -> Result<PathBuf, ConfigError> {
+    let worker_binary = match flag {
+        Some(p) => absolute(Path::new(&p)),
+        None => exe_dir
+            .map(|d| d.join("app-worker"))
+            .unwrap_or_else(|| PathBuf::from("app-worker")),
+    };
+    if !matches!(mode, Mode::Plan { measure: false, .. }) && !worker_binary.is_file() {
+        return Err(ConfigError(format!(
+                "worker binary {} not found: build it (cargo build --workspace) or pass --worker-binary FILE",
+                worker_binary.display()
+            )));
+    }
+
+    Ok(worker_binary)
 }
 
 impl Config {
@@ -192,22 +190,16 @@ impl Config {
 
     /// Validates the parsed command line. `env` reads environment variables (the process
     /// environment in `app`, a map in tests); `args` are the raw arguments, used only to say
-    /// whether a bad value came from a flag or a variable.
+    /// whether a bad value came from a flag or a variable. The options are checked in one
+    /// order (so that of two bad values the same one is named first), each group by the file
+    /// that owns it.
     pub fn from_cli(
         cli: Cli,
         env: &dyn Fn(&str) -> Option<String>,
         args: &[String],
         exe_dir: Option<&Path>,
     ) -> Result<Config, ConfigError> {
-        for (flag, var) in OPTION_ENV {
-            if let Some(v) = env(var) {
-                if v.trim().is_empty() {
-                    return Err(ConfigError(format!(
-                        "{var} (for {flag}) is set but empty: unset it or give a value"
-                    )));
-                }
-            }
-        }
+        no_empty_variables(env)?;
         let c = Checker { env, args };
         let mode = match cli.command {
             Some(Command::Plan { json, measure }) => Mode::Plan { json, measure },
@@ -215,224 +207,37 @@ impl Config {
             None => Mode::Develop,
         };
 
-        let metadata_path = cli
-            .metadata
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("app-metadata.json"));
-        let metadata_path = absolute(&metadata_path);
-        let metadata = AppMetadata::load(&metadata_path).map_err(|e| ConfigError(e.to_string()))?;
-        let model_override = cli.model.map(|m| absolute(Path::new(&m)));
-        let model_path = model_override.clone().or_else(|| metadata.model.clone());
-        if model_path.is_none() && !matches!(mode, Mode::Plan { measure: false, .. }) {
-            return Err(ConfigError(format!(
-                "no model to serve: set `model` in {} or pass --model FILE",
-                metadata_path.display()
-            )));
-        }
-
-        let address_given = cli.host.is_some() || cli.port.is_some();
-        let host = cli.host.unwrap_or_else(|| "127.0.0.1".to_string());
-        if host.trim().is_empty() || host.contains(char::is_whitespace) {
-            return Err(c.bad(
-                "--host",
-                &host,
-                "expected an address such as 127.0.0.1 or 0.0.0.0",
-            ));
-        }
-        let port = match cli.port.as_deref() {
-            None => 5000,
-            Some(p) => p.trim().parse::<u16>().map_err(|_| {
-                c.bad(
-                    "--port",
-                    p,
-                    "expected a port number 0..65535 (0 = any free port)",
-                )
-            })?,
-        };
-
-        let metrics_port = match cli.metrics_port.as_deref() {
-            None => None,
-            Some(p) => Some(p.trim().parse::<u16>().map_err(|_| {
-                c.bad(
-                    "--metrics-port",
-                    p,
-                    "expected a port number 0..65535 (0 = any free port)",
-                )
-            })?),
-        };
-        if metrics_port.is_some_and(|m| m != 0 && m == port) {
-            return Err(ConfigError(format!(
-                "--metrics-port {port} is the serving port (--port): give metrics a port of their own"
-            )));
-        }
-        let api_key_file = key_file(cli.api_key_file.as_deref());
-        let metrics_api_key_file = key_file(cli.metrics_api_key_file.as_deref());
-        if metrics_api_key_file.is_some() && metrics_port.is_none() {
-            return Err(ConfigError(
-                "--metrics-api-key-file protects --metrics-port's /metrics: give --metrics-port too"
-                    .into(),
-            ));
-        }
-        let tls = tls_files(
+        let (metadata, model_override, model_path) =
+            metadata_and_model(cli.metadata.as_deref(), cli.model.as_deref(), mode)?;
+        let Address {
+            host,
+            port,
+            metrics_port,
+            address_given,
+        } = Address::check(
+            cli.host.clone(),
+            cli.port.clone(),
+            cli.metrics_port.clone(),
             &c,
-            cli.tls_cert.as_deref(),
-            cli.tls_key.as_deref(),
-            cli.tls_client_ca.as_deref(),
         )?;
-        let secrets = read_secrets(&c, &api_key_file, &metrics_api_key_file, &tls)?;
+        let access = Access::check(&cli, metrics_port, &c)?;
         let workers_override = worker_override(&cli.workers, env, &c)?;
-        let max_requests = c.uint("--max-requests", cli.max_requests.as_deref(), 0, 0)?;
-        let max_requests_jitter = c.uint(
-            "--max-requests-jitter",
-            cli.max_requests_jitter.as_deref(),
-            0,
-            0,
-        )?;
-        let timeout = c.seconds("--timeout", cli.timeout.as_deref(), 30.0)?;
-        let boot_timeout = c.seconds("--boot-timeout", cli.boot_timeout.as_deref(), 300.0)?;
-        let graceful_timeout =
-            c.seconds("--graceful-timeout", cli.graceful_timeout.as_deref(), 30.0)?;
-        let request_timeout =
-            c.seconds("--request-timeout", cli.request_timeout.as_deref(), 120.0)?;
-        let max_queue_wait =
-            c.seconds_or_off("--max-queue-wait", cli.max_queue_wait.as_deref(), 10.0)?;
-        let max_batch_size_override = match cli.max_batch_size.as_deref() {
-            None => None,
-            Some(v) => match v.trim().parse::<u32>() {
-                Ok(n) if n <= MAX_BATCH_SIZE_LIMIT => Some(n),
-                _ => {
-                    return Err(c.bad(
-                        "--max-batch-size",
-                        v,
-                        &format!(
-                            "expected a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching)"
-                        ),
-                    ))
-                }
-            },
-        };
-        let batch_timeout_ms =
-            c.uint("--batch-timeout-ms", cli.batch_timeout_ms.as_deref(), 0, 0)?;
-        if batch_timeout_ms > 60_000 {
-            return Err(c.bad(
-                "--batch-timeout-ms",
-                &batch_timeout_ms.to_string(),
-                "at most 60000 ms",
-            ));
-        }
-        let batch_timeout = Duration::from_millis(batch_timeout_ms);
-        let max_batch_size = batching(&metadata, max_batch_size_override, batch_timeout, &c)?;
-        let warmup_passes = match cli.warmup_passes.as_deref() {
-            None => DEFAULT_WARMUP_PASSES,
-            Some(v) => match v.trim().parse::<u32>() {
-                Ok(n) if n <= MAX_WARMUP_PASSES => n,
-                _ => {
-                    return Err(c.bad(
-                        "--warmup-passes",
-                        v,
-                        &format!(
-                            "expected a whole number 0..={MAX_WARMUP_PASSES} (0 = no warm-up pass)"
-                        ),
-                    ))
-                }
-            },
-        };
-        let profile_memory = match cli.profile_memory.as_deref().map(str::trim) {
-            None | Some("auto") => None,
-            Some("on") => Some(true),
-            Some("off") => Some(false),
-            Some(v) => return Err(c.bad("--profile-memory", v, "expected auto, on or off")),
-        };
-        let memory_headroom = match cli.memory_headroom.as_deref() {
-            None => 1.2,
-            Some(v) => match v.trim().parse::<f64>() {
-                Ok(f) if (1.0..=10.0).contains(&f) => f,
-                _ => {
-                    return Err(c.bad(
-                        "--memory-headroom",
-                        v,
-                        "expected a factor from 1 to 10 (e.g. 1.2)",
-                    ))
-                }
-            },
-        };
-        if let Some(wait) = max_queue_wait.filter(|w| max_batch_size > 0 && batch_timeout >= *w) {
-            return Err(ConfigError(format!(
-                "{} {} is not shorter than {} ({} s): a request waiting for its batch to fill would be refused (503) before it ran",
-                c.name("--batch-timeout-ms"),
-                batch_timeout.as_millis(),
-                c.name("--max-queue-wait"),
-                wait.as_secs_f64()
-            )));
-        }
-        let device = match cli.device.as_deref() {
-            None | Some("auto") => Device::Auto,
-            Some("cpu") => Device::Cpu,
-            Some("cuda") => Device::Cuda,
-            Some(d) => return Err(c.bad("--device", d, "expected auto, cpu or cuda")),
-        };
-        let max_body_mb = c.uint("--max-body-mb", cli.max_body_mb.as_deref(), 64, 1)?;
-        if max_body_mb > 1 << 20 {
-            return Err(c.bad(
-                "--max-body-mb",
-                &max_body_mb.to_string(),
-                "at most 1048576 MB",
-            ));
-        }
-        let gpu_memory_utilization = match cli.gpu_memory_utilization.as_deref() {
-            None => None,
-            Some(v) => match v.trim().parse::<f64>() {
-                Ok(f) if f > 0.0 && f <= 1.0 => Some(f),
-                _ => {
-                    return Err(c.bad(
-                        "--gpu-memory-utilization",
-                        v,
-                        "expected a fraction greater than 0 and at most 1 (e.g. 0.9)",
-                    ))
-                }
-            },
-        };
-        let gpu_reserve_mb = c.uint("--gpu-reserve-mb", cli.gpu_reserve_mb.as_deref(), 500, 0)?;
-        let max_worker_gpu_mb = match cli.max_worker_gpu_mb.as_deref() {
-            None => None,
-            Some(v) => Some(c.uint("--max-worker-gpu-mb", Some(v), 0, 1)?),
-        };
+        let limits = Limits::check(&cli, &c)?;
+        let batch = Batch::check(&cli, &metadata, &c)?;
+        let warmup_passes = batching::warmup_passes(cli.warmup_passes.as_deref(), &c)?;
+        let (profile_memory, memory_headroom) = devices::profiling(&cli, &c)?;
+        batch.check_queue_wait(limits.max_queue_wait, &c)?;
+        let device = devices::device(cli.device.as_deref(), &c)?;
+        let max_body_bytes = serving::max_body_bytes(cli.max_body_mb.as_deref(), &c)?;
+        let gpu = GpuMemory::check(&cli, &c)?;
         let torch_threads = torch_threads(&cli.torch_threads, env, &c)?;
-        let nvml_library = cli.nvml_library.map(|p| absolute(Path::new(&p)));
-        if let Some(p) = &nvml_library {
-            if !p.is_file() {
-                return Err(c.bad(
-                    "--nvml-library",
-                    &p.display().to_string(),
-                    "no such file (expected the path of libnvidia-ml.so.1 or a compatible library)",
-                ));
-            }
-        }
-        if cli.simulated_gpus && nvml_library.is_none() {
-            return Err(c.bad(
-                "--simulated-gpus",
-                "true",
-                "it is for tests with a simulated NVML: give --nvml-library too (on real GPUs it would serve on the CPU)",
-            ));
-        }
+        let nvml_library = devices::nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, &c)?;
         let log_json = match cli.log_format.as_deref() {
             None | Some("text") => false,
             Some("json") => true,
             Some(v) => return Err(c.bad("--log-format", v, "expected text or json")),
         };
-        let worker_binary = match cli.worker_binary {
-            Some(p) => absolute(Path::new(&p)),
-            None => exe_dir
-                .map(|d| d.join("app-worker"))
-                .unwrap_or_else(|| PathBuf::from("app-worker")),
-        };
-        if !matches!(mode, Mode::Plan { measure: false, .. }) && !worker_binary.is_file() {
-            return Err(ConfigError(format!(
-                "worker binary {} not found: build it (cargo build --workspace) or pass --worker-binary FILE",
-                worker_binary.display()
-            )));
-        }
-
+        let worker_binary = worker_binary(cli.worker_binary, exe_dir, mode)?;
         Ok(Config {
             mode,
             metadata,
@@ -443,26 +248,26 @@ impl Config {
             metrics_port,
             address_given,
             workers_override,
-            max_requests,
-            max_requests_jitter,
-            timeout,
-            boot_timeout,
-            graceful_timeout,
-            request_timeout,
-            max_queue_wait,
-            max_batch_size,
-            max_batch_size_override,
-            batch_timeout,
+            max_requests: limits.max_requests,
+            max_requests_jitter: limits.max_requests_jitter,
+            timeout: limits.timeout,
+            boot_timeout: limits.boot_timeout,
+            graceful_timeout: limits.graceful_timeout,
+            request_timeout: limits.request_timeout,
+            max_queue_wait: limits.max_queue_wait,
+            max_batch_size: batch.max_batch_size,
+            max_batch_size_override: batch.max_batch_size_override,
+            batch_timeout: batch.batch_timeout,
             warmup_passes,
             profile_memory,
             memory_headroom,
             adapt_workers: cli.adapt_workers,
             footprint_file: cli.footprint_file.map(|p| absolute(Path::new(&p))),
             device,
-            max_body_bytes: max_body_mb << 20,
-            gpu_memory_utilization,
-            gpu_reserve_mb,
-            max_worker_gpu_mb,
+            max_body_bytes,
+            gpu_memory_utilization: gpu.gpu_memory_utilization,
+            gpu_reserve_mb: gpu.gpu_reserve_mb,
+            max_worker_gpu_mb: gpu.max_worker_gpu_mb,
             nvml_library,
             simulated_gpus: cli.simulated_gpus,
             cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
@@ -470,10 +275,10 @@ impl Config {
             worker_binary,
             log_json,
             access_log: cli.access_log,
-            api_key_file,
-            metrics_api_key_file,
-            tls,
-            secrets: std::sync::Arc::new(secrets),
+            api_key_file: access.api_key_file,
+            metrics_api_key_file: access.metrics_api_key_file,
+            tls: access.tls,
+            secrets: std::sync::Arc::new(access.secrets),
         })
     }
 
@@ -528,206 +333,6 @@ impl Config {
             torch_threads: self.torch_threads,
         }
     }
-}
-
-/// The rows per forward pass: `--max-batch-size` over the metadata's `max_batch_size`,
-/// checked against the declared inputs and `--batch-timeout-ms`.
-fn batching(
-    metadata: &AppMetadata,
-    flag: Option<u32>,
-    timeout: Duration,
-    c: &Checker<'_>,
-) -> Result<u32, ConfigError> {
-    let size = flag.unwrap_or(metadata.max_batch_size);
-    if let Some(msg) = crate::metadata::unbatchable_input(metadata.inputs.as_deref(), size) {
-        return Err(ConfigError(format!(
-            "{}: {msg}",
-            c.name("--max-batch-size")
-        )));
-    }
-    if size == 0 && !timeout.is_zero() {
-        return Err(ConfigError(format!(
-            "{} {} has no effect without batching: set `max_batch_size` in {} or pass --max-batch-size N",
-            c.name("--batch-timeout-ms"),
-            timeout.as_millis(),
-            metadata.path.display()
-        )));
-    }
-    Ok(size)
-}
-
-/// `--workers` > `VRAMFORK_WORKERS` > `CLAMS_GUNICORN_WORKERS` > the plan. Zero, negative,
-/// empty or non-numeric values are errors, whichever form they came in.
-fn worker_override(
-    cli_value: &Option<String>,
-    env: &dyn Fn(&str) -> Option<String>,
-    c: &Checker<'_>,
-) -> Result<Option<WorkerOverride>, ConfigError> {
-    let allowed = "expected a whole number of workers ≥ 1";
-    let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|n| *n >= 1);
-    if let Some(v) = cli_value {
-        let on_cli = c
-            .args
-            .iter()
-            .any(|a| a == "--workers" || a.starts_with("--workers="));
-        let source = if on_cli {
-            "--workers"
-        } else {
-            "VRAMFORK_WORKERS"
-        };
-        return match parse(v) {
-            Some(count) => Ok(Some(WorkerOverride { count, source })),
-            None => Err(c.bad("--workers", v, allowed)),
-        };
-    }
-    match env("CLAMS_GUNICORN_WORKERS") {
-        None => Ok(None),
-        Some(v) => match parse(&v) {
-            Some(count) => Ok(Some(WorkerOverride {
-                count,
-                source: "CLAMS_GUNICORN_WORKERS",
-            })),
-            None => Err(ConfigError(format!(
-                "invalid value '{v}' for CLAMS_GUNICORN_WORKERS (worker count): {allowed}"
-            ))),
-        },
-    }
-}
-
-/// Torch intra-op threads per worker: `--torch-threads` > `VRAMFORK_TORCH_THREADS` >
-/// `MKL_NUM_THREADS` > `OMP_NUM_THREADS` > the plan (`max(1, cores / workers)`). The two
-/// libraries' variables are read in libtorch's own order (`at::intraop_default_num_threads`
-/// lets `MKL_NUM_THREADS` override `OMP_NUM_THREADS`), so an operator who set them for torch
-/// gets what torch would have done; libgomp's list form (`4,2`: per nesting level) gives its
-/// first number. Anything else in them is an error naming the variable, as for our own.
-fn torch_threads(
-    cli_value: &Option<String>,
-    env: &dyn Fn(&str) -> Option<String>,
-    c: &Checker<'_>,
-) -> Result<Option<TorchThreads>, ConfigError> {
-    if let Some(v) = cli_value {
-        let on_cli = c
-            .args
-            .iter()
-            .any(|a| a == "--torch-threads" || a.starts_with("--torch-threads="));
-        let source = if on_cli {
-            "--torch-threads"
-        } else {
-            "VRAMFORK_TORCH_THREADS"
-        };
-        let count = c.uint("--torch-threads", Some(v), 0, 1)? as usize;
-        return Ok(Some(TorchThreads { count, source }));
-    }
-    for source in ["MKL_NUM_THREADS", "OMP_NUM_THREADS"] {
-        let Some(v) = env(source) else { continue };
-        let first = v.split(',').next().unwrap_or("").trim();
-        return match first.parse::<usize>() {
-            Ok(count) if count >= 1 => Ok(Some(TorchThreads { count, source })),
-            _ => Err(ConfigError(format!(
-                "invalid value '{v}' for {source} (torch's intra-op threads per worker): \
-                 expected a whole number ≥ 1 (or unset it and use --torch-threads)"
-            ))),
-        };
-    }
-    Ok(None)
-}
-
-/// A key file option's path (read by [`read_secrets`]).
-fn key_file(v: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
-    v.map(|v| absolute(Path::new(v)))
-}
-
-/// Reads the key and TLS files once and checks them: the keys must be valid and the TLS
-/// files make a working server configuration. What this returns is what the workers of
-/// this configuration serve with (`crate::secrets`), whatever the files become later.
-fn read_secrets(
-    c: &Checker,
-    api_key_file: &Option<PathBuf>,
-    metrics_api_key_file: &Option<PathBuf>,
-    tls: &Option<crate::tls::TlsFiles>,
-) -> Result<crate::secrets::Secrets, ConfigError> {
-    let mut stamps = Vec::new();
-    let mut keys = |flag: &'static str, f: &Option<PathBuf>| {
-        let Some(f) = f else { return Ok(None) };
-        let named = |e: String| ConfigError(format!("{}: {e}", c.name(flag)));
-        stamps.push((flag, f.clone(), crate::files::stamp(f)));
-        let text = crate::auth::ApiKeys::read(f).map_err(named)?;
-        crate::auth::ApiKeys::parse(&text)
-            .map_err(|e| named(format!("API key file {}: {e}", f.display())))?;
-        Ok::<_, ConfigError>(Some(text))
-    };
-    let api = keys("--api-key-file", api_key_file)?;
-    let metrics = keys("--metrics-api-key-file", metrics_api_key_file)?;
-    let tls = tls.as_ref().map(|t| check_tls(c, t)).transpose()?;
-    Ok(stamps.into_iter().fold(
-        crate::secrets::Secrets::new(api, metrics, tls),
-        |s, (flag, path, stamp)| s.with_key_file(flag, &path, stamp),
-    ))
-}
-
-/// `--tls-cert`, `--tls-key`, `--tls-client-ca`: all or nothing (the CA only with the
-/// other two), and the files must make a working server configuration.
-fn tls_files(
-    c: &Checker,
-    cert: Option<&std::ffi::OsStr>,
-    key: Option<&std::ffi::OsStr>,
-    client_ca: Option<&std::ffi::OsStr>,
-) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
-    let files = match (cert, key) {
-        (None, None) => {
-            if client_ca.is_some() {
-                return Err(ConfigError(format!(
-                    "{} asks for client certificates over TLS: give {} and {} too",
-                    c.name("--tls-client-ca"),
-                    c.name("--tls-cert"),
-                    c.name("--tls-key")
-                )));
-            }
-            return Ok(None);
-        }
-        (Some(_), None) => {
-            return Err(ConfigError(format!(
-                "{} needs {} (its private key)",
-                c.name("--tls-cert"),
-                c.name("--tls-key")
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError(format!(
-                "{} needs {} (the certificate it is the key of)",
-                c.name("--tls-key"),
-                c.name("--tls-cert")
-            )))
-        }
-        (Some(cert), Some(key)) => crate::tls::TlsFiles {
-            cert: absolute(Path::new(cert)),
-            key: absolute(Path::new(key)),
-            client_ca: client_ca.map(|p| absolute(Path::new(p))),
-        },
-    };
-    Ok(Some(files))
-}
-
-fn check_tls(
-    c: &Checker,
-    files: &crate::tls::TlsFiles,
-) -> Result<crate::tls::TlsMaterial, ConfigError> {
-    files.read().map_err(|e| {
-        ConfigError(format!(
-            "TLS ({}, {}{}): {e}",
-            c.name("--tls-cert"),
-            c.name("--tls-key"),
-            if files.client_ca.is_some() {
-                format!(", {}", c.name("--tls-client-ca"))
-            } else {
-                String::new()
-            }
-        ))
-    })
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 #[cfg(test)]
