@@ -1,0 +1,287 @@
+//! The families `/metrics` exposes, in the order a scrape lists them: requests and
+//! traffic, workers, GPU and per-worker memory, the plan. Each function registers one
+//! group from the snapshot.
+
+use std::collections::BTreeMap;
+
+use super::families::{l, Families, Family, Labels};
+use super::{batch_sizes, GpuRow, Snapshot, WorkerRow, EXIT_REASONS, START_METHODS, STATES};
+
+/// Requests by endpoint and code, their bytes, out-of-memory answers, their durations.
+pub(super) fn requests(f: &mut Families, s: &Snapshot) {
+    let t = &s.traffic;
+    let per_endpoint =
+        |get: &dyn Fn(&crate::metrics::traffic::EndpointTraffic) -> u64| -> Vec<(Labels, u64)> {
+            t.endpoints
+                .iter()
+                .map(|(e, et)| (l(&[("endpoint", e)]), get(et)))
+                .collect()
+        };
+
+    let requests = t
+        .endpoints
+        .iter()
+        .flat_map(|(e, et)| {
+            et.codes
+                .iter()
+                .map(move |(code, n)| (l(&[("endpoint", e), ("code", &code.to_string())]), *n))
+        })
+        .collect();
+    f.counter(
+        "requests",
+        "HTTP answers by endpoint and status code.",
+        requests,
+    );
+    f.counter(
+        "request_bytes",
+        "Request body bytes read, by endpoint.",
+        per_endpoint(&|et| et.bytes_in),
+    );
+    f.counter(
+        "response_bytes",
+        "Response body bytes written, by endpoint.",
+        per_endpoint(&|et| et.bytes_out),
+    );
+    f.counter(
+        "out_of_memory_responses",
+        "Answers 507 (Insufficient Storage): the model ran out of GPU memory.",
+        vec![(vec![], t.with_code(507))],
+    );
+    f.histogram(
+        "request_duration",
+        "From a request's arrival (its connection's entry in the listen queue, for a first request) to its answer.",
+        t.endpoints
+            .iter()
+            .map(|(e, et)| (l(&[("endpoint", e)]), et.duration.clone()))
+            .collect(),
+    );
+}
+
+/// Forward passes and pre-processing: durations, batches and their rows.
+pub(super) fn passes(f: &mut Families, s: &Snapshot) {
+    let t = &s.traffic;
+    f.histogram(
+        "forward_duration",
+        "Model forward passes that produced an answer.",
+        vec![(vec![], t.forward.clone())],
+    );
+    if t.preprocess.count() > 0 {
+        f.histogram(
+            "preprocess_duration",
+            "Document pre-processing (text tokenized, images decoded) per request, on the worker's pool.",
+            vec![(vec![], t.preprocess.clone())],
+        );
+    }
+    f.counter(
+        "batches",
+        "With batching on: forward passes by the rows stacked into them (size: 1, 2, 3-4, 5-8, ...).",
+        batch_sizes(&t.batches)
+            .into_iter()
+            .map(|(size, n)| (l(&[("size", &size)]), n))
+            .collect(),
+    );
+    f.counter(
+        "batch_rows",
+        "With batching on: rows run in the passes counted in vramfork_batches_total.",
+        vec![(vec![], t.batch_rows())],
+    );
+}
+
+/// Refusals and losses: auth failures, dropped log lines; requests in flight.
+pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
+    let t = &s.traffic;
+    f.counter(
+        "auth_failures",
+        "Requests refused by token auth (--api-key-file, --metrics-api-key-file), by port (serving, metrics) and reason (missing, malformed, invalid).",
+        t.auth_failures
+            .iter()
+            .filter_map(|(k, n)| {
+                let (port, reason) = k.split_once('/')?;
+                Some((l(&[("port", port), ("reason", reason)]), *n))
+            })
+            .collect(),
+    );
+    f.counter(
+        "access_log_dropped",
+        "Access-log lines dropped because stderr could not keep up (--access-log); the requests were answered.",
+        vec![(vec![], t.access_log_dropped)],
+    );
+    f.counter(
+        "log_lines_dropped",
+        "Log lines (access-log lines apart) the master and the workers dropped because stderr could not keep up (a pipe nobody reads, a stalled journal); nothing waited for them.",
+        vec![(vec![], t.log_lines_dropped)],
+    );
+    f.gauge(
+        "requests_in_flight",
+        "Requests being handled now (as of the workers' last heartbeats).",
+        None,
+        vec![(vec![], s.in_flight as f64)],
+    );
+}
+
+/// Workers by state, planned, started, booted and exited.
+pub(super) fn workers(f: &mut Families, s: &Snapshot) {
+    f.gauge(
+        "workers",
+        "Worker processes by state.",
+        None,
+        STATES
+            .iter()
+            .zip(s.workers)
+            .map(|(st, n)| (l(&[("state", st)]), f64::from(n)))
+            .collect(),
+    );
+    f.gauge(
+        "workers_planned",
+        "Workers the master keeps (the plan, changed by TTIN/TTOU).",
+        None,
+        vec![(vec![], f64::from(s.planned))],
+    );
+    let by = |m: &BTreeMap<String, u64>,
+              keys: &[&'static str],
+              label: &'static str|
+     -> Vec<(Labels, u64)> {
+        let mut rows: Vec<(Labels, u64)> = keys
+            .iter()
+            .map(|k| (l(&[(label, k)]), m.get(*k).copied().unwrap_or(0)))
+            .collect();
+        rows.extend(
+            m.iter()
+                .filter(|(k, _)| !keys.contains(&k.as_str()))
+                .map(|(k, n)| (l(&[(label, k)]), *n)),
+        );
+        rows
+    };
+    f.counter(
+        "worker_starts",
+        "Workers started, by method (fork from the template, or exec).",
+        by(&s.starts, &START_METHODS, "method"),
+    );
+    f.histogram(
+        "worker_boot_duration",
+        "From a worker's start to its first ready, by start method.",
+        START_METHODS
+            .iter()
+            .map(|m| {
+                (
+                    l(&[("method", m)]),
+                    s.boot.get(*m).cloned().unwrap_or_default(),
+                )
+            })
+            .collect(),
+    );
+    f.counter(
+        "worker_exits",
+        "Workers that exited, by reason.",
+        by(&s.exits, &EXIT_REASONS, "reason"),
+    );
+}
+
+/// GPU memory (NVML) and each worker's memory and requests.
+pub(super) fn memory(f: &mut Families, s: &Snapshot) {
+    let gpu_rows = |get: fn(&GpuRow) -> u64| -> Vec<(Labels, f64)> {
+        s.gpus
+            .iter()
+            .map(|g| {
+                (
+                    l(&[
+                        ("index", &g.index.to_string()),
+                        ("uuid", &g.uuid),
+                        ("name", &g.name),
+                    ]),
+                    get(g) as f64,
+                )
+            })
+            .collect()
+    };
+    let per_gpu: [Family<GpuRow, u64>; 3] = [
+        ("gpu_memory_total_bytes", "GPU memory (NVML).", |g| g.total),
+        ("gpu_memory_free_bytes", "Free GPU memory (NVML).", |g| {
+            g.free
+        }),
+        ("gpu_memory_used_bytes", "Used GPU memory (NVML).", |g| {
+            g.used
+        }),
+    ];
+    for (name, help, get) in per_gpu {
+        f.gauge_bytes(name, help, gpu_rows(get));
+    }
+    let worker_rows = |get: fn(&WorkerRow) -> Option<u64>| -> Vec<(Labels, f64)> {
+        s.per_worker
+            .iter()
+            .filter_map(|w| get(w).map(|v| (l(&[("slot", &w.slot.to_string())]), v as f64)))
+            .collect()
+    };
+    let per_worker: [Family<WorkerRow, Option<u64>>; 3] = [
+        (
+            "worker_gpu_memory_used_bytes",
+            "GPU memory NVML reports for the worker's process.",
+            |w| w.gpu_used,
+        ),
+        (
+            "worker_gpu_allocator_peak_bytes",
+            "Peak bytes reserved by the worker's CUDA caching allocator.",
+            |w| w.allocator_peak,
+        ),
+        (
+            "worker_resident_memory_bytes",
+            "Resident memory of the worker's process.",
+            |w| w.rss,
+        ),
+    ];
+    for (name, help, get) in per_worker {
+        f.gauge_bytes(name, help, worker_rows(get));
+    }
+    f.gauge(
+        "worker_requests_served",
+        "Model requests the slot's current worker has taken (resets when it is recycled).",
+        None,
+        worker_rows(|w| Some(w.served)),
+    );
+}
+
+/// The plan's bounds and worker count, one worker's GPU footprint by source, the build.
+pub(super) fn plan(f: &mut Families, s: &Snapshot) {
+    f.gauge(
+        "plan_cpu_bound",
+        "2 x CPUs + 1: the most workers the CPUs allow.",
+        None,
+        vec![(vec![], f64::from(s.plan.cpu_bound))],
+    );
+    f.gauge(
+        "plan_gpu_bound",
+        "The most workers GPU memory allows (absent when it does not bound the count).",
+        None,
+        s.plan
+            .gpu_bound
+            .map(|g| vec![(vec![], f64::from(g))])
+            .unwrap_or_default(),
+    );
+    f.gauge(
+        "plan_workers",
+        "Workers the plan chose (or the override).",
+        None,
+        vec![(vec![], f64::from(s.plan.workers))],
+    );
+    let p = &s.plan;
+    let footprint: Vec<(Labels, f64)> = [
+        ("declared", Some(p.footprint_declared_mb)),
+        ("measured", p.footprint_measured_mb),
+        ("planned", Some(p.footprint_planned_mb)),
+        ("observed", p.footprint_observed_mb),
+    ]
+    .into_iter()
+    .filter_map(|(src, mb)| mb.map(|mb| (l(&[("source", src)]), (mb << 20) as f64)))
+    .collect();
+    f.gauge_bytes(
+        "worker_gpu_footprint_bytes",
+        "One worker's GPU memory: declared (est_gpu_mem_typ), measured before planning, planned (what the plan assumes per worker) and observed (the highest any worker reached serving).",
+        footprint,
+    );
+    f.gauge(
+        "build_info",
+        "The vramfork build serving, as labels; always 1.",
+        None,
+        vec![(l(&[("version", env!("CARGO_PKG_VERSION"))]), 1.0)],
+    );
+}

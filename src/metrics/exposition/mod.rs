@@ -1,0 +1,171 @@
+//! The families `/metrics` exposes, encoded by `fastmetrics` from one [`Snapshot`]: in the
+//! Prometheus text format 0.0.4, or OpenMetrics 1.0.0 when the scraper's `Accept` asks for
+//! it. The snapshot is built at scrape time (by the master from what its workers reported,
+//! or by the single worker in development mode), so the families here are plain rows of
+//! values rather than live metric objects.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | [`Snapshot`] and its rows, [`encode`] |
+//! | `format.rs` | [`Format`]: which exposition format the scraper asked for |
+//! | `catalog.rs` | every family: its name, help and rows, in the order a scrape lists them |
+//! | `families.rs` | how rows are registered with `fastmetrics` (counters' `_total`, units) |
+
+mod catalog;
+mod families;
+mod format;
+
+use std::collections::BTreeMap;
+
+use fastmetrics::format::text;
+use fastmetrics::registry::Registry;
+
+pub use format::Format;
+
+use super::histogram::Hist;
+use super::traffic::Traffic;
+use families::Families;
+
+/// Why a worker exited (`reason` label of `vramfork_worker_exits_total`); all are exposed
+/// from the start, at 0.
+pub const EXIT_REASONS: [&str; 14] = [
+    "max-requests",
+    "gpu-memory",
+    "cuda-oom",
+    "request-timeout",
+    "asked",
+    "heartbeat",
+    "boot-timeout",
+    "graceful-timeout",
+    "stop-timeout",
+    "superseded",
+    "boot-failure",
+    "cuda-fatal",
+    "crash",
+    "signal",
+];
+
+/// How workers are started (`method` label).
+pub const START_METHODS: [&str; 2] = ["fork", "exec"];
+
+/// Worker phases (`state` label of `vramfork_workers`).
+pub const STATES: [&str; 3] = ["booting", "ready", "retiring"];
+
+/// One GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuRow {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// One worker slot (its newest worker).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerRow {
+    pub slot: u32,
+    /// NVML's figure for the worker's pid on its GPU.
+    pub gpu_used: Option<u64>,
+    /// The CUDA caching allocator's peak reserved bytes.
+    pub allocator_peak: Option<u64>,
+    /// Resident set size.
+    pub rss: Option<u64>,
+    pub served: u64,
+}
+
+/// The numbers behind the worker count.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PlanGauges {
+    pub cpu_bound: u32,
+    /// `None` when GPU memory does not bound the count (CPU, or no estimate).
+    pub gpu_bound: Option<u32>,
+    pub workers: u32,
+    /// A worker's GPU footprint in MB: as declared (`est_gpu_mem_typ`), as measured
+    /// (profiling, or remembered), as the plan assumes it, and the highest seen serving.
+    pub footprint_declared_mb: u64,
+    pub footprint_measured_mb: Option<u64>,
+    pub footprint_planned_mb: u64,
+    pub footprint_observed_mb: Option<u64>,
+}
+
+/// Everything `/metrics` shows, at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub traffic: Traffic,
+    pub in_flight: u64,
+    /// By [`STATES`].
+    pub workers: [u32; 3],
+    pub planned: u32,
+    pub starts: BTreeMap<String, u64>,
+    pub boot: BTreeMap<String, Hist>,
+    pub exits: BTreeMap<String, u64>,
+    pub gpus: Vec<GpuRow>,
+    pub per_worker: Vec<WorkerRow>,
+    pub plan: PlanGauges,
+}
+
+/// Forward passes by rows, gathered into power-of-two ranges (`1`, `2`, `3-4`, `5-8`, …):
+/// a bounded set of label values whatever `max_batch_size` is.
+pub fn batch_sizes(batches: &BTreeMap<u32, u64>) -> Vec<(String, u64)> {
+    let mut ranges: BTreeMap<u32, u64> = BTreeMap::new();
+    for (rows, n) in batches {
+        *ranges.entry(rows.max(&1).next_power_of_two()).or_default() += n;
+    }
+    ranges
+        .into_iter()
+        .map(|(top, n)| {
+            let label = if top <= 2 {
+                top.to_string()
+            } else {
+                format!("{}-{top}", top / 2 + 1)
+            };
+            (label, n)
+        })
+        .collect()
+}
+
+/// Encodes a snapshot in the given format.
+pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
+    let reg = Registry::builder()
+        .with_namespace("vramfork")
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut f = Families { reg, format };
+    catalog::requests(&mut f, s);
+    catalog::passes(&mut f, s);
+    catalog::refusals(&mut f, s);
+    catalog::workers(&mut f, s);
+    catalog::memory(&mut f, s);
+    catalog::plan(&mut f, s);
+
+    let mut out = String::with_capacity(16 << 10);
+    text::encode_with(&mut out, &f.reg, format.profile(), || ()).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_sizes_gather_into_power_of_two_ranges() {
+        let batches: BTreeMap<u32, u64> =
+            [(1, 5), (2, 4), (3, 1), (4, 2), (5, 3), (16, 1), (17, 1)]
+                .into_iter()
+                .collect();
+        let want: Vec<(String, u64)> = [
+            ("1", 5),
+            ("2", 4),
+            ("3-4", 3),
+            ("5-8", 3),
+            ("9-16", 1),
+            ("17-32", 1),
+        ]
+        .into_iter()
+        .map(|(s, n)| (s.to_string(), n))
+        .collect();
+        assert_eq!(batch_sizes(&batches), want);
+    }
+}
