@@ -1,125 +1,28 @@
 //! The app metadata file (SPEC section 3): parsing, validation with errors that name the
 //! file, the field, and (for syntax errors) the line and column. The parsed JSON is kept
 //! whole, unknown fields included, because `GET /` returns it as it was written.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | [`AppMetadata`], [`MetadataError`], loading and the order of the checks |
+//! | `fields.rs` | the top-level fields: which there are, `name`, `model`, `op_libraries`, the GPU estimates, `max_batch_size` |
+//! | `signature.rs` | the model's declared inputs and outputs ([`TensorSpec`], [`Datatype`]), the older `input` ([`InputSpec`]) |
+//! | `blocks.rs` | an entry's `tokenizer`/`image` (inputs) and `labels` (outputs) blocks |
+//! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
+
+mod blocks;
+mod fields;
+mod shapes;
+mod signature;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 use crate::near_miss;
 pub use crate::schema::{kind, Dtype};
-
-/// A tensor's element type as the Open Inference Protocol names it: a numeric or boolean
-/// dtype, or `BYTES` (strings: a TorchScript `List[str]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Datatype {
-    Tensor(Dtype),
-    Bytes,
-}
-
-impl Datatype {
-    /// Every v2 name, for error messages.
-    pub const V2_NAMES: &'static str =
-        "BOOL, UINT8, INT8, INT16, INT32, INT64, FP16, BF16, FP32, FP64, BYTES";
-
-    pub fn from_v2(name: &str) -> Option<Datatype> {
-        Some(Datatype::Tensor(match name {
-            "FP32" => Dtype::Float32,
-            "FP64" => Dtype::Float64,
-            "FP16" => Dtype::Float16,
-            "BF16" => Dtype::BFloat16,
-            "INT64" => Dtype::Int64,
-            "INT32" => Dtype::Int32,
-            "INT16" => Dtype::Int16,
-            "INT8" => Dtype::Int8,
-            "UINT8" => Dtype::UInt8,
-            "BOOL" => Dtype::Bool,
-            "BYTES" => return Some(Datatype::Bytes),
-            _ => return None,
-        }))
-    }
-
-    pub fn v2_name(self) -> &'static str {
-        match self {
-            Datatype::Tensor(d) => d.v2_name(),
-            Datatype::Bytes => "BYTES",
-        }
-    }
-}
-
-impl fmt::Display for Datatype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.v2_name())
-    }
-}
-
-/// One named input or output of the model's signature (`inputs` / `outputs` in the
-/// metadata; the older single `input` is the input `input__0`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub datatype: Datatype,
-    /// `-1` accepts any size in that dimension. `None` (only from the older `input` without
-    /// a shape): any shape.
-    pub shape: Option<Vec<i64>>,
-    /// A `BYTES` input's declared pre-processing (`tokenizer` or `image`): what the worker
-    /// turns its documents into before `forward` (`documents.rs`).
-    pub document: Option<crate::documents::Document>,
-}
-
-impl TensorSpec {
-    /// The dtype and shape check `POST /` uses for a numeric input.
-    pub fn input_spec(&self) -> Option<InputSpec> {
-        match self.datatype {
-            Datatype::Tensor(dtype) => Some(InputSpec {
-                shape: self.shape.clone(),
-                dtype,
-            }),
-            Datatype::Bytes => None,
-        }
-    }
-
-    /// Checks a request's shape against this spec.
-    pub fn check_shape(&self, got: &[i64]) -> Result<(), String> {
-        check_shape(self.shape.as_deref(), got)
-    }
-}
-
-/// The name the single input of a model without declared `inputs` has (Triton's
-/// PyTorch-backend naming, as are `output__0…` for undeclared outputs).
-pub const SINGLE_INPUT: &str = "input__0";
-
-/// The optional `input` field: what a request's `inputs` must look like.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InputSpec {
-    /// Expected shape; `-1` accepts any size in that dimension. `None`: any shape.
-    pub shape: Option<Vec<i64>>,
-    pub dtype: Dtype,
-}
-
-impl InputSpec {
-    /// Checks a request's shape; the error says what was expected.
-    pub fn check_shape(&self, got: &[i64]) -> Result<(), String> {
-        check_shape(self.shape.as_deref(), got)
-    }
-}
-
-/// Checks a request's shape against the expected one; the error says what was expected.
-fn check_shape(want: Option<&[i64]>, got: &[i64]) -> Result<(), String> {
-    let Some(want) = want else {
-        return Ok(());
-    };
-    let fits = want.len() == got.len() && want.iter().zip(got).all(|(w, g)| *w == -1 || w == g);
-    if fits {
-        Ok(())
-    } else {
-        Err(format!(
-            "inputs have shape {got:?}, the model expects {want:?} (-1 = any size)"
-        ))
-    }
-}
+pub use signature::{Datatype, InputSpec, TensorSpec, SINGLE_INPUT};
 
 /// Parsed and validated app metadata.
 #[derive(Debug, Clone)]
@@ -195,7 +98,8 @@ impl AppMetadata {
         Self::parse(path, &text)
     }
 
-    /// Validates metadata text; `path` names it in errors and anchors the model path.
+    /// Validates metadata text; `path` names it in errors and anchors the model path. The
+    /// fields are checked in one order, so that of two mistakes the same one is named.
     pub fn parse(path: &Path, text: &str) -> Result<AppMetadata, MetadataError> {
         let value: Value = serde_json::from_str(text).map_err(|e| MetadataError::Syntax {
             path: path.to_path_buf(),
@@ -214,141 +118,32 @@ impl AppMetadata {
             )));
         };
 
-        let name = match raw.get("name") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
-            Some(Value::String(_)) => return Err(field("field `name` must not be empty".into())),
-            Some(v) => {
-                return Err(field(format!(
-                    "field `name` must be a string, found {}",
-                    kind(v)
-                )))
-            }
-            None => return Err(field("required field `name` is missing".into())),
-        };
-        near_miss::check("", &raw, &KNOWN_FIELDS, &FOREIGN_FIELDS).map_err(field)?;
-        for key in ["description", "version"] {
-            if let Some(v) = raw.get(key) {
-                if !v.is_string() {
-                    return Err(field(format!(
-                        "field `{key}` must be a string, found {}",
-                        kind(v)
-                    )));
-                }
-            }
-        }
-        let model = match raw.get("model") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if !s.is_empty() => {
-                let base = path.parent().unwrap_or(Path::new("."));
-                Some(base.join(s))
-            }
-            Some(v) => {
-                return Err(field(format!(
-                    "field `model` must be a non-empty string (a path relative to the metadata file), found {}",
-                    kind(v)
-                )))
-            }
-        };
-        let op_libraries = match raw.get("op_libraries") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(items)) => {
-                let base = path.parent().unwrap_or(Path::new("."));
-                let mut libs = Vec::with_capacity(items.len());
-                for (i, item) in items.iter().enumerate() {
-                    match item {
-                        Value::String(s) if !s.is_empty() => libs.push(base.join(s)),
-                        v => {
-                            return Err(field(format!(
-                                "field `op_libraries[{i}]` must be a non-empty string (the path of a shared library, relative to the metadata file), found {}",
-                                kind(v)
-                            )))
-                        }
-                    }
-                }
-                libs
-            }
-            Some(v) => {
-                return Err(field(format!(
-                    "field `op_libraries` must be a list of paths of shared libraries of TorchScript operators, found {}",
-                    kind(v)
-                )))
-            }
-        };
-        let mb = |key: &str| -> Result<u64, MetadataError> {
-            match raw.get(key) {
-                None | Some(Value::Null) => Ok(0),
-                Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
-                    field(format!(
-                        "field `{key}` must be a whole number of MB ≥ 0, found {n}"
-                    ))
-                }),
-                Some(v) => Err(field(format!(
-                    "field `{key}` must be a whole number of MB ≥ 0, found {}",
-                    kind(v)
-                ))),
-            }
-        };
-        let est_gpu_mem_min = mb("est_gpu_mem_min")?;
-        let est_gpu_mem_typ = mb("est_gpu_mem_typ")?;
-        if est_gpu_mem_typ < est_gpu_mem_min {
-            return Err(field(format!(
-                "field `est_gpu_mem_typ` ({est_gpu_mem_typ} MB) must be at least `est_gpu_mem_min` ({est_gpu_mem_min} MB)"
-            )));
-        }
-        let input = match raw.get("input") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(parse_input(v).map_err(field)?),
-        };
-        let declared = |key: &str| match raw.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => parse_signature(key, v).map(Some).map_err(field),
-        };
-        let inputs = match (input, declared("inputs")?) {
-            (Some(_), Some(_)) => {
-                return Err(field(
-                    "declare either `input` (one input) or `inputs` (named inputs), not both"
-                        .into(),
-                ))
-            }
-            (Some(spec), None) => Some(vec![TensorSpec {
-                name: SINGLE_INPUT.into(),
-                datatype: Datatype::Tensor(spec.dtype),
-                shape: spec.shape,
-                document: None,
-            }]),
-            (None, inputs) => inputs,
-        };
-        let mut inputs = inputs;
-        documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
-        let outputs = declared("outputs")?;
-        let labels = labels(&raw, outputs.as_deref(), path).map_err(field)?;
-        let max_batch_size = match raw.get("max_batch_size") {
-            None | Some(Value::Null) => 0,
-            Some(Value::Number(n)) => n
-                .as_u64()
-                .filter(|n| *n <= u64::from(MAX_BATCH_SIZE_LIMIT))
-                .ok_or_else(|| {
-                    field(format!(
-                        "field `max_batch_size` must be a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching), found {n}"
-                    ))
-                })? as u32,
-            Some(v) => {
-                return Err(field(format!(
-                    "field `max_batch_size` must be a whole number 0..={MAX_BATCH_SIZE_LIMIT} (0 = no batching), found {}",
-                    kind(v)
-                )))
-            }
-        };
+        let name = fields::name(&raw).map_err(field)?;
+        near_miss::check("", &raw, &fields::KNOWN_FIELDS, &fields::FOREIGN_FIELDS)
+            .map_err(field)?;
+        fields::strings(&raw).map_err(field)?;
+        let model = fields::model(&raw, path).map_err(field)?;
+        let op_libraries = fields::op_libraries(&raw, path).map_err(field)?;
+        let (est_gpu_mem_min, est_gpu_mem_typ) = fields::estimates(&raw).map_err(field)?;
+        let mut inputs = signature::inputs(&raw).map_err(field)?;
+        blocks::documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
+        let outputs = signature::declared(&raw, "outputs").map_err(field)?;
+        let labels = blocks::labels(&raw, outputs.as_deref(), path).map_err(field)?;
+        let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
         let profile_input = match raw.get("profile_input") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(parse_shapes("profile_input", v, inputs.as_deref()).map_err(field)?),
+            Some(v) => {
+                Some(shapes::parse_shapes("profile_input", v, inputs.as_deref()).map_err(field)?)
+            }
         };
         let warmup_inputs = match raw.get("warmup_inputs") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(parse_shapes("warmup_inputs", v, inputs.as_deref()).map_err(field)?),
+            Some(v) => {
+                Some(shapes::parse_shapes("warmup_inputs", v, inputs.as_deref()).map_err(field)?)
+            }
         };
         Ok(AppMetadata {
             path: path.to_path_buf(),
@@ -365,76 +160,6 @@ impl AppMetadata {
             warmup_inputs,
             labels,
         })
-    }
-
-    /// The input shapes of the warm-up passes, one set (a shape per declared input, in
-    /// order) per shape the worker will run at: with batching (`max_batch_size` > 1), the
-    /// full batch first (`max_batch_size` rows in the leading dimension of every input that
-    /// declares it `-1` or declares no shape), then the one-request shape —
-    /// `warmup_inputs`' where given, else the declared shape with `-1` as 1. `None` when an
-    /// input has neither a declared shape nor a `warmup_inputs` one.
-    pub fn warmup_shapes(&self, max_batch_size: u32) -> Option<Vec<Vec<Vec<i64>>>> {
-        let specs = self.inputs.as_ref()?;
-        let one: Vec<Vec<i64>> = specs
-            .iter()
-            .map(|s| {
-                if let Some(w) = self.warmup_inputs.as_ref().and_then(|w| w.get(&s.name)) {
-                    return Some(w.clone());
-                }
-                Some(
-                    s.shape
-                        .as_ref()?
-                        .iter()
-                        .map(|d| if *d < 0 { 1 } else { *d })
-                        .collect(),
-                )
-            })
-            .collect::<Option<_>>()?;
-        let batched: Vec<Vec<i64>> = specs
-            .iter()
-            .zip(&one)
-            .map(|(s, shape)| {
-                let mut shape = shape.clone();
-                let open = s.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
-                if max_batch_size > 1 && open && !shape.is_empty() {
-                    shape[0] = i64::from(max_batch_size);
-                }
-                shape
-            })
-            .collect();
-        Some(if batched == one {
-            vec![one]
-        } else {
-            vec![batched, one]
-        })
-    }
-
-    /// The shapes a profiling pass uses, one per declared input in order: `profile_input`'s
-    /// where given, else the declared shape with a leading `-1` as `batch` (the rows a
-    /// batching worker stacks: `max_batch_size`, 1 without batching) and other `-1` as 1.
-    /// `None` when an input has no declared shape (nothing to build a pass from).
-    pub fn profile_shapes(&self, batch: u32) -> Option<Vec<Vec<i64>>> {
-        let specs = self.inputs.as_ref()?;
-        specs
-            .iter()
-            .map(|s| {
-                if let Some(p) = self.profile_input.as_ref().and_then(|p| p.get(&s.name)) {
-                    return Some(p.clone());
-                }
-                let shape = s.shape.as_ref()?;
-                Some(
-                    shape
-                        .iter()
-                        .enumerate()
-                        .map(|(i, d)| match (i, *d < 0) {
-                            (0, true) => i64::from(batch.max(1)),
-                            (_, true) => 1,
-                            _ => *d,
-                        })
-                        .collect(),
-                )
-            })
-            .collect()
     }
 
     /// Likely mistakes that do not stop the start, for warnings (the plan's): `mean` or
@@ -472,291 +197,6 @@ pub fn unbatchable_input(inputs: Option<&[TensorSpec]>, max_batch_size: u32) -> 
         "batching (max_batch_size {max_batch_size}) needs a leading batch dimension on every input, but input `{}` is declared with shape [] (a scalar)",
         spec.name
     ))
-}
-
-/// The `tokenizer` and `image` blocks of the declared `inputs` (none on `outputs`), with the
-/// shape a document input has: `[-1]`, one document per row.
-fn documents(
-    raw: &Map<String, Value>,
-    inputs: Option<&mut [TensorSpec]>,
-    path: &Path,
-) -> Result<(), String> {
-    let base = path.parent().unwrap_or(Path::new("."));
-    if let (Some(Value::Array(items)), Some(specs)) = (raw.get("inputs"), inputs) {
-        for (i, (item, spec)) in items.iter().zip(specs.iter_mut()).enumerate() {
-            let Value::Object(o) = item else { continue };
-            let at = format!("inputs[{i}]");
-            spec.document =
-                crate::documents::parse(&at, o, spec.datatype == Datatype::Bytes, base)?;
-            if spec.document.is_some() && spec.shape.as_ref().is_some_and(|s| s.len() != 1) {
-                return Err(format!(
-                    "field `{at}.shape`: a document input has one dimension, the documents ([-1])"
-                ));
-            }
-        }
-    }
-    if let Some(Value::Array(items)) = raw.get("outputs") {
-        for (i, item) in items.iter().enumerate() {
-            for block in ["tokenizer", "image"] {
-                if item.get(block).is_some() {
-                    return Err(format!(
-                        "field `outputs[{i}].{block}`: pre-processing applies to inputs only"
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The `labels` blocks of the declared `outputs`, by output index.
-fn labels(
-    raw: &Map<String, Value>,
-    outputs: Option<&[TensorSpec]>,
-    path: &Path,
-) -> Result<BTreeMap<usize, crate::labels::Labels>, String> {
-    let base = path.parent().unwrap_or(Path::new("."));
-    let mut out = BTreeMap::new();
-    if let (Some(Value::Array(items)), Some(specs)) = (raw.get("outputs"), outputs) {
-        for (i, (item, spec)) in items.iter().zip(specs).enumerate() {
-            let Value::Object(o) = item else { continue };
-            let classes = spec.shape.as_ref().and_then(|s| s.last().copied());
-            if let Some(l) = crate::labels::parse(&format!("outputs[{i}]"), o, base, classes)? {
-                out.insert(i, l);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// `profile_input` or `warmup_inputs` (`key`): one shape (a model with one declared input)
-/// or an object of shapes by input name; each must fit its input's declared shape with every
-/// size ≥ 1.
-fn parse_shapes(
-    key: &str,
-    v: &Value,
-    inputs: Option<&[TensorSpec]>,
-) -> Result<BTreeMap<String, Vec<i64>>, String> {
-    let Some(specs) = inputs else {
-        return Err(format!(
-            "field `{key}` needs the model's inputs declared (`input` or `inputs`)"
-        ));
-    };
-    let given: Vec<(String, &Value)> = match v {
-        Value::Array(_) => match specs {
-            [one] => vec![(one.name.clone(), v)],
-            _ => {
-                return Err(format!(
-                    "field `{key}`: the model has {} inputs; give an object of shapes by input name",
-                    specs.len()
-                ))
-            }
-        },
-        Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
-        other => {
-            return Err(format!(
-                "field `{key}` must be a shape (an array of sizes) or an object of shapes by input name, found {}",
-                kind(other)
-            ))
-        }
-    };
-    let mut out = BTreeMap::new();
-    for (name, shape) in given {
-        let Some(spec) = specs.iter().find(|s| s.name == name) else {
-            return Err(format!(
-                "field `{key}`: the model has no input named '{name}'"
-            ));
-        };
-        let field = format!("{key}.{name}");
-        let Value::Array(dims) = shape else {
-            return Err(format!(
-                "field `{field}` must be an array of sizes ≥ 1, found {}",
-                kind(shape)
-            ));
-        };
-        let shape = dims
-            .iter()
-            .enumerate()
-            .map(|(i, d)| match d.as_i64() {
-                Some(n) if n >= 1 => Ok(n),
-                _ => Err(format!(
-                    "field `{field}[{i}]` must be a size ≥ 1, found {d}"
-                )),
-            })
-            .collect::<Result<Vec<i64>, String>>()?;
-        if let Some(declared) = &spec.shape {
-            let fits = declared.len() == shape.len()
-                && declared.iter().zip(&shape).all(|(w, g)| *w == -1 || w == g);
-            if !fits {
-                return Err(format!(
-                    "`{field}` is {shape:?}, which input '{name}' (shape {declared:?}, -1 = any size) does not accept"
-                ));
-            }
-        }
-        out.insert(name, shape);
-    }
-    Ok(out)
-}
-
-/// The fields vramfork reads from the metadata.
-const KNOWN_FIELDS: [&str; 13] = [
-    "name",
-    "description",
-    "version",
-    "model",
-    "op_libraries",
-    "est_gpu_mem_min",
-    "est_gpu_mem_typ",
-    "input",
-    "inputs",
-    "outputs",
-    "max_batch_size",
-    "profile_input",
-    "warmup_inputs",
-];
-/// Fields other apps' metadata carries on purpose that are close to one vramfork reads
-/// (CLAMS app metadata's `output`, its versions and licences).
-const FOREIGN_FIELDS: [&str; 9] = [
-    "output",
-    "app_version",
-    "mmif_version",
-    "analyzer_version",
-    "app_license",
-    "analyzer_license",
-    "identifier",
-    "parameters",
-    "dependencies",
-];
-
-fn parse_input(v: &Value) -> Result<InputSpec, String> {
-    let Value::Object(o) = v else {
-        return Err(format!(
-            "field `input` must be an object with `shape` and `dtype`, found {}",
-            kind(v)
-        ));
-    };
-    // Both keys are optional, so a misspelt one would silently mean "any shape, float32";
-    // other keys (a description…) are kept as written.
-    near_miss::check("input", o, &["shape", "dtype"], &[])?;
-    let shape = match o.get("shape") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(parse_shape("input.shape", v)?),
-    };
-    let dtype = match o.get("dtype") {
-        None | Some(Value::Null) => Dtype::Float32,
-        Some(Value::String(s)) => Dtype::parse(s).ok_or_else(|| {
-            format!(
-                "field `input.dtype` is \"{s}\"; accepted: {}",
-                Dtype::NAMES.join(", ")
-            )
-        })?,
-        Some(other) => {
-            return Err(format!(
-                "field `input.dtype` must be a string, found {}",
-                kind(other)
-            ))
-        }
-    };
-    Ok(InputSpec { shape, dtype })
-}
-
-/// The fields vramfork reads in an entry of `inputs` or `outputs` (`key`).
-fn entry_fields(key: &str) -> &'static [&'static str] {
-    match key {
-        "inputs" => &["name", "datatype", "shape", "tokenizer", "image"],
-        _ => &["name", "datatype", "shape", "labels"],
-    }
-}
-
-/// `inputs` or `outputs`: a non-empty array of `{name, datatype, shape}` with unique names.
-fn parse_signature(key: &str, v: &Value) -> Result<Vec<TensorSpec>, String> {
-    let items = match v {
-        Value::Array(items) if !items.is_empty() => items,
-        _ => {
-            return Err(format!(
-                "field `{key}` must be a non-empty array of {{\"name\", \"datatype\", \"shape\"}} objects, found {}",
-                if v.is_array() { "an empty array" } else { kind(v) }
-            ))
-        }
-    };
-    let mut specs: Vec<TensorSpec> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("{key}[{i}]");
-        let Value::Object(o) = item else {
-            return Err(format!(
-                "field `{at}` must be an object with `name`, `datatype` and `shape`, found {}",
-                kind(item)
-            ));
-        };
-        near_miss::check(&at, o, entry_fields(key), &[])?;
-        let name = match o.get("name") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(v) => {
-                return Err(format!(
-                    "field `{at}.name` must be a non-empty string, found {}",
-                    kind(v)
-                ))
-            }
-            None => return Err(format!("field `{at}.name` is missing")),
-        };
-        if specs.iter().any(|s| s.name == name) {
-            return Err(format!("field `{at}.name`: '{name}' is declared twice"));
-        }
-        let datatype = match o.get("datatype") {
-            Some(Value::String(s)) => Datatype::from_v2(s).ok_or_else(|| {
-                format!(
-                    "field `{at}.datatype` is \"{s}\"; accepted: {}",
-                    Datatype::V2_NAMES
-                )
-            })?,
-            Some(v) => {
-                return Err(format!(
-                    "field `{at}.datatype` must be a string, found {}",
-                    kind(v)
-                ))
-            }
-            None => {
-                return Err(format!(
-                    "field `{at}.datatype` is missing ({})",
-                    Datatype::V2_NAMES
-                ))
-            }
-        };
-        let shape = match o.get("shape") {
-            Some(v) => parse_shape(&format!("{at}.shape"), v)?,
-            None => {
-                return Err(format!(
-                    "field `{at}.shape` is missing (an array of sizes, -1 = any)"
-                ))
-            }
-        };
-        specs.push(TensorSpec {
-            name,
-            datatype,
-            shape: Some(shape),
-            document: None,
-        });
-    }
-    Ok(specs)
-}
-
-/// A shape field (`field` names it in errors): an array of sizes ≥ 0, or -1 for any size.
-fn parse_shape(field: &str, v: &Value) -> Result<Vec<i64>, String> {
-    let Value::Array(dims) = v else {
-        return Err(format!(
-            "field `{field}` must be an array of sizes (-1 = any), found {}",
-            kind(v)
-        ));
-    };
-    dims.iter()
-        .enumerate()
-        .map(|(i, d)| match d.as_i64() {
-            Some(n) if n == -1 || n >= 0 => Ok(n),
-            _ => Err(format!(
-                "field `{field}[{i}]` must be a size ≥ 0 or -1 (any size), found {d}"
-            )),
-        })
-        .collect()
 }
 
 /// serde_json appends " at line L column C"; the error carries them separately.
