@@ -55,6 +55,49 @@ pub fn parse(
             ))
         }
     };
+    let names = class_names(&at, &file)?;
+    if names.is_empty() {
+        return Err(format!(
+            "field `{at}.file`: {} names no class",
+            file.display()
+        ));
+    }
+    if let Some(c) = classes.filter(|c| *c >= 0) {
+        if c as usize != names.len() {
+            return Err(format!(
+                "field `{at}.file`: {} names {} classes; the output's last dimension is {c}",
+                file.display(),
+                names.len()
+            ));
+        }
+    }
+    let top_k = match b.get("top_k") {
+        None | Some(Value::Null) => names.len().min(5),
+        Some(v) => v
+            .as_u64()
+            .filter(|k| *k >= 1)
+            .map(|k| (k as usize).min(names.len()))
+            .ok_or_else(|| format!("field `{at}.top_k` must be a whole number ≥ 1, found {v}"))?,
+    };
+    let softmax = match b.get("softmax") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(x)) => *x,
+        Some(v) => {
+            return Err(format!(
+                "field `{at}.softmax` must be true or false, found {v}"
+            ))
+        }
+    };
+    Ok(Some(Labels {
+        names,
+        top_k,
+        softmax,
+    }))
+}
+
+/// The class names in the labels file `file` (of the block at `at`): an array of names, or
+/// an object of index → name naming every index from 0 once.
+fn class_names(at: &str, file: &Path) -> Result<Vec<String>, String> {
     let text = crate::files::read_regular(&file, 64 << 20)
         .and_then(|b| {
             String::from_utf8(b)
@@ -93,43 +136,7 @@ pub fn parse(
         }
         _ => return Err(bad()),
     };
-    if names.is_empty() {
-        return Err(format!(
-            "field `{at}.file`: {} names no class",
-            file.display()
-        ));
-    }
-    if let Some(c) = classes.filter(|c| *c >= 0) {
-        if c as usize != names.len() {
-            return Err(format!(
-                "field `{at}.file`: {} names {} classes; the output's last dimension is {c}",
-                file.display(),
-                names.len()
-            ));
-        }
-    }
-    let top_k = match b.get("top_k") {
-        None | Some(Value::Null) => names.len().min(5),
-        Some(v) => v
-            .as_u64()
-            .filter(|k| *k >= 1)
-            .map(|k| (k as usize).min(names.len()))
-            .ok_or_else(|| format!("field `{at}.top_k` must be a whole number ≥ 1, found {v}"))?,
-    };
-    let softmax = match b.get("softmax") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(x)) => *x,
-        Some(v) => {
-            return Err(format!(
-                "field `{at}.softmax` must be true or false, found {v}"
-            ))
-        }
-    };
-    Ok(Some(Labels {
-        names,
-        top_k,
-        softmax,
-    }))
+    Ok(names)
 }
 
 impl Labels {
