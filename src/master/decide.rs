@@ -161,27 +161,8 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
         stopping(v, stop, &mut out);
         return out;
     }
-    if !v.ever_ready && v.first_boot_failures >= FIRST_BOOT_TRIES {
-        out.push(Action::Exit {
-            code: exit::MODEL_LOAD,
-            why: gave_up_booting(v.first_boot_failures, v.last_boot_code),
-        });
-        return out;
-    }
-    let any_ready = v.workers.iter().any(|w| w.phase == Phase::Ready);
-    if !any_ready && v.now.duration_since(v.last_ready_at) > v.limits.boot_timeout {
-        let (code, what) = if v.ever_ready {
-            (exit::GAVE_UP, "workers kept dying")
-        } else {
-            (exit::MODEL_LOAD, "the model could not be loaded")
-        };
-        out.push(Action::Exit {
-            code,
-            why: format!(
-                "{what}: no worker has been ready for {:.0?} (--boot-timeout)",
-                v.limits.boot_timeout
-            ),
-        });
+    if let Some(exit) = give_up(v) {
+        out.push(exit);
         return out;
     }
     deadlines(v, &mut out);
@@ -216,6 +197,48 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
         let planned = extra.iter().find(|(g, _)| *g == gpu).map_or(0, |(_, n)| *n);
         on_gpu + planned < (v.gpu_capacity)(gpu)
     };
+    fill(v, &live, &room, &mut extra_on_gpu, &mut out);
+    reload(v, &live, &room, &mut extra_on_gpu, &mut out);
+    out
+}
+
+/// Whether the master gives up: the first workers kept failing to boot (exit 3), or no
+/// worker has been ready for `--boot-timeout` (3 before any was, else 4).
+fn give_up(v: &View<'_>) -> Option<Action> {
+    if !v.ever_ready && v.first_boot_failures >= FIRST_BOOT_TRIES {
+        return Some(Action::Exit {
+            code: exit::MODEL_LOAD,
+            why: gave_up_booting(v.first_boot_failures, v.last_boot_code),
+        });
+    }
+    let any_ready = v.workers.iter().any(|w| w.phase == Phase::Ready);
+    if !any_ready && v.now.duration_since(v.last_ready_at) > v.limits.boot_timeout {
+        let (code, what) = if v.ever_ready {
+            (exit::GAVE_UP, "workers kept dying")
+        } else {
+            (exit::MODEL_LOAD, "the model could not be loaded")
+        };
+        return Some(Action::Exit {
+            code,
+            why: format!(
+                "{what}: no worker has been ready for {:.0?} (--boot-timeout)",
+                v.limits.boot_timeout
+            ),
+        });
+    }
+    None
+}
+
+/// Starts a worker in each empty slot below the target whose back-off is over, unless it
+/// must wait: it has no GPU yet (beyond the plan), its GPU is at capacity (counting the
+/// spawns decided before it, `extra`), or its GPU's free memory does not admit one.
+fn fill(
+    v: &View<'_>,
+    live: &dyn Fn(&&WorkerState) -> bool,
+    room: &dyn Fn(u32, &Extra) -> bool,
+    extra_on_gpu: &mut Extra,
+    out: &mut Vec<Action>,
+) {
     let occupied = |slot: u32| {
         v.workers
             .iter()
@@ -239,7 +262,7 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
             continue;
         }
         if let Some(gpu) = s.gpu {
-            if !room(gpu, &extra_on_gpu) {
+            if !room(gpu, extra_on_gpu) {
                 out.push(Action::Wait {
                     slot: s.id,
                     why: WaitReason::GpuRoom(gpu),
@@ -253,13 +276,10 @@ pub fn decide(v: &View<'_>) -> Vec<Action> {
                 });
                 continue;
             }
-            bump(&mut extra_on_gpu, gpu);
+            bump(extra_on_gpu, gpu);
         }
         out.push(Action::Spawn { slot: s.id });
     }
-
-    reload(v, &live, &room, &mut extra_on_gpu, &mut out);
-    out
 }
 
 fn bump(extra: &mut Extra, gpu: u32) {
