@@ -98,7 +98,7 @@ pub fn parse(
 /// The class names in the labels file `file` (of the block at `at`): an array of names, or
 /// an object of index → name naming every index from 0 once.
 fn class_names(at: &str, file: &Path) -> Result<Vec<String>, String> {
-    let text = crate::files::read_regular(&file, 64 << 20)
+    let text = crate::files::read_regular(file, 64 << 20)
         .and_then(|b| {
             String::from_utf8(b)
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))

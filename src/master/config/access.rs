@@ -33,12 +33,12 @@ impl Access {
             ));
         }
         let tls = tls_files(
-            &c,
+            c,
             cli.tls_cert.as_deref(),
             cli.tls_key.as_deref(),
             cli.tls_client_ca.as_deref(),
         )?;
-        let secrets = read_secrets(&c, &api_key_file, &metrics_api_key_file, &tls)?;
+        let secrets = read_secrets(c, &api_key_file, &metrics_api_key_file, &tls)?;
         Ok(Access {
             api_key_file,
             metrics_api_key_file,

@@ -52,7 +52,7 @@ impl Batch {
             ));
         }
         let batch_timeout = Duration::from_millis(batch_timeout_ms);
-        let max_batch_size = batching(&metadata, max_batch_size_override, batch_timeout, &c)?;
+        let max_batch_size = batching(metadata, max_batch_size_override, batch_timeout, c)?;
         Ok(Batch {
             max_batch_size,
             max_batch_size_override,

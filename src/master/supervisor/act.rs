@@ -2,17 +2,66 @@
 //! inputs it needs from the world (GPU capacity, admission) and the placement of slots
 //! beyond the plan ([`rules::place_unplaced`]).
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::{Live, Supervisor, WAIT_LOG_EVERY};
+use super::{Live, Supervisor};
 use crate::board::Board;
-use crate::master::decide::{decide, Action, Limits, View};
+use crate::master::decide::{decide, Action, Limits, View, WaitReason};
 use crate::master::plan::Placement;
 use crate::master::rules;
 use crate::master::slot::{Phase, RetireAsk, WorkerState};
 use crate::master::spawn::worker_config;
+
+/// How often the same "slot waits" message may be logged.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// When each slot's wait was last logged, and why: a reason once per [`WAIT_LOG_EVERY`],
+/// a new reason at once.
+#[derive(Debug, Default)]
+pub(super) struct WaitLog(HashMap<u32, (Instant, WaitReason)>);
+
+impl WaitLog {
+    /// Whether slot `slot` waiting for `why` at `now` is worth a line (then it is noted).
+    pub fn fresh(&mut self, slot: u32, why: WaitReason, now: Instant) -> bool {
+        let fresh = self
+            .0
+            .get(&slot)
+            .is_none_or(|(t, w)| *w != why || now.duration_since(*t) > WAIT_LOG_EVERY);
+        if fresh {
+            self.0.insert(slot, (now, why));
+        }
+        fresh
+    }
+}
+
+/// `--max-requests-jitter`'s random draws (xorshift, seeded from the pid and the clock).
+#[derive(Debug)]
+pub(super) struct Jitter(u64);
+
+impl Jitter {
+    pub fn seeded() -> Jitter {
+        let seed = std::process::id() as u64
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1);
+        Jitter(seed | 1)
+    }
+
+    /// 0..=`max` at random (0 when `max` is 0, drawing nothing).
+    pub fn next(&mut self, max: u64) -> u64 {
+        if max == 0 {
+            return 0;
+        }
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % (max + 1)
+    }
+}
 
 impl Supervisor {
     /// Gives the first unplaced slot below the target (an override beyond what the plan
@@ -82,7 +131,7 @@ impl Supervisor {
 
     /// Applies `decide`'s actions; returns the exit status when the master should exit.
     pub(super) fn act(&mut self) -> Option<i32> {
-        if let Some(why) = self.no_cuda.take() {
+        if let Some(why) = self.boots.no_cuda.take() {
             tracing::error!(event = "no_cuda", "giving up: {why}");
             crate::logging::say(&format!("app: {why}"));
             self.kill_all();
@@ -104,12 +153,12 @@ impl Supervisor {
             workers: &states,
             slots: &self.slots,
             target: self.target,
-            cfg_gen: self.cfg_gen,
+            cfg_gen: self.reload.gen,
             stopping: self.stopping,
-            ever_ready: self.ever_ready,
-            first_boot_failures: self.first_boot_failures,
-            last_boot_code: self.last_boot_code,
-            last_ready_at: self.last_ready_at,
+            ever_ready: self.boots.ever_ready,
+            first_boot_failures: self.boots.first_failures,
+            last_boot_code: self.boots.last_code,
+            last_ready_at: self.boots.last_ready_at,
             gpu_capacity: &capacity,
             gpu_admits: &admits,
             limits: Limits {
@@ -123,11 +172,7 @@ impl Supervisor {
                 Action::Spawn { slot } if self.template_loading(slot) => {}
                 Action::Spawn { slot } => self.spawn(slot, now),
                 Action::Wait { slot, why } => {
-                    // Each reason once per WAIT_LOG_EVERY; a new reason at once.
-                    let last = self.wait_logged.get(&slot);
-                    let fresh = last
-                        .is_none_or(|(t, w)| *w != why || now.duration_since(*t) > WAIT_LOG_EVERY);
-                    if fresh {
+                    if self.wait_log.fresh(slot, why, now) {
                         tracing::warn!(
                             event = "worker_waits",
                             slot,
@@ -135,7 +180,6 @@ impl Supervisor {
                             gpu = why.gpu(),
                             "worker {slot} waits: {why}"
                         );
-                        self.wait_logged.insert(slot, (now, why));
                     }
                 }
                 Action::Retire { pid, why } => {
@@ -212,14 +256,7 @@ impl Supervisor {
         let generation = s.next_generation;
         s.next_generation += 1;
         let gpu = s.gpu;
-        let jitter = if self.cfg.max_requests_jitter > 0 {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            self.rng % (self.cfg.max_requests_jitter + 1)
-        } else {
-            0
-        };
+        let jitter = self.jitter.next(self.cfg.max_requests_jitter);
         let max_requests = if self.cfg.max_requests == 0 {
             0
         } else {
@@ -245,7 +282,7 @@ impl Supervisor {
                     "worker {slot} (pid {}, generation {generation}) started by {method}",
                     l.pid
                 );
-                let state = WorkerState::new(l.pid, slot, generation, self.cfg_gen, gpu, now);
+                let state = WorkerState::new(l.pid, slot, generation, self.reload.gen, gpu, now);
                 if let Some(m) = &self.metrics {
                     m.started(&state, method);
                 }
@@ -257,16 +294,41 @@ impl Supervisor {
                 });
             }
             Err(e) => {
-                let st = WorkerState::new(0, slot, generation, self.cfg_gen, gpu, now);
+                let st = WorkerState::new(0, slot, generation, self.reload.gen, gpu, now);
                 // exec refused it: not executable by this user (126), or missing.
-                self.last_boot_code = (e.kind() == std::io::ErrorKind::PermissionDenied)
+                let code = (e.kind() == std::io::ErrorKind::PermissionDenied)
                     .then_some(crate::master::decide::EXIT_NOT_EXECUTABLE);
-                self.boot_failed(&st, now);
+                self.boot_failed(&st, code, now);
                 tracing::error!(
                     "cannot start worker {slot} from {}: {e}",
                     self.cfg.worker_binary.display()
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_logged_once_per_interval_and_a_new_reason_at_once() {
+        let t0 = Instant::now();
+        let mut log = WaitLog::default();
+        assert!(log.fresh(1, WaitReason::Unplaced, t0));
+        assert!(!log.fresh(1, WaitReason::Unplaced, t0 + Duration::from_secs(5)));
+        assert!(log.fresh(2, WaitReason::Unplaced, t0), "another slot");
+        assert!(log.fresh(1, WaitReason::GpuRoom(0), t0 + Duration::from_secs(6)));
+        assert!(log.fresh(1, WaitReason::GpuRoom(0), t0 + Duration::from_secs(17)));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_bound() {
+        let mut j = Jitter(1);
+        assert_eq!(j.next(0), 0);
+        let draws: Vec<u64> = (0..1000).map(|_| j.next(3)).collect();
+        assert!(draws.iter().all(|d| *d <= 3));
+        assert!((0..=3).all(|v| draws.contains(&v)), "{draws:?}");
     }
 }

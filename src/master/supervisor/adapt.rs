@@ -70,7 +70,7 @@ impl Supervisor {
         let adapted = rules::adapt(AdaptView {
             enabled: self.cfg.adapt_workers,
             exceeded: l.exceeded(),
-            busy: self.stopping.is_some() || self.reloading,
+            busy: self.stopping.is_some() || self.reload.under_way,
             settling: rules::settling(self.workers.iter().map(|w| &w.state)),
             capacity: l.capacity(&self.plan),
             target: self.target,

@@ -5,6 +5,7 @@
 use std::io::Read;
 use std::time::Instant;
 
+use super::reload::Outcome;
 use super::{Live, Supervisor};
 use crate::master::slot::{Phase, WorkerState};
 use crate::protocol::{take_line, ControlMsg};
@@ -12,19 +13,16 @@ use crate::protocol::{take_line, ControlMsg};
 impl Supervisor {
     pub(super) fn read_control(&mut self) {
         let now = Instant::now();
-        if let Some(t) = self.template.as_mut() {
-            if let Some(boot) = t.poll_ready() {
-                let ms = t.started.elapsed().as_secs_f64() * 1e3;
-                let warmup_ms = boot.warmup_ms;
-                tracing::info!(
-                    event = "template_ready",
-                    pid = t.pid,
-                    ms,
-                    warmup_ms,
-                    "template process (pid {}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it",
-                    t.pid
-                );
-            }
+        if let Some((pid, took, boot)) = self.templates.poll_ready() {
+            let ms = took.as_secs_f64() * 1e3;
+            let warmup_ms = boot.warmup_ms;
+            tracing::info!(
+                event = "template_ready",
+                pid,
+                ms,
+                warmup_ms,
+                "template process (pid {pid}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it"
+            );
         }
         for i in 0..self.workers.len() {
             let msgs = read_lines(&mut self.workers[i]);
@@ -33,26 +31,25 @@ impl Supervisor {
             self.workers[i].state = state;
         }
         if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
-            self.last_ready_at = now;
+            self.boots.seen_ready(now);
         }
-        if self.reloading
-            && !self
-                .workers
-                .iter()
-                .any(|w| w.state.occupies_slot() && w.state.cfg_gen < self.cfg_gen)
-        {
+        let gen = self.reload.gen;
+        let settled = !self
+            .workers
+            .iter()
+            .any(|w| w.state.occupies_slot() && w.state.cfg_gen < gen);
+        if let Some(done) = self.reload.settle(settled) {
             let metadata = self.cfg.metadata.path.display().to_string();
             let model = self.cfg.model_display();
-            let (outcome, what) = if self.rolled_back {
-                (
+            let (outcome, what) = match done {
+                Outcome::RolledBack => (
                     "rolled_back",
                     "reload rolled back: every worker runs the last configuration that served",
-                )
-            } else {
-                (
+                ),
+                Outcome::Reloaded => (
                     "reloaded",
                     "reload complete: every worker runs the new configuration",
-                )
+                ),
             };
             tracing::info!(
                 event = "reload_complete",
@@ -61,8 +58,6 @@ impl Supervisor {
                 model,
                 "{what} ({metadata}, model {model})"
             );
-            self.reloading = false;
-            self.fallback = None;
             self.notify.reload_done();
         }
     }
@@ -79,7 +74,7 @@ impl Supervisor {
                     let simulated = self.cfg.simulated_gpus && device.contains("simulated");
                     let off_gpu = !device.starts_with("cuda") && !simulated;
                     if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
-                        self.no_cuda = Some(format!(
+                        self.boots.no_cuda = Some(format!(
                             "worker {} (pid {pid}) was placed on {} but runs its model on '{device}': {}",
                             st.slot,
                             self.plan.gpu_label(gpu),
@@ -87,12 +82,9 @@ impl Supervisor {
                         ));
                     }
                     st.set_phase(Phase::Ready, now);
-                    if st.cfg_gen == self.cfg_gen {
-                        self.gen_proven = true;
-                    }
+                    self.reload.ready(st.cfg_gen);
                     st.last_heartbeat = now;
-                    self.ever_ready = true;
-                    self.last_ready_at = now;
+                    self.boots.ready(now);
                     if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
                         s.succeeded();
                     }

@@ -31,13 +31,13 @@ impl Supervisor {
         }
     }
 
+    /// A child exited: a template stopped on purpose, the current template, or a worker.
     pub(super) fn on_exit(&mut self, pid: u32, code: Option<i32>, sig: Option<Signal>) {
-        if let Some(i) = self.old_templates.iter().position(|p| *p == pid) {
-            self.old_templates.swap_remove(i);
+        if self.templates.reaped_old(pid) {
             return;
         }
-        if self.template.as_ref().is_some_and(|t| t.pid == pid) {
-            self.template_exited(code, sig);
+        if let Some(t) = self.templates.take_if(pid) {
+            self.template_exited(t, code, sig);
             return;
         }
         let Some(i) = self.workers.iter().position(|w| w.state.pid == pid) else {
@@ -52,10 +52,23 @@ impl Supervisor {
         // Messages it sent just before exiting (a ready, a retiring) still count.
         let msgs = read_lines(&mut w);
         self.absorb(&mut w.state, msgs, now);
-        let st = &w.state;
         if let Some(m) = &self.metrics {
-            m.exited(pid, exit_reason(st, code, sig));
+            m.exited(pid, exit_reason(&w.state, code, sig));
         }
+        self.worker_exited(&w.state, code, sig, now);
+    }
+
+    /// What a worker's exit means: one `worker_exited` event whatever the outcome, at the
+    /// level its end deserves; a failed boot backs its slot off and counts towards giving
+    /// up; a worker without CUDA before any served stops the master.
+    fn worker_exited(
+        &mut self,
+        st: &WorkerState,
+        code: Option<i32>,
+        sig: Option<Signal>,
+        now: Instant,
+    ) {
+        let pid = st.pid;
         let status = match (code, sig) {
             (Some(c), _) => format!("exit status {c}"),
             (_, Some(s)) => format!("signal {s}"),
@@ -94,8 +107,7 @@ impl Supervisor {
         if let Some(why) = st.killed {
             exited!(warn, "{name} killed: it {why}; replacing it");
             if st.phase == Phase::Booting {
-                self.last_boot_code = None;
-                self.boot_failed(&w.state, now);
+                self.boot_failed(st, None, now);
             }
             return;
         }
@@ -107,10 +119,10 @@ impl Supervisor {
                 self.plan.gpu_label(gpu),
                 self.no_cuda_reason()
             );
-            if self.ever_ready {
+            if self.boots.ever_ready {
                 tracing::error!(event = "no_cuda", "{why}");
             } else {
-                self.no_cuda = Some(why);
+                self.boots.no_cuda = Some(why);
             }
         }
         match st.phase {
@@ -125,9 +137,8 @@ impl Supervisor {
                     Some(crate::master::decide::EXIT_NOT_EXECUTABLE) => "could not be executed",
                     _ => "died while booting",
                 };
-                self.last_boot_code = code;
-                self.boot_failed(&w.state, now);
-                let slot = self.slots.iter().find(|s| s.id == w.state.slot);
+                self.boot_failed(st, code, now);
+                let slot = self.slots.iter().find(|s| s.id == st.slot);
                 let retry = slot
                     .and_then(|s| s.backoff_until)
                     .map(|t| t.saturating_duration_since(now))
@@ -150,33 +161,28 @@ impl Supervisor {
         }
     }
 
-    pub(super) fn boot_failed(&mut self, w: &WorkerState, now: Instant) {
+    /// The boot of worker `w` failed, exiting with `code`: its slot backs off, the boot
+    /// history counts it, and a failure of the reloaded configuration rolls back.
+    pub(super) fn boot_failed(&mut self, w: &WorkerState, code: Option<i32>, now: Instant) {
         if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
             s.failed(now);
         }
-        if !self.ever_ready {
-            self.first_boot_failures += 1;
-        }
-        if w.cfg_gen == self.cfg_gen {
-            if let Some((good, good_gen)) = self.fallback.take() {
-                tracing::error!(
-                    event = "reload_failed",
-                    "reload failed: a worker with the new configuration did not boot; going back to the last configuration that served"
-                );
-                // The last good configuration becomes the current one: its workers stay,
-                // and workers of any other (superseded) configuration are replaced by it.
-                self.cfg = good;
-                self.cfg_gen += 1;
-                self.gen_proven = true;
-                self.rolled_back = true;
-                for l in &mut self.workers {
-                    if l.state.cfg_gen == good_gen {
-                        l.state.cfg_gen = self.cfg_gen;
-                    }
+        self.boots.failed(code);
+        if let Some((good, good_gen)) = self.reload.boot_failed(w.cfg_gen) {
+            tracing::error!(
+                event = "reload_failed",
+                "reload failed: a worker with the new configuration did not boot; going back to the last configuration that served"
+            );
+            // The last good configuration becomes the current one: its workers stay, and
+            // workers of any other (superseded) configuration are replaced by it.
+            self.cfg = good;
+            for l in &mut self.workers {
+                if l.state.cfg_gen == good_gen {
+                    l.state.cfg_gen = self.reload.gen;
                 }
-                if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
-                    s.succeeded();
-                }
+            }
+            if let Some(s) = self.slots.iter_mut().find(|s| s.id == w.slot) {
+                s.succeeded();
             }
         }
     }

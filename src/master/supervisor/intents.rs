@@ -28,7 +28,7 @@ impl Supervisor {
                     self.stopping = Some(Stopping::Graceful(now));
                     self.notify.stopping(&self.reported);
                     self.listener = None;
-                    self.retire_template();
+                    self.templates.retire();
                 }
             }
             Intent::QuickStop => {
@@ -37,7 +37,7 @@ impl Supervisor {
                     self.stopping = Some(Stopping::Quick(now));
                     self.notify.stopping(&self.reported);
                     self.listener = None;
-                    self.retire_template();
+                    self.templates.retire();
                     for w in &mut self.workers {
                         w.state.asked_to_stop = None;
                     }
@@ -88,23 +88,17 @@ impl Supervisor {
                     new.model_display()
                 );
                 let old = std::mem::replace(&mut self.cfg, new);
-                if self.reloading {
+                if self.reload.started(old) {
                     // A HUP during a reload supersedes it: the workers it started that are
                     // still booting are stopped (decide), and its configuration becomes the
-                    // one to go back to only if a worker has been ready with it.
+                    // one to go back to only if a worker has been ready with it
+                    // (`Reload::started`).
                     tracing::info!(
                         event = "reload_superseded",
                         "HUP during a reload: the new configuration supersedes the one being rolled out"
                     );
                 }
-                if !self.reloading || self.gen_proven {
-                    self.fallback = Some((old, self.cfg_gen));
-                }
-                self.reloading = true;
-                self.rolled_back = false;
                 self.notify.reloading(&self.reported);
-                self.cfg_gen += 1;
-                self.gen_proven = false;
             }
             Err(e) => tracing::error!(
                 event = "reload_refused",
@@ -305,7 +299,7 @@ mod tests {
         s.on_intent(Intent::MoreWorkers);
         s.on_intent(Intent::FewerWorkers);
         s.on_intent(Intent::Reload);
-        assert_eq!((s.target, s.cfg_gen, s.reloading), (2, 0, false));
+        assert_eq!((s.target, s.reload.gen, s.reload.under_way), (2, 0, false));
         s.on_intent(Intent::QuickStop);
         assert!(matches!(s.stopping, Some(Stopping::Quick(_))));
         s.on_intent(Intent::GracefulStop);
@@ -318,7 +312,7 @@ mod tests {
         let s = &mut b.sup;
         s.on_intent(Intent::Ignored);
         s.on_intent(Intent::Reap);
-        assert_eq!((s.target, s.cfg_gen, s.stopping), (2, 0, None));
+        assert_eq!((s.target, s.reload.gen, s.stopping), (2, 0, None));
     }
 
     /// Admission after a HUP reads the new metadata (`rules::Admission`); a refused reload
@@ -334,12 +328,12 @@ mod tests {
 
         std::fs::write(&path, "{ not json").unwrap();
         s.on_intent(Intent::Reload);
-        assert_eq!((s.cfg_gen, s.reloading), (0, false));
+        assert_eq!((s.reload.gen, s.reload.under_way), (0, false));
         assert_eq!(s.admission(), old);
 
         std::fs::write(&path, meta(3000, 4000)).unwrap();
         s.on_intent(Intent::Reload);
-        assert_eq!((s.cfg_gen, s.reloading), (1, true));
+        assert_eq!((s.reload.gen, s.reload.under_way), (1, true));
         let new = s.admission();
         assert_eq!(new.est_gpu_mem_min, 3000);
         assert_eq!(new.reserve_mb, old.reserve_mb);
@@ -349,7 +343,7 @@ mod tests {
         // The plan's own figure stays what it was planned with.
         assert_eq!(s.plan.admission_mb(), 1000 + old.reserve_mb);
         // The old configuration is the one to go back to.
-        let (fallback, gen) = s.fallback.as_ref().unwrap();
+        let (fallback, gen) = s.reload.fallback().unwrap();
         assert_eq!((fallback.metadata.est_gpu_mem_min, *gen), (1000, 0));
     }
 }

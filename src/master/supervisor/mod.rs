@@ -1,28 +1,32 @@
 //! The master's one loop: wait for a signal, a control message or a deadline; drain the
 //! recorded intents; read control messages; reap exited workers; learn the footprint; ask
 //! `decide` what to do and do it. Everything that changes a worker's state happens here, on
-//! one thread. Split by concern (as watchexec's supervisor is):
+//! one thread. A façade over private modules (as watchexec's supervisor is): each file owns
+//! one concern, and the state of a concern is a small type of that file, tested by value.
 //!
-//! | file | owns |
-//! |---|---|
-//! | `mod.rs` | the state ([`Supervisor`]) and the loop |
-//! | `intents.rs` | what each recorded signal's intent does (stop, reload, TTIN, TTOU) |
-//! | `control.rs` | the workers' control messages (ready, heartbeat, retiring, metrics) |
-//! | `exits.rs` | reaping: `worker_exited`, failed boots, reload rollback |
-//! | `act.rs` | carrying out `decide`'s actions (`worker_retire_asked`, `worker_killed`, …) |
-//! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` |
-//! | `template.rs` | the template process's life, and launching workers (fork or exec) |
+//! | file | owns | its state |
+//! |---|---|---|
+//! | `mod.rs` | the loop, and [`Supervisor`]: the state the files share | |
+//! | `intents.rs` | what each recorded signal's intent does (stop, reload, TTIN, TTOU) | |
+//! | `reload.rs` | where a reload stands: generations, the configuration to go back to, rollback | `Reload` |
+//! | `control.rs` | the workers' control messages (ready, heartbeat, retiring, metrics) | |
+//! | `exits.rs` | reaping: `worker_exited`, failed boots, reload rollback | |
+//! | `boots.rs` | the boot history `decide` gives up by | `Boots` |
+//! | `act.rs` | carrying out `decide`'s actions (`worker_retire_asked`, `worker_killed`, …) | `WaitLog`, `Jitter` |
+//! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
+//! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
 
 mod act;
 mod adapt;
+mod boots;
 mod control;
 mod exits;
 mod intents;
+mod reload;
 mod template;
 
-use std::collections::HashMap;
 use std::net::TcpListener;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -33,23 +37,24 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
-use super::decide::{Stopping, WaitReason};
+use super::decide::Stopping;
 use super::events::Pool;
 use super::footprint::Learner;
 use super::metrics::MasterMetrics;
 use super::notify::Notifier;
 use super::signals::Signals;
 use super::slot::{Slot, WorkerState};
-use super::template::Template;
 use crate::board::Board;
 use crate::master::config::Config;
 use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
+use act::{Jitter, WaitLog};
+use boots::Boots;
+use reload::Reload;
+use template::Templates;
 
 /// Longest sleep of the loop when nothing happens (deadline resolution).
 const TICK: Duration = Duration::from_millis(100);
-/// How often the same "slot waits" message may be logged.
-const WAIT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 struct Live {
     state: WorkerState,
@@ -59,48 +64,30 @@ struct Live {
     seat: Option<u32>,
 }
 
+/// The supervisor: the state the loop shares. What belongs to one concern is a type of
+/// its own, in the file that uses it: [`reload::Reload`] (the configuration generations),
+/// [`boots::Boots`] (the boot history `decide` gives up by), [`template::Templates`],
+/// [`act::WaitLog`] and [`act::Jitter`].
 pub struct Supervisor {
+    /// The configuration workers are started with now.
     cfg: Config,
     plan: Plan,
-    cfg_gen: u64,
-    /// A reload is under way: workers of older configurations are being replaced.
-    reloading: bool,
-    /// The configuration (and its generation) to go back to if a worker of the reloaded
-    /// one fails to boot: the last one a worker has been ready with.
-    fallback: Option<(Config, u64)>,
-    /// A worker of the current configuration generation has been ready.
-    gen_proven: bool,
-    /// The reload under way went back to the last configuration that served.
-    rolled_back: bool,
+    reload: Reload<Config>,
     listener: Option<TcpListener>,
     signals: Signals,
     workers: Vec<Live>,
     slots: Vec<Slot>,
     target: u32,
     stopping: Option<Stopping>,
-    ever_ready: bool,
-    first_boot_failures: u32,
-    /// How the last failed boot exited (`decide::gave_up_booting`).
-    last_boot_code: Option<i32>,
-    /// Why the master must stop with `exit::NO_CUDA`: a worker placed on a GPU came up
-    /// without CUDA (`no_cuda`).
-    no_cuda: Option<String>,
-    last_ready_at: Instant,
+    boots: Boots,
     gpus: Option<NvmlProbe>,
-    rng: u64,
-    wait_logged: HashMap<u32, (Instant, WaitReason)>,
+    jitter: Jitter,
+    wait_log: WaitLog,
     /// The pool as last reported (`pool` event).
     reported: Pool,
     /// Readiness, status and reloads for systemd (`Type=notify`).
     notify: Notifier,
-    /// The template process that forks workers, when in use.
-    template: Option<Template>,
-    /// Templates stopped on purpose (after a reload), not yet reaped.
-    old_templates: Vec<u32>,
-    /// Templates that died before they were ready, for the current configuration.
-    template_failures: u32,
-    /// No template for this configuration generation (it failed twice or cannot fork).
-    template_off_gen: Option<u64>,
+    templates: Templates,
     /// What `/metrics` shows, when `--metrics-port` is given.
     metrics: Option<MasterMetrics>,
     /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
@@ -130,39 +117,23 @@ impl Supervisor {
             slots.push(s);
         }
         let target = plan.workers;
-        let seed = std::process::id() as u64
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1);
         Supervisor {
             cfg,
             plan,
-            cfg_gen: 0,
-            reloading: false,
-            fallback: None,
-            gen_proven: false,
-            rolled_back: false,
+            reload: Reload::new(),
             listener: Some(listener),
             signals,
             workers: Vec::new(),
             slots,
             target,
             stopping: None,
-            ever_ready: false,
-            first_boot_failures: 0,
-            last_boot_code: None,
-            no_cuda: None,
-            last_ready_at: Instant::now(),
+            boots: Boots::new(Instant::now()),
             gpus,
-            rng: seed | 1,
-            wait_logged: HashMap::new(),
+            jitter: Jitter::seeded(),
+            wait_log: WaitLog::default(),
             reported: Pool::default(),
             notify: Notifier::from_env(),
-            template: None,
-            old_templates: Vec::new(),
-            template_failures: 0,
-            template_off_gen: None,
+            templates: Templates::default(),
             metrics,
             learner: None,
             board: Board::create()
@@ -187,7 +158,7 @@ impl Supervisor {
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) has no memory-safety preconditions.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
             tracing::warn!("cannot become a child subreaper; workers will be started by exec");
-            self.template_off_gen = Some(u64::MAX);
+            self.templates.disable();
         }
         loop {
             self.ensure_template();
@@ -229,8 +200,8 @@ impl Supervisor {
         for w in &self.workers {
             fds.push(PollFd::new(w.control.as_fd(), PollFlags::POLLIN));
         }
-        if let Some(t) = self.template.as_ref().filter(|t| !t.ready) {
-            fds.push(PollFd::new(t.fd(), PollFlags::POLLIN));
+        if let Some(fd) = self.templates.loading_fd() {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         let _ = poll(&mut fds, PollTimeout::from(TICK.as_millis() as u16));
     }
@@ -246,11 +217,7 @@ impl Supervisor {
     }
 
     fn kill_all(&mut self) {
-        self.retire_template();
-        for pid in std::mem::take(&mut self.old_templates) {
-            self.signal(pid, Signal::SIGKILL);
-            let _ = waitpid(Pid::from_raw(pid as i32), None);
-        }
+        self.templates.kill_all();
         for w in &self.workers {
             self.signal(w.state.pid, Signal::SIGKILL);
         }
