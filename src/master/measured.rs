@@ -6,7 +6,7 @@
 //! worker instead of `est_gpu_mem_typ`; every other rule of the plan (usable memory,
 //! reserve, the CPU bound, the allocator cap per worker) is unchanged. When the measured
 //! figure fits on no GPU, the estimate's plan stands (with a warning): profiling never
-//! plans zero workers.
+//! plans zero workers. Which figure `app --production` plans from: [`source`].
 
 use std::fmt::Write as _;
 
@@ -33,6 +33,34 @@ pub fn wanted(cfg: &Config, plan: &Plan) -> bool {
             on_gpu
         }
         None => on_gpu && shapes,
+    }
+}
+
+/// Where the figure per worker comes from when `app --production` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The high-water mark `--footprint-file` recorded, in MB.
+    Remembered(u64),
+    /// One worker profiled now.
+    Profile,
+    /// The declared estimate.
+    Estimate,
+}
+
+/// Where the figure per worker comes from (pure): experience beats a new measurement, so a
+/// footprint `--footprint-file` `remembered` plans GPU workers (`on_gpu`) unless
+/// `--profile-memory off`; else a profile when [`wanted`] (asked only then: it may warn);
+/// else the estimate.
+pub fn source(
+    remembered: Option<u64>,
+    on_gpu: bool,
+    profile_memory: Option<bool>,
+    wanted: impl FnOnce() -> bool,
+) -> Source {
+    match remembered {
+        Some(mb) if on_gpu && profile_memory != Some(false) => Source::Remembered(mb),
+        _ if wanted() => Source::Profile,
+        _ => Source::Estimate,
     }
 }
 
@@ -238,5 +266,40 @@ impl Profiled {
         let _ = writeln!(s);
         s.push_str(&self.plan.to_text());
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_footprint_beats_a_profile_which_beats_the_estimate() {
+        let asked = std::cell::Cell::new(0);
+        let wanted = |w: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                w
+            }
+        };
+        // (recorded MB, on a GPU, --profile-memory, profile wanted, source)
+        let rows = [
+            (Some(900), true, None, true, Source::Remembered(900)),
+            (Some(900), true, Some(true), true, Source::Remembered(900)),
+            (Some(900), true, Some(false), false, Source::Estimate),
+            (Some(900), false, None, false, Source::Estimate),
+            (None, true, None, true, Source::Profile),
+            (None, true, None, false, Source::Estimate),
+        ];
+        for (mb, on_gpu, flag, want, expect) in rows {
+            assert_eq!(
+                source(mb, on_gpu, flag, wanted(want)),
+                expect,
+                "{mb:?} {on_gpu} {flag:?}"
+            );
+        }
+        // `wanted` (which may warn) is asked only when no recorded footprint decides.
+        assert_eq!(asked.get(), 4);
     }
 }

@@ -3,6 +3,7 @@
 //! initialises CUDA and never loads libtorch.
 
 pub mod activation;
+pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod decide;

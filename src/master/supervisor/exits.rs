@@ -127,16 +127,7 @@ impl Supervisor {
         }
         match st.phase {
             Phase::Booting => {
-                let what = match code {
-                    Some(worker_exit::NO_CUDA) => "could not use its GPU",
-                    Some(worker_exit::MODEL_LOAD) => "could not load the model",
-                    Some(worker_exit::CONFIG) => "rejected its configuration",
-                    Some(crate::master::decide::EXIT_LOADER) => {
-                        "could not start: the dynamic loader did not find a shared library (named on stderr above)"
-                    }
-                    Some(crate::master::decide::EXIT_NOT_EXECUTABLE) => "could not be executed",
-                    _ => "died while booting",
-                };
+                let what = boot_failure(code);
                 self.boot_failed(st, code, now);
                 let slot = self.slots.iter().find(|s| s.id == st.slot);
                 let retry = slot
@@ -185,5 +176,19 @@ impl Supervisor {
                 s.succeeded();
             }
         }
+    }
+}
+
+/// What a worker that exited with `code` while booting did, in words.
+fn boot_failure(code: Option<i32>) -> &'static str {
+    match code {
+        Some(worker_exit::NO_CUDA) => "could not use its GPU",
+        Some(worker_exit::MODEL_LOAD) => "could not load the model",
+        Some(worker_exit::CONFIG) => "rejected its configuration",
+        Some(crate::master::decide::EXIT_LOADER) => {
+            "could not start: the dynamic loader did not find a shared library (named on stderr above)"
+        }
+        Some(crate::master::decide::EXIT_NOT_EXECUTABLE) => "could not be executed",
+        _ => "died while booting",
     }
 }

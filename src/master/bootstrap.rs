@@ -1,0 +1,454 @@
+//! The bootstrap of `app`, as library calls a test can drive (pingora's `Server::new →
+//! bootstrap → run_forever`): [`Server::new`] probes the machine and plans, [`next`] says
+//! what to do with the plan (**pure**: print it, measure, refuse, serve in development mode
+//! or supervise), [`Server::bind`] binds the sockets, and [`Bound::develop`] or
+//! [`Bound::supervise`] runs until the end. `main.rs` parses the command line and calls
+//! [`run`]. Exit statuses: [`crate::master::exit`].
+//!
+//! Its events keep the target `app` they had when this was the binary's own code.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use super::activation::{self, Inherited};
+use super::config::{Config, ConfigError, Mode};
+use super::footprint::Learner;
+use super::footprint_file::FootprintFile;
+use super::measured::{self, Source};
+use super::metrics::MasterMetrics;
+use super::plan::{self, Demand, Plan};
+use super::resources::{self, NvmlProbe, Resources};
+use super::signals::Signals;
+use super::supervisor::Supervisor;
+use super::{develop, exit, listen};
+use crate::protocol::Device;
+use crate::{logging, metrics};
+
+/// Runs `app` with a valid configuration until it exits; returns the exit status.
+pub fn run(cfg: Config) -> i32 {
+    let server = match Server::new(cfg) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match next(server.cfg.mode, &server.plan) {
+        Next::Print { json } => server.print(json),
+        Next::Measure { json } => server.measure(json),
+        Next::Refuse(why) => fail(ConfigError(why)),
+        Next::Develop => match server.bind() {
+            Ok(b) => b.develop(),
+            Err(code) => code,
+        },
+        Next::Supervise => match server.bind() {
+            Ok(b) => b.supervise(),
+            Err(code) => code,
+        },
+    }
+}
+
+/// A configuration error (or one found later, before any worker started): one line on
+/// stderr, exit status 2.
+pub fn fail(e: ConfigError) -> i32 {
+    logging::say(&format!("app: {e}"));
+    exit::CONFIG
+}
+
+/// What `app` does once it has a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// `app plan [--json]`: print the plan, exit 0.
+    Print { json: bool },
+    /// `app plan --measure [--json]`: profile one worker, print what it measured and the plan
+    /// from it.
+    Measure { json: bool },
+    /// The plan cannot run (the driver is too old for the GPUs it uses): exit 2.
+    Refuse(String),
+    /// Development mode: one process serves.
+    Develop,
+    /// `--production`: the master supervises workers.
+    Supervise,
+}
+
+/// What to do with `plan` in `mode` (pure). `app plan` shows a plan the driver cannot run,
+/// with its warning; serving refuses to start on it.
+pub fn next(mode: Mode, plan: &Plan) -> Next {
+    match (mode, &plan.driver_too_old) {
+        (Mode::Plan { json, measure }, _) if !measure => Next::Print { json },
+        (Mode::Plan { json, .. }, _) => Next::Measure { json },
+        (_, Some(why)) => Next::Refuse(why.clone()),
+        (Mode::Develop, None) => Next::Develop,
+        (Mode::Production, None) => Next::Supervise,
+    }
+}
+
+/// A configuration with the machine probed and the plan made.
+pub struct Server {
+    cfg: Config,
+    res: Resources,
+    gpus: Option<NvmlProbe>,
+    plan: Plan,
+    inherited: Option<Inherited>,
+}
+
+impl Server {
+    /// Takes a socket systemd handed over, starts logging, probes the machine (CPUs, the
+    /// GPUs `CUDA_VISIBLE_DEVICES` leaves) and plans. Errors are exit statuses.
+    pub fn new(cfg: Config) -> Result<Server, i32> {
+        // Before anything else (no thread exists yet): it takes LISTEN_* out of the
+        // environment.
+        let inherited = activation::inherited().map_err(fail)?;
+        logging::init(cfg.log_json);
+        let (res, gpus) = resources::probe(cfg.nvml_library.as_deref())
+            .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
+        let res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
+        let plan = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy())
+            .map_err(|e| fail(ConfigError(e.to_string())))?;
+        Ok(Server {
+            cfg,
+            res,
+            gpus,
+            plan,
+            inherited,
+        })
+    }
+
+    /// `app plan`: the plan as text or JSON.
+    fn print(&self, json: bool) -> i32 {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&self.plan).expect("a plan serializes")
+            );
+        } else {
+            print!("{}", self.plan.to_text());
+        }
+        exit::OK
+    }
+
+    /// `app plan --measure`: one worker profiled, what it measured and the plan from it.
+    fn measure(&self, json: bool) -> i32 {
+        match measured::measure_and_plan(&self.cfg, &self.res, &self.plan, self.gpus.as_ref()) {
+            Ok(p) => {
+                print!("{}", p.report(json));
+                exit::OK
+            }
+            Err(e) => {
+                logging::say(&format!("app: cannot measure the model's GPU memory: {e}"));
+                exit::MODEL_LOAD
+            }
+        }
+    }
+
+    /// Says the plan's warnings, then binds the serving socket (or takes the one systemd
+    /// handed over) and the metrics port, so that a port in use is said before any model
+    /// loads.
+    pub fn bind(self) -> Result<Bound, i32> {
+        let cfg = &self.cfg;
+        for w in &self.plan.warnings {
+            tracing::warn!(target: "app", event = "plan_warning", "{w}");
+        }
+        if cfg.simulated_gpus {
+            tracing::warn!(
+                target: "app",
+                event = "plan_warning",
+                "--simulated-gpus: workers placed on GPUs run their model on the CPU (for tests with a simulated NVML only)"
+            );
+        }
+        listen::raise_open_files_limit();
+        let (listener, socket) = match self.inherited {
+            Some(i) => (activated(i, cfg), "systemd"),
+            None => (listen::bind(&cfg.host, cfg.port).map_err(fail)?, "bound"),
+        };
+        let addr = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+        let metrics_listener = match cfg.metrics_port {
+            None => None,
+            Some(port) => {
+                let l = listen::bind_plain(&cfg.host, port, "--metrics-port").map_err(fail)?;
+                let maddr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                tracing::info!(
+                    target: "app",
+                    event = "metrics_listening",
+                    addr = maddr,
+                    "metrics at {scheme}://{maddr}/metrics"
+                );
+                Some(l)
+            }
+        };
+        Ok(Bound {
+            cfg: self.cfg,
+            res: self.res,
+            gpus: self.gpus,
+            plan: self.plan,
+            listener,
+            socket,
+            addr,
+            scheme,
+            metrics_listener,
+        })
+    }
+}
+
+/// The socket systemd handed over, said in the log (and `--host`/`--port` said unused).
+fn activated(i: Inherited, cfg: &Config) -> TcpListener {
+    tracing::info!(
+        target: "app",
+        event = "socket_activation",
+        fd = i.fd,
+        name = i.name,
+        "serving on the socket systemd handed over (fd {}, name '{}')",
+        i.fd,
+        i.name
+    );
+    if cfg.address_given {
+        tracing::warn!(
+            target: "app",
+            event = "address_unused",
+            host = cfg.host,
+            port = cfg.port,
+            "--host/--port ({}:{}) are unused: the socket handed over by systemd decides the address",
+            cfg.host,
+            cfg.port
+        );
+    }
+    i.listener
+}
+
+/// A server with its sockets bound.
+pub struct Bound {
+    cfg: Config,
+    res: Resources,
+    gpus: Option<NvmlProbe>,
+    plan: Plan,
+    listener: TcpListener,
+    /// `"bound"` or `"systemd"`.
+    socket: &'static str,
+    addr: String,
+    scheme: &'static str,
+    metrics_listener: Option<TcpListener>,
+}
+
+impl Bound {
+    /// Development mode: this process becomes the one worker (exec); returns only when
+    /// that fails.
+    pub fn develop(self) -> i32 {
+        let (addr, socket, scheme) = (&self.addr, self.socket, self.scheme);
+        tracing::info!(
+            target: "app",
+            event = "listening",
+            addr,
+            socket,
+            workers = 1,
+            "listening on {scheme}://{addr} (development mode: one process)"
+        );
+        let e = develop::exec_worker(&self.cfg, &self.plan, self.listener, self.metrics_listener);
+        fail(ConfigError(format!(
+            "cannot run the worker {}: {e}",
+            self.cfg.worker_binary.display()
+        )))
+    }
+
+    /// `--production`: installs the signal handlers, plans from measured memory when asked,
+    /// starts the metrics endpoint and runs the supervisor until the master exits.
+    pub fn supervise(self) -> i32 {
+        let Bound { cfg, res, gpus, .. } = &self;
+        let signals = match Signals::install() {
+            Ok(s) => s,
+            Err(e) => return fail(ConfigError(format!("cannot install signal handlers: {e}"))),
+        };
+        // Bound and listening (so a port in use is said before any model loads): plan from
+        // measured memory when asked.
+        let (plan, footprint_file) = match measured_plan(cfg, res, self.plan.clone(), gpus.as_ref())
+        {
+            Ok(p) => p,
+            Err(e) => return fail(e),
+        };
+        let (addr, socket, scheme) = (&self.addr, self.socket, self.scheme);
+        tracing::info!(
+            target: "app",
+            event = "listening",
+            addr,
+            socket,
+            workers = plan.workers,
+            "listening on {scheme}://{addr} with {} workers ({})",
+            plan.workers,
+            plan.source
+        );
+        let metrics = match self.metrics_listener {
+            None => None,
+            Some(l) => match metrics_endpoint(&self.cfg, &plan, l) {
+                Ok(m) => Some(m),
+                Err(e) => return fail(e),
+            },
+        };
+        // Learning needs something to compare with: GPU workers planned from a footprint.
+        let learner =
+            (plan.device == Device::Cuda && self.gpus.is_some() && plan.planned_typ_mb > 0)
+                .then(|| Learner::new(plan.planned_typ_mb, footprint_file));
+        Supervisor::new(self.cfg, plan, self.listener, signals, self.gpus, metrics)
+            .with_learner(learner)
+            .run()
+    }
+}
+
+/// The `/metrics` listener's thread, serving what the master keeps.
+fn metrics_endpoint(
+    cfg: &Config,
+    plan: &Plan,
+    l: TcpListener,
+) -> Result<MasterMetrics, ConfigError> {
+    let m = MasterMetrics::new(plan, cfg.nvml_library.clone());
+    // From what the configuration read and checked (`vramfork::secrets`).
+    let (tls, keys) = match (
+        cfg.secrets.tls(cfg.tls.as_ref()),
+        cfg.secrets.metrics_keys(),
+    ) {
+        (Ok(t), Ok(k)) => (t.map(Arc::new), k),
+        (Err(e), _) | (_, Err(e)) => return Err(ConfigError(format!("TLS: {e}"))),
+    };
+    metrics::endpoint::spawn_thread(
+        l,
+        m.source(),
+        metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone(), keys),
+        tls,
+    )
+    .map_err(|e| ConfigError(format!("cannot start the metrics listener: {e}")))?;
+    Ok(m)
+}
+
+/// The plan from a footprint recorded by `--footprint-file`, else from profiling one worker
+/// (`--profile-memory`), else the estimate's ([`measured::source`]); and the footprint
+/// file, when given.
+fn measured_plan(
+    cfg: &Config,
+    res: &Resources,
+    plan: Plan,
+    gpus: Option<&NvmlProbe>,
+) -> Result<(Plan, Option<FootprintFile>), ConfigError> {
+    let file_error = |e: String| ConfigError(format!("--footprint-file: {e}"));
+    let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
+        (Some(f), Some(model)) => Some(FootprintFile::new(f, model).map_err(file_error)?),
+        _ => None,
+    };
+    let remembered = match &footprint_file {
+        Some(ff) => ff.recorded_mb().map_err(file_error)?,
+        None => None,
+    };
+    let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
+    let profiled = match measured::source(remembered, on_gpu, cfg.profile_memory, || {
+        measured::wanted(cfg, &plan)
+    }) {
+        Source::Remembered(mb) => Some(measured::remembered(cfg, res, &plan, mb)),
+        Source::Profile => match measured::measure_and_plan(cfg, res, &plan, gpus) {
+            Ok(p) => {
+                if let Some(ff) = &footprint_file {
+                    if let Err(e) = ff.record(p.measured.footprint_mb) {
+                        tracing::warn!(target: "app", event = "footprint_file_error", "--footprint-file: {e}");
+                    }
+                }
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    target: "app",
+                    event = "memory_profile_failed",
+                    "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
+                    cfg.metadata.est_gpu_mem_typ
+                );
+                None
+            }
+        },
+        Source::Estimate => None,
+    };
+    let Some(p) = profiled else {
+        return Ok((plan, footprint_file));
+    };
+    p.log();
+    for w in p
+        .plan
+        .warnings
+        .iter()
+        .filter(|w| !plan.warnings.contains(w))
+    {
+        tracing::warn!(target: "app", event = "plan_warning", "{w}");
+    }
+    Ok((p.plan, footprint_file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::plan::Policy;
+
+    fn plan(driver_too_old: Option<&str>) -> Plan {
+        let meta = crate::metadata::AppMetadata::parse(
+            std::path::Path::new("/apps/t/app-metadata.json"),
+            r#"{"name": "t"}"#,
+        )
+        .unwrap();
+        let res = Resources {
+            cpus: 2,
+            ..Default::default()
+        };
+        let mut p = plan::plan(&res, &Demand::declared(&meta), &Policy::default()).unwrap();
+        p.driver_too_old = driver_too_old.map(str::to_string);
+        p
+    }
+
+    #[test]
+    fn what_app_does_with_its_plan() {
+        let (ok, old) = (plan(None), plan(Some("the driver is too old")));
+        let rows = [
+            (Mode::Develop, &ok, Next::Develop),
+            (Mode::Production, &ok, Next::Supervise),
+            (
+                Mode::Plan {
+                    json: true,
+                    measure: false,
+                },
+                &ok,
+                Next::Print { json: true },
+            ),
+            (
+                Mode::Plan {
+                    json: false,
+                    measure: true,
+                },
+                &ok,
+                Next::Measure { json: false },
+            ),
+            // Serving refuses a plan the driver cannot run; `app plan` shows it.
+            (
+                Mode::Production,
+                &old,
+                Next::Refuse("the driver is too old".into()),
+            ),
+            (
+                Mode::Develop,
+                &old,
+                Next::Refuse("the driver is too old".into()),
+            ),
+            (
+                Mode::Plan {
+                    json: false,
+                    measure: false,
+                },
+                &old,
+                Next::Print { json: false },
+            ),
+            (
+                Mode::Plan {
+                    json: true,
+                    measure: true,
+                },
+                &old,
+                Next::Measure { json: true },
+            ),
+        ];
+        for (mode, plan, want) in rows {
+            assert_eq!(next(mode, plan), want, "{mode:?}");
+        }
+    }
+}
