@@ -57,14 +57,15 @@ fn main() {
 }
 
 /// Boots a worker from its configuration (exec'd, or forked by the template with the model
-/// already loaded on the CPU) and serves until it retires; returns the exit status.
+/// already loaded on the CPU) and serves until it retires; returns the exit status. In the
+/// order the module's doc gives: logging and the process name, the inherited descriptors
+/// ([`Inherited`]), torch's threads, the model ([`load`]), then serving ([`serve`]).
 pub fn boot(
     cfg: WorkerConfig,
     metadata: AppMetadata,
     process_ms: f64,
     preloaded: Option<tch::CModule>,
 ) -> Result<i32, (i32, String)> {
-    let config_err = |m: String| (worker_exit::CONFIG, m);
     vramfork::logging::init(cfg.log_json);
     heap::configure();
     let span = tracing::info_span!(
@@ -75,46 +76,92 @@ pub fn boot(
     );
     let _entered = span.enter();
     process::set_name(cfg.slot);
-    let listener = listener::inherit().map_err(config_err)?;
-    let board = cfg.board_seat.and_then(|seat| {
-        vramfork::board::Board::attach(vramfork::protocol::BOARD_FD)
-            .map(|b| (b, seat))
-            .map_err(|e| tracing::warn!("cannot map the idle board: {e}; accepting without it"))
-            .ok()
-    });
-    let control = control::Control::inherit(cfg.has_control).map_err(config_err)?;
-    // The keys and TLS material the master last accepted (never the files as they are now:
-    // one emptied or half-written since cannot stop this worker), else, for a worker
-    // started by hand, the files.
-    let secrets = vramfork::secrets::Secrets::for_worker(
-        cfg.secrets,
-        cfg.api_key_file.as_deref(),
-        cfg.metrics_api_key_file.as_deref(),
-        cfg.tls.as_ref(),
-    )
-    .map_err(config_err)?;
-    let api_keys = secrets.api_keys().map_err(config_err)?;
-    let tls = secrets
-        .tls(cfg.tls.as_ref())
-        .map_err(|e| config_err(format!("TLS: {e}")))?
-        .map(Arc::new);
-    let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
-        Some(config) => Some(lifecycle::ServeMetrics {
-            listener: listener::inherit_metrics().map_err(config_err)?,
-            config,
-            key_file: cfg.metrics_api_key_file.clone().map(Into::into),
-            keys: secrets.metrics_keys().map_err(config_err)?,
-            tls: tls.clone(),
-        }),
-        None => None,
-    };
+    let fds = Inherited::take(&cfg).map_err(|m| (worker_exit::CONFIG, m))?;
     if preloaded.is_none() {
         process::set_torch_threads(cfg.torch_threads);
     } else {
         // Forked from the template: the inter-op setting is inherited.
         process::set_intra_threads(cfg.torch_threads);
     }
+    let model = load(&cfg, &metadata, preloaded, &fds.control)?;
+    serve(cfg, metadata, fds, model, process_ms)
+}
 
+/// What a worker inherits besides its configuration: the listening socket (fd 3), its seat
+/// on the idle board, the control channel (fd 4), the keys and TLS material (fd 7), and a
+/// development-mode worker's metrics listener (fd 5).
+struct Inherited {
+    listener: std::net::TcpListener,
+    board: Option<(vramfork::board::Board, u32)>,
+    control: control::Control,
+    api_keys: Option<vramfork::auth::ApiKeys>,
+    tls: Option<Arc<vramfork::tls::Reloading>>,
+    serve_metrics: Option<lifecycle::ServeMetrics>,
+}
+
+impl Inherited {
+    fn take(cfg: &WorkerConfig) -> Result<Inherited, String> {
+        let listener = listener::inherit()?;
+        let board = cfg.board_seat.and_then(|seat| {
+            vramfork::board::Board::attach(vramfork::protocol::BOARD_FD)
+                .map(|b| (b, seat))
+                .map_err(|e| tracing::warn!("cannot map the idle board: {e}; accepting without it"))
+                .ok()
+        });
+        let control = control::Control::inherit(cfg.has_control)?;
+        // The keys and TLS material the master last accepted (never the files as they are
+        // now: one emptied or half-written since cannot stop this worker), else, for a worker
+        // started by hand, the files.
+        let secrets = vramfork::secrets::Secrets::for_worker(
+            cfg.secrets,
+            cfg.api_key_file.as_deref(),
+            cfg.metrics_api_key_file.as_deref(),
+            cfg.tls.as_ref(),
+        )?;
+        let api_keys = secrets.api_keys()?;
+        let tls = secrets
+            .tls(cfg.tls.as_ref())
+            .map_err(|e| format!("TLS: {e}"))?
+            .map(Arc::new);
+        let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
+            Some(config) => Some(lifecycle::ServeMetrics {
+                listener: listener::inherit_metrics()?,
+                config,
+                key_file: cfg.metrics_api_key_file.clone().map(Into::into),
+                keys: secrets.metrics_keys()?,
+                tls: tls.clone(),
+            }),
+            None => None,
+        };
+        Ok(Inherited {
+            listener,
+            board,
+            control,
+            api_keys,
+            tls,
+            serve_metrics,
+        })
+    }
+}
+
+/// The model, loaded and warmed up on its thread.
+struct Model {
+    runner: runner::Runner,
+    info: runner::ModelInfo,
+    /// `cuda:N`, `cpu` or `cpu (simulated GPU)`.
+    device: String,
+    documents: Option<documents::Documents>,
+}
+
+/// Loads the operator libraries, the tokenizers and the model (on its device, capped,
+/// batching as configured), profiles it when the master asks (the figures go over
+/// `control` before `Ready`), and says how it went.
+fn load(
+    cfg: &WorkerConfig,
+    metadata: &AppMetadata,
+    preloaded: Option<tch::CModule>,
+    control: &control::Control,
+) -> Result<Model, (i32, String)> {
     // The cap in bytes, which the worker turns into a fraction of CUDA's own total.
     let cap_bytes = cfg.gpu.as_ref().and_then(|g| g.cap_mb.map(|mb| mb << 20));
     // `--simulated-gpus`: the GPU is NVML's stand-in; the model honestly runs on the CPU.
@@ -159,7 +206,7 @@ pub fn boot(
         preloaded,
         batching,
         profile,
-        warm: runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size),
+        warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),
         threads: cfg.torch_threads,
     })
     .map_err(|e| (e.exit_code(), e.to_string()))?;
@@ -169,25 +216,7 @@ pub fn boot(
         None => "cpu".to_string(),
     };
     if cfg.profile {
-        // What the pass used, before `Ready`: the master's profiler waits for both.
-        let stats = info.cuda.and_then(|i| cuda::memory_stats(i).ok());
-        let (pass_ms, error) = match profiled {
-            Some(Ok(ms)) => (Some(ms), None),
-            Some(Err(e)) => (None, Some(e)),
-            None => (
-                None,
-                Some("the metadata declares no input shape to profile with".to_string()),
-            ),
-        };
-        if let Some(e) = &error {
-            tracing::warn!("profiling pass failed: {e}");
-        }
-        control.send(&vramfork::protocol::ControlMsg::Footprint {
-            allocator_peak: stats.map(|s| s.peak_reserved),
-            allocator_reserved: stats.map(|s| s.reserved),
-            pass_ms,
-            error,
-        });
+        report_profile(info.cuda, profiled, control);
     }
     if let Some(b) = batching {
         tracing::info!(
@@ -205,6 +234,59 @@ pub fn boot(
         "model loaded"
     );
 
+    Ok(Model {
+        runner,
+        info,
+        device,
+        documents,
+    })
+}
+
+/// What the profiling pass used (allocator figures of CUDA device `device`), sent to the master's
+/// profiler before `Ready`: it waits for both.
+fn report_profile(device: Option<usize>, profiled: runner::Profiled, control: &control::Control) {
+    let stats = device.and_then(|i| cuda::memory_stats(i).ok());
+    let (pass_ms, error) = match profiled {
+        Some(Ok(ms)) => (Some(ms), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (
+            None,
+            Some("the metadata declares no input shape to profile with".to_string()),
+        ),
+    };
+    if let Some(e) = &error {
+        tracing::warn!("profiling pass failed: {e}");
+    }
+    control.send(&vramfork::protocol::ControlMsg::Footprint {
+        allocator_peak: stats.map(|s| s.peak_reserved),
+        allocator_reserved: stats.map(|s| s.reserved),
+        pass_ms,
+        error,
+    });
+}
+
+/// Serves with the model until the worker retires (`lifecycle::run`); its exit status.
+fn serve(
+    cfg: WorkerConfig,
+    metadata: AppMetadata,
+    fds: Inherited,
+    model: Model,
+    process_ms: f64,
+) -> Result<i32, (i32, String)> {
+    let Inherited {
+        listener,
+        board,
+        control,
+        api_keys,
+        tls,
+        serve_metrics,
+    } = fds;
+    let Model {
+        runner,
+        info,
+        device,
+        documents,
+    } = model;
     let shared = Arc::new(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );

@@ -20,6 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use vramfork::metadata::AppMetadata;
 use vramfork::protocol::{
     worker_exit, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, CONTROL_FD,
     SECRETS_FD,
@@ -44,44 +45,10 @@ pub fn run(process_ms: f64) -> i32 {
     // (ResNet-50, BERT) starts its thread pool, and a process with threads must not fork.
     process::set_interop_thread();
     process::set_intra_threads(1);
-    crate::runner::configure_executor();
-    let start = Instant::now();
-    if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
-        vramfork::logging::say(&format!("app-worker (template): {e}"));
-        return worker_exit::MODEL_LOAD;
-    }
-    let module = match crate::runner::load_cpu(&cfg.model_path) {
-        Ok(m) => m,
-        Err(e) => {
-            vramfork::logging::say(&format!("app-worker (template): {e}"));
-            return worker_exit::MODEL_LOAD;
-        }
+    let (module, model_ms, warmup_ms) = match load(&cfg, &metadata) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
     };
-    let model_ms = start.elapsed().as_secs_f64() * 1e3;
-    // The warm-up passes run on this thread alone (one intra-op thread, set above).
-    let plan = crate::runner::Warmup::plan(&metadata, cfg.warmup_passes, cfg.max_batch_size);
-    let warmup_ms = match crate::runner::warm(
-        &module,
-        plan.as_ref(),
-        &cfg.model_path,
-        tch::Device::Cpu,
-        true,
-    ) {
-        Ok(w) => w.ms,
-        Err(refused) => {
-            vramfork::logging::say(&format!("app-worker (template): {refused}"));
-            return worker_exit::MODEL_LOAD;
-        }
-    };
-    process::collapse_anonymous_memory();
-    let threads = process::thread_count();
-    if threads != Some(1) {
-        tracing::warn!(
-            ?threads,
-            "the template has more than one thread after loading the model; forking it is unsafe, so workers will be started by exec"
-        );
-        return worker_exit::TEMPLATE_UNFIT;
-    }
     // SAFETY: fd 4 is the template's inherited control socket; nothing else owns it.
     let mut control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
     let ready = ControlMsg::Ready {
@@ -97,7 +64,58 @@ pub fn run(process_ms: f64) -> i32 {
         return worker_exit::OK;
     }
     tracing::debug!(model_ms, "template ready");
-    let mut spare = fork_spare(&module);
+    answer(control, &module)
+}
+
+/// Loads the model on the CPU and warms it up on this thread alone; the model, the load's
+/// and the warm-up's milliseconds. Fails with the exit status when it cannot load, or when
+/// the template has a thread of its own afterwards (it could not fork safely).
+fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64, f64), i32> {
+    crate::runner::configure_executor();
+    let start = Instant::now();
+    if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
+        vramfork::logging::say(&format!("app-worker (template): {e}"));
+        return Err(worker_exit::MODEL_LOAD);
+    }
+    let module = match crate::runner::load_cpu(&cfg.model_path) {
+        Ok(m) => m,
+        Err(e) => {
+            vramfork::logging::say(&format!("app-worker (template): {e}"));
+            return Err(worker_exit::MODEL_LOAD);
+        }
+    };
+    let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    // The warm-up passes run on this thread alone (one intra-op thread, set above).
+    let plan = crate::runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size);
+    let warmup_ms = match crate::runner::warm(
+        &module,
+        plan.as_ref(),
+        &cfg.model_path,
+        tch::Device::Cpu,
+        true,
+    ) {
+        Ok(w) => w.ms,
+        Err(refused) => {
+            vramfork::logging::say(&format!("app-worker (template): {refused}"));
+            return Err(worker_exit::MODEL_LOAD);
+        }
+    };
+    process::collapse_anonymous_memory();
+    let threads = process::thread_count();
+    if threads != Some(1) {
+        tracing::warn!(
+            ?threads,
+            "the template has more than one thread after loading the model; forking it is unsafe, so workers will be started by exec"
+        );
+        return Err(worker_exit::TEMPLATE_UNFIT);
+    }
+    Ok((module, model_ms, warmup_ms))
+}
+
+/// Answers the master's requests (a worker forked, from the spare kept ahead when there is
+/// one) until it closes the channel; the exit status.
+fn answer(mut control: UnixStream, module: &tch::CModule) -> i32 {
+    let mut spare = fork_spare(module);
     let mut pending = Vec::new();
     loop {
         let (line, fds) = match receive(&control, &mut pending) {
@@ -118,9 +136,9 @@ pub fn run(process_ms: f64) -> i32 {
                     Some(Ok(pid)) => Ok(pid),
                     Some(Err(e)) => {
                         tracing::warn!("template: the spare worker is gone ({e}); forking one");
-                        fork_worker(req.config, fds, &module)
+                        fork_worker(req.config, fds, module)
                     }
-                    None => fork_worker(req.config, fds, &module),
+                    None => fork_worker(req.config, fds, module),
                 };
                 match pid {
                     Ok(pid) => TemplateReply::Spawned { pid },
@@ -143,7 +161,7 @@ pub fn run(process_ms: f64) -> i32 {
         }
         // The next spare is forked after the answer, off the path of this request.
         if spare.is_none() {
-            spare = fork_spare(&module);
+            spare = fork_spare(module);
         }
     }
 }

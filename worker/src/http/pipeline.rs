@@ -95,36 +95,9 @@ pub async fn model_request<T: Send + 'static>(
         (Some(a), Some(b)) => Some(if b.at < a.at { b } else { a }),
         (a, b) => a.or(b),
     };
-    // Documents pre-processed (tokenized, decoded) on the pool, off the event loop, under
-    // the request's deadlines: `--request-timeout` from the start of the work, and the
-    // client's. Past either it stops between documents and the request is answered now.
     let mut parsed = parsed;
-    let mut preprocess = None;
-    if let Some(docs) = &app.documents {
-        let work = docs.run(
-            &app.input_specs,
-            parsed.inputs,
-            deadline.map(|d| d.at),
-            app.request_timeout,
-        );
-        let (inputs, took) = match work.await {
-            Ok(done) => done,
-            Err(DocError::Stopped { client: true }) => {
-                return Err(deadline.expect("a client deadline").expired(arrived))
-            }
-            Err(DocError::Stopped { client: false }) => {
-                return Err(ApiError::PreprocessTimeout(
-                    app.request_timeout.as_millis() as u64
-                ))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        parsed.inputs = inputs;
-        preprocess = Some(took);
-        if let Some(m) = &app.metrics {
-            m.preprocessed(took);
-        }
-    }
+    let (inputs, preprocess) = preprocess(app, parsed.inputs, deadline.as_ref(), arrived).await?;
+    parsed.inputs = inputs;
     let job = Job {
         id,
         input: parsed.inputs,
@@ -136,6 +109,43 @@ pub async fn model_request<T: Send + 'static>(
     let mut out = run(app, job, trace.as_deref()).await?;
     out.preprocess = preprocess;
     Ok((out, parsed.extra, last))
+}
+
+/// Documents pre-processed (tokenized, decoded) on the pool, off the event loop, under the
+/// request's deadlines: `--request-timeout` from the start of the work, and the client's
+/// (`deadline`). Past either it stops between documents and the request is answered now.
+/// The inputs as the model takes them, and how long that took (`None`: no document input).
+async fn preprocess(
+    app: &App,
+    inputs: Inputs,
+    deadline: Option<&Deadline>,
+    arrived: Instant,
+) -> Result<(Inputs, Option<Duration>), ApiError> {
+    let Some(docs) = &app.documents else {
+        return Ok((inputs, None));
+    };
+    let work = docs.run(
+        &app.input_specs,
+        inputs,
+        deadline.map(|d| d.at),
+        app.request_timeout,
+    );
+    let (inputs, took) = match work.await {
+        Ok(done) => done,
+        Err(DocError::Stopped { client: true }) => {
+            return Err(deadline.expect("a client deadline").expired(arrived))
+        }
+        Err(DocError::Stopped { client: false }) => {
+            return Err(ApiError::PreprocessTimeout(
+                app.request_timeout.as_millis() as u64
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(m) = &app.metrics {
+        m.preprocessed(took);
+    }
+    Ok((inputs, Some(took)))
 }
 
 /// What a protocol's parser makes of a body: the model's input, how to write its outputs,
