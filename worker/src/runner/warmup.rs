@@ -227,21 +227,28 @@ fn pass(
     }
     let start = Instant::now();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| {
-            module.forward_is(&args).map(|out| {
-                if let Device::Cuda(i) = device {
-                    // The pass is over (and its peak reached) once the GPU has finished it.
-                    tch::Cuda::synchronize(i as i64);
-                }
-                drop(out);
-            })
-        })
+        tch::no_grad(|| module.forward_is(&args).map(drop))
     }));
-    match run {
-        Ok(Ok(())) => Ok(start.elapsed().as_secs_f64() * 1e3),
+    let run = match run {
+        Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(useful_line(&e.to_string())),
         Err(_) => Err("the model panicked".into()),
-    }
+    };
+    // The pass is over (and its peak reached) once the GPU has finished it; an
+    // asynchronous CUDA error of the pass comes back here, as an error the boot can act on.
+    // (tch 0.24's `Cuda::synchronize` is `unsafe_torch!`, which unwraps libtorch's error
+    // into a panic, `src/wrappers/device.rs` and `utils.rs`: the warm-up then ended as "the
+    // model panicked", and a worker with a broken context started cold; issue 44, item 3.)
+    let synced = match (&run, device) {
+        (_, Device::Cuda(_)) => match crate::cuda::synchronize() {
+            Ok(()) | Err(crate::cuda::CudaError::NoCuda) => Ok(()),
+            Err(crate::cuda::CudaError::C10(m)) => Err(useful_line(&m)),
+        },
+        _ => Ok(()),
+    };
+    // A CUDA error the device reports after the pass says more than what the pass raised.
+    synced.and(run)?;
+    Ok(start.elapsed().as_secs_f64() * 1e3)
 }
 
 /// The tokens a text input's warm-up passes run at: `max_length` with `"max_length"`
