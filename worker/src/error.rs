@@ -1,11 +1,17 @@
-//! Every error the HTTP API answers, in one table: error → status code, and the JSON body
-//! `{"error": "<message a user can act on>"}`.
+//! Every error the HTTP API answers, in one table ([`ApiError::row`]): error → status code
+//! and machine-readable type, and the JSON body
+//! `{"error": "<message a user can act on>", "type": "<type>"}` — the v2 protocol's
+//! `{"error": …}` with one field more. Every other error a request can meet becomes an
+//! [`ApiError`] here too: a body the decoders refuse ([`BodyError`]) and a document the
+//! pre-processing refuses ([`DocError`]). The types are listed in docs/api.md (checked by
+//! a test below).
 
 use hyper::StatusCode;
 
 use vramfork::auth::AuthFailure;
 
 use crate::decode::BodyError;
+use crate::documents::DocError;
 use crate::runner::RunError;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -54,6 +60,10 @@ pub enum ApiError {
     QueueWait { waited_ms: u64, max_ms: u64 },
     #[error("the request ran past the request timeout of {0} ms (--request-timeout); this worker is being replaced")]
     Timeout(u64),
+    /// Pre-processing a request's documents failed (a panic on its thread); the worker
+    /// serves on.
+    #[error("{0}")]
+    PreprocessFailed(String),
     /// Pre-processing its documents ran past --request-timeout: stopped between documents,
     /// it never reached the model; the worker serves on.
     #[error("pre-processing the request's documents ran past the request timeout of {0} ms (--request-timeout) and was stopped; the request did not reach the model: send fewer or smaller documents")]
@@ -83,6 +93,19 @@ impl From<BodyError> for ApiError {
     }
 }
 
+/// A request's documents not pre-processed. (A deadline the pipeline knows more of is
+/// answered there: the client's, or `--request-timeout`'s 504.)
+impl From<DocError> for ApiError {
+    fn from(e: DocError) -> ApiError {
+        match e {
+            DocError::Bad(e) => ApiError::BadRequest(e),
+            DocError::TooLarge(e) => ApiError::DocumentsTooLarge(e),
+            DocError::Failed(e) => ApiError::PreprocessFailed(e),
+            DocError::Stopped { .. } => ApiError::Run(RunError::Expired),
+        }
+    }
+}
+
 impl ApiError {
     /// A method this path does not take.
     pub fn not_allowed(method: &hyper::Method, path: &str, allow: &'static str) -> ApiError {
@@ -93,27 +116,44 @@ impl ApiError {
         }
     }
 
-    pub fn status(&self) -> StatusCode {
+    /// **The table**: each error's status code and its type (`"type"` in the body).
+    fn row(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
         match self {
-            ApiError::Body(_) | ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) | ApiError::NoSuchModel(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::TooLarge { .. } | ApiError::DocumentsTooLarge(_) => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ApiError::Run(RunError::OutOfMemory(_)) => StatusCode::INSUFFICIENT_STORAGE,
-            ApiError::Run(RunError::Gone) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Run(RunError::Request(_)) => StatusCode::BAD_REQUEST,
-            ApiError::Run(RunError::Expired) => DEADLINE_STATUS,
-            ApiError::Run(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable | ApiError::ModelStuck | ApiError::QueueWait { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ApiError::Timeout(_) | ApiError::PreprocessTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::DeadlineExpired { .. } => DEADLINE_STATUS,
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Body(_) => (S::BAD_REQUEST, "invalid_input"),
+            ApiError::BadRequest(_) => (S::BAD_REQUEST, "bad_request"),
+            ApiError::Run(RunError::Request(_)) => (S::BAD_REQUEST, "bad_request"),
+            ApiError::Unauthorized(_) => (S::UNAUTHORIZED, "unauthorized"),
+            ApiError::NotFound(_) => (S::NOT_FOUND, "not_found"),
+            ApiError::NoSuchModel(_) => (S::NOT_FOUND, "model_not_found"),
+            ApiError::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "body_timeout"),
+            ApiError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
+            ApiError::DocumentsTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "documents_too_large"),
+            ApiError::Run(RunError::CudaFatal(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_error"),
+            ApiError::Run(RunError::Unsupported(_)) => (S::INTERNAL_SERVER_ERROR, "output_error"),
+            ApiError::PreprocessFailed(_) => (S::INTERNAL_SERVER_ERROR, "preprocessing_failed"),
+            ApiError::QueueWait { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
+            ApiError::Unavailable => (S::SERVICE_UNAVAILABLE, "shutting_down"),
+            ApiError::ModelStuck => (S::SERVICE_UNAVAILABLE, "model_stuck"),
+            ApiError::Run(RunError::Gone) => (S::SERVICE_UNAVAILABLE, "model_unavailable"),
+            ApiError::DeadlineExpired { .. } => (DEADLINE_STATUS, "deadline_expired"),
+            ApiError::Run(RunError::Expired) => (DEADLINE_STATUS, "deadline_expired"),
+            ApiError::Timeout(_) => (S::GATEWAY_TIMEOUT, "request_timeout"),
+            ApiError::PreprocessTimeout(_) => (S::GATEWAY_TIMEOUT, "preprocessing_timeout"),
+            ApiError::Run(RunError::OutOfMemory(_)) => (S::INSUFFICIENT_STORAGE, "out_of_memory"),
+            // The model's own error, and any the runner sorts no further.
+            ApiError::Run(_) => (S::INTERNAL_SERVER_ERROR, "model_error"),
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.row().0
+    }
+
+    /// The error's machine-readable type (`"type"` in the body), as docs/api.md lists them.
+    pub fn kind(&self) -> &'static str {
+        self.row().1
     }
 
     /// `Retry-After` (seconds) for refusals of requests that never ran: 0 where another
@@ -143,13 +183,38 @@ impl ApiError {
     }
 
     pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({ "error": self.to_string() })
+        serde_json::json!({ "error": self.to_string(), "type": self.kind() })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every error type the table gives, in the order docs/api.md lists them.
+    const TYPES: [&str; 21] = [
+        "invalid_input",
+        "bad_request",
+        "unauthorized",
+        "not_found",
+        "model_not_found",
+        "method_not_allowed",
+        "body_timeout",
+        "body_too_large",
+        "documents_too_large",
+        "model_error",
+        "cuda_error",
+        "output_error",
+        "preprocessing_failed",
+        "overloaded",
+        "shutting_down",
+        "model_stuck",
+        "model_unavailable",
+        "deadline_expired",
+        "request_timeout",
+        "preprocessing_timeout",
+        "out_of_memory",
+    ];
 
     #[test]
     fn status_table() {
@@ -200,6 +265,8 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(e.status().as_u16(), code, "{e:?}");
             assert_eq!(e.body()["error"], e.to_string());
+            assert_eq!(e.body()["type"], e.kind());
+            assert!(TYPES.contains(&e.kind()), "{e:?}");
         }
         // Refusals of requests that never ran say when to retry; nothing else does.
         assert_eq!(ApiError::ModelStuck.retry_after(), Some(0));
@@ -207,5 +274,118 @@ mod tests {
         assert_eq!(ApiError::Timeout(5).retry_after(), None);
         let oom = ApiError::Run(RunError::OutOfMemory("Tried to allocate".into()));
         assert!(oom.to_string().contains("CUDA out of memory"));
+    }
+
+    #[test]
+    fn every_variant_has_its_row_and_the_documents_mapping_keeps_statuses() {
+        let rows = [
+            (ApiError::Run(RunError::Gone), 503, "model_unavailable"),
+            (
+                ApiError::Run(RunError::Request("x".into())),
+                400,
+                "bad_request",
+            ),
+            (
+                ApiError::PreprocessFailed("x".into()),
+                500,
+                "preprocessing_failed",
+            ),
+            (
+                ApiError::from(DocError::Bad("x".into())),
+                400,
+                "bad_request",
+            ),
+            (
+                ApiError::from(DocError::TooLarge("x".into())),
+                413,
+                "documents_too_large",
+            ),
+            (
+                ApiError::from(DocError::Failed("x".into())),
+                500,
+                "preprocessing_failed",
+            ),
+            (
+                ApiError::from(DocError::Stopped { client: true }),
+                DEADLINE_STATUS.as_u16(),
+                "deadline_expired",
+            ),
+            (
+                ApiError::from(BodyError::TooLarge("x".into())),
+                413,
+                "documents_too_large",
+            ),
+        ];
+        for (e, code, kind) in rows {
+            assert_eq!((e.status().as_u16(), e.kind()), (code, kind), "{e:?}");
+        }
+    }
+
+    /// docs/api.md's error table names every type, each in the row of its status, and no
+    /// other.
+    #[test]
+    fn the_api_docs_list_every_type_with_its_status() {
+        let doc = include_str!("../../docs/api.md");
+        let mut listed: Vec<(u16, String)> = Vec::new();
+        let table = doc
+            .lines()
+            .skip_while(|l| !l.starts_with("| status | type | when |"))
+            .take_while(|l| l.starts_with('|'));
+        for line in table {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let code: String = line.chars().skip(2).take(3).collect();
+            let Ok(code) = code.parse::<u16>() else {
+                continue;
+            };
+            let Some(types) = cells.get(1) else { continue };
+            for t in types.split('`').skip(1).step_by(2) {
+                listed.push((code, t.to_string()));
+            }
+        }
+        let mut want: Vec<(u16, String)> = Vec::new();
+        let samples = [
+            ApiError::Body(BodyError::Invalid("x".into())),
+            ApiError::BadRequest("x".into()),
+            ApiError::Unauthorized(AuthFailure::Invalid),
+            ApiError::NotFound("x".into()),
+            ApiError::NoSuchModel("x".into()),
+            ApiError::not_allowed(&hyper::Method::PUT, "/", "GET"),
+            ApiError::BodyTimeout(1),
+            ApiError::TooLarge { limit: 1 },
+            ApiError::DocumentsTooLarge("x".into()),
+            ApiError::Run(RunError::Model("x".into())),
+            ApiError::Run(RunError::CudaFatal("x".into())),
+            ApiError::Run(RunError::Unsupported("x".into())),
+            ApiError::PreprocessFailed("x".into()),
+            ApiError::QueueWait {
+                waited_ms: 2,
+                max_ms: 1,
+            },
+            ApiError::Unavailable,
+            ApiError::ModelStuck,
+            ApiError::Run(RunError::Gone),
+            ApiError::Run(RunError::Expired),
+            ApiError::Timeout(1),
+            ApiError::PreprocessTimeout(1),
+            ApiError::Run(RunError::OutOfMemory("x".into())),
+        ];
+        for e in samples {
+            let row = (e.status().as_u16(), e.kind().to_string());
+            if !want.contains(&row) {
+                want.push(row);
+            }
+        }
+        assert_eq!(
+            want.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(),
+            TYPES,
+            "TYPES lists every type of the table, in its order"
+        );
+        want.sort();
+        listed.sort();
+        listed.dedup();
+        assert_eq!(
+            listed, want,
+            "docs/api.md's error table (status | types | when)"
+        );
     }
 }

@@ -26,8 +26,6 @@ use vramfork::documents::{Document, MAX_PREPROCESSED_BYTES};
 use vramfork::metadata::TensorSpec;
 
 use crate::args::{Arg, Inputs};
-use crate::error::ApiError;
-use crate::runner::RunError;
 
 /// Why a request's documents were not pre-processed.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,17 +46,6 @@ pub enum DocError {
 impl From<String> for DocError {
     fn from(e: String) -> DocError {
         DocError::Bad(e)
-    }
-}
-
-impl From<DocError> for ApiError {
-    fn from(e: DocError) -> ApiError {
-        match e {
-            DocError::Bad(e) => ApiError::BadRequest(e),
-            DocError::TooLarge(e) => ApiError::DocumentsTooLarge(e),
-            DocError::Failed(e) => ApiError::Run(RunError::Unsupported(e)),
-            DocError::Stopped { .. } => ApiError::Run(RunError::Expired),
-        }
     }
 }
 
@@ -281,6 +268,7 @@ async fn off_thread<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ApiError;
 
     #[test]
     fn a_panic_in_pre_processing_is_a_500_and_errors_keep_their_status() {
