@@ -1,9 +1,15 @@
 //! vramfork: a GPU-memory-aware pre-fork supervisor for TorchScript models served over HTTP.
 //!
-//! This library holds everything the master (`app`) needs and nothing that links libtorch:
-//! the command line and its validation, the app metadata, resource probing (CPU, NVML), the
-//! worker plan, the master↔worker protocol and the supervisor. The worker binary
-//! (`worker/`) depends on it for the protocol and the metadata types.
+//! Nothing here links libtorch. The library has two roles, and its layout shows them:
+//!
+//! - **the contract the worker shares** — the modules at the top: the master↔worker
+//!   [`protocol`], the app [`metadata`] and its parts ([`schema`], [`documents`], [`labels`],
+//!   [`near_miss`]), the idle [`board`], [`hwline`], [`auth`], [`tls`], [`secrets`],
+//!   [`files`], [`sockopt`], [`logging`] and [`metrics`]. The worker binary (`worker/`)
+//!   depends on them.
+//! - **the master** — [`master`]: the command line and its validation, resource probing, the
+//!   plan, the bootstrap and the supervisor. Only the `app` binary uses it; no module at the
+//!   top imports it (`scripts/check-layout` checks).
 
 pub mod auth;
 pub mod board;

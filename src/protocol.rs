@@ -66,7 +66,7 @@ pub fn cuda_version_text(v: u32) -> String {
 /// through `CUDA_VISIBLE_DEVICES` = its UUID).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuAssignment {
-    /// The device's index in the master's NVML probe (`resources`): a whole GPU's NVML
+    /// The device's index in the master's NVML probe (`master::resources`): a whole GPU's NVML
     /// index; for a MIG instance see `mig`.
     pub index: u32,
     /// `GPU-…` or `MIG-…`.

@@ -1,4 +1,4 @@
-//! The metadata's vocabulary, shared by the metadata's parser and its parts (`documents.rs`):
+//! The metadata's vocabulary, shared by the metadata's parser and its parts (`crate::documents`):
 //! the element types a tensor may have, and the kinds of JSON value messages name. A leaf.
 
 use std::fmt;

@@ -1,7 +1,7 @@
 //! What a worker serves with that comes from files an operator may change while the server
 //! runs — the API keys (`--api-key-file`, `--metrics-api-key-file`) and the TLS material
 //! (`--tls-cert`, `--tls-key`, `--tls-client-ca`) — **as the master last accepted them**:
-//! read and checked at start and at every accepted HUP (`config`), and handed to each
+//! read and checked at start and at every accepted HUP (`master::config`), and handed to each
 //! worker as it boots, so that a file emptied, half-written, deleted or swapped between
 //! reloads never reaches a worker that recycling or a crash starts (issue 46: such a file
 //! made every replacement exit 2 and took the pool down).

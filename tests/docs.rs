@@ -1,7 +1,8 @@
 //! The documents tell the truth about themselves and the code (issue 42): a short README from
 //! which every page of `docs/` is reached; every internal link and anchor resolves; every page
 //! opens with a contents list that is exactly its headings; the options table is exactly the
-//! flags `app --help` lists; every app-metadata example is accepted by the real parser.
+//! flags `app --help` lists; every app-metadata example is accepted by the real parser;
+//! docs/architecture.md names every source file of `src/` and `worker/src/`, and no other.
 
 mod common;
 
@@ -291,4 +292,61 @@ fn every_app_metadata_example_is_accepted_by_the_parser() {
         }
     }
     assert!(checked >= 5, "only {checked} metadata examples found");
+}
+
+/// Every `.rs` file under `dir` (relative to the root), sorted.
+fn source_files(dir: &str) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(root).unwrap();
+                out.push(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root(), &root().join(dir), &mut out);
+    out.sort();
+    out
+}
+
+/// The architecture map names every source file (by its path, in the first column of a
+/// table row), as `src/master/events.rs`'s test checks the events table: a file added
+/// without a line there, or a line left for a file gone, fails.
+#[test]
+fn the_architecture_map_names_every_source_file() {
+    let text = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut named = BTreeSet::new();
+    for line in prose(&text) {
+        let Some(row) = line.strip_prefix("| ") else {
+            continue;
+        };
+        let first = row.split(" | ").next().unwrap_or_default();
+        named.extend(
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|p| p.ends_with(".rs"))
+                .map(str::to_string),
+        );
+    }
+    let files: BTreeSet<String> = source_files("src")
+        .into_iter()
+        .chain(source_files("worker/src"))
+        .collect();
+    assert!(files.len() > 100, "{files:?}");
+    let missing: Vec<_> = files.difference(&named).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these source files (add a row: path | what it owns): {missing:?}"
+    );
+    let gone: Vec<_> = named.difference(&files).collect();
+    assert!(
+        gone.is_empty(),
+        "docs/architecture.md names files that do not exist: {gone:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! The command line: every option is a long flag and an environment variable
 //! `VRAMFORK_<NAME>` (a flag beats the variable). Values arrive here as text and are
-//! validated in `config.rs`, so that every bad value gets one message naming the option,
+//! validated in `config/`, so that every bad value gets one message naming the option,
 //! the value and what is allowed.
 
 use std::ffi::OsString;

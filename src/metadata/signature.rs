@@ -63,7 +63,7 @@ pub struct TensorSpec {
     /// a shape): any shape.
     pub shape: Option<Vec<i64>>,
     /// A `BYTES` input's declared pre-processing (`tokenizer` or `image`): what the worker
-    /// turns its documents into before `forward` (`documents.rs`).
+    /// turns its documents into before `forward` (`crate::documents`).
     pub document: Option<crate::documents::Document>,
 }
 

@@ -172,7 +172,7 @@ impl Plan {
     /// Where one more worker should go, given how many run on each GPU now
     /// (`running_on(index)`): the GPU with the most capacity left (memory placement), the
     /// one with the fewest workers (spread), or the CPU. Admission is still to be checked
-    /// against the GPU's free memory now ([`admits`]).
+    /// against the GPU's free memory now ([`super::admits`]).
     pub fn next_target(&self, running_on: impl Fn(u32) -> u32) -> Target {
         let pick = match self.mode {
             PlacementMode::Cpu => return Target::Cpu,

@@ -65,9 +65,9 @@ struct Live {
 }
 
 /// The supervisor: the state the loop shares. What belongs to one concern is a type of
-/// its own, in the file that uses it: [`reload::Reload`] (the configuration generations),
-/// [`boots::Boots`] (the boot history `decide` gives up by), [`template::Templates`],
-/// [`act::WaitLog`] and [`act::Jitter`].
+/// its own, in the file that uses it: `Reload` (`reload.rs`: the configuration
+/// generations), `Boots` (`boots.rs`: the boot history `decide` gives up by), `Templates`
+/// (`template.rs`), `WaitLog` and `Jitter` (`act.rs`).
 pub struct Supervisor {
     /// The configuration workers are started with now.
     cfg: Config,
