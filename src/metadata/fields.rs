@@ -122,14 +122,13 @@ pub(super) fn estimates(raw: &Map<String, Value>) -> Result<(u64, u64), String> 
             )),
         }
     };
-    let est_gpu_mem_min = mb("est_gpu_mem_min")?;
-    let est_gpu_mem_typ = mb("est_gpu_mem_typ")?;
-    if est_gpu_mem_typ < est_gpu_mem_min {
+    let (min, typ) = (mb("est_gpu_mem_min")?, mb("est_gpu_mem_typ")?);
+    if typ < min {
         return Err(format!(
-            "field `est_gpu_mem_typ` ({est_gpu_mem_typ} MB) must be at least `est_gpu_mem_min` ({est_gpu_mem_min} MB)"
+            "field `est_gpu_mem_typ` ({typ} MB) must be at least `est_gpu_mem_min` ({min} MB)"
         ));
     }
-    Ok((est_gpu_mem_min, est_gpu_mem_typ))
+    Ok((min, typ))
 }
 
 /// `max_batch_size`: 0 (no batching) to [`MAX_BATCH_SIZE_LIMIT`].

@@ -18,12 +18,12 @@
 //!
 //! 1. CPU bound = `2 × cpus + 1` (gunicorn's rule of thumb).
 //! 2. Where workers go ([`PlacementMode`]):
-//!    - `--device cpu`, or `est_gpu_mem_typ == 0` with `--device auto`: every worker on the
+//!    - `--device cpu`, or `est_gpu_mem_typ` 0 with `--device auto`: every worker on the
 //!      CPU, bounded by CPU only.
 //!    - `est_gpu_mem_typ > 0` with `--device auto` and no GPU visible: CPU, with a loud
 //!      warning (the app expected a GPU).
 //!    - `--device cuda` and no GPU visible: [`PlanError::NoGpu`].
-//!    - `--device cuda` and `est_gpu_mem_typ == 0`: workers spread round-robin over the
+//!    - `--device cuda` and `est_gpu_mem_typ` 0: workers spread round-robin over the
 //!      GPUs with no memory bound and no allocator cap (the app gave no estimate), warned.
 //!    - otherwise the GPU bound applies (next point).
 //! 3. Per GPU: `fraction` from [`UTILIZATION_BY_GPU_SIZE`] (or `--gpu-memory-utilization`),
