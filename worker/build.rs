@@ -1,6 +1,8 @@
 //! Links the worker against libtorch: an rpath to `$LIBTORCH/lib` (so it runs without
 //! `LD_LIBRARY_PATH`), libtorch's CUDA libraries kept even though no Rust symbol needs them
-//! (so CUDA is available on GPU machines), and the small C++ allocator shim (`src/cuda/`).
+//! (so CUDA is available on GPU machines), and the small C++ allocator shim (`src/cuda/`);
+//! and the KServe v2 gRPC messages from `proto/inference.proto` (parsed by `protox`, written
+//! by `prost-build`: no system `protoc`), included by `src/grpc/pb.rs`.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,19 @@ fn main() {
     }
     build_shim(&libtorch, &abi, has_cuda);
     check_cuda_version(&libtorch);
+    build_proto();
+}
+
+/// `proto/inference.proto` → `$OUT_DIR/inference.rs` (the messages; the service is routed by
+/// hand in `src/grpc/`).
+fn build_proto() {
+    println!("cargo:rerun-if-changed=proto/inference.proto");
+    let fds = protox::compile(["proto/inference.proto"], ["proto"])
+        .unwrap_or_else(|e| panic!("proto/inference.proto: {e}"));
+    prost_build::Config::new()
+        .bytes(["."])
+        .compile_fds(fds)
+        .unwrap_or_else(|e| panic!("generating the gRPC messages: {e}"));
 }
 
 /// The CUDA version `vramfork::protocol::CUDA_BUILD_VERSION` states (13.0 = 13000); the

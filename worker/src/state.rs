@@ -261,6 +261,13 @@ impl Shared {
         })
     }
 
+    /// Gives back a model request taken with [`Shared::claim_model_request`] that was not
+    /// its worker's last and that a sibling took over before it ran (`grpc/`): the sibling
+    /// counts it.
+    pub fn unclaim_model_request(&self) {
+        self.update(|c| c.served = c.served.saturating_sub(1));
+    }
+
     /// Whether an answer should carry `Connection: close`: the worker is stopping; or it
     /// has fewer requests left before `max_requests` than open connections, so a client
     /// keeping this connection might find it closed under its next request; or other

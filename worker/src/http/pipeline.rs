@@ -20,6 +20,7 @@ use crate::app::App;
 use crate::args::Inputs;
 use crate::documents::DocError;
 use crate::error::ApiError;
+use crate::metrics::Endpoint;
 use crate::runner::{Encoding, RunError, RunOutput};
 use crate::state::Shared;
 use crate::timeouts::BODY_READ;
@@ -35,16 +36,14 @@ pub async fn model_request<T: Send + 'static>(
     app: &App,
     parse: impl FnOnce(Vec<u8>) -> Result<Parsed<T>, ApiError> + Send + 'static,
 ) -> Result<(RunOutput, T, bool), ApiError> {
-    let arrived = arrival(&req);
-    let endpoint = endpoint_of(req.method(), req.uri().path());
-    let id: Arc<str> = request_id_of(&req).into();
-    let trace = req.extensions().get::<Arc<Trace>>().cloned();
-    let header_deadline = Deadline::from_header(req.headers(), arrived)?;
-    // The client's own deadline first: when both have passed, it is what the client asked.
-    let refused = header_deadline
-        .as_ref()
-        .and_then(|d| d.refusal(arrived))
-        .or_else(|| queue_wait_refusal(app, arrived));
+    let meta = Meta {
+        arrived: arrival(&req),
+        endpoint: endpoint_of(req.method(), req.uri().path()),
+        id: request_id_of(&req).into(),
+        trace: req.extensions().get::<Arc<Trace>>().cloned(),
+        deadline: Deadline::from_header(req.headers(), arrival(&req))?,
+    };
+    let refused = meta.refusal(app);
     // From here the worker has the request: reading its body and parsing it are not waiting
     // for a worker, and do not count against --max-queue-wait (a slow upload to an idle
     // worker is not an overload).
@@ -52,29 +51,95 @@ pub async fn model_request<T: Send + 'static>(
     if let Some(refused) = refused {
         // Read the (small, usually) body so the refusal is not lost to a reset.
         if let Ok(body) = read_body(req, app.max_body_bytes).await {
-            app.count_bytes_in(endpoint, body.len());
-            if let Some(t) = &trace {
-                t.bytes_in(body.len());
-            }
+            meta.count_body(app, body.len());
         }
         return Err(refused);
     }
+    let last = claim(app);
+    let body = read_body(req, app.max_body_bytes).await?;
+    meta.count_body(app, body.len());
+    match work(meta, body, taken_at, last, app, parse, None).await? {
+        Ran::Done(out, extra, last) => Ok((out, extra, last)),
+        Ran::HandedOff => unreachable!("a request without a hand-off is never handed off"),
+    }
+}
+
+/// What the pipeline needs of a model request besides its body, whatever its protocol.
+pub struct Meta {
+    /// When it arrived: for a connection's first request, when it entered the listen queue.
+    pub arrived: Instant,
+    pub endpoint: Endpoint,
+    pub id: Arc<str>,
+    /// The access log's record of it, when the log is on.
+    pub trace: Option<Arc<Trace>>,
+    /// The client's deadline given with its head (`X-Request-Timeout`, `grpc-timeout`).
+    pub deadline: Option<Deadline>,
+}
+
+impl Meta {
+    /// The refusal of a request that has waited past its client's deadline or
+    /// `--max-queue-wait` (the client's first: when both have passed, it is what the
+    /// client asked).
+    pub fn refusal(&self, app: &App) -> Option<ApiError> {
+        self.deadline
+            .as_ref()
+            .and_then(|d| d.refusal(self.arrived))
+            .or_else(|| queue_wait_refusal(app, self.arrived))
+    }
+
+    /// Counts its body's bytes (`/metrics`, the access log).
+    pub fn count_body(&self, app: &App, n: usize) {
+        app.count_bytes_in(self.endpoint, n);
+        if let Some(t) = &self.trace {
+            t.bytes_in(n);
+        }
+    }
+}
+
+/// Takes one model request towards `--max-requests`; when it is the last, retires now, not
+/// after the answer: the master starts the replacement while this request runs, and a
+/// client that gives up mid-request cannot leave the worker counted out but never retired.
+/// Returns whether it was the last.
+pub fn claim(app: &App) -> bool {
     let last = app.shared.claim_model_request();
     if last {
-        // Retire now, not after the answer: the master starts the replacement while this
-        // request runs, and a client that gives up mid-request cannot leave the worker
-        // counted out but never retired.
         app.shared.retire(RetireReason::MaxRequests);
     }
-    let body = read_body(req, app.max_body_bytes).await?;
-    app.count_bytes_in(endpoint, body.len());
-    if let Some(t) = &trace {
-        t.bytes_in(body.len());
-    }
+    last
+}
+
+/// How a model request ended when it did not fail.
+pub enum Ran<T> {
+    /// The outputs, the parser's extra, and whether it was the worker's last request.
+    Done(RunOutput, T, bool),
+    /// Withdrawn before its pass started, for a sibling that showed free (`handoff`).
+    HandedOff,
+}
+
+/// A request whose body has arrived (`taken_at`: when this worker took it, `last`: what
+/// [`claim`] said): counted as work while it lives, parsed, pre-processed and run. While it
+/// waits for the model, `handoff` (when given) resolving withdraws it, if it has not
+/// started, and it ends [`Ran::HandedOff`], no longer counted towards `--max-requests`.
+pub async fn work<T: Send + 'static, B: AsRef<[u8]> + Send + 'static>(
+    meta: Meta,
+    body: B,
+    taken_at: Instant,
+    last: bool,
+    app: &App,
+    parse: impl FnOnce(B) -> Result<Parsed<T>, ApiError> + Send + 'static,
+    handoff: Option<Handoff<'_>>,
+) -> Result<Ran<T>, ApiError> {
+    let Meta {
+        arrived,
+        id,
+        trace,
+        deadline: header_deadline,
+        ..
+    } = meta;
     // From here on the request is work: this worker takes no new connection until it is
     // answered (a body still arriving did not count).
     let _work = Working::enter(&app.shared);
-    let size = body.len();
+    let size = body.as_ref().len();
     // Declared before what the body becomes, so dropped after it, however the request ends.
     let _trim = TrimAfter { app, size };
     let parse = move || parse(body);
@@ -106,10 +171,17 @@ pub async fn model_request<T: Send + 'static>(
         queue_from: arrived + taken_at.elapsed(),
         deadline,
     };
-    let mut out = run(app, job, trace.as_deref()).await?;
+    let handoff = handoff.filter(|_| !last);
+    let Some(mut out) = run(app, job, trace.as_deref(), handoff).await? else {
+        app.shared.unclaim_model_request();
+        return Ok(Ran::HandedOff);
+    };
     out.preprocess = preprocess;
-    Ok((out, parsed.extra, last))
+    Ok(Ran::Done(out, parsed.extra, last))
 }
+
+/// What resolves when the request waiting for the model should go to a sibling instead.
+pub type Handoff<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 /// Documents pre-processed (tokenized, decoded) on the pool, off the event loop, under the
 /// request's deadlines: `--request-timeout` from the start of the work, and the client's
@@ -163,7 +235,7 @@ pub const TIMEOUT_HEADER: &str = "x-request-timeout";
 
 /// A client's deadline: past it the request is not run.
 #[derive(Debug, Clone, Copy)]
-struct Deadline {
+pub struct Deadline {
     at: Instant,
     limit: Duration,
     /// Where the client gave it (`X-Request-Timeout`, `parameters.timeout`).
@@ -171,6 +243,20 @@ struct Deadline {
 }
 
 impl Deadline {
+    /// `limit` from `arrived`, as the client gave it in `source` (a header's name).
+    pub fn after(arrived: Instant, limit: Duration, source: &'static str) -> Deadline {
+        Deadline {
+            at: arrived + limit,
+            limit,
+            source,
+        }
+    }
+
+    /// When it passes.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
     /// `X-Request-Timeout: S` (seconds, > 0); a bad value is a 400.
     fn from_header(h: &hyper::HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
         let Some(v) = h.get(TIMEOUT_HEADER) else {
@@ -248,7 +334,13 @@ const PARSE_INLINE_MAX: usize = 256 << 10;
 /// for the
 /// pass, bounded by `--request-timeout`. A request that never reached the model is refused
 /// with 503 and `Retry-After`, never 504.
-async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, ApiError> {
+/// Withdrawn for `handoff` before its pass started: `Ok(None)`.
+async fn run(
+    app: &App,
+    job: Job,
+    trace: Option<&Trace>,
+    handoff: Option<Handoff<'_>>,
+) -> Result<Option<RunOutput>, ApiError> {
     let Job {
         id,
         input,
@@ -275,6 +367,8 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
     // Until a refusal finds it started (its withdrawal fails), each of these may still
     // refuse it; nothing tells this task when the pass starts (see `runner`).
     let mut queued = true;
+    let has_handoff = handoff.is_some();
+    let mut handoff = handoff.unwrap_or_else(|| Box::pin(std::future::pending()));
     let run = {
         let pass = ticket.result_within(app.request_timeout);
         tokio::pin!(pass);
@@ -282,6 +376,12 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
             tokio::select! {
                 biased;
                 run = &mut pass => break run,
+                _ = &mut handoff, if queued && has_handoff => {
+                    if claim.withdraw() {
+                        return Ok(None);
+                    }
+                    queued = false;
+                }
                 _ = watch.wait_for(|c| c.model_unusable), if queued => {
                     if claim.withdraw() {
                         return Err(unusable(app));
@@ -309,6 +409,19 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
     if let (Some(t), Some(at)) = (trace, claim.started_at()) {
         t.started(at.saturating_duration_since(queue_from));
     }
+    finish(app, run, deadline, arrived, trace).map(Some)
+}
+
+/// What the model thread's outcome means for the answer and the worker (`None`: its pass ran
+/// past `--request-timeout`): retiring after an out-of-memory error or past
+/// `--max-worker-gpu-mb`, stopping after a CUDA failure.
+fn finish(
+    app: &App,
+    run: Option<Result<RunOutput, RunError>>,
+    deadline: Option<Deadline>,
+    arrived: Instant,
+    trace: Option<&Trace>,
+) -> Result<RunOutput, ApiError> {
     match run {
         None => {
             app.shared.model_stuck();

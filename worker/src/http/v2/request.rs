@@ -162,36 +162,12 @@ fn parse_infer(
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
     let timeout = timeout(&h.parameters)?;
     let binary_default = flag(&h.parameters, "binary_data_output")?;
-    let wanted_count = specs.map_or(1, <[TensorSpec]>::len);
-    if h.inputs.len() != wanted_count {
-        return Err(BodyError::Invalid(format!(
-            "the request has {} inputs; this model takes {wanted_count}: {}",
-            h.inputs.len(),
-            names(specs)
-        )));
-    }
     // The arguments in the declared order; binary data is taken in the request's order.
-    let mut args: Vec<Option<Arg>> = (0..wanted_count).map(|_| None).collect();
+    let mut slots = Slots::new(specs, h.inputs.len())?;
     for input in h.inputs {
-        let at = match specs {
-            Some(specs) => specs.iter().position(|s| s.name == input.name),
-            None => (input.name == SINGLE_INPUT).then_some(0),
-        }
-        .ok_or_else(|| {
-            format!(
-                "unknown input '{}'; this model takes {}",
-                input.name,
-                names(specs)
-            )
-        })?;
-        if args[at].is_some() {
-            return Err(BodyError::Invalid(format!(
-                "input {} is given twice",
-                input.name
-            )));
-        }
-        let spec = specs.map(|s| &s[at]);
-        args[at] = Some(one_input(input, spec, &mut tail)?);
+        let at = slots.place(&input.name)?;
+        let arg = one_input(input, slots.spec(at), &mut tail)?;
+        slots.fill(at, arg);
     }
     if !tail.is_empty() {
         return Err(BodyError::Invalid(format!(
@@ -218,13 +194,145 @@ fn parse_infer(
     };
     Ok(Infer {
         id,
-        inputs: Inputs {
-            // Every slot is filled: as many inputs as slots, none twice.
-            args: args.into_iter().flatten().collect(),
-        },
+        inputs: slots.inputs(),
         wanted,
         hw_fetch,
         timeout,
+    })
+}
+
+/// The model's arguments, filled in the declared order from a request's inputs given in any
+/// order (the REST body's `inputs`, a gRPC request's): each input named once, every declared
+/// one given.
+pub struct Slots<'s> {
+    specs: Option<&'s [TensorSpec]>,
+    args: Vec<Option<Arg>>,
+}
+
+impl<'s> Slots<'s> {
+    /// Slots for `specs` (`None`: the one undeclared input), for a request of `given` inputs.
+    pub fn new(specs: Option<&'s [TensorSpec]>, given: usize) -> Result<Slots<'s>, BodyError> {
+        let wanted = specs.map_or(1, <[TensorSpec]>::len);
+        if given != wanted {
+            return Err(BodyError::Invalid(format!(
+                "the request has {given} inputs; this model takes {wanted}: {}",
+                names(specs)
+            )));
+        }
+        Ok(Slots {
+            specs,
+            args: (0..wanted).map(|_| None).collect(),
+        })
+    }
+
+    /// Where the input `name` goes: an unknown one, or one given twice, is refused.
+    pub fn place(&self, name: &str) -> Result<usize, BodyError> {
+        let at = match self.specs {
+            Some(specs) => specs.iter().position(|s| s.name == name),
+            None => (name == SINGLE_INPUT).then_some(0),
+        }
+        .ok_or_else(|| {
+            format!(
+                "unknown input '{name}'; this model takes {}",
+                names(self.specs)
+            )
+        })?;
+        if self.args[at].is_some() {
+            return Err(BodyError::Invalid(format!("input {name} is given twice")));
+        }
+        Ok(at)
+    }
+
+    /// The declaration of the input at `at` (`None`: the undeclared single input).
+    pub fn spec(&self, at: usize) -> Option<&'s TensorSpec> {
+        self.specs.map(|s| &s[at])
+    }
+
+    pub fn fill(&mut self, at: usize, arg: Arg) {
+        self.args[at] = Some(arg);
+    }
+
+    /// The arguments, in the declared order.
+    pub fn inputs(self) -> Inputs {
+        // Every slot is filled: as many inputs as slots (`new`), none twice (`place`).
+        Inputs {
+            args: self.args.into_iter().flatten().collect(),
+        }
+    }
+}
+
+/// An input's header checked against its declaration.
+pub struct Checked {
+    pub datatype: Datatype,
+    /// Its elements, from its shape.
+    pub count: usize,
+    /// A document input's `max_documents`.
+    pub max_documents: Option<usize>,
+}
+
+impl Checked {
+    /// The bytes its raw data must have: `None` for `BYTES` (each element says its length).
+    pub fn raw_len(&self) -> Option<usize> {
+        match self.datatype {
+            Datatype::Tensor(dtype) => Some(self.count * kind_of(dtype).elt_size_in_bytes()),
+            Datatype::Bytes => None,
+        }
+    }
+}
+
+/// Checks an input's datatype and shape against its declaration (`None`: the undeclared
+/// single input); a document input's count is refused from the shape alone, before its data
+/// is read.
+pub fn check(
+    name: &str,
+    datatype: &str,
+    shape: &[i64],
+    spec: Option<&TensorSpec>,
+) -> Result<Checked, BodyError> {
+    let v2 = datatype;
+    let datatype = Datatype::from_v2(v2)
+        .ok_or_else(|| format!("input {name}: unknown datatype '{v2}' ({})", Datatype::V2_NAMES))?;
+    match spec {
+        Some(spec) if spec.datatype != datatype => {
+            return Err(BodyError::Invalid(format!(
+                "input {name} has datatype {datatype}; the model takes {}",
+                spec.datatype
+            )))
+        }
+        Some(spec) => spec
+            .check_shape(shape)
+            .map_err(|e| format!("input {name}: {e}"))?,
+        None if datatype == Datatype::Bytes => {
+            return Err(BodyError::Invalid(format!(
+                "input {name} has datatype BYTES; this model declares no BYTES input (declare it in the metadata's `inputs`)"
+            )))
+        }
+        None => {}
+    }
+    let count = element_count(name, shape)?;
+    let max_documents = spec
+        .and_then(|s| s.document.as_ref())
+        .map(|d| d.max_documents());
+    if let Some(max) = max_documents.filter(|max| count > *max) {
+        return Err(BodyError::TooLarge(vramfork::documents::too_many(
+            name, count, max,
+        )));
+    }
+    Ok(Checked {
+        datatype,
+        count,
+        max_documents,
+    })
+}
+
+/// An input from its raw bytes (the size already checked against [`Checked::raw_len`]):
+/// little-endian elements, or for `BYTES` each a 4-byte little-endian length and its bytes.
+pub fn from_raw(name: &str, c: &Checked, shape: &[i64], bytes: &[u8]) -> Result<Arg, BodyError> {
+    Ok(match c.datatype {
+        Datatype::Bytes => strings_from_bytes(name, bytes, c.count, c.max_documents.is_some())?,
+        Datatype::Tensor(dtype) => tensor_from_bytes(bytes, shape, kind_of(dtype))
+            .map(Arg::Tensor)
+            .map_err(|e| format!("input {name}: {e}"))?,
     })
 }
 
@@ -236,45 +344,12 @@ fn one_input(
     tail: &mut &[u8],
 ) -> Result<Arg, BodyError> {
     let name = &input.name;
-    let datatype = Datatype::from_v2(&input.datatype).ok_or_else(|| {
-        format!(
-            "input {name}: unknown datatype '{}' ({})",
-            input.datatype,
-            Datatype::V2_NAMES
-        )
-    })?;
-    match spec {
-        Some(spec) if spec.datatype != datatype => {
-            return Err(BodyError::Invalid(format!(
-                "input {name} has datatype {datatype}; the model takes {}",
-                spec.datatype
-            )))
-        }
-        Some(spec) => spec
-            .check_shape(&input.shape)
-            .map_err(|e| format!("input {name}: {e}"))?,
-        None if datatype == Datatype::Bytes => {
-            return Err(BodyError::Invalid(format!(
-                "input {name} has datatype BYTES; this model declares no BYTES input (declare it in the metadata's `inputs`)"
-            )))
-        }
-        None => {}
-    }
-    let count = element_count(name, &input.shape)?;
+    let c = check(name, &input.datatype, &input.shape, spec)?;
     let binary_size = whole(&input.parameters, "binary_data_size")
         .map_err(|v| {
             format!("input {name}: binary_data_size must be a non-negative integer, not {v}")
         })?
         .map(|n| n as usize);
-    // A document input's count is refused from the shape alone, before its data is read.
-    let max_documents = spec
-        .and_then(|s| s.document.as_ref())
-        .map(|d| d.max_documents());
-    if let Some(max) = max_documents.filter(|max| count > *max) {
-        return Err(BodyError::TooLarge(vramfork::documents::too_many(
-            name, count, max,
-        )));
-    }
     match (binary_size, &input.data) {
         (Some(_), Some(_)) => Err(BodyError::Invalid(format!(
             "input {name} has both `data` and binary_data_size"
@@ -283,14 +358,11 @@ fn one_input(
             "input {name} has no `data` and no binary data"
         ))),
         (Some(size), None) => {
-            if let Datatype::Tensor(dtype) = datatype {
-                let want = count * kind_of(dtype).elt_size_in_bytes();
-                if size != want {
-                    return Err(BodyError::Invalid(format!(
-                        "input {name}: binary_data_size is {size} bytes; shape {:?} of {} takes {want}",
-                        input.shape, input.datatype
-                    )));
-                }
+            if let Some(want) = c.raw_len().filter(|want| size != *want) {
+                return Err(BodyError::Invalid(format!(
+                    "input {name}: binary_data_size is {size} bytes; shape {:?} of {} takes {want}",
+                    input.shape, input.datatype
+                )));
             }
             if size > tail.len() {
                 return Err(BodyError::Invalid(format!(
@@ -300,19 +372,14 @@ fn one_input(
             }
             let (bytes, rest) = tail.split_at(size);
             *tail = rest;
-            Ok(match datatype {
-                Datatype::Bytes => strings_from_bytes(name, bytes, count, max_documents.is_some())?,
-                Datatype::Tensor(dtype) => tensor_from_bytes(bytes, &input.shape, kind_of(dtype))
-                    .map(Arg::Tensor)
-                    .map_err(|e| format!("input {name}: {e}"))?,
-            })
+            from_raw(name, &c, &input.shape, bytes)
         }
         (None, Some(data)) => arg_from_json(
             name,
             data,
-            datatype,
+            c.datatype,
             Layout::Shape(&input.shape),
-            max_documents,
+            c.max_documents,
         )
         .map(|(_, arg)| arg),
     }
