@@ -65,6 +65,10 @@ pub struct Board {
     seats: NonNull<AtomicU32>,
     /// The master keeps the descriptor to hand it to the processes it starts.
     fd: Option<OwnedFd>,
+    /// The page's inode number: the same in every process that maps this board, different
+    /// for every board (another master's, another pod's), so it names what belongs to this
+    /// one (the workers' sibling sockets, `worker/src/siblings/`).
+    id: u64,
 }
 
 // SAFETY: the mapping is only ever accessed through atomics, and lives as long as `Board`.
@@ -91,6 +95,7 @@ impl Board {
         let seats = map(fd.as_raw_fd())?;
         Ok(Board {
             seats,
+            id: inode(fd.as_raw_fd())?,
             fd: Some(fd),
         })
     }
@@ -113,7 +118,16 @@ impl Board {
         // SAFETY: the inherited descriptor is this process's to close; the mapping keeps the
         // memory alive without it.
         unsafe { libc::close(fd) };
-        Ok(Board { seats, fd: None })
+        Ok(Board {
+            seats,
+            fd: None,
+            id: st.st_ino,
+        })
+    }
+
+    /// What tells this board from any other (see the field).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The descriptor to hand to children (the master's board only).
@@ -182,6 +196,17 @@ impl Board {
         })
     }
 
+    /// The seats other than `mine` that show free (not taking), from the one after `mine`
+    /// round: siblings that would start a request handed to them at once.
+    pub fn free_others(&self, mine: u32) -> impl Iterator<Item = u32> + '_ {
+        (1..SEATS)
+            .map(move |k| (mine.wrapping_add(k)) % SEATS)
+            .filter(move |i| {
+                self.seat(*i)
+                    .is_some_and(|s| s.load(Ordering::SeqCst) == Seat::Free as u32)
+            })
+    }
+
     /// The lowest seat not in `taken` (the master, for a new worker); `None` when all are.
     pub fn free_seat(taken: impl Iterator<Item = u32> + Clone) -> Option<u32> {
         (0..SEATS).find(|i| !taken.clone().any(|t| t == *i))
@@ -193,6 +218,17 @@ impl Drop for Board {
         // SAFETY: unmaps exactly the mapping made in `map`; nothing refers to it after drop.
         unsafe { libc::munmap(self.seats.as_ptr().cast(), BYTES) };
     }
+}
+
+/// The inode number of the file open on `fd`.
+fn inode(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: libc::stat is plain old data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on an fd only writes its metadata into `st`; a bad fd gives -1.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_ino)
 }
 
 fn map(fd: RawFd) -> io::Result<NonNull<AtomicU32>> {
@@ -226,6 +262,8 @@ mod tests {
         let dup = unsafe { libc::dup(master.fd().unwrap()) };
         assert!(dup >= 0);
         let worker = Board::attach(dup).unwrap();
+        assert_eq!(worker.id(), master.id(), "one board, one id");
+        assert_ne!(Board::create().unwrap().id(), master.id());
         assert!(!master.other_free(0), "a new board is all clear");
         worker.show(3, Seat::Free);
         assert!(master.other_free(0));
@@ -235,6 +273,14 @@ mod tests {
             worker.other_free(3),
             "a sibling taking a connection is waited for"
         );
+        worker.show(7, Seat::Free);
+        assert_eq!(
+            worker.free_others(5).collect::<Vec<_>>(),
+            [7, 3],
+            "free ones only, from the seat after its own round"
+        );
+        assert_eq!(worker.free_others(3).collect::<Vec<_>>(), [7]);
+        worker.show(7, Seat::Busy);
         master.clear(5);
         assert!(!worker.other_free(3));
         worker.show(3, Seat::Busy);

@@ -10,7 +10,8 @@
 //! - `--tls-client-ca`: CA certificates (PEM); given, every client must present a
 //!   certificate signed by one of them (mutual TLS), else the handshake fails.
 //!
-//! Only HTTP/1.1 is offered (ALPN `http/1.1`), TLS 1.2 and 1.3 with rustls's safe defaults.
+//! HTTP/1.1 is offered (ALPN `http/1.1`), and on the serving port HTTP/2 first (`h2`, for
+//! gRPC: [`Reloading::offering_h2`]); TLS 1.2 and 1.3 with rustls's safe defaults.
 //! [`Reloading`] stats the files at each new connection (three `stat` calls, against a
 //! handshake's milliseconds) and builds a new configuration when one changed, so a rotated
 //! certificate is used from the next connection on and open connections keep theirs; a
@@ -39,8 +40,10 @@ pub type Stamp = Vec<Option<crate::files::Stamp>>;
 /// The largest PEM file read (a chain of certificates, a CA bundle).
 const MAX_PEM_BYTES: u64 = 4 << 20;
 
-/// The ALPN protocol offered: hyper serves HTTP/1.1 only.
+/// The ALPN protocol offered everywhere: HTTP/1.1.
 const ALPN_HTTP11: &[u8] = b"http/1.1";
+/// Offered first on the serving port, which speaks HTTP/2 too (gRPC).
+const ALPN_H2: &[u8] = b"h2";
 
 /// The files' bytes as they were read together, and their stamp just before: what the
 /// master last accepted and hands to booting workers (`crate::secrets`).
@@ -182,11 +185,19 @@ pub fn is_certificate_refusal(e: &str) -> bool {
     e.contains("certificate")
 }
 
+/// `config` offering `h2` before `http/1.1`.
+fn with_h2(mut config: Arc<rustls::ServerConfig>) -> Arc<rustls::ServerConfig> {
+    Arc::make_mut(&mut config).alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
+    config
+}
+
 /// A server configuration that follows its files: [`Reloading::current`] gives the newest
 /// good one.
 pub struct Reloading {
     files: TlsFiles,
     state: Mutex<(Stamp, Arc<rustls::ServerConfig>)>,
+    /// ALPN offers `h2` before `http/1.1` (the serving port; not the metrics port's).
+    h2: bool,
 }
 
 impl Reloading {
@@ -205,7 +216,17 @@ impl Reloading {
         Ok(Reloading {
             files,
             state: Mutex::new((m.stamp.clone(), config)),
+            h2: false,
         })
+    }
+
+    /// Offers HTTP/2 (ALPN `h2`) before HTTP/1.1: for the serving port, whose connections
+    /// speak either (gRPC needs HTTP/2).
+    pub fn offering_h2(mut self) -> Reloading {
+        self.h2 = true;
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        state.1 = with_h2(state.1.clone());
+        self
     }
 
     /// The configuration for a new connection: rebuilt when a file changed since the last
@@ -217,6 +238,7 @@ impl Reloading {
             state.0 = stamp;
             match self.files.load().map(|(_, c)| c) {
                 Ok(c) => {
+                    let c = if self.h2 { with_h2(c) } else { c };
                     tracing::info!(
                         event = "tls_reloaded",
                         cert = %self.files.cert.display(),

@@ -12,7 +12,16 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 6] = ["infer", "metadata", "health", "other", "v2-infer", "v2"];
+pub const ENDPOINTS: [&str; 8] = [
+    "infer",
+    "metadata",
+    "health",
+    "other",
+    "v2-infer",
+    "v2",
+    "grpc-infer",
+    "grpc",
+];
 
 /// One endpoint's answers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

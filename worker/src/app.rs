@@ -15,6 +15,7 @@ use crate::documents::Documents;
 use crate::hw::Hw;
 use crate::metrics::{Endpoint, Recorder};
 use crate::runner::Runner;
+use crate::siblings::Siblings;
 use crate::state::Shared;
 
 /// Everything a request needs, shared by all connections.
@@ -47,6 +48,8 @@ pub struct App {
     pub documents: Option<Arc<Documents>>,
     /// The declared inputs (pre-processing names them in its messages).
     pub input_specs: Arc<Vec<TensorSpec>>,
+    /// Handing gRPC requests to idle siblings, when this worker has a seat on the idle board.
+    pub siblings: Option<Arc<Siblings>>,
 }
 
 impl App {
@@ -81,6 +84,7 @@ impl App {
             pid: HeaderValue::from(std::process::id()),
             documents: documents.map(Arc::new),
             input_specs,
+            siblings: None,
         }
     }
 }

@@ -71,6 +71,14 @@ pub enum ApiError {
     /// Token auth (`--api-key-file`) refused the request; answered before its body is read.
     #[error("{}", .0.message())]
     Unauthorized(AuthFailure),
+    /// A gRPC method this server does not serve (Triton's repository, statistics, shared
+    /// memory… RPCs).
+    #[error("{0}")]
+    NotImplemented(String),
+    /// A gRPC request handed to a sibling worker whose connection broke before it answered
+    /// (the sibling died): it may have run.
+    #[error("the worker this request was handed to (on seat {0}) went away before answering; the request may have run")]
+    SiblingLost(u32),
     /// The client's own deadline (`X-Request-Timeout`, v2 `parameters.timeout`) passed
     /// before the request's pass could start: it never ran.
     #[error("the request did not run: its deadline ({given_in} {limit_ms} ms) passed after it had waited {waited_ms} ms for the model")]
@@ -79,6 +87,36 @@ pub enum ApiError {
         limit_ms: u64,
         given_in: &'static str,
     },
+}
+
+/// The gRPC status codes (`google.rpc.Code`) errors map to ([`ApiError::grpc_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcCode {
+    InvalidArgument = 3,
+    DeadlineExceeded = 4,
+    NotFound = 5,
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+    Unauthenticated = 16,
+}
+
+#[cfg(test)]
+impl GrpcCode {
+    /// Its name, as gRPC's documents spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcCode::InvalidArgument => "INVALID_ARGUMENT",
+            GrpcCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            GrpcCode::NotFound => "NOT_FOUND",
+            GrpcCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            GrpcCode::Unimplemented => "UNIMPLEMENTED",
+            GrpcCode::Internal => "INTERNAL",
+            GrpcCode::Unavailable => "UNAVAILABLE",
+            GrpcCode::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
 }
 
 /// What a request whose client deadline passed before it ran gets (see README).
@@ -127,6 +165,8 @@ impl ApiError {
             ApiError::NotFound(_) => (S::NOT_FOUND, "not_found"),
             ApiError::NoSuchModel(_) => (S::NOT_FOUND, "model_not_found"),
             ApiError::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::NotImplemented(_) => (S::NOT_IMPLEMENTED, "not_implemented"),
+            ApiError::SiblingLost(_) => (S::BAD_GATEWAY, "sibling_lost"),
             ApiError::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "body_timeout"),
             ApiError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::DocumentsTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "documents_too_large"),
@@ -154,6 +194,24 @@ impl ApiError {
     /// The error's machine-readable type (`"type"` in the body), as docs/api.md lists them.
     pub fn kind(&self) -> &'static str {
         self.row().1
+    }
+
+    /// The gRPC status of the error (`grpc-status` of a gRPC call it ends), from its row:
+    /// by its HTTP status, and where gRPC has a closer code, by its type (an unknown method
+    /// is `UNIMPLEMENTED`, an unknown model `NOT_FOUND`). docs/api.md lists the mapping.
+    pub fn grpc_code(&self) -> GrpcCode {
+        use GrpcCode as G;
+        let (status, kind) = self.row();
+        match (status.as_u16(), kind) {
+            (400, _) => G::InvalidArgument,
+            (401, _) => G::Unauthenticated,
+            (404, "model_not_found") => G::NotFound,
+            (404 | 405 | 501, _) => G::Unimplemented,
+            (502 | 503, _) => G::Unavailable,
+            (408 | 504, _) => G::DeadlineExceeded,
+            (413 | 507, _) => G::ResourceExhausted,
+            _ => G::Internal,
+        }
     }
 
     /// `Retry-After` (seconds) for refusals of requests that never ran: 0 where another
@@ -192,13 +250,14 @@ mod tests {
     use super::*;
 
     /// Every error type the table gives, in the order docs/api.md lists them.
-    const TYPES: [&str; 21] = [
+    const TYPES: [&str; 23] = [
         "invalid_input",
         "bad_request",
         "unauthorized",
         "not_found",
         "model_not_found",
         "method_not_allowed",
+        "not_implemented",
         "body_timeout",
         "body_too_large",
         "documents_too_large",
@@ -206,6 +265,7 @@ mod tests {
         "cuda_error",
         "output_error",
         "preprocessing_failed",
+        "sibling_lost",
         "overloaded",
         "shutting_down",
         "model_stuck",
@@ -350,6 +410,7 @@ mod tests {
             ApiError::NotFound("x".into()),
             ApiError::NoSuchModel("x".into()),
             ApiError::not_allowed(&hyper::Method::PUT, "/", "GET"),
+            ApiError::NotImplemented("x".into()),
             ApiError::BodyTimeout(1),
             ApiError::TooLarge { limit: 1 },
             ApiError::DocumentsTooLarge("x".into()),
@@ -357,6 +418,7 @@ mod tests {
             ApiError::Run(RunError::CudaFatal("x".into())),
             ApiError::Run(RunError::Unsupported("x".into())),
             ApiError::PreprocessFailed("x".into()),
+            ApiError::SiblingLost(1),
             ApiError::QueueWait {
                 waited_ms: 2,
                 max_ms: 1,
@@ -369,12 +431,32 @@ mod tests {
             ApiError::PreprocessTimeout(1),
             ApiError::Run(RunError::OutOfMemory("x".into())),
         ];
+        let mut grpc_want: Vec<(String, String)> = Vec::new();
         for e in samples {
             let row = (e.status().as_u16(), e.kind().to_string());
             if !want.contains(&row) {
                 want.push(row);
             }
+            grpc_want.push((e.grpc_code().name().to_string(), e.kind().to_string()));
         }
+        // The gRPC table: `| gRPC status | types |`, each type in the row of its code.
+        let mut grpc_listed: Vec<(String, String)> = Vec::new();
+        let table = doc
+            .lines()
+            .skip_while(|l| !l.starts_with("| gRPC status | types |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'));
+        for line in table {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let code = cells[0].trim_start_matches("| ").trim_matches('`').to_string();
+            for t in cells[1].split('`').skip(1).step_by(2) {
+                grpc_listed.push((code.clone(), t.to_string()));
+            }
+        }
+        grpc_want.sort();
+        grpc_want.dedup();
+        grpc_listed.sort();
+        assert_eq!(grpc_listed, grpc_want, "docs/api.md's gRPC status table");
         assert_eq!(
             want.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(),
             TYPES,

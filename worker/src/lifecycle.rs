@@ -56,6 +56,8 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut quit = signal(SignalKind::quit())?;
 
+        // Siblings may hand requests to this worker once it shows free: listen for them first.
+        listen_for_siblings(&app);
         // Free on the idle board before the master (and a client waiting for readiness)
         // hears of it: siblings leave connections to this worker from now on.
         shared.show_state();
@@ -108,6 +110,32 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         }
         Ok(shared.get().exit_code)
     })
+}
+
+/// Binds this worker's socket for its siblings' hand-offs and serves them (`siblings/`), and
+/// starts watching for free siblings to hand its own waiting requests to.
+fn listen_for_siblings(app: &Arc<App>) {
+    let Some(siblings) = &app.siblings else {
+        return;
+    };
+    let name = siblings.own_address();
+    match crate::siblings::link::bind(&name) {
+        Ok(listener) => {
+            let for_links = app.clone();
+            let handle = move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(crate::grpc::HandedIn);
+                crate::grpc::handle(req, for_links.clone())
+            };
+            tokio::spawn(crate::siblings::link::serve(
+                listener,
+                app.shared.clone(),
+                handle,
+            ));
+        }
+        // Siblings find no link and serve what they would have handed here themselves.
+        Err(e) => tracing::warn!("cannot listen for siblings' requests on @{name}: {e}"),
+    }
+    siblings.start();
 }
 
 async fn heartbeats(app: Arc<App>, every: Duration) {

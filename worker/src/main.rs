@@ -7,10 +7,12 @@ mod app;
 mod args;
 mod config;
 mod control;
+mod conn;
 mod cuda;
 mod decode;
 mod documents;
 mod error;
+mod grpc;
 mod heap;
 mod http;
 mod hw;
@@ -23,6 +25,7 @@ mod report;
 mod request_id;
 mod runner;
 mod server;
+mod siblings;
 mod state;
 mod template;
 mod timeouts;
@@ -119,17 +122,20 @@ impl Inherited {
             cfg.tls.as_ref(),
         )?;
         let api_keys = secrets.api_keys()?;
-        let tls = secrets
-            .tls(cfg.tls.as_ref())
-            .map_err(|e| format!("TLS: {e}"))?
-            .map(Arc::new);
+        let tls_of = || {
+            secrets
+                .tls(cfg.tls.as_ref())
+                .map_err(|e| format!("TLS: {e}"))
+        };
+        // The serving port offers HTTP/2 (gRPC) beside HTTP/1.1; the metrics port does not.
+        let tls = tls_of()?.map(|t| Arc::new(t.offering_h2()));
         let serve_metrics = match cfg.metrics.clone().filter(|m| m.serve) {
             Some(config) => Some(lifecycle::ServeMetrics {
                 listener: listener::inherit_metrics()?,
                 config,
                 key_file: cfg.metrics_api_key_file.clone().map(Into::into),
                 keys: secrets.metrics_keys()?,
-                tls: tls.clone(),
+                tls: tls_of()?.map(Arc::new),
             }),
             None => None,
         };
@@ -291,8 +297,13 @@ fn serve(
         state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
+    // Requests are handed between workers that share an idle board (`siblings/`).
+    let siblings = shared
+        .board()
+        .map(|(board, seat)| siblings::Siblings::new(shared.clone(), seat, board.id()));
     let app = Arc::new(app::App {
         tls,
+        siblings,
         ..app::App::new(shared, runner, metadata, hw, &cfg, api_keys, documents)
     });
     let plan = lifecycle::Plan {

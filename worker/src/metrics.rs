@@ -23,6 +23,10 @@ pub enum Endpoint {
     V2Infer = 4,
     /// The other v2 endpoints (health, metadata).
     V2 = 5,
+    /// gRPC `ModelInfer`, and each request of a `ModelStreamInfer` stream.
+    GrpcInfer = 6,
+    /// The other gRPC methods (health, metadata, the ones not served).
+    Grpc = 7,
 }
 
 #[derive(Default)]

@@ -21,28 +21,35 @@
 //!
 //! [`Counters::can_accept`]: crate::state::Counters::can_accept
 
-use std::io;
 use std::os::fd::AsRawFd;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http_body_util::Either;
+use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper::{Request, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::app::App;
+use crate::conn::{ConnState, Expiry, RequestGuard, Watched};
+use crate::grpc;
 use crate::http::dispatch;
-use crate::http::request::Arrived;
+use crate::http::request::{Arrived, Closer};
+use crate::siblings::link::{CONNECTION_WINDOW, STREAM_WINDOW};
 use crate::state::FRESH_FOR;
-use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE, RETIRE_IDLE_GRACE};
+use crate::timeouts::HEADER_READ;
 
-/// How often a connection with a request in flight re-checks its deadlines.
-const BUSY_RECHECK: Duration = Duration::from_secs(1);
+/// HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS` on the serving port: requests one client
+/// connection may have in flight at once. A cap does not spread a client over workers
+/// (grpcio queues calls past it rather than open another connection); what it bounds is
+/// the bodies one connection holds at once (each at most `--max-body-mb`). 100 is what RFC
+/// 9113 recommends as the least, and what grpcio and Go servers take in stride.
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
 
 /// How often a worker that leaves a waiting connection to a free sibling looks again.
 const DEFER_RECHECK: Duration = Duration::from_millis(1);
@@ -149,159 +156,6 @@ pub async fn serve(listener: AsyncFd<std::net::TcpListener>, app: Arc<App>, grac
     }
 }
 
-/// What a connection is doing, for its deadlines and the worker's counters.
-struct ConnState {
-    accepted: Instant,
-    /// When its first request arrived, if it was already waiting in the listen queue (over
-    /// TLS: when the ClientHello did, moved on by the handshake's time).
-    queued_since: Mutex<Option<Instant>>,
-    /// Counted in `Counters::awaiting`.
-    awaiting: AtomicBool,
-    /// When bytes of a request head that is not a request yet began to arrive.
-    head_since: Mutex<Option<Instant>>,
-    in_request: AtomicBool,
-    /// Counted in `Counters::fresh`: accepted less than `FRESH_FOR` ago, first request not
-    /// answered yet.
-    fresh: AtomicBool,
-    requests: AtomicU64,
-    /// When the last request was answered (or the connection accepted).
-    idle_since: Mutex<Instant>,
-}
-
-impl ConnState {
-    fn new(queued: Option<Duration>) -> Arc<ConnState> {
-        let now = Instant::now();
-        Arc::new(ConnState {
-            accepted: now,
-            queued_since: Mutex::new(queued.map(|q| now - q)),
-            awaiting: AtomicBool::new(true),
-            head_since: Mutex::new(None),
-            in_request: AtomicBool::new(false),
-            fresh: AtomicBool::new(true),
-            requests: AtomicU64::new(0),
-            idle_since: Mutex::new(now),
-        })
-    }
-
-    /// Bytes arrived: outside a request, they begin the next request's head.
-    fn bytes_arrived(&self, app: &App) {
-        if self.in_request.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut h = self.head_since.lock().unwrap_or_else(|p| p.into_inner());
-        if h.is_none() {
-            *h = Some(Instant::now());
-            if !self.awaiting.swap(true, Ordering::SeqCst) {
-                app.shared.update(|c| c.awaiting += 1);
-            }
-        }
-    }
-
-    /// When the request that hyper just parsed arrived: for a connection's first request,
-    /// when it entered the listen queue; else its first byte.
-    fn request_started(&self, app: &App) -> Instant {
-        let now = Instant::now();
-        self.in_request.store(true, Ordering::SeqCst);
-        let first = self.requests.fetch_add(1, Ordering::SeqCst) == 0;
-        let head = self
-            .head_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
-        app.shared.update(|c| {
-            c.in_flight += 1;
-            if awaiting {
-                c.awaiting -= 1;
-            }
-        });
-        let queued = if first {
-            *self.queued_since.lock().unwrap_or_else(|p| p.into_inner())
-        } else {
-            None
-        };
-        queued.or(head).unwrap_or(now)
-    }
-
-    fn request_done(&self, app: &App) {
-        *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.in_request.store(false, Ordering::SeqCst);
-        let fresh = self.fresh.swap(false, Ordering::SeqCst);
-        app.shared.update(|c| {
-            c.in_flight -= 1;
-            if fresh {
-                c.fresh -= 1;
-            }
-        });
-    }
-
-    /// The TLS handshake took `d`: like a request's upload, it is not time spent waiting for
-    /// a worker (`--max-queue-wait`), so the first request's arrival moves on by it.
-    fn handshake_took(&self, d: Duration) {
-        if let Some(q) = self
-            .queued_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            *q += d;
-        }
-    }
-
-    /// The connection is gone: it no longer counts as open, nor as awaiting a request.
-    fn closed(&self, app: &App) {
-        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
-        let fresh = self.fresh.swap(false, Ordering::SeqCst);
-        app.shared.update(|c| {
-            c.open -= 1;
-            if awaiting {
-                c.awaiting -= 1;
-            }
-            if fresh {
-                c.fresh -= 1;
-            }
-        });
-    }
-
-    /// No longer counts as a connection whose first request is on its way.
-    fn stale(&self, app: &App) {
-        if self.fresh.swap(false, Ordering::SeqCst) {
-            app.shared.update(|c| c.fresh -= 1);
-        }
-    }
-
-    /// The connection's next deadline and what happens then, given whether the worker is
-    /// retiring.
-    fn deadline(&self, retiring: bool) -> (Instant, Expiry) {
-        let now = Instant::now();
-        if self.in_request.load(Ordering::SeqCst) {
-            return (now + BUSY_RECHECK, Expiry::Recheck);
-        }
-        if let Some(t) = *self.head_since.lock().unwrap_or_else(|p| p.into_inner()) {
-            return (t + HEADER_READ, Expiry::Drop);
-        }
-        let idle = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
-        if retiring {
-            return (idle + RETIRE_IDLE_GRACE, Expiry::Close);
-        }
-        if self.requests.load(Ordering::SeqCst) == 0 {
-            (self.accepted + HEADER_READ, Expiry::Drop)
-        } else {
-            (idle + KEEP_ALIVE_IDLE, Expiry::Close)
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Expiry {
-    /// Nothing is due: look again.
-    Recheck,
-    /// An idle connection: close it gracefully.
-    Close,
-    /// A request head that did not arrive in time: drop the connection.
-    Drop,
-}
-
 async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     let _ = stream.set_nodelay(true);
     let fd = stream.as_raw_fd();
@@ -352,7 +206,10 @@ async fn connection(stream: TcpStream, app: Arc<App>, state: Arc<ConnState>) {
     }
 }
 
-/// Serves HTTP/1.1 on a connection (plain, or TLS after the handshake) until it ends.
+/// Serves a connection (plain, or TLS after the handshake) until it ends: HTTP/1.1, or
+/// HTTP/2 when it opens with HTTP/2's preface (prior knowledge, as gRPC clients without TLS
+/// send it; under TLS after ALPN `h2`). gRPC calls go to `grpc/`, everything else to the
+/// REST dispatch.
 async fn serve_http<S>(stream: S, fd: std::os::fd::RawFd, app: Arc<App>, state: Arc<ConnState>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -364,13 +221,24 @@ where
         state: state.clone(),
         app: app.clone(),
     };
+    let closer = Closer(Arc::new(tokio::sync::Notify::new()));
     let svc = {
-        let state = state.clone();
-        service_fn(move |mut req| {
-            let guard = RequestGuard::enter(app.clone(), state.clone());
+        let (state, closer) = (state.clone(), closer.clone());
+        service_fn(move |mut req: Request<Incoming>| {
+            let h2 = req.version() == Version::HTTP_2;
+            let guard = RequestGuard::enter(app.clone(), state.clone(), h2);
             req.extensions_mut().insert(Arrived(guard.arrived));
+            req.extensions_mut().insert(closer.clone());
             async move {
-                let resp = dispatch::handle(req, guard.app.clone()).await;
+                let resp = if grpc::is_grpc(&req) {
+                    grpc::handle(req, guard.app.clone())
+                        .await
+                        .map(|r| r.map(Either::Right))
+                } else {
+                    dispatch::handle(req, guard.app.clone())
+                        .await
+                        .map(|r| r.map(Either::Left))
+                };
                 drop(guard);
                 resp
             }
@@ -380,10 +248,14 @@ where
     // idle kept-alive connection after the header deadline.
     // A client may shut its sending side once its request is out (half-close) and still
     // wait for the answer: without `half_close` hyper drops such a request unanswered.
-    let conn = hyper::server::conn::http1::Builder::new()
-        .keep_alive(true)
-        .half_close(true)
-        .serve_connection(TokioIo::new(io), svc);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(true).half_close(true);
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut stop_rx = shared.subscribe_stop();
     let mut retiring = false;
@@ -413,8 +285,21 @@ where
                     Expiry::Drop => break,
                 }
             }
-            // Retiring shortens the idle deadline: look again.
-            _ = stop_rx.wait_for(|stopping| *stopping), if !retiring => retiring = true,
+            // Retiring shortens the idle deadline: look again. An HTTP/2 connection says
+            // GOAWAY at once (its requests in flight are answered): a client that keeps
+            // requests in flight would never leave it idle.
+            _ = stop_rx.wait_for(|stopping| *stopping), if !retiring => {
+                retiring = true;
+                if state.is_h2() && !closing {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+            // An answer asked for GOAWAY (HTTP/2's `Connection: close`).
+            _ = closer.0.notified(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
             _ = tokio::time::sleep_until((state.accepted + FRESH_FOR).into()),
                 if state.fresh.load(Ordering::SeqCst) => state.stale(&app_for_state),
         }
@@ -422,75 +307,3 @@ where
     state.closed(&app_for_state);
 }
 
-/// The connection's socket, noticing when bytes arrive (the start of a request head).
-struct Watched<S> {
-    inner: S,
-    state: Arc<ConnState>,
-    app: Arc<App>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.state.bytes_arrived(&self.app);
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Counts a request in flight for as long as it lives, even when hyper drops the request's
-/// future early.
-struct RequestGuard {
-    app: Arc<App>,
-    conn: Arc<ConnState>,
-    arrived: Instant,
-}
-
-impl RequestGuard {
-    fn enter(app: Arc<App>, conn: Arc<ConnState>) -> RequestGuard {
-        let arrived = conn.request_started(&app);
-        RequestGuard { app, conn, arrived }
-    }
-}
-
-impl Drop for RequestGuard {
-    fn drop(&mut self) {
-        self.conn.request_done(&self.app);
-    }
-}

@@ -37,6 +37,9 @@ pub struct Counters {
     /// Requests that have all their input and are being worked on (parsed, queued for or in
     /// the model, answered): what keeps the worker from taking new connections.
     pub working: u32,
+    /// Connections from siblings that hand requests to this worker (`siblings/`): not
+    /// clients' (not in `open`), but drained like them.
+    pub links: u32,
     /// Connections waiting for a request head (new ones, and kept-alive ones whose next
     /// request has begun to arrive).
     pub awaiting: u32,
@@ -85,7 +88,7 @@ impl Counters {
     }
 
     pub fn drained(&self) -> bool {
-        self.open == 0 && self.in_flight == 0
+        self.open == 0 && self.in_flight == 0 && self.links == 0
     }
 
     /// What the receivers of [`Shared::subscribe`] wait on (the accept loop: stopping, can
@@ -187,6 +190,23 @@ impl Shared {
         }
     }
 
+    /// The idle board and this worker's seat on it, when it has one.
+    pub fn board(&self) -> Option<(&Board, u32)> {
+        self.board.as_ref().map(|(b, s)| (b, *s))
+    }
+
+    /// Whether a request taken now would wait for the model: this worker already works on
+    /// as many as it takes at once.
+    pub fn would_queue(&self) -> bool {
+        self.tx.borrow().working >= self.concurrency
+    }
+
+    /// Whether a request being worked on here waits behind others: more are being worked
+    /// on than the worker takes at once.
+    pub fn queue_behind(&self) -> bool {
+        self.tx.borrow().working > self.concurrency
+    }
+
     /// The listening socket this worker accepts on (set by the accept loop, cleared before
     /// it closes the socket).
     pub fn set_listener(&self, fd: Option<std::os::fd::RawFd>) {
@@ -281,6 +301,17 @@ impl Shared {
             || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
             || self.others_kept_waiting(std::time::Instant::now())
             || self.full_while_a_sibling_is_free(&c)
+    }
+
+    /// [`Shared::must_close`] for a multiplexed (HTTP/2) connection: as HTTP/1.1's but for a
+    /// sibling being free — a gRPC request that would queue is handed to it instead
+    /// (`grpc/`), so the client need not reconnect to reach it.
+    pub fn must_close_multiplexed(&self) -> bool {
+        let c = self.get();
+        let max = self.max_requests;
+        c.stopping()
+            || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
+            || self.others_kept_waiting(std::time::Instant::now())
     }
 
     /// Whether this worker has as much work as it takes at once (other connections'

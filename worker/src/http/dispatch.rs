@@ -16,7 +16,7 @@ use hyper::header::{
 use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
-use super::request::{arrival, endpoint_of, INFERENCE_HEADER};
+use super::request::{arrival, endpoint_of, Closer, INFERENCE_HEADER};
 use super::{root, v2};
 use crate::access_log::{Record, Trace};
 use crate::app::App;
@@ -30,6 +30,11 @@ pub async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let endpoint = endpoint_of(req.method(), req.uri().path());
     let arrived = arrival(&req);
+    // HTTP/2 (prior knowledge, or `h2` under TLS): closing is the connection's GOAWAY, never
+    // a `Connection` header.
+    let closer = (req.version() == hyper::Version::HTTP_2)
+        .then(|| req.extensions().get::<Closer>().cloned())
+        .flatten();
     let id = RequestId::of(req.headers());
     req.extensions_mut().insert(id.clone());
     // The access log's record, started before the request is handed on.
@@ -95,8 +100,16 @@ pub async fn handle(
     if let Some(s) = answer.retry_after {
         h.insert(RETRY_AFTER, HeaderValue::from(s));
     }
-    if answer.close || app.shared.must_close() {
-        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    match closer {
+        Some(c) => {
+            if app.shared.must_close_multiplexed() {
+                c.ask();
+            }
+        }
+        None if answer.close || app.shared.must_close() => {
+            h.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        None => {}
     }
     Ok(resp)
 }

@@ -58,13 +58,15 @@ pub async fn model_request<T: Send + 'static>(
     let last = claim(app);
     let body = read_body(req, app.max_body_bytes).await?;
     meta.count_body(app, body.len());
-    match work(meta, body, taken_at, last, app, parse, None).await? {
+    let size = body.len();
+    match work(meta, body, size, taken_at, last, app, parse, None::<Handoff<'_, ()>>).await? {
         Ran::Done(out, extra, last) => Ok((out, extra, last)),
-        Ran::HandedOff => unreachable!("a request without a hand-off is never handed off"),
+        Ran::HandedOff(()) => unreachable!("a request without a hand-off is never handed off"),
     }
 }
 
 /// What the pipeline needs of a model request besides its body, whatever its protocol.
+#[derive(Clone)]
 pub struct Meta {
     /// When it arrived: for a connection's first request, when it entered the listen queue.
     pub arrived: Instant,
@@ -109,26 +111,30 @@ pub fn claim(app: &App) -> bool {
 }
 
 /// How a model request ended when it did not fail.
-pub enum Ran<T> {
+pub enum Ran<T, H> {
     /// The outputs, the parser's extra, and whether it was the worker's last request.
     Done(RunOutput, T, bool),
-    /// Withdrawn before its pass started, for a sibling that showed free (`handoff`).
-    HandedOff,
+    /// Withdrawn before its pass started, for what its hand-off resolved with (a sibling
+    /// that showed free).
+    HandedOff(H),
 }
 
-/// A request whose body has arrived (`taken_at`: when this worker took it, `last`: what
-/// [`claim`] said): counted as work while it lives, parsed, pre-processed and run. While it
-/// waits for the model, `handoff` (when given) resolving withdraws it, if it has not
-/// started, and it ends [`Ran::HandedOff`], no longer counted towards `--max-requests`.
-pub async fn work<T: Send + 'static, B: AsRef<[u8]> + Send + 'static>(
+/// A request whose body (of `size` bytes) has arrived (`taken_at`: when this worker took it,
+/// `last`: what [`claim`] said): counted as work while it lives, parsed, pre-processed and
+/// run. While it waits for the model, `handoff` (when given, and it is not the worker's last
+/// request) resolving withdraws it, if it has not started, and it ends [`Ran::HandedOff`],
+/// no longer counted towards `--max-requests`.
+#[allow(clippy::too_many_arguments)]
+pub async fn work<T: Send + 'static, B: Send + 'static, H>(
     meta: Meta,
     body: B,
+    size: usize,
     taken_at: Instant,
     last: bool,
     app: &App,
     parse: impl FnOnce(B) -> Result<Parsed<T>, ApiError> + Send + 'static,
-    handoff: Option<Handoff<'_>>,
-) -> Result<Ran<T>, ApiError> {
+    handoff: Option<Handoff<'_, H>>,
+) -> Result<Ran<T, H>, ApiError> {
     let Meta {
         arrived,
         id,
@@ -139,7 +145,6 @@ pub async fn work<T: Send + 'static, B: AsRef<[u8]> + Send + 'static>(
     // From here on the request is work: this worker takes no new connection until it is
     // answered (a body still arriving did not count).
     let _work = Working::enter(&app.shared);
-    let size = body.as_ref().len();
     // Declared before what the body becomes, so dropped after it, however the request ends.
     let _trim = TrimAfter { app, size };
     let parse = move || parse(body);
@@ -172,16 +177,35 @@ pub async fn work<T: Send + 'static, B: AsRef<[u8]> + Send + 'static>(
         deadline,
     };
     let handoff = handoff.filter(|_| !last);
-    let Some(mut out) = run(app, job, trace.as_deref(), handoff).await? else {
-        app.shared.unclaim_model_request();
-        return Ok(Ran::HandedOff);
-    };
-    out.preprocess = preprocess;
-    Ok(Ran::Done(out, parsed.extra, last))
+    match run(app, job, trace.as_deref(), handoff).await? {
+        Pass::Ran(mut out) => {
+            out.preprocess = preprocess;
+            Ok(Ran::Done(out, parsed.extra, last))
+        }
+        Pass::Withdrawn(h) => {
+            app.shared.unclaim_model_request();
+            Ok(Ran::HandedOff(h))
+        }
+    }
 }
 
-/// What resolves when the request waiting for the model should go to a sibling instead.
-pub type Handoff<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+/// What resolves when a request waiting for the model should go elsewhere (with where).
+pub type Handoff<'a, H> = std::pin::Pin<Box<dyn std::future::Future<Output = H> + Send + 'a>>;
+
+/// A job's end on the model thread's side.
+enum Pass<H> {
+    Ran(RunOutput),
+    /// Withdrawn unstarted for its hand-off.
+    Withdrawn(H),
+}
+
+/// Waits for the hand-off, if there is one (else forever).
+async fn handed<H>(h: &mut Option<Handoff<'_, H>>) -> H {
+    match h {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Documents pre-processed (tokenized, decoded) on the pool, off the event loop, under the
 /// request's deadlines: `--request-timeout` from the start of the work, and the client's
@@ -334,13 +358,13 @@ const PARSE_INLINE_MAX: usize = 256 << 10;
 /// for the
 /// pass, bounded by `--request-timeout`. A request that never reached the model is refused
 /// with 503 and `Retry-After`, never 504.
-/// Withdrawn for `handoff` before its pass started: `Ok(None)`.
-async fn run(
+/// Withdrawn for `handoff` before its pass started: [`Pass::Withdrawn`].
+async fn run<H>(
     app: &App,
     job: Job,
     trace: Option<&Trace>,
-    handoff: Option<Handoff<'_>>,
-) -> Result<Option<RunOutput>, ApiError> {
+    mut handoff: Option<Handoff<'_, H>>,
+) -> Result<Pass<H>, ApiError> {
     let Job {
         id,
         input,
@@ -368,7 +392,6 @@ async fn run(
     // refuse it; nothing tells this task when the pass starts (see `runner`).
     let mut queued = true;
     let has_handoff = handoff.is_some();
-    let mut handoff = handoff.unwrap_or_else(|| Box::pin(std::future::pending()));
     let run = {
         let pass = ticket.result_within(app.request_timeout);
         tokio::pin!(pass);
@@ -376,9 +399,9 @@ async fn run(
             tokio::select! {
                 biased;
                 run = &mut pass => break run,
-                _ = &mut handoff, if queued && has_handoff => {
+                h = handed(&mut handoff), if queued && has_handoff => {
                     if claim.withdraw() {
-                        return Ok(None);
+                        return Ok(Pass::Withdrawn(h));
                     }
                     queued = false;
                 }
@@ -409,7 +432,7 @@ async fn run(
     if let (Some(t), Some(at)) = (trace, claim.started_at()) {
         t.started(at.saturating_duration_since(queue_from));
     }
-    finish(app, run, deadline, arrived, trace).map(Some)
+    finish(app, run, deadline, arrived, trace).map(Pass::Ran)
 }
 
 /// What the model thread's outcome means for the answer and the worker (`None`: its pass ran

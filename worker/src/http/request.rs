@@ -23,6 +23,18 @@ pub const INFERENCE_HEADER: &str = "inference-header-content-length";
 #[derive(Debug, Clone, Copy)]
 pub struct Arrived(pub Instant);
 
+/// Asks the connection a request came on to close once the answers in flight are out: an
+/// HTTP/2 connection's GOAWAY where an HTTP/1.1 answer says `Connection: close` (a request
+/// extension set by the connection).
+#[derive(Clone)]
+pub struct Closer(pub std::sync::Arc<tokio::sync::Notify>);
+
+impl Closer {
+    pub fn ask(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// The `endpoint` label an answer is counted under.
 pub fn endpoint_of(method: &Method, path: &str) -> Endpoint {
     if path == "/v2" || path.starts_with("/v2/") {

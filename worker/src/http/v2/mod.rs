@@ -25,8 +25,8 @@ use crate::runner::Encoding;
 /// What this server says of itself at `GET /v2`.
 pub const EXTENSIONS: [&str; 1] = ["binary_tensor_data"];
 
-/// The model's name and version, as v2 paths and answers use them.
-fn model_id(app: &App) -> (String, String) {
+/// The model's name and version, as v2 paths and answers use them (and gRPC's).
+pub fn model_id(app: &App) -> (String, String) {
     let version = match app.metadata.raw.get("version") {
         Some(Value::String(v)) => v.clone(),
         Some(Value::Number(n)) => n.to_string(),
@@ -123,9 +123,14 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     }
 }
 
-fn ready(app: &App) -> Answer {
+/// Whether this worker takes inference requests: not retiring, its model usable.
+pub fn is_ready(app: &App) -> bool {
     let c = app.shared.get();
-    if c.stopping() || c.model_unusable {
+    !(c.stopping() || c.model_unusable)
+}
+
+fn ready(app: &App) -> Answer {
+    if !is_ready(app) {
         Answer::retiring(json!({"ready": false, "error": "this worker is retiring"}))
     } else {
         Answer::ok(json!({"ready": true}))
@@ -142,7 +147,8 @@ fn tensor_metadata(spec: &TensorSpec) -> Value {
     })
 }
 
-fn model_metadata(app: &App) -> Value {
+/// The model's metadata (REST's answer, and gRPC's `ModelMetadata` from it).
+pub fn model_metadata(app: &App) -> Value {
     let (name, version) = model_id(app);
     let m = &app.metadata;
     let inputs: Vec<Value> = match &m.inputs {

@@ -1,0 +1,261 @@
+//! What a connection is doing ([`ConnState`]): its deadlines (`timeouts.rs`) and its share
+//! of the worker's counters (open, awaiting a head, fresh, requests in flight), for an
+//! HTTP/1.1 connection (one request at a time) or an HTTP/2 one (many at once, as gRPC's:
+//! only its first request's head is waited for; then it is idle or busy). [`Watched`]
+//! notices the bytes that begin a request head; [`RequestGuard`] counts a request in flight
+//! for as long as it lives. The connections themselves are served by `server.rs`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::app::App;
+use crate::timeouts::{HEADER_READ, KEEP_ALIVE_IDLE, RETIRE_IDLE_GRACE};
+
+/// How often a connection with a request in flight re-checks its deadlines.
+const BUSY_RECHECK: Duration = Duration::from_secs(1);
+
+/// What a connection is doing, for its deadlines and the worker's counters.
+pub struct ConnState {
+    pub accepted: Instant,
+    /// When its first request arrived, if it was already waiting in the listen queue (over
+    /// TLS: when the ClientHello did, moved on by the handshake's time).
+    queued_since: Mutex<Option<Instant>>,
+    /// Counted in `Counters::awaiting`.
+    awaiting: AtomicBool,
+    /// When bytes of a request head that is not a request yet began to arrive.
+    head_since: Mutex<Option<Instant>>,
+    /// Requests in flight on it (HTTP/1.1: 0 or 1).
+    in_request: AtomicU32,
+    /// Counted in `Counters::fresh`: accepted less than `FRESH_FOR` ago, first request not
+    /// answered yet.
+    pub fresh: AtomicBool,
+    requests: AtomicU64,
+    /// When the last request was answered (or the connection accepted).
+    idle_since: Mutex<Instant>,
+    /// It speaks HTTP/2 (seen at its first request): requests come as streams, many at
+    /// once, and bytes between them (window updates, pings) begin no request head.
+    h2: AtomicBool,
+}
+
+impl ConnState {
+    pub fn new(queued: Option<Duration>) -> Arc<ConnState> {
+        let now = Instant::now();
+        Arc::new(ConnState {
+            accepted: now,
+            queued_since: Mutex::new(queued.map(|q| now - q)),
+            awaiting: AtomicBool::new(true),
+            head_since: Mutex::new(None),
+            in_request: AtomicU32::new(0),
+            fresh: AtomicBool::new(true),
+            requests: AtomicU64::new(0),
+            idle_since: Mutex::new(now),
+            h2: AtomicBool::new(false),
+        })
+    }
+
+    /// Bytes arrived: outside a request, they begin the next request's head.
+    fn bytes_arrived(&self, app: &App) {
+        if self.in_request.load(Ordering::SeqCst) > 0 || self.h2.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut h = self.head_since.lock().unwrap_or_else(|p| p.into_inner());
+        if h.is_none() {
+            *h = Some(Instant::now());
+            if !self.awaiting.swap(true, Ordering::SeqCst) {
+                app.shared.update(|c| c.awaiting += 1);
+            }
+        }
+    }
+
+    /// When the request that hyper just parsed arrived: for a connection's first request,
+    /// when it entered the listen queue; else its first byte.
+    fn request_started(&self, app: &App, h2: bool) -> Instant {
+        let now = Instant::now();
+        if h2 {
+            self.h2.store(true, Ordering::SeqCst);
+        }
+        self.in_request.fetch_add(1, Ordering::SeqCst);
+        let first = self.requests.fetch_add(1, Ordering::SeqCst) == 0;
+        let head = self
+            .head_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.in_flight += 1;
+            if awaiting {
+                c.awaiting -= 1;
+            }
+        });
+        let queued = if first {
+            *self.queued_since.lock().unwrap_or_else(|p| p.into_inner())
+        } else {
+            None
+        };
+        queued.or(head).unwrap_or(now)
+    }
+
+    fn request_done(&self, app: &App) {
+        *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.in_request.fetch_sub(1, Ordering::SeqCst);
+        let fresh = self.fresh.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.in_flight -= 1;
+            if fresh {
+                c.fresh -= 1;
+            }
+        });
+    }
+
+    /// The TLS handshake took `d`: like a request's upload, it is not time spent waiting for
+    /// a worker (`--max-queue-wait`), so the first request's arrival moves on by it.
+    pub fn handshake_took(&self, d: Duration) {
+        if let Some(q) = self
+            .queued_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            *q += d;
+        }
+    }
+
+    /// The connection is gone: it no longer counts as open, nor as awaiting a request.
+    pub fn closed(&self, app: &App) {
+        let awaiting = self.awaiting.swap(false, Ordering::SeqCst);
+        let fresh = self.fresh.swap(false, Ordering::SeqCst);
+        app.shared.update(|c| {
+            c.open -= 1;
+            if awaiting {
+                c.awaiting -= 1;
+            }
+            if fresh {
+                c.fresh -= 1;
+            }
+        });
+    }
+
+    /// No longer counts as a connection whose first request is on its way.
+    pub fn stale(&self, app: &App) {
+        if self.fresh.swap(false, Ordering::SeqCst) {
+            app.shared.update(|c| c.fresh -= 1);
+        }
+    }
+
+    /// The connection's next deadline and what happens then, given whether the worker is
+    /// retiring.
+    pub fn deadline(&self, retiring: bool) -> (Instant, Expiry) {
+        let now = Instant::now();
+        if self.in_request.load(Ordering::SeqCst) > 0 {
+            return (now + BUSY_RECHECK, Expiry::Recheck);
+        }
+        if let Some(t) = *self.head_since.lock().unwrap_or_else(|p| p.into_inner()) {
+            return (t + HEADER_READ, Expiry::Drop);
+        }
+        let idle = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
+        if retiring {
+            return (idle + RETIRE_IDLE_GRACE, Expiry::Close);
+        }
+        if self.requests.load(Ordering::SeqCst) == 0 {
+            (self.accepted + HEADER_READ, Expiry::Drop)
+        } else {
+            (idle + KEEP_ALIVE_IDLE, Expiry::Close)
+        }
+    }
+
+    /// Whether it speaks HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        self.h2.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Expiry {
+    /// Nothing is due: look again.
+    Recheck,
+    /// An idle connection: close it gracefully.
+    Close,
+    /// A request head that did not arrive in time: drop the connection.
+    Drop,
+}
+
+/// The connection's socket, noticing when bytes arrive (the start of a request head).
+pub struct Watched<S> {
+    pub inner: S,
+    pub state: Arc<ConnState>,
+    pub app: Arc<App>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.bytes_arrived(&self.app);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Counts a request in flight for as long as it lives, even when hyper drops the request's
+/// future early.
+pub struct RequestGuard {
+    pub app: Arc<App>,
+    conn: Arc<ConnState>,
+    pub arrived: Instant,
+}
+
+impl RequestGuard {
+    /// A request (`h2`: on an HTTP/2 connection) starts.
+    pub fn enter(app: Arc<App>, conn: Arc<ConnState>, h2: bool) -> RequestGuard {
+        let arrived = conn.request_started(&app, h2);
+        RequestGuard { app, conn, arrived }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.conn.request_done(&self.app);
+    }
+}

@@ -1,0 +1,319 @@
+//! `ModelInfer`'s messages and the model's description: a request's inputs checked and made
+//! into the model's arguments by the REST v2 path's own checks (`http/v2/request.rs`:
+//! [`Slots`], [`check`], [`from_raw`]), whether they come as `raw_input_contents` (one entry
+//! per input, in order: little-endian elements, `BYTES` as 4-byte lengths and bytes) or as
+//! typed `contents` (converted to the same raw form first); the outputs, written by the
+//! runner as v2 binary outputs, answered as `raw_output_contents` (as Triton does). Model
+//! and server metadata are the REST answers' (`http/v2/mod.rs`), in their messages.
+
+use bytes::{BufMut, Bytes};
+use serde::Deserialize;
+use vramfork::metadata::{Datatype, Dtype, TensorSpec};
+
+use super::pb::infer_parameter::ParameterChoice;
+use super::pb::model_infer_response::InferOutputTensor;
+use super::pb::{self, InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse};
+use crate::app::App;
+use crate::args::Inputs;
+use crate::decode::BodyError;
+use crate::error::ApiError;
+use crate::http::pipeline::Parsed;
+use crate::http::v2::request::{check, from_raw, Checked, Slots};
+use crate::http::v2::{model_id, model_metadata as model_metadata_json};
+use crate::runner::v2out::Wanted;
+use crate::runner::{Encoding, RunOutput};
+
+/// What the answer needs of the request besides the outputs.
+pub struct Asked {
+    /// The request's `id` (empty: none given).
+    pub id: String,
+    /// `parameters.hwFetch`.
+    pub hw_fetch: bool,
+}
+
+/// The model a request names must be this server's (an empty version: its one version).
+pub fn check_model(app: &App, name: &str, version: &str) -> Result<(), ApiError> {
+    let (model, v) = model_id(app);
+    if name != model {
+        return Err(ApiError::NoSuchModel(format!(
+            "unknown model '{name}': this server serves one model, '{model}' (version {v})"
+        )));
+    }
+    if !version.is_empty() && version != v {
+        return Err(ApiError::NoSuchModel(format!(
+            "unknown version '{version}' of model '{model}': its only version is '{v}'"
+        )));
+    }
+    Ok(())
+}
+
+/// A request made into the model's input, the outputs' encoding (all binary: raw outputs)
+/// and what the answer needs.
+pub fn parse(
+    req: ModelInferRequest,
+    specs: Option<&[TensorSpec]>,
+    declared: Option<Vec<TensorSpec>>,
+) -> Result<Parsed<Asked>, ApiError> {
+    let hw_fetch = flag(&req.parameters, "hwFetch")?;
+    let timeout = timeout(&req.parameters)?;
+    let inputs = inputs(&req, specs)?;
+    let outputs = (!req.outputs.is_empty()).then(|| {
+        req.outputs
+            .iter()
+            .map(|o| (o.name.clone(), true))
+            .collect::<Vec<_>>()
+    });
+    Ok(Parsed {
+        inputs,
+        encoding: Encoding::V2(Wanted {
+            outputs,
+            binary_default: true,
+            declared,
+        }),
+        timeout,
+        extra: Asked {
+            id: req.id,
+            hw_fetch,
+        },
+    })
+}
+
+fn flag(params: &Params, key: &str) -> Result<bool, ApiError> {
+    match params.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(false),
+        Some(ParameterChoice::BoolParam(b)) => Ok(*b),
+        Some(other) => Err(ApiError::Body(BodyError::Invalid(format!(
+            "parameter {key} must be a bool_param, not {other:?}"
+        )))),
+    }
+}
+
+type Params = std::collections::HashMap<String, InferParameter>;
+
+/// `parameters.timeout`: microseconds (`int64_param`, as `tritonclient` sends it; 0 = none),
+/// at most a day, as the REST body's.
+fn timeout(params: &Params) -> Result<Option<std::time::Duration>, ApiError> {
+    let max_us = (crate::http::pipeline::MAX_TIMEOUT_S * 1e6) as u64;
+    let us = match params.get("timeout").and_then(|p| p.parameter_choice.as_ref()) {
+        None => return Ok(None),
+        Some(ParameterChoice::Int64Param(us)) if *us >= 0 => *us as u64,
+        Some(ParameterChoice::Uint64Param(us)) => *us,
+        Some(other) => {
+            return Err(ApiError::Body(BodyError::Invalid(format!(
+            "parameter timeout must be a whole number of microseconds (int64_param, 0 = none), not {other:?}"
+        ))))
+        }
+    };
+    if us > max_us {
+        return Err(ApiError::Body(BodyError::Invalid(format!(
+            "parameter timeout must be at most {max_us} microseconds (a day, as X-Request-Timeout), not {us}"
+        ))));
+    }
+    Ok((us > 0).then(|| std::time::Duration::from_micros(us)))
+}
+
+/// The inputs in the declared order, from raw or typed contents.
+fn inputs(req: &ModelInferRequest, specs: Option<&[TensorSpec]>) -> Result<Inputs, BodyError> {
+    let raw = &req.raw_input_contents;
+    if !raw.is_empty() && raw.len() != req.inputs.len() {
+        return Err(BodyError::Invalid(format!(
+            "raw_input_contents has {} entries for {} inputs: one per input, in the order of `inputs`",
+            raw.len(),
+            req.inputs.len()
+        )));
+    }
+    let mut slots = Slots::new(specs, req.inputs.len())?;
+    for (i, input) in req.inputs.iter().enumerate() {
+        let name = &input.name;
+        let at = slots.place(name)?;
+        let c = check(name, &input.datatype, &input.shape, slots.spec(at))?;
+        let bytes = match (raw.get(i), &input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(BodyError::Invalid(format!(
+                    "input {name} has both `contents` and raw_input_contents"
+                )))
+            }
+            (None, None) => {
+                return Err(BodyError::Invalid(format!(
+                    "input {name} has no `contents` and no raw_input_contents"
+                )))
+            }
+            (Some(bytes), None) => bytes.clone(),
+            (None, Some(contents)) => typed(name, &c, contents)?,
+        };
+        if let Some(want) = c.raw_len().filter(|want| bytes.len() != *want) {
+            return Err(BodyError::Invalid(format!(
+                "input {name}: raw_input_contents holds {} bytes; shape {:?} of {} takes {want}",
+                bytes.len(),
+                input.shape,
+                input.datatype
+            )));
+        }
+        slots.fill(at, from_raw(name, &c, &input.shape, &bytes)?);
+    }
+    Ok(slots.inputs())
+}
+
+/// Typed contents as raw bytes: the field the datatype uses, each value in range for the
+/// datatype, as many as the shape takes.
+fn typed(name: &str, c: &Checked, t: &InferTensorContents) -> Result<Bytes, BodyError> {
+    let mut b = Vec::new();
+    let (field, n) = match c.datatype {
+        Datatype::Bytes => {
+            for s in &t.bytes_contents {
+                b.put_u32_le(s.len() as u32);
+                b.extend_from_slice(s);
+            }
+            ("bytes_contents", t.bytes_contents.len())
+        }
+        Datatype::Tensor(d) => match d {
+            Dtype::Bool => {
+                b.extend(t.bool_contents.iter().map(|v| u8::from(*v)));
+                ("bool_contents", t.bool_contents.len())
+            }
+            Dtype::Int8 | Dtype::Int16 | Dtype::Int32 => {
+                ints(name, d, &t.int_contents, &mut b)?;
+                ("int_contents", t.int_contents.len())
+            }
+            Dtype::UInt8 => {
+                for v in &t.uint_contents {
+                    b.put_u8(u8::try_from(*v).map_err(|_| out_of_range(name, d, *v))?);
+                }
+                ("uint_contents", t.uint_contents.len())
+            }
+            Dtype::Int64 => {
+                t.int64_contents.iter().for_each(|v| b.put_i64_le(*v));
+                ("int64_contents", t.int64_contents.len())
+            }
+            Dtype::Float32 => {
+                t.fp32_contents.iter().for_each(|v| b.put_f32_le(*v));
+                ("fp32_contents", t.fp32_contents.len())
+            }
+            Dtype::Float64 => {
+                t.fp64_contents.iter().for_each(|v| b.put_f64_le(*v));
+                ("fp64_contents", t.fp64_contents.len())
+            }
+            Dtype::Float16 | Dtype::BFloat16 => {
+                return Err(BodyError::Invalid(format!(
+                    "input {name} is {}: the protocol has no typed contents for it; send it in raw_input_contents",
+                    c.datatype
+                )))
+            }
+        },
+    };
+    if n != c.count {
+        return Err(BodyError::Invalid(format!(
+            "input {name} ({}) has {n} elements in contents.{field}; its shape takes {}",
+            c.datatype, c.count
+        )));
+    }
+    Ok(b.into())
+}
+
+fn ints(name: &str, d: Dtype, values: &[i32], b: &mut Vec<u8>) -> Result<(), BodyError> {
+    for v in values {
+        match d {
+            Dtype::Int8 => b.put_i8(i8::try_from(*v).map_err(|_| out_of_range(name, d, *v))?),
+            Dtype::Int16 => b.put_i16_le(i16::try_from(*v).map_err(|_| out_of_range(name, d, *v))?),
+            _ => b.put_i32_le(*v),
+        }
+    }
+    Ok(())
+}
+
+fn out_of_range(name: &str, d: Dtype, v: impl std::fmt::Display) -> BodyError {
+    BodyError::Invalid(format!(
+        "input {name}: {v} is out of range for {}",
+        Datatype::Tensor(d)
+    ))
+}
+
+/// One output as the runner wrote it (binary: its data in the tail).
+#[derive(Deserialize)]
+struct Written {
+    name: String,
+    datatype: String,
+    shape: Vec<i64>,
+    parameters: WrittenParams,
+}
+
+#[derive(Deserialize)]
+struct WrittenParams {
+    binary_data_size: usize,
+}
+
+/// The answer to a request from the runner's outputs.
+pub fn response(
+    app: &App,
+    out: RunOutput,
+    asked: Asked,
+    request_id: &str,
+    hw_line: Option<String>,
+) -> Result<ModelInferResponse, ApiError> {
+    let written: Vec<Written> = serde_json::from_slice(&out.outputs).map_err(|e| {
+        ApiError::Run(crate::runner::RunError::Unsupported(format!(
+            "the outputs could not be read back: {e}"
+        )))
+    })?;
+    let mut tail = Bytes::from(out.binary.unwrap_or_default());
+    let mut outputs = Vec::with_capacity(written.len());
+    let mut raw = Vec::with_capacity(written.len());
+    for w in written {
+        let n = w.parameters.binary_data_size.min(tail.len());
+        raw.push(tail.split_to(n));
+        outputs.push(InferOutputTensor {
+            name: w.name,
+            datatype: w.datatype,
+            shape: w.shape,
+            ..Default::default()
+        });
+    }
+    let (model_name, model_version) = model_id(app);
+    let mut parameters = Params::new();
+    if let Some(line) = hw_line {
+        parameters.insert(
+            "hwFetch".into(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam(line)),
+            },
+        );
+    }
+    Ok(ModelInferResponse {
+        model_name,
+        model_version,
+        id: if asked.id.is_empty() {
+            request_id.to_string()
+        } else {
+            asked.id
+        },
+        parameters,
+        outputs,
+        raw_output_contents: raw,
+    })
+}
+
+/// `ModelMetadata`'s answer: the REST one's fields.
+pub fn model_metadata(app: &App) -> pb::ModelMetadataResponse {
+    let m = model_metadata_json(app);
+    let tensor = |t: &serde_json::Value| pb::model_metadata_response::TensorMetadata {
+        name: t["name"].as_str().unwrap_or_default().to_string(),
+        datatype: t["datatype"].as_str().unwrap_or_default().to_string(),
+        shape: t["shape"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|d| d.as_i64()).collect())
+            .unwrap_or_default(),
+    };
+    let list = |k: &str| {
+        m[k].as_array()
+            .map(|a| a.iter().map(tensor).collect())
+            .unwrap_or_default()
+    };
+    let (name, version) = model_id(app);
+    pb::ModelMetadataResponse {
+        name,
+        versions: vec![version],
+        platform: m["platform"].as_str().unwrap_or_default().to_string(),
+        inputs: list("inputs"),
+        outputs: list("outputs"),
+    }
+}

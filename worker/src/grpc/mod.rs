@@ -1,0 +1,395 @@
+//! The KServe v2 gRPC service (`inference.GRPCInferenceService`, as NVIDIA's
+//! `tritonclient.grpc` and KServe's clients call it) on the serving port, beside HTTP/1.1:
+//! a connection that opens with HTTP/2's preface (or negotiates `h2` under TLS) is served
+//! by the same hyper service, and a request with `content-type: application/grpc` comes
+//! here (`server.rs`).
+//!
+//! Served: `ServerLive`, `ServerReady`, `ModelReady`, `ServerMetadata`, `ModelMetadata`,
+//! `ModelInfer` (raw or typed contents: `infer.rs`) and `ModelStreamInfer` (answered in
+//! order on the worker the stream came to: `stream.rs`); Triton's other methods answer
+//! `UNIMPLEMENTED`. What REST has, gRPC has the same way: token auth (the `authorization`
+//! metadata, `Bearer <key>`; `ServerLive` and `ServerReady` open as the REST health checks),
+//! the client's deadline (`grpc-timeout`, and `parameters.timeout`), request ids
+//! (`x-request-id` metadata both ways, the answer's `id` when the request gives none),
+//! `x-worker-pid` in the initial metadata, the access log, `/metrics` (endpoints
+//! `grpc-infer` and `grpc`), and every error from the one table (`error.rs`): its gRPC code
+//! ([`ApiError::grpc_code`]), its message in `grpc-message`, its type in `x-error-type` (and
+//! `retry-after` where REST sends `Retry-After`). Inference runs through the pipeline
+//! REST's does (`http/pipeline.rs`). A unary `ModelInfer` that would wait here while a
+//! sibling is free is handed to it (`siblings/`).
+
+pub mod infer;
+pub mod pb;
+pub mod stream;
+pub mod wire;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Request, Response, Version};
+use prost::Message;
+use tokio::sync::mpsc;
+
+use crate::access_log::{Record, Trace};
+use crate::app::App;
+use crate::decode::BodyError;
+use crate::error::{ApiError, GrpcCode};
+use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
+use crate::http::request::{arrival, hw_fetch, Closer};
+use crate::http::v2::{is_ready, EXTENSIONS};
+use crate::metrics::Endpoint;
+use crate::request_id::{self, RequestId};
+use crate::siblings::{Handed, Handing, Reserved, Siblings};
+use crate::timeouts::BODY_READ;
+use wire::{GrpcBody, Reader};
+
+/// The service's path prefix.
+pub const SERVICE: &str = "/inference.GRPCInferenceService/";
+
+/// The methods served.
+const SERVED: [&str; 7] = [
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelInfer",
+    "ModelStreamInfer",
+];
+
+/// Open without a key, as REST's health checks.
+const OPEN: [&str; 2] = ["ServerLive", "ServerReady"];
+
+/// Marks a request a sibling handed to this worker (set by the link's service): served
+/// here, never handed on.
+#[derive(Debug, Clone, Copy)]
+pub struct HandedIn;
+
+/// Whether a request is a gRPC call: HTTP/2 and `application/grpc…`.
+pub fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_2
+        && req
+            .headers()
+            .get(CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(wire::CONTENT_TYPE.as_bytes()))
+}
+
+/// One call, as its answer needs it.
+#[derive(Clone)]
+pub struct Call {
+    pub app: Arc<App>,
+    pub id: RequestId,
+    pub arrived: Instant,
+    /// The method's path, and its name (empty when not the service's).
+    pub path: String,
+    pub method: String,
+    pub trace: Option<Arc<Trace>>,
+    pub handed_in: bool,
+}
+
+/// What a method's handler ends with.
+pub enum Outcome {
+    /// One message (framed), then status OK.
+    Message(Bytes),
+    /// A stream's answers, as they come (each recorded by the stream).
+    Stream(mpsc::Receiver<Frame<Bytes>>),
+    Failed(ApiError),
+    /// A sibling's answer to the call handed to it (which the sibling recorded).
+    Relayed(Response<Incoming>),
+}
+
+/// The gRPC service: never fails, every outcome is a gRPC answer.
+pub async fn handle(
+    req: Request<Incoming>,
+    app: Arc<App>,
+) -> Result<Response<GrpcBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let call = Call {
+        id: RequestId::of(req.headers()),
+        arrived: arrival(&req),
+        method: path.strip_prefix(SERVICE).unwrap_or_default().to_string(),
+        path,
+        trace: app.access_log.as_ref().map(|_| Arc::new(Trace::default())),
+        handed_in: req.extensions().get::<HandedIn>().is_some(),
+        app,
+    };
+    let closer = req.extensions().get::<Closer>().cloned();
+    let outcome = match authorized(&req, &call) {
+        Ok(()) => route(req, &call).await.unwrap_or_else(Outcome::Failed),
+        Err(e) => Outcome::Failed(e),
+    };
+    let resp = call.answer(outcome);
+    // Where HTTP/1.1 would answer `Connection: close`: GOAWAY, after what is in flight.
+    if let Some(c) = closer.filter(|_| call.app.shared.must_close_multiplexed()) {
+        c.ask();
+    }
+    Ok(resp)
+}
+
+/// Token auth on the call's metadata, as REST's on its head.
+fn authorized(req: &Request<Incoming>, call: &Call) -> Result<(), ApiError> {
+    let app = &call.app;
+    let Some(keys) = &app.api_keys else {
+        return Ok(());
+    };
+    if OPEN.contains(&call.method.as_str()) {
+        return Ok(());
+    }
+    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    keys.check(given).map_err(|f| {
+        if let Some(m) = &app.metrics {
+            m.auth_failure(f);
+        }
+        ApiError::Unauthorized(f)
+    })
+}
+
+async fn route(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {
+    let app = &call.app;
+    match call.method.as_str() {
+        "ServerLive" => {
+            unary::<pb::ServerLiveRequest>(req, app, "ServerLiveRequest").await?;
+            Ok(reply(&pb::ServerLiveResponse { live: true }))
+        }
+        "ServerReady" => {
+            unary::<pb::ServerReadyRequest>(req, app, "ServerReadyRequest").await?;
+            Ok(reply(&pb::ServerReadyResponse {
+                ready: is_ready(app),
+            }))
+        }
+        "ModelReady" => {
+            let r: pb::ModelReadyRequest = unary(req, app, "ModelReadyRequest").await?;
+            infer::check_model(app, &r.name, &r.version)?;
+            Ok(reply(&pb::ModelReadyResponse {
+                ready: is_ready(app),
+            }))
+        }
+        "ServerMetadata" => {
+            unary::<pb::ServerMetadataRequest>(req, app, "ServerMetadataRequest").await?;
+            Ok(reply(&pb::ServerMetadataResponse {
+                name: "vramfork".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+            }))
+        }
+        "ModelMetadata" => {
+            let r: pb::ModelMetadataRequest = unary(req, app, "ModelMetadataRequest").await?;
+            infer::check_model(app, &r.name, &r.version)?;
+            Ok(reply(&infer::model_metadata(app)))
+        }
+        "ModelInfer" => model_infer(req, call).await,
+        "ModelStreamInfer" => Ok(stream::start(req, call)?),
+        _ if call.path.starts_with(SERVICE) => Err(ApiError::NotImplemented(format!(
+            "{} is not served: this server serves {} of inference.GRPCInferenceService (one model, no repository, statistics or shared memory)",
+            call.path,
+            SERVED.join(", ")
+        ))),
+        _ => Err(ApiError::NotImplemented(format!(
+            "{} is not a method of this server: it serves inference.GRPCInferenceService (KServe v2)",
+            call.path
+        ))),
+    }
+}
+
+fn reply(m: &impl Message) -> Outcome {
+    Outcome::Message(wire::frame(m))
+}
+
+/// A unary call's one message, decoded.
+async fn unary<Q: Message + Default>(
+    req: Request<Incoming>,
+    app: &App,
+    what: &str,
+) -> Result<Q, ApiError> {
+    let framed = Reader::new(req.into_body(), app.max_body_bytes)
+        .only(BODY_READ)
+        .await?;
+    decode(&framed, what)
+}
+
+fn decode<Q: Message + Default>(framed: &Bytes, what: &str) -> Result<Q, ApiError> {
+    Q::decode(wire::message(framed)).map_err(|e| {
+        ApiError::Body(BodyError::Invalid(format!(
+            "the request's message is not a valid {what}: {e}"
+        )))
+    })
+}
+
+/// The client's deadline from `grpc-timeout` (one longer than a day is none: it can never
+/// matter).
+pub fn deadline(headers: &HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
+    Ok(wire::timeout(headers)?
+        .filter(|d| d.as_secs_f64() <= MAX_TIMEOUT_S)
+        .map(|d| Deadline::after(arrived, d, "grpc-timeout")))
+}
+
+/// `ModelInfer`: handed to a free sibling at once when it would wait here; else run here,
+/// and handed to a sibling that shows free while it waits unstarted.
+async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {
+    let app = &call.app;
+    let meta = Meta {
+        arrived: call.arrived,
+        endpoint: Endpoint::GrpcInfer,
+        id: call.id.as_str().into(),
+        trace: call.trace.clone(),
+        deadline: deadline(req.headers(), call.arrived)?,
+    };
+    if let Some(refused) = meta.refusal(app) {
+        return Err(refused);
+    }
+    let (parts, body) = req.into_parts();
+    let framed = Reader::new(body, app.max_body_bytes)
+        .only(BODY_READ)
+        .await?;
+    let request: pb::ModelInferRequest = decode(&framed, "ModelInferRequest")?;
+    infer::check_model(app, &request.model_name, &request.model_version)?;
+    let taken_at = Instant::now();
+    let siblings = app.siblings.as_ref().filter(|_| !call.handed_in);
+    let handing = || Handing {
+        path: &call.path,
+        headers: &parts.headers,
+        id: call.id.as_str(),
+        deadline: meta.deadline.map(|d| d.at()),
+        framed: framed.clone(),
+    };
+    if let Some(s) = siblings.filter(|_| app.shared.would_queue()) {
+        if let Some(to) = s.reserve() {
+            if let Some(done) = relayed(s.hand(&to, handing()).await) {
+                return done;
+            }
+        }
+    }
+    meta.count_body(app, framed.len() - 5);
+    let mut request = Some(request);
+    let mut siblings = siblings;
+    loop {
+        let r = match request.take() {
+            Some(r) => r,
+            None => decode(&framed, "ModelInferRequest")?,
+        };
+        let handoff = siblings.map(|s| Box::pin(s.clone().turn()) as Handoff<'_, Reserved>);
+        let (specs, declared) = (app.metadata.inputs.clone(), app.metadata.outputs.clone());
+        let parse = move |r| infer::parse(r, specs.as_deref(), declared);
+        let last = claim(app);
+        let size = framed.len() - 5;
+        match work(meta.clone(), r, size, taken_at, last, app, parse, handoff).await? {
+            Ran::Done(out, asked, _) => {
+                let hw = match asked.hw_fetch {
+                    true => hw_fetch(Some("hwFetch"), app)?,
+                    false => None,
+                };
+                let resp = infer::response(app, out, asked, call.id.as_str(), hw)?;
+                return Ok(reply(&resp));
+            }
+            Ran::HandedOff(to) => {
+                let s: &Arc<Siblings> = siblings.expect("a hand-off comes from the siblings");
+                if let Some(done) = relayed(s.hand(&to, handing()).await) {
+                    return done;
+                }
+                // Not taken after all: it runs here, without another hand-off.
+                siblings = None;
+            }
+        }
+    }
+}
+
+/// A hand-off's end as the call's (`None`: not taken, serve it here).
+fn relayed(h: Handed) -> Option<Result<Outcome, ApiError>> {
+    match h {
+        Handed::Answered(resp) => Some(Ok(Outcome::Relayed(resp))),
+        Handed::NotTaken => None,
+        Handed::Lost(seat) => Some(Err(ApiError::SiblingLost(seat))),
+    }
+}
+
+impl Call {
+    fn endpoint(&self) -> Endpoint {
+        match self.method.as_str() {
+            "ModelInfer" | "ModelStreamInfer" => Endpoint::GrpcInfer,
+            _ => Endpoint::Grpc,
+        }
+    }
+
+    /// The answer to the call, recorded (unless relayed: the sibling recorded it; or a
+    /// stream: each of its requests is).
+    fn answer(&self, outcome: Outcome) -> Response<GrpcBody> {
+        let (status, frames, bytes) = match outcome {
+            Outcome::Relayed(r) => return r.map(GrpcBody::Relay),
+            Outcome::Stream(rx) => return self.response(GrpcBody::Stream(rx), None),
+            Outcome::Message(m) => {
+                let n = m.len();
+                let frames = VecDeque::from([Frame::data(m), Frame::trailers(ok_trailers())]);
+                (200, frames, n)
+            }
+            Outcome::Failed(e) => {
+                self.record(e.status().as_u16(), 0, self.arrived, self.trace.clone(), None);
+                return self.response(GrpcBody::Frames(VecDeque::new()), Some(&e));
+            }
+        };
+        self.record(status, bytes, self.arrived, self.trace.clone(), None);
+        self.response(GrpcBody::Frames(frames), None)
+    }
+
+    /// The answer's head: `failed`, a Trailers-Only answer (its status in the head).
+    fn response(&self, body: GrpcBody, failed: Option<&ApiError>) -> Response<GrpcBody> {
+        let mut resp = Response::new(body);
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(wire::CONTENT_TYPE));
+        h.insert("x-worker-pid", self.app.pid.clone());
+        h.insert(request_id::HEADER.clone(), self.id.0.clone());
+        if let Some(e) = failed {
+            status_headers(h, e);
+        }
+        resp
+    }
+
+    /// One answer in the access log and `/metrics` (`id`: a stream's request's own).
+    pub fn record(
+        &self,
+        status: u16,
+        bytes_out: usize,
+        arrived: Instant,
+        trace: Option<Arc<Trace>>,
+        id: Option<&str>,
+    ) {
+        if let Some(log) = &self.app.access_log {
+            log.push(Record {
+                time: SystemTime::now(),
+                request_id: id.unwrap_or(self.id.as_str()).to_string(),
+                method: "POST".into(),
+                target: self.path.clone(),
+                status,
+                bytes_out,
+                total: arrived.elapsed(),
+                trace,
+            });
+        }
+        if let Some(m) = &self.app.metrics {
+            m.answered(self.endpoint(), status, bytes_out, arrived.elapsed());
+        }
+    }
+}
+
+/// `grpc-status: 0`.
+pub fn ok_trailers() -> HeaderMap {
+    let mut t = HeaderMap::new();
+    t.insert("grpc-status", HeaderValue::from_static("0"));
+    t
+}
+
+/// An error's status: its gRPC code, message and type, and `retry-after` where REST sends
+/// `Retry-After`.
+pub fn status_headers(h: &mut HeaderMap, e: &ApiError) {
+    let code: GrpcCode = e.grpc_code();
+    h.insert("grpc-status", HeaderValue::from(code as u16));
+    h.insert("grpc-message", wire::message_value(&e.to_string()));
+    h.insert("x-error-type", HeaderValue::from_static(e.kind()));
+    if let Some(s) = e.retry_after() {
+        h.insert("retry-after", HeaderValue::from(s));
+    }
+}
