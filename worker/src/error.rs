@@ -448,7 +448,10 @@ mod tests {
             .take_while(|l| l.starts_with('|'));
         for line in table {
             let cells: Vec<&str> = line.split(" | ").collect();
-            let code = cells[0].trim_start_matches("| ").trim_matches('`').to_string();
+            let code = cells[0]
+                .trim_start_matches("| ")
+                .trim_matches('`')
+                .to_string();
             for t in cells[1].split('`').skip(1).step_by(2) {
                 grpc_listed.push((code.clone(), t.to_string()));
             }

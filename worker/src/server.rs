@@ -306,4 +306,3 @@ where
     }
     state.closed(&app_for_state);
 }
-

@@ -327,7 +327,13 @@ impl Call {
                 (200, frames, n)
             }
             Outcome::Failed(e) => {
-                self.record(e.status().as_u16(), 0, self.arrived, self.trace.clone(), None);
+                self.record(
+                    e.status().as_u16(),
+                    0,
+                    self.arrived,
+                    self.trace.clone(),
+                    None,
+                );
                 return self.response(GrpcBody::Frames(VecDeque::new()), Some(&e));
             }
         };

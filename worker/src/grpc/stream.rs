@@ -56,7 +56,11 @@ async fn serve(
             }
         };
         let arrived = Instant::now();
-        let trace = call.app.access_log.as_ref().map(|_| Arc::new(Trace::default()));
+        let trace = call
+            .app
+            .access_log
+            .as_ref()
+            .map(|_| Arc::new(Trace::default()));
         let meta = Meta {
             arrived,
             endpoint: Endpoint::GrpcInfer,

@@ -106,9 +106,10 @@ impl Reader {
     /// The one message of a unary call (framed), within `within` (`BODY_READ`).
     pub async fn only(mut self, within: Duration) -> Result<Bytes, ApiError> {
         let read = async {
-            let msg = self.next().await?.ok_or_else(|| {
-                ApiError::BadRequest("the gRPC request has no message".into())
-            })?;
+            let msg = self
+                .next()
+                .await?
+                .ok_or_else(|| ApiError::BadRequest("the gRPC request has no message".into()))?;
             match self.next().await? {
                 None => Ok(msg),
                 Some(_) => Err(ApiError::BadRequest(
@@ -128,7 +129,11 @@ pub fn timeout(h: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     let Some(v) = h.get("grpc-timeout") else {
         return Ok(None);
     };
-    let bad = || ApiError::BadRequest(format!("grpc-timeout must be 1 to 8 digits and a unit (H, M, S, m, u, n), not {v:?}"));
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "grpc-timeout must be 1 to 8 digits and a unit (H, M, S, m, u, n), not {v:?}"
+        ))
+    };
     let s = v.to_str().map_err(|_| bad())?;
     if s.len() < 2 || s.len() > 9 {
         return Err(bad());
@@ -219,7 +224,10 @@ mod tests {
         assert_eq!(t("1H").unwrap(), Some(Duration::from_secs(3600)));
         assert_eq!(t("3M").unwrap(), Some(Duration::from_secs(180)));
         assert_eq!(t("250m").unwrap(), Some(Duration::from_millis(250)));
-        assert_eq!(t("99999999u").unwrap(), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(
+            t("99999999u").unwrap(),
+            Some(Duration::from_micros(99_999_999))
+        );
         assert_eq!(t("5n").unwrap(), Some(Duration::from_nanos(5)));
         for bad in ["", "S", "5", "5s", "123456789S", "-5S", "1.5S"] {
             assert!(t(bad).is_err(), "{bad:?}");
@@ -230,14 +238,23 @@ mod tests {
             h.insert("grpc-timeout", crate::siblings::link::timeout_value(d));
             timeout(&h).unwrap().unwrap()
         };
-        assert_eq!(back(Duration::from_millis(1500)), Duration::from_millis(1500));
-        assert_eq!(back(Duration::from_secs(86_400)), Duration::from_secs(86_400));
+        assert_eq!(
+            back(Duration::from_millis(1500)),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            back(Duration::from_secs(86_400)),
+            Duration::from_secs(86_400)
+        );
         assert_eq!(back(Duration::ZERO), Duration::from_micros(1));
     }
 
     #[test]
     fn messages_are_percent_encoded() {
-        assert_eq!(message_value("input x: 50% é\n"), "input x: 50%25 %C3%A9%0A");
+        assert_eq!(
+            message_value("input x: 50% é\n"),
+            "input x: 50%25 %C3%A9%0A"
+        );
     }
 
     #[test]

@@ -59,7 +59,18 @@ pub async fn model_request<T: Send + 'static>(
     let body = read_body(req, app.max_body_bytes).await?;
     meta.count_body(app, body.len());
     let size = body.len();
-    match work(meta, body, size, taken_at, last, app, parse, None::<Handoff<'_, ()>>).await? {
+    match work(
+        meta,
+        body,
+        size,
+        taken_at,
+        last,
+        app,
+        parse,
+        None::<Handoff<'_, ()>>,
+    )
+    .await?
+    {
         Ran::Done(out, extra, last) => Ok((out, extra, last)),
         Ran::HandedOff(()) => unreachable!("a request without a hand-off is never handed off"),
     }

@@ -154,8 +154,8 @@ impl Drop for InFlight {
 
 /// A new link to the worker on `seat` (`None`: it does not listen, or is gone).
 pub async fn connect(board: u64, seat: u32) -> Option<SendRequest<Full<Bytes>>> {
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name(board, seat).as_bytes())
-        .ok()?;
+    let addr =
+        std::os::unix::net::SocketAddr::from_abstract_name(name(board, seat).as_bytes()).ok()?;
     // A Unix socket's connect completes at once while its listener's queue has room (a
     // sibling's queue holds at most one link per sibling).
     let std = match std::os::unix::net::UnixStream::connect_addr(&addr) {
@@ -198,10 +198,7 @@ pub fn request(h: &Handing<'_>) -> Result<Request<Full<Bytes>>, hyper::http::Err
     }
     if let Some(at) = h.deadline {
         let left = at.saturating_duration_since(Instant::now());
-        headers.insert(
-            HeaderName::from_static("grpc-timeout"),
-            timeout_value(left),
-        );
+        headers.insert(HeaderName::from_static("grpc-timeout"), timeout_value(left));
     }
     Ok(req)
 }

@@ -193,7 +193,10 @@ impl Siblings {
     async fn link(&self, seat: u32) -> Option<SendRequest<Full<Bytes>>> {
         let kept = {
             let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            links.iter().find(|(s, _)| *s == seat).map(|(_, l)| l.clone())
+            links
+                .iter()
+                .find(|(s, _)| *s == seat)
+                .map(|(_, l)| l.clone())
         };
         if let Some(l) = kept.filter(|l| !l.is_closed()) {
             return Some(l);

@@ -290,8 +290,12 @@ pub fn check(
     spec: Option<&TensorSpec>,
 ) -> Result<Checked, BodyError> {
     let v2 = datatype;
-    let datatype = Datatype::from_v2(v2)
-        .ok_or_else(|| format!("input {name}: unknown datatype '{v2}' ({})", Datatype::V2_NAMES))?;
+    let datatype = Datatype::from_v2(v2).ok_or_else(|| {
+        format!(
+            "input {name}: unknown datatype '{v2}' ({})",
+            Datatype::V2_NAMES
+        )
+    })?;
     match spec {
         Some(spec) if spec.datatype != datatype => {
             return Err(BodyError::Invalid(format!(
