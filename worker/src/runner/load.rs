@@ -250,6 +250,30 @@ mod tests {
         );
     }
 
+    /// Issue 44, item 9: docs/options.md says what the code does with a cap that cannot be
+    /// set (a failed load, exit 3), not exit 7 or 5.
+    #[test]
+    fn the_exit_status_docs_put_a_cap_not_set_under_3() {
+        let cap = LoadError::Cap {
+            path: "m.pt".into(),
+            cap_mb: 1000,
+            reason: "x".into(),
+        };
+        assert_eq!(cap.exit_code(), 3);
+        let doc = include_str!("../../../docs/options.md");
+        let row = |status: &str| {
+            doc.lines()
+                .find(|l| l.starts_with(&format!("| {status} |")))
+                .unwrap_or_else(|| panic!("docs/options.md has no row for exit status {status}"))
+        };
+        assert!(row("3").contains("allocator cap could not be set"), "{}", row("3"));
+        assert!(!row("5").contains("cap"), "{}", row("5"));
+        assert!(
+            doc.contains("A worker whose CUDA allocator cap cannot be set (the GPU busy or full as it starts) exits 3"),
+            "docs/options.md says what a worker does with a cap it cannot set"
+        );
+    }
+
     #[test]
     fn load_errors_are_one_short_line() {
         let e = first_line("Internal torch error: PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal miniz error. If you are seeing this error, …\nException raised from x");
