@@ -446,7 +446,11 @@ fn a_recoverable_cuda_error_fails_its_request_alone_and_the_worker_serves_on() {
         .collect();
     inputs.insert(3, bad.clone());
     let bodies: Vec<String> = inputs.iter().map(body).collect();
-    for (k, (r, x)) in concurrently(s.port, &bodies).iter().zip(&inputs).enumerate() {
+    for (k, (r, x)) in concurrently(s.port, &bodies)
+        .iter()
+        .zip(&inputs)
+        .enumerate()
+    {
         let what = format!("request {k} {x}");
         if k == 3 {
             assert_model_error(r, "CUDA error: invalid configuration argument", &what);
@@ -462,7 +466,11 @@ fn a_recoverable_cuda_error_fails_its_request_alone_and_the_worker_serves_on() {
     let r = s.post("/", &body(&json!([[0.0, 0.0, 0.0, 0.0]])));
     assert_outputs(&r, &json!([[1.0, 1.0, 1.0, 1.0]]), "after the CUDA errors");
     assert_eq!(r.pid(), pid);
-    assert!(s.events_named("worker_exited").is_empty(), "{}", s.log_text());
+    assert!(
+        s.events_named("worker_exited").is_empty(),
+        "{}",
+        s.log_text()
+    );
     // A sticky error ends the worker.
     let r = s.post("/", &body(&json!([[666.0, 0.0, 0.0, 0.0]])));
     assert_model_error(&r, "an illegal memory access was encountered", "sticky");

@@ -507,10 +507,7 @@ fn mig_capable_disabled_and_incapable_gpus() {
 fn gpu_instance_id(nvml: &Nvml, dev: &Device) -> u32 {
     let mut id = u32::MAX;
     // SAFETY: a live handle from this NVML, and `id` is a writable u32.
-    let rc = unsafe {
-        nvml.lib()
-            .nvmlDeviceGetGpuInstanceId(dev.handle(), &mut id)
-    };
+    let rc = unsafe { nvml.lib().nvmlDeviceGetGpuInstanceId(dev.handle(), &mut id) };
     assert_eq!(rc, 0, "nvmlDeviceGetGpuInstanceId");
     id
 }
@@ -523,14 +520,26 @@ fn compute_instances_of_one_gpu_instance_share_its_memory() {
     let sim = SimGpus::new(vec![SimGpu::a100_40gb().mig(
         SimMig::enabled()
             .instance(
-                SimMigInstance::new("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", "MIG-ci-0", 19_968, 2, 0)
-                    .free_follows_processes()
-                    .process(51, 3_000),
+                SimMigInstance::new(
+                    "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb",
+                    "MIG-ci-0",
+                    19_968,
+                    2,
+                    0,
+                )
+                .free_follows_processes()
+                .process(51, 3_000),
             )
             .instance(
-                SimMigInstance::new("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", "MIG-ci-1", 19_968, 2, 1)
-                    .free_follows_processes()
-                    .process(52, 1_000),
+                SimMigInstance::new(
+                    "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb",
+                    "MIG-ci-1",
+                    19_968,
+                    2,
+                    1,
+                )
+                .free_follows_processes()
+                .process(52, 1_000),
             )
             .instance(SimMigInstance::a100_1g_5gb("MIG-gi-9", 9)),
     )]);
@@ -589,7 +598,10 @@ fn under_mps_the_clients_are_in_the_mps_list() {
     let gpu = nvml.device_by_index(0).unwrap();
     assert_eq!(gpu.compute_mode().unwrap(), ComputeMode::ExclusiveProcess);
     let compute = gpu.running_compute_processes().unwrap();
-    assert_eq!(compute.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![4_242]);
+    assert_eq!(
+        compute.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![4_242]
+    );
     assert_eq!(used(&compute[0]), Some(300 * MB));
     let clients = gpu.mps_running_compute_processes().unwrap();
     assert_eq!(

@@ -22,7 +22,9 @@ pub enum RunError {
     CudaFatal(String),
     /// A CUDA error that leaves the context usable (a kernel refusing this input's sizes, a
     /// library not supporting its type): this request's error; the worker serves on.
-    #[error("CUDA error while running the model on this request's input (the worker serves on): {0}")]
+    #[error(
+        "CUDA error while running the model on this request's input (the worker serves on): {0}"
+    )]
     Cuda(String),
     /// The model thread is gone (it panicked out, or the worker is stopping).
     #[error("the model thread is not running")]
@@ -233,7 +235,8 @@ mod tests {
         for oom in [
             "CUDA driver error: out of memory".to_string(),
             "cuFFT error: CUFFT_ALLOC_FAILED\nException raised from CUFFT_CHECK".to_string(),
-            "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`".to_string(),
+            "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"
+                .to_string(),
         ] {
             assert!(matches!(classify(&oom), RunError::OutOfMemory(_)), "{oom}");
         }
