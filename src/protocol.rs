@@ -82,7 +82,7 @@ pub struct GpuAssignment {
     #[serde(default)]
     pub mig: Option<MigInstance>,
     /// Under NVIDIA MPS: the worker's driver-enforced memory limit, MB, set as
-    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>M` (its device is 0 to itself) before CUDA
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>MB` (its device is 0 to itself) before CUDA
     /// starts, unless the operator set that variable.
     #[serde(default)]
     pub mps_limit_mb: Option<u64>,
@@ -95,7 +95,7 @@ pub const ENV_MPS_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
 /// The value of [`ENV_MPS_MEM_LIMIT`] for a worker limited to `mb` on its one device.
 pub fn mps_limit_value(mb: u64) -> String {
-    format!("0={mb}M")
+    format!("0={mb}MB")
 }
 
 /// The GPU variables a worker placed on `gpu` starts CUDA with: `CUDA_VISIBLE_DEVICES` (its

@@ -1253,7 +1253,7 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
             environ(*w)
                 .get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
                 .map(String::as_str),
-            Some(format!("0={}M", usable / u64::from(share.fits)).as_str()),
+            Some(format!("0={}MB", usable / u64::from(share.fits)).as_str()),
             "worker {w}"
         );
         // Item 8: what --max-worker-gpu-mb adds to the allocator's bytes until NVML shows

@@ -4,7 +4,8 @@
 /// Clean stop (TERM, INT, QUIT; `app plan`).
 pub const OK: i32 = 0;
 /// Usage or configuration error before any worker starts: bad flag, bad environment value,
-/// bad metadata, port in use, model does not fit.
+/// bad metadata, port in use, model does not fit; a plan that puts workers on GPUs with
+/// PyTorch's caching allocator turned off (`PYTORCH_NO_CUDA_MEMORY_CACHING=1`: no cap).
 pub const CONFIG: i32 = 2;
 /// The model could not be loaded by the first workers.
 pub const MODEL_LOAD: i32 = 3;
