@@ -171,6 +171,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::DocumentsTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "documents_too_large"),
             ApiError::Run(RunError::CudaFatal(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_error"),
+            ApiError::Run(RunError::Cuda(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_request_error"),
             ApiError::Run(RunError::Unsupported(_)) => (S::INTERNAL_SERVER_ERROR, "output_error"),
             ApiError::PreprocessFailed(_) => (S::INTERNAL_SERVER_ERROR, "preprocessing_failed"),
             ApiError::QueueWait { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
@@ -198,7 +199,7 @@ impl ApiError {
 
     /// The gRPC status of the error (`grpc-status` of a gRPC call it ends), from its row:
     /// by its HTTP status, and where gRPC has a closer code, by its type (an unknown method
-    /// is `UNIMPLEMENTED`, an unknown model `NOT_FOUND`). docs/api.md lists the mapping.
+    /// is `UNIMPLEMENTED`, an unknown model `NOT_FOUND`). docs/grpc.md lists the mapping.
     pub fn grpc_code(&self) -> GrpcCode {
         use GrpcCode as G;
         let (status, kind) = self.row();
@@ -250,7 +251,7 @@ mod tests {
     use super::*;
 
     /// Every error type the table gives, in the order docs/api.md lists them.
-    const TYPES: [&str; 23] = [
+    const TYPES: [&str; 24] = [
         "invalid_input",
         "bad_request",
         "unauthorized",
@@ -263,6 +264,7 @@ mod tests {
         "documents_too_large",
         "model_error",
         "cuda_error",
+        "cuda_request_error",
         "output_error",
         "preprocessing_failed",
         "sibling_lost",
@@ -299,6 +301,7 @@ mod tests {
             (ApiError::Run(RunError::Unsupported("x".into())), 500),
             (ApiError::Run(RunError::Request("x".into())), 400),
             (ApiError::Run(RunError::CudaFatal("x".into())), 500),
+            (ApiError::Run(RunError::Cuda("x".into())), 500),
             (ApiError::Run(RunError::OutOfMemory("x".into())), 507),
             (ApiError::Unavailable, 503),
             (ApiError::ModelStuck, 503),
@@ -334,6 +337,10 @@ mod tests {
         assert_eq!(ApiError::Timeout(5).retry_after(), None);
         let oom = ApiError::Run(RunError::OutOfMemory("Tried to allocate".into()));
         assert!(oom.to_string().contains("CUDA out of memory"));
+        // A CUDA error that leaves the context usable keeps the connection (the worker
+        // serves on); a sticky one closes it (the worker is going away).
+        assert!(!ApiError::Run(RunError::Cuda("x".into())).closes_connection());
+        assert!(ApiError::Run(RunError::CudaFatal("x".into())).closes_connection());
     }
 
     #[test]
@@ -416,6 +423,7 @@ mod tests {
             ApiError::DocumentsTooLarge("x".into()),
             ApiError::Run(RunError::Model("x".into())),
             ApiError::Run(RunError::CudaFatal("x".into())),
+            ApiError::Run(RunError::Cuda("x".into())),
             ApiError::Run(RunError::Unsupported("x".into())),
             ApiError::PreprocessFailed("x".into()),
             ApiError::SiblingLost(1),
@@ -439,9 +447,9 @@ mod tests {
             }
             grpc_want.push((e.grpc_code().name().to_string(), e.kind().to_string()));
         }
-        // The gRPC table: `| gRPC status | types |`, each type in the row of its code.
+        // docs/grpc.md's table: `| gRPC status | types |`, each type in the row of its code.
         let mut grpc_listed: Vec<(String, String)> = Vec::new();
-        let table = doc
+        let table = include_str!("../../docs/grpc.md")
             .lines()
             .skip_while(|l| !l.starts_with("| gRPC status | types |"))
             .skip(2)
@@ -459,7 +467,7 @@ mod tests {
         grpc_want.sort();
         grpc_want.dedup();
         grpc_listed.sort();
-        assert_eq!(grpc_listed, grpc_want, "docs/api.md's gRPC status table");
+        assert_eq!(grpc_listed, grpc_want, "docs/grpc.md's gRPC status table");
         assert_eq!(
             want.iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>(),
             TYPES,
