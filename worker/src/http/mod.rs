@@ -6,6 +6,7 @@
 
 pub mod answer;
 pub mod body_kind;
+pub mod deadline;
 pub mod dispatch;
 pub mod pipeline;
 pub mod request;

@@ -8,13 +8,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::CONTENT_LENGTH;
 use hyper::Request;
 use vramfork::protocol::RetireReason;
 
-use super::request::{arrival, endpoint_of, request_id_of};
+pub use super::deadline::{Deadline, MAX_TIMEOUT_S};
+use super::request::{arrival, endpoint_of, read_body, request_id_of};
 use crate::access_log::Trace;
 use crate::app::App;
 use crate::args::Inputs;
@@ -23,7 +22,6 @@ use crate::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::runner::{Encoding, RunError, RunOutput};
 use crate::state::Shared;
-use crate::timeouts::BODY_READ;
 
 /// A model request, whatever its protocol (`POST /`, v2 infer): refused at once when it
 /// waited past `--max-queue-wait`; counted towards `--max-requests` (retiring the worker
@@ -167,13 +165,11 @@ pub async fn work<T: Send + 'static, B: Send + 'static, H>(
             .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))?
     }?;
     // The earlier of the header's deadline and the body's.
-    let body_deadline = parsed.timeout.map(|t| Deadline {
-        at: arrived + t,
-        limit: t,
-        source: "parameters.timeout",
-    });
+    let body_deadline = parsed
+        .timeout
+        .map(|t| Deadline::after(arrived, t, "parameters.timeout"));
     let deadline = match (header_deadline, body_deadline) {
-        (Some(a), Some(b)) => Some(if b.at < a.at { b } else { a }),
+        (Some(a), Some(b)) => Some(if b.at() < a.at() { b } else { a }),
         (a, b) => a.or(b),
     };
     let mut parsed = parsed;
@@ -234,7 +230,7 @@ async fn preprocess(
     let work = docs.run(
         &app.input_specs,
         inputs,
-        deadline.map(|d| d.at),
+        deadline.map(|d| d.at()),
         app.request_timeout,
     );
     let (inputs, took) = match work.await {
@@ -264,73 +260,6 @@ pub struct Parsed<T> {
     pub timeout: Option<Duration>,
     pub extra: T,
 }
-
-/// The header a client gives its deadline in, in seconds from the request's arrival.
-pub const TIMEOUT_HEADER: &str = "x-request-timeout";
-
-/// A client's deadline: past it the request is not run.
-#[derive(Debug, Clone, Copy)]
-pub struct Deadline {
-    at: Instant,
-    limit: Duration,
-    /// Where the client gave it (`X-Request-Timeout`, `parameters.timeout`).
-    source: &'static str,
-}
-
-impl Deadline {
-    /// `limit` from `arrived`, as the client gave it in `source` (a header's name).
-    pub fn after(arrived: Instant, limit: Duration, source: &'static str) -> Deadline {
-        Deadline {
-            at: arrived + limit,
-            limit,
-            source,
-        }
-    }
-
-    /// When it passes.
-    pub fn at(&self) -> Instant {
-        self.at
-    }
-
-    /// `X-Request-Timeout: S` (seconds, > 0); a bad value is a 400.
-    fn from_header(h: &hyper::HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
-        let Some(v) = h.get(TIMEOUT_HEADER) else {
-            return Ok(None);
-        };
-        let secs = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0 && *s <= MAX_TIMEOUT_S)
-            .ok_or_else(|| {
-                ApiError::BadRequest(format!(
-                    "X-Request-Timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (e.g. 2.5), not {v:?}"
-                ))
-            })?;
-        let limit = Duration::from_secs_f64(secs);
-        Ok(Some(Deadline {
-            at: arrived + limit,
-            limit,
-            source: "X-Request-Timeout",
-        }))
-    }
-
-    /// The refusal when it has passed.
-    fn refusal(&self, arrived: Instant) -> Option<ApiError> {
-        (Instant::now() >= self.at).then(|| self.expired(arrived))
-    }
-
-    fn expired(&self, arrived: Instant) -> ApiError {
-        ApiError::DeadlineExpired {
-            waited_ms: arrived.elapsed().as_millis() as u64,
-            limit_ms: self.limit.as_millis() as u64,
-            given_in: self.source,
-        }
-    }
-}
-
-/// The longest timeout a client may give (a day): anything longer is a mistake.
-pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
 /// A parsed request on its way to the model.
 struct Job {
@@ -393,7 +322,7 @@ async fn run<H>(
     }
     let mut ticket = app
         .runner
-        .submit(id, input, encoding, deadline.map(|d| d.at))
+        .submit(id, input, encoding, deadline.map(|d| d.at()))
         .await
         .map_err(ApiError::Run)?;
     let claim = ticket.claim();
@@ -422,7 +351,7 @@ async fn run<H>(
                     }
                     queued = false;
                 }
-                _ = sleep_until(deadline.map(|d| d.at)), if queued => {
+                _ = sleep_until(deadline.map(|d| d.at())), if queued => {
                     if claim.withdraw() {
                         return Err(deadline.expect("a deadline to sleep until").expired(arrived));
                     }
@@ -539,40 +468,5 @@ impl<'a> Working<'a> {
 impl Drop for Working<'_> {
     fn drop(&mut self) {
         self.0.update(|c| c.working -= 1);
-    }
-}
-
-/// Reads the whole body into one buffer sized from `Content-Length` (no copy of the whole
-/// at the end): refused at once when `Content-Length` is over the limit, and never more than
-/// the limit while streaming; bounded in time by [`BODY_READ`].
-async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, ApiError> {
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(ApiError::TooLarge { limit });
-    }
-    let mut body = req.into_body();
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
-    let read = async {
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                ApiError::BadRequest(format!("could not read the request body: {e}"))
-            })?;
-            if let Ok(data) = frame.into_data() {
-                if (buf.len() + data.len()) as u64 > limit {
-                    return Err(ApiError::TooLarge { limit });
-                }
-                buf.extend_from_slice(&data);
-            }
-        }
-        Ok(())
-    };
-    match tokio::time::timeout(BODY_READ, read).await {
-        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
-        Ok(Err(e)) => Err(e),
-        Ok(Ok(())) => Ok(buf),
     }
 }

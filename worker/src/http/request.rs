@@ -1,10 +1,12 @@
-//! What every handler reads of a request besides its body: when it arrived, its id, the
+//! What every handler reads of a request: when it arrived, its id, the
 //! endpoint it is counted under, whether it asks for hwFetch; and the one header of Triton's
-//! binary extension both directions use.
+//! binary extension both directions use; and its body, within the limits ([`read_body`]).
 
 use std::time::Instant;
 
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::header::CONTENT_LENGTH;
 use hyper::{Method, Request};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
@@ -13,6 +15,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::request_id::RequestId;
+use crate::timeouts::BODY_READ;
 
 /// Triton's binary tensor data extension: the length of the JSON header of a body that goes
 /// on with raw tensor data.
@@ -83,4 +86,39 @@ pub fn with_hw(mut body: Value, hw: Option<String>) -> Value {
         map.insert("hwFetch".into(), Value::String(line));
     }
     body
+}
+
+/// Reads the whole body into one buffer sized from `Content-Length` (no copy of the whole
+/// at the end): refused at once when `Content-Length` is over the limit, and never more than
+/// the limit while streaming; bounded in time by [`BODY_READ`].
+pub async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, ApiError> {
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::BadRequest(format!("could not read the request body: {e}"))
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > limit {
+                    return Err(ApiError::TooLarge { limit });
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_READ, read).await {
+        Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Ok(buf),
+    }
 }
