@@ -101,11 +101,8 @@ pub async fn handle(
         h.insert(RETRY_AFTER, HeaderValue::from(s));
     }
     match closer {
-        Some(c) => {
-            if app.shared.must_close_multiplexed() {
-                c.ask();
-            }
-        }
+        Some(c) if app.shared.must_close_multiplexed() => c.ask(),
+        Some(_) => {}
         None if answer.close || app.shared.must_close() => {
             h.insert(CONNECTION, HeaderValue::from_static("close"));
         }
