@@ -269,6 +269,9 @@ pub enum ControlMsg {
     Heartbeat {
         served: u64,
         in_flight: u32,
+        /// Requests it has taken that wait for the model (not started yet).
+        #[serde(default)]
+        queued: u32,
         #[serde(default)]
         allocator_peak: Option<u64>,
         #[serde(default)]
@@ -406,6 +409,7 @@ mod tests {
             ControlMsg::Heartbeat {
                 served: 7,
                 in_flight: 1,
+                queued: 2,
                 allocator_peak: Some(3 << 30),
                 allocator_reserved: None,
                 footprint: Some(3 << 30),

@@ -569,6 +569,8 @@ fn the_grafana_dashboard_refers_only_to_exported_metrics() {
         "vramfork_gpu_memory_used_bytes",
         "vramfork_worker_gpu_memory_used_bytes",
         "vramfork_worker_exits_total",
+        "vramfork_requests_waiting",
+        "vramfork_queue_wait_seconds_bucket",
     ] {
         assert!(used.contains(family), "the dashboard shows no {family}");
     }

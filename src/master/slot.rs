@@ -117,6 +117,8 @@ pub struct WorkerState {
     pub served: u64,
     /// Requests in flight, as its last heartbeat (or retiring message) said.
     pub in_flight: u32,
+    /// Requests it has taken that wait for the model, as its last heartbeat said.
+    pub queued: u32,
     /// NVML index of its GPU, if it has one.
     pub gpu: Option<u32>,
     pub retire_reason: Option<RetireReason>,
@@ -151,6 +153,7 @@ impl WorkerState {
             last_heartbeat: now,
             served: 0,
             in_flight: 0,
+            queued: 0,
             gpu,
             retire_reason: None,
             asked_to_stop: None,

@@ -128,6 +128,7 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
         shared.control.send(&ControlMsg::Heartbeat {
             served: c.served,
             in_flight: c.in_flight,
+            queued: app.runner.queued(),
             allocator_peak: peak,
             allocator_reserved: reserved,
             footprint,

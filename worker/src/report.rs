@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use vramfork::metrics::endpoint::Source;
-use vramfork::metrics::exposition::{PlanGauges, Snapshot, WorkerRow};
+use vramfork::metrics::exposition::{PlanGauges, Snapshot, Waiting, WorkerRow};
 use vramfork::metrics::histogram::Hist;
 use vramfork::metrics::traffic::Traffic;
 use vramfork::protocol::{ControlMsg, WorkerMetrics};
@@ -52,6 +52,7 @@ impl Source for DevSource {
         Snapshot {
             traffic: app.traffic(),
             in_flight: u64::from(c.in_flight),
+            waiting: Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued())),
             workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,
             starts: [("exec".to_string(), 1)].into(),

@@ -193,6 +193,14 @@ impl Shared {
         *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner()) = fd;
     }
 
+    /// The listening socket's accept queue, as the kernel counts it (`None` once this worker
+    /// stopped accepting): read under the lock the accept loop takes to clear the socket
+    /// before closing it, so never on a closed or reused descriptor.
+    pub fn listen_backlog(&self) -> Option<vramfork::metrics::listen_queue::Backlog> {
+        let fd = self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
+        fd.and_then(vramfork::metrics::listen_queue::read)
+    }
+
     /// Whether connections wait in the listen queue that no worker has taken yet.
     pub fn others_waiting(&self) -> bool {
         let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());

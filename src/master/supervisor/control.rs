@@ -121,6 +121,7 @@ impl Supervisor {
                 ControlMsg::Heartbeat {
                     served,
                     in_flight,
+                    queued,
                     allocator_peak,
                     allocator_reserved,
                     footprint,
@@ -130,6 +131,7 @@ impl Supervisor {
                     st.last_heartbeat = now;
                     st.served = served;
                     st.in_flight = in_flight;
+                    st.queued = queued;
                 }
                 ControlMsg::Retiring {
                     reason,

@@ -28,7 +28,7 @@ mod reload;
 mod template;
 
 use std::net::TcpListener;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -191,6 +191,9 @@ impl Supervisor {
         if let Some(m) = &self.metrics {
             let stopping = self.stopping.is_some();
             m.pool(now, stopping, self.workers.iter().map(|w| &w.state));
+            // One getsockopt: the kernel's count of connections waiting for a worker.
+            let fd = self.listener.as_ref().map(|l| l.as_raw_fd());
+            m.backlog(fd.and_then(crate::metrics::listen_queue::read));
         }
     }
 

@@ -90,11 +90,37 @@ pub struct PlanGauges {
     pub footprint_observed_mb: Option<u64>,
 }
 
+/// Requests waiting for a model, now: the `queue` rows of `vramfork_requests_waiting`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Waiting {
+    /// Connections with a request in the listening socket's accept queue, not taken by any
+    /// worker yet (the kernel's count, [`crate::metrics::listen_queue`]).
+    pub listen: u64,
+    /// Requests workers have taken that wait for their model (as of their last
+    /// heartbeats).
+    pub model: u64,
+    /// How many connections the accept queue may hold; `None` when the socket is closed.
+    pub listen_limit: Option<u64>,
+}
+
+impl Waiting {
+    /// The listening socket's queue as read now (`None`: the socket is closed, as when
+    /// the server stops), with the workers' model queues.
+    pub fn of(backlog: Option<crate::metrics::listen_queue::Backlog>, model: u64) -> Waiting {
+        Waiting {
+            listen: backlog.map_or(0, |b| u64::from(b.waiting)),
+            model,
+            listen_limit: backlog.map(|b| u64::from(b.limit)),
+        }
+    }
+}
+
 /// Everything `/metrics` shows, at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub traffic: Traffic,
     pub in_flight: u64,
+    pub waiting: Waiting,
     /// By [`STATES`].
     pub workers: [u32; 3],
     pub planned: u32,

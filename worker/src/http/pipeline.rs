@@ -306,8 +306,14 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
             }
         }
     };
-    if let (Some(t), Some(at)) = (trace, claim.started_at()) {
-        t.started(at.saturating_duration_since(queue_from));
+    if let Some(at) = claim.started_at() {
+        let waited = at.saturating_duration_since(queue_from);
+        if let Some(t) = trace {
+            t.started(waited);
+        }
+        if let Some(m) = &app.metrics {
+            m.waited(waited);
+        }
     }
     match run {
         None => {
