@@ -105,6 +105,9 @@ pub struct WorkerConfig {
     pub metadata_path: String,
     /// Absolute path of the TorchScript file.
     pub model_path: String,
+    /// The model's v2 name (`--model-name`); `None`: the metadata's `name`.
+    #[serde(default)]
+    pub model_name: Option<String>,
     pub device: Device,
     pub gpu: Option<GpuAssignment>,
     /// Model requests after which the worker retires (jitter already added); 0 = never.

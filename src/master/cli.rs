@@ -32,6 +32,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_MODEL", value_name = "FILE")]
     pub model: Option<OsString>,
 
+    /// The model's name in the v2 protocol (/v2/models/NAME/...); KServe's serving runtime
+    /// passes the InferenceService's name. [default: the metadata's name]
+    #[arg(long, global = true, env = "VRAMFORK_MODEL_NAME", value_name = "NAME")]
+    pub model_name: Option<String>,
+
     /// Address to listen on (use 0.0.0.0 in containers). [default: 127.0.0.1]
     #[arg(long, global = true, env = "VRAMFORK_HOST")]
     pub host: Option<String>,
@@ -294,6 +299,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--production", "VRAMFORK_PRODUCTION"),
     ("--metadata", "VRAMFORK_METADATA"),
     ("--model", "VRAMFORK_MODEL"),
+    ("--model-name", "VRAMFORK_MODEL_NAME"),
     ("--host", "VRAMFORK_HOST"),
     ("--port", "VRAMFORK_PORT"),
     ("--metrics-port", "VRAMFORK_METRICS_PORT"),

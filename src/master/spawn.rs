@@ -65,6 +65,7 @@ pub fn worker_config(
         metadata_json: cfg.metadata.to_json(),
         metadata_path: cfg.metadata.path.display().to_string(),
         model_path: cfg.model_display(),
+        model_name: cfg.model_name.clone(),
         device,
         gpu,
         max_requests,

@@ -22,6 +22,8 @@ pub struct App {
     pub shared: Arc<Shared>,
     pub runner: Runner,
     pub metadata: AppMetadata,
+    /// The model's name in the v2 protocol: `--model-name`, else the metadata's `name`.
+    pub model_name: String,
     pub hw: Hw,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
@@ -63,6 +65,10 @@ impl App {
         App {
             shared,
             runner,
+            model_name: cfg
+                .model_name
+                .clone()
+                .unwrap_or_else(|| metadata.name.clone()),
             metadata,
             hw,
             max_body_bytes: cfg.max_body_bytes,

@@ -54,6 +54,8 @@ pub struct Config {
     pub model_path: Option<PathBuf>,
     /// `--model`, when given: a reload keeps it instead of the metadata's `model`.
     pub model_override: Option<PathBuf>,
+    /// `--model-name`: the model's v2 name, instead of the metadata's `name`.
+    pub model_name: Option<String>,
     pub host: String,
     pub port: u16,
     /// `--metrics-port`: serve `/metrics` there (0 = any free port); `None` = no metrics.
@@ -156,6 +158,27 @@ fn metadata_and_model(
     Ok((metadata, model_override, model_path))
 }
 
+/// The longest `--model-name`: Kubernetes object names (an InferenceService's) have at most
+/// 253 characters.
+const MODEL_NAME_MAX: usize = 253;
+
+/// `--model-name`: a v2 path segment (`/v2/models/NAME`), so no `/`, no control characters,
+/// not blank, at most [`MODEL_NAME_MAX`] characters.
+fn model_name(v: Option<String>, c: &Checker<'_>) -> Result<Option<String>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let ok = !v.trim().is_empty()
+        && v.chars().count() <= MODEL_NAME_MAX
+        && !v.chars().any(|ch| ch == '/' || ch.is_control());
+    if !ok {
+        return Err(c.bad(
+            "--model-name",
+            &v,
+            &format!("expected a name of 1 to {MODEL_NAME_MAX} characters without '/' or control characters (such as an InferenceService's name)"),
+        ));
+    }
+    Ok(Some(v))
+}
+
 /// The worker binary: `--worker-binary`, else `app-worker` beside `app`; it must exist
 /// unless only the plan is printed.
 fn worker_binary(
@@ -209,6 +232,7 @@ impl Config {
 
         let (metadata, model_override, model_path) =
             metadata_and_model(cli.metadata.as_deref(), cli.model.as_deref(), mode)?;
+        let model_name = model_name(cli.model_name.clone(), &c)?;
         let Address {
             host,
             port,
@@ -243,6 +267,7 @@ impl Config {
             metadata,
             model_path,
             model_override,
+            model_name,
             host,
             port,
             metrics_port,
@@ -401,6 +426,7 @@ mod tests {
             "--memory-headroom" => cli.memory_headroom = Some(v),
             "--batch-timeout-ms" => cli.batch_timeout_ms = Some(v),
             "--torch-threads" => cli.torch_threads = Some(v),
+            "--model-name" => cli.model_name = Some(v),
             _ => {}
         }
     }
@@ -421,6 +447,35 @@ mod tests {
         assert_eq!(c.gpu_reserve_mb, 500);
         assert!(c.workers_override.is_none() && c.max_worker_gpu_mb.is_none());
         assert!(c.model_path.unwrap().ends_with("m.pt"));
+    }
+
+    #[test]
+    fn the_model_name_is_a_path_segment() {
+        let e = Env::new();
+        assert_eq!(e.run(&[]).unwrap().model_name, None, "the metadata's name");
+        let c = e.run(&["--model-name", "cifar10-cnn"]).unwrap();
+        assert_eq!(c.model_name.as_deref(), Some("cifar10-cnn"));
+        let c = Env::new()
+            .var("VRAMFORK_MODEL_NAME", "from-env")
+            .run(&[])
+            .unwrap();
+        assert_eq!(c.model_name.as_deref(), Some("from-env"));
+        let long = "n".repeat(254);
+        for bad in ["a/b", "tab\there", " ", long.as_str()] {
+            let err = e.run(&["--model-name", bad]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid value '{bad}' for --model-name: expected a name of 1 to 253 characters")),
+                "{err}"
+            );
+        }
+        let err = Env::new()
+            .var("VRAMFORK_MODEL_NAME", "x/y")
+            .run(&[])
+            .unwrap_err();
+        assert!(
+            err.contains("VRAMFORK_MODEL_NAME (for --model-name)"),
+            "{err}"
+        );
     }
 
     #[test]
