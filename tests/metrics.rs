@@ -200,6 +200,9 @@ fn counts_across_recycles(max_requests: &str, n: usize) {
         sum(end, "vramfork_forward_duration_seconds_count", &[]),
         n_f
     );
+    // Every pass started after a wait (however short): the queue-wait histogram counts
+    // each request once, summed over both workers and every worker they replaced.
+    assert_eq!(sum(end, "vramfork_queue_wait_seconds_count", &[]), n_f);
     let bytes_in = sum(end, "vramfork_request_bytes_total", &infer);
     assert_eq!(bytes_in, (n * INPUT.len()) as f64);
     assert!(sum(end, "vramfork_response_bytes_total", &infer) > 0.0);
