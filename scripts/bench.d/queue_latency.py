@@ -7,7 +7,7 @@ sampler scrapes /metrics every 100 ms. Per level: throughput, latency percentile
 and highest `vramfork_requests_waiting` (listen + model) the scrapes saw, and the mean wait
 and pass from the histograms. Writes OUT.json and OUT.md.
 
-usage: queue.py [--app target/release/app] [--dir bench/tmp/real] [--workers 2]
+usage: queue_latency.py [--app target/release/app] [--dir bench/tmp/real] [--workers 2]
                 [--levels 1,2,3,4,6,8,12,16] [--seconds 20] [--out bench/queue]
                 [--command "scripts/bench --only queue"]"""
 import argparse
