@@ -7,9 +7,10 @@ sampler scrapes /metrics every 100 ms. Per level: throughput, latency percentile
 and highest `vramfork_requests_waiting` (listen + model) the scrapes saw, and the mean wait
 and pass from the histograms. Writes OUT.json and OUT.md.
 
-usage: queue_latency.py [--app target/release/app] [--dir bench/tmp/real] [--workers 2]
-                [--levels 1,2,3,4,6,8,12,16] [--seconds 20] [--out bench/queue]
-                [--command "scripts/bench --only queue"]"""
+usage: queue_latency.py [--app target/release/app] [--dir bench/tmp/real] [--model cnn]
+                        [--workers 2] [--levels 1,2,3,4,6,8,12,16] [--seconds 20]
+                        [--out bench/queue] [--command "scripts/bench --only queue"]
+For another model: --dir holds MODEL.json (its app metadata) and MODEL.body (a POST / body)."""
 import argparse
 import http.client
 import json
@@ -21,6 +22,9 @@ import subprocess
 import sys
 import threading
 import time
+
+
+CNN = "the CIFAR-style CNN (scripts/bench.d/make_real.py; 1×3×32×32)"
 
 
 def free_port():
@@ -103,6 +107,7 @@ def main():
     a = argparse.ArgumentParser()
     a.add_argument("--app", default="target/release/app")
     a.add_argument("--dir", default="bench/tmp/real")
+    a.add_argument("--model", default="cnn")
     a.add_argument("--workers", type=int, default=2)
     a.add_argument("--levels", default="1,2,3,4,6,8,12,16")
     a.add_argument("--seconds", type=float, default=20)
@@ -112,7 +117,7 @@ def main():
     port, mport = free_port(), free_port()
     env = dict(os.environ, VRAMFORK_LOG_FORMAT="json")
     server = subprocess.Popen(
-        [o.app, "--production", "--metadata", os.path.join(o.dir, "cnn.json"), "--port", str(port),
+        [o.app, "--production", "--metadata", os.path.join(o.dir, o.model + ".json"), "--port", str(port),
          "--metrics-port", str(mport), "--workers", str(o.workers), "--torch-threads", "1",
          "--max-queue-wait", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -123,7 +128,7 @@ def main():
             except OSError:
                 pass
             time.sleep(0.1)
-        with open(os.path.join(o.dir, "cnn.body"), "rb") as f:
+        with open(os.path.join(o.dir, o.model + ".body"), "rb") as f:
             body = f.read()
         rows = []
         for c in (int(x) for x in o.levels.split(",")):
@@ -135,16 +140,17 @@ def main():
         server.terminate()
         server.wait(timeout=60)
     cpus = os.cpu_count()
+    label = CNN if o.model == "cnn" else f"`{o.model}`"
     result = {"command": o.command, "workers": o.workers, "cpus": cpus, "seconds": o.seconds,
-              "model": "CIFAR-style CNN (scripts/bench.d/make_real.py), POST / JSON, 1×3×32×32",
+              "model": label + ", POST / JSON",
               "rows": rows}
     with open(o.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
     lines = [
-        f"# Queue length against latency: the CNN, {o.workers} workers",
+        f"# Queue length against latency: {o.model}, {o.workers} workers",
         "",
-        f"`{o.command}` — {o.workers} workers (`--torch-threads 1`, `--max-queue-wait 0`) serving the",
-        f"CIFAR-style CNN on this machine's {cpus} CPUs, shared with the load generator (Python",
+        f"`{o.command}` — {o.workers} workers (`--torch-threads 1`, `--max-queue-wait 0`) serving",
+        f"{label} on this machine's {cpus} CPUs, shared with the load generator (Python",
         f"closed-loop clients, a fresh connection per request) and with other work; {o.seconds:.0f} s",
         "per level after 2 s to settle; `waiting` is `vramfork_requests_waiting` (listen + model)",
         "sampled every 100 ms; wait and pass are the histograms' means over the level.",
