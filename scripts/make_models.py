@@ -127,6 +127,23 @@ class RowFail(torch.nn.Module):
         return x * 2 + 1
 
 
+class FakeCudaError(torch.nn.Module):
+    """[-1, 4] float32: a row starting with 7 raises the text of a CUDA error that leaves the
+    context usable (libtorch 2.11's for cudaErrorInvalidConfiguration), a row starting with
+    666 the text of a sticky one (cudaErrorIllegalAddress); else x * 2 + 1. The error
+    classes (the worker serves on, or ends) are tested on machines without a GPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The texts are joined at run time: the interpreter's traceback quotes the source
+        # around the failing line, and a literal of the other class there would be read too.
+        first = x[:, 0]
+        if bool((first == 666).any()):
+            raise RuntimeError("CUDA error: " + "an illegal memory " + "access was encountered")
+        if bool((first == 7).any()):
+            raise RuntimeError("CUDA error: " + "invalid configuration " + "argument")
+        return x * 2 + 1
+
+
 def save(module: torch.nn.Module, name: str, written: List[str]) -> None:
     path = os.path.join(OUT, name)
     torch.jit.script(module).save(path)
@@ -197,6 +214,7 @@ def main() -> None:
     save(Scalars(), "scalars.pt", written)
     save(FakeCudaOom(), "oom.pt", written)
     save(RowFail(), "rowfail.pt", written)
+    save(FakeCudaError(), "cudaerr.pt", written)
 
     write_json("mlp.json", {
         "name": "mlp-fixture",
@@ -215,6 +233,9 @@ def main() -> None:
                               "input": {"shape": [1, 1], "dtype": "float32"}}, written)
     write_json("scalars.json", {"name": "scalars-fixture", "model": "scalars.pt"}, written)
     write_json("rowfail.json", {"name": "rowfail-fixture", "model": "rowfail.pt",
+                                "input": {"shape": [-1, 4], "dtype": "float32"},
+                                "max_batch_size": 8}, written)
+    write_json("cudaerr.json", {"name": "cudaerr-fixture", "model": "cudaerr.pt",
                                 "input": {"shape": [-1, 4], "dtype": "float32"},
                                 "max_batch_size": 8}, written)
     write_json("not-a-model.json", {"name": "broken", "model": "not-a-model.pt"}, written)

@@ -81,6 +81,40 @@ pub struct GpuAssignment {
     /// Set for a MIG instance: its GPU's NVML index and its MIG slot (hwFetch needs both).
     #[serde(default)]
     pub mig: Option<MigInstance>,
+    /// Under NVIDIA MPS: the worker's driver-enforced memory limit, MB, set as
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>MB` (its device is 0 to itself) before CUDA
+    /// starts, unless the operator set that variable.
+    #[serde(default)]
+    pub mps_limit_mb: Option<u64>,
+}
+
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: an MPS client's limit on the device memory it may
+/// allocate, per device as the client numbers them (NVIDIA's MPS documentation: e.g.
+/// `0=1G,1=512MB`).
+pub const ENV_MPS_MEM_LIMIT: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
+/// The value of [`ENV_MPS_MEM_LIMIT`] for a worker limited to `mb` on its one device.
+pub fn mps_limit_value(mb: u64) -> String {
+    format!("0={mb}MB")
+}
+
+/// The GPU variables a worker placed on `gpu` starts CUDA with: `CUDA_VISIBLE_DEVICES` (its
+/// device alone, or none), and under MPS its limit, unless the operator's is `set`. Both
+/// the master (exec) and the template (fork) apply them.
+pub fn gpu_env(
+    gpu: Option<&GpuAssignment>,
+    set: impl Fn(&str) -> bool,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![(
+        "CUDA_VISIBLE_DEVICES",
+        gpu.map_or(String::new(), |g| g.uuid.clone()),
+    )];
+    if let Some(mb) = gpu.and_then(|g| g.mps_limit_mb) {
+        if !set(ENV_MPS_MEM_LIMIT) {
+            env.push((ENV_MPS_MEM_LIMIT, mps_limit_value(mb)));
+        }
+    }
+    env
 }
 
 /// Where a MIG instance sits: its GPU and its place among that GPU's MIG devices.
@@ -112,8 +146,13 @@ pub struct WorkerConfig {
     pub gpu: Option<GpuAssignment>,
     /// Model requests after which the worker retires (jitter already added); 0 = never.
     pub max_requests: u64,
-    /// Retire after a request during which the worker's GPU memory grew past this (MB).
+    /// Retire after a request during which the worker's GPU memory grew past this (MB):
+    /// its allocator's reserved bytes plus what it holds besides ([`gpu_used`]).
     pub max_worker_gpu_mb: Option<u64>,
+    /// MB the plan assumes a GPU worker holds besides its allocator (its CUDA context,
+    /// measured by profiling or 500), until NVML shows the worker's own.
+    #[serde(default)]
+    pub gpu_context_mb: u64,
     pub max_body_bytes: u64,
     pub request_timeout_ms: u64,
     /// A request that waited longer than this before the model could take it gets 503;
@@ -280,7 +319,8 @@ pub enum ControlMsg {
         #[serde(default)]
         allocator_reserved: Option<u64>,
         /// Its GPU footprint now ([`gpu_footprint`] of its own NVML figure and allocator),
-        /// when it could read both.
+        /// when NVML lists a figure for it (never the allocator's figures alone, which
+        /// leave the CUDA context out).
         #[serde(default)]
         footprint: Option<u64>,
     },
@@ -318,6 +358,14 @@ pub fn gpu_footprint(
         (None, Some(peak), _) => Some(peak),
         (None, None, _) => None,
     }
+}
+
+/// A worker's GPU memory as `nvidia-smi` shows it, which `--max-worker-gpu-mb` compares:
+/// its caching allocator's reserved bytes plus what it holds besides them (`context`:
+/// NVML's figure for it less its reserved bytes at its last heartbeat, else the plan's
+/// context figure).
+pub fn gpu_used(reserved: u64, context: u64) -> u64 {
+    reserved.saturating_add(context)
 }
 
 /// Where a worker's boot time went.
@@ -385,9 +433,9 @@ pub mod worker_exit {
     /// A CUDA error other than out-of-memory: the context is unusable.
     pub const CUDA_FATAL: i32 = 5;
     /// Placed on a GPU, but libtorch sees no CUDA device (a driver older than the build's
-    /// CUDA, no GPU device files in a container, a libtorch without CUDA), or the GPU
-    /// allocator's cap could not be set: serving anyway would put the model on the CPU
-    /// or leave it uncapped.
+    /// CUDA, no GPU device files in a container, a libtorch without CUDA): serving anyway
+    /// would put the model on the CPU. (An allocator cap that cannot be set is
+    /// [`MODEL_LOAD`]: that worker's load failed; it never runs uncapped.)
     pub const NO_CUDA: i32 = 7;
     /// The template cannot fork safely (it found more than one thread after loading).
     pub const TEMPLATE_UNFIT: i32 = 6;
@@ -439,5 +487,21 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(r).unwrap(), r.code());
         }
+    }
+
+    /// Issue 44, item 8: `--max-worker-gpu-mb` compares what `nvidia-smi` shows of a
+    /// worker — its allocator's reserved bytes plus its context — not the allocator's bytes
+    /// alone, which passed the limit about a context (~500 MB) late.
+    #[test]
+    fn the_gpu_memory_a_limit_compares_counts_the_context() {
+        let mb = 1u64 << 20;
+        let limit = 2000 * mb;
+        assert!(1800 * mb < limit, "the allocator alone is under it");
+        assert!(
+            gpu_used(1800 * mb, 500 * mb) > limit,
+            "as nvidia-smi shows it, over"
+        );
+        assert!(gpu_used(1000 * mb, 500 * mb) < limit);
+        assert_eq!(gpu_used(u64::MAX, 1), u64::MAX);
     }
 }

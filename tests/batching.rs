@@ -429,6 +429,60 @@ fn a_request_with_a_refused_row_fails_alone() {
     assert_eq!(r.pid(), pid);
 }
 
+/// Issue 44, item 2: a CUDA error that leaves the context usable (cudaerr.pt raises
+/// libtorch's text for `invalid configuration argument` on a row starting with 7) fails the
+/// request that causes it alone — 500 `cuda_request_error`, its batch-mates answered after
+/// running alone — and the worker serves on; a sticky one (666: an illegal address) is 500
+/// `cuda_error` and ends the worker (`cuda-fatal`), which is replaced.
+#[test]
+fn a_recoverable_cuda_error_fails_its_request_alone_and_the_worker_serves_on() {
+    let app = App::new("cudaerr.pt", BATCHED_4);
+    let (s, _) = start(&app, &["--workers", "1", "--batch-timeout-ms", "500"]);
+    let pid = s.wait_workers(1)[0];
+    let twice_plus_one = |x: &Value| map_numbers(x, &|v| v * 2.0 + 1.0);
+    let bad = json!([[7.0, 1.0, 2.0, 3.0]]);
+    let mut inputs: Vec<Value> = (0..7)
+        .map(|k| json!([[k as f64 + 0.25, 1.0, -1.0, 100.0]]))
+        .collect();
+    inputs.insert(3, bad.clone());
+    let bodies: Vec<String> = inputs.iter().map(body).collect();
+    for (k, (r, x)) in concurrently(s.port, &bodies)
+        .iter()
+        .zip(&inputs)
+        .enumerate()
+    {
+        let what = format!("request {k} {x}");
+        if k == 3 {
+            assert_model_error(r, "CUDA error: invalid configuration argument", &what);
+            assert_eq!(r.json()["type"], "cuda_request_error", "{what}: {r:?}");
+        } else {
+            assert_outputs(r, &twice_plus_one(x), &what);
+        }
+        assert_eq!(r.pid(), pid, "{what}: the worker changed");
+    }
+    // Alone too, and the same worker answers the next request.
+    let r = s.post("/", &body(&bad));
+    assert_eq!(r.json()["type"], "cuda_request_error", "{r:?}");
+    let r = s.post("/", &body(&json!([[0.0, 0.0, 0.0, 0.0]])));
+    assert_outputs(&r, &json!([[1.0, 1.0, 1.0, 1.0]]), "after the CUDA errors");
+    assert_eq!(r.pid(), pid);
+    assert!(
+        s.events_named("worker_exited").is_empty(),
+        "{}",
+        s.log_text()
+    );
+    // A sticky error ends the worker.
+    let r = s.post("/", &body(&json!([[666.0, 0.0, 0.0, 0.0]])));
+    assert_model_error(&r, "an illegal memory access was encountered", "sticky");
+    assert_eq!(r.json()["type"], "cuda_error", "{r:?}");
+    let gone = s.wait_event("worker_exited", |e| e.u64("pid") == Some(pid.into()));
+    assert_eq!(gone.u64("code"), Some(5), "{gone:?}");
+    let now = s.wait_workers_where(1, |p| p != [pid])[0];
+    let r = s.post("/", &body(&json!([[0.0, 0.0, 0.0, 0.0]])));
+    assert_outputs(&r, &json!([[1.0, 1.0, 1.0, 1.0]]), "after the replacement");
+    assert_eq!(r.pid(), now);
+}
+
 /// A request of more rows than `max_batch_size` runs alone (and right), beside single-row
 /// requests that are batched; `/metrics` counts its pass in the `9-16` range.
 #[test]

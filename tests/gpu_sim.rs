@@ -188,16 +188,22 @@ impl Sim {
 
     /// `app plan --json` (plus `args`): exit 0 and the plan.
     fn plan(&self, args: &[&str]) -> Value {
+        self.plan_env(args, &[])
+    }
+
+    /// [`Sim::plan`] with these environment variables.
+    fn plan_env(&self, args: &[&str], env: &[(&str, &str)]) -> Value {
         let mut a = vec!["plan", "--json"];
         a.extend_from_slice(args);
-        let mut s = self.spawn(&a, &[]);
+        let mut s = self.spawn(&a, env);
         let st = s.wait_exit(PATIENCE);
         let log = s.log_text();
         assert_eq!(st.code(), Some(0), "app plan {args:?}:\n{log}");
+        // The pretty-printed plan (log lines are one-line JSON).
         let start = log
-            .find("\n{")
+            .find("\n{\n")
             .map(|i| i + 1)
-            .or_else(|| log.starts_with('{').then_some(0))
+            .or_else(|| log.starts_with("{\n").then_some(0))
             .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
         serde_json::Deserializer::from_str(&log[start..])
             .into_iter::<Value>()
@@ -1105,4 +1111,287 @@ fn gpus_visible_but_no_estimate_warns_at_production_start() {
         assert!(warn.message().contains(want), "{want}: {warn:?}");
     }
     assert_eq!(visible_devices(w[0]).as_deref(), Some(""));
+}
+
+/// Issue 44, item 10: MPS is detected by its control daemon's socket (where
+/// `CUDA_MPS_PIPE_DIRECTORY` says), not assumed: with it, an exclusive-process GPU (its MPS
+/// server the one process there) is planned as a shared one, each worker with its share as
+/// its MPS memory limit; `--mps off`, or no daemon, plans one worker.
+#[test]
+fn mps_is_detected_and_an_exclusive_gpu_then_takes_as_many_as_a_shared_one() {
+    use nvml_sim::{MpsDaemon, SimComputeMode};
+    let daemon = MpsDaemon::start();
+    let pipe = daemon.pipe_dir();
+    let h100 = SimGpu::h100_80gb()
+        .compute_mode(SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let sim = Sim::new(SimGpus::new(vec![h100]), &meta(1000, 5000));
+    let shared = Rule::new(1000, 5000).gpu(&SimGpu::h100_80gb());
+    let p = sim.plan_env(&[], &[("CUDA_MPS_PIPE_DIRECTORY", &pipe)]);
+    let g = &p["gpus"][0];
+    assert_eq!(g["compute_mode"], "exclusive_process", "{p:#}");
+    assert_eq!(g["mps"], true, "{p:#}");
+    assert_eq!(mb(&g["fits"]), u64::from(shared.fits), "{p:#}");
+    assert_eq!(
+        mb(&p["workers"]),
+        u64::from(shared.fits.min(cpu_bound())),
+        "{p:#}"
+    );
+    assert_eq!(
+        mb(&g["mps_limit_mb"]),
+        mb(&g["usable_mb"]) / u64::from(shared.fits),
+        "{p:#}"
+    );
+    assert_eq!(mb(&g["cap_mb"]), cap_mb(&shared), "{p:#}");
+    for (args, env) in [
+        (
+            &["--mps", "off"][..],
+            &[("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str())][..],
+        ),
+        (
+            &[][..],
+            &[("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent/nvidia-mps")][..],
+        ),
+    ] {
+        let p = sim.plan_env(args, env);
+        assert_eq!(mb(&p["gpus"][0]["fits"]), 1, "{args:?} {env:?}: {p:#}");
+        assert_eq!(p["gpus"][0]["mps"], false, "{p:#}");
+        assert!(p["gpus"][0]["mps_limit_mb"].is_null(), "{p:#}");
+    }
+    // `--mps on` assumes it.
+    let p = sim.plan_env(
+        &["--mps", "on"],
+        &[("CUDA_MPS_PIPE_DIRECTORY", "/nonexistent")],
+    );
+    assert_eq!(mb(&p["gpus"][0]["fits"]), u64::from(shared.fits), "{p:#}");
+}
+
+/// Issue 44, item 4: a MIG GPU instance split into two compute instances (two MIG devices
+/// reporting the same memory) is planned once: the workers its memory holds, divided
+/// between them — not twice that.
+#[test]
+fn two_compute_instances_of_one_gpu_instance_are_planned_on_its_memory_once() {
+    use nvml_sim::{SimMig, SimMigInstance};
+    let ci = |uuid: &str, ci: u32| {
+        SimMigInstance::new("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", uuid, 19_968, 1, ci)
+    };
+    let sim = Sim::new(
+        SimGpus::new(vec![SimGpu::a100_40gb().mig(
+            SimMig::enabled()
+                .instance(ci("MIG-ci-a", 0))
+                .instance(ci("MIG-ci-b", 1)),
+        )]),
+        &meta(1000, 5000),
+    );
+    let p = sim.plan(&[]);
+    let gpus = p["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2, "{p:#}");
+    // 19,968 MB < 20 GiB: fraction 0.84, usable floor(19968 × 0.84) − 500 = 16,273.
+    let usable = 16_273;
+    assert_eq!(mb(&gpus[0]["usable_mb"]), usable, "{p:#}");
+    let all = usable / 5000;
+    let fits: Vec<u64> = gpus.iter().map(|g| mb(&g["fits"])).collect();
+    assert_eq!(fits.iter().sum::<u64>(), all, "{p:#}");
+    assert_eq!(fits, vec![all.div_ceil(2), all / 2], "{p:#}");
+    assert_eq!(mb(&p["gpu_bound"]), all, "{p:#}");
+    for g in gpus {
+        assert_eq!(g["gpu_instance"], 1, "{p:#}");
+        assert_eq!(mb(&g["cap_mb"]), usable / all - CONTEXT_MB, "{p:#}");
+    }
+}
+
+/// Issue 44, item 10: serving under MPS. Each worker gets its share as
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`; its footprint is read from NVML's MPS list (the
+/// compute list shows only the MPS server); and a fatal CUDA error of one worker — which
+/// MPS delivers to every client of the GPU — retires the GPU's other workers too, none
+/// starting there until all are gone.
+#[test]
+fn under_mps_workers_are_limited_measured_and_retired_together() {
+    use nvml_sim::{MpsDaemon, SimComputeMode};
+    let daemon = MpsDaemon::start();
+    let pipe = daemon.pipe_dir();
+    let uuid = format!("GPU-mps-{}-0000-0000-000000000000", std::process::id());
+    let gpu = SimGpu::h100_80gb()
+        .uuid(&uuid)
+        .compute_mode(SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300)
+        .workers_use(1_500);
+    let app = App::new(
+        "cudaerr.pt",
+        &format!(r#""input": {{"shape": [-1, 4]}}, {}"#, meta(1000, 5000)),
+    );
+    let file = app.dir.path().join("gpus.json");
+    SimGpus::new(vec![gpu]).write(&file);
+    let (lib, file) = (lib(), file.display().to_string());
+    let s = Server::start_env(
+        &app,
+        &[
+            "--nvml-library",
+            &lib,
+            "--simulated-gpus",
+            "--production",
+            "--workers",
+            "3",
+            "--profile-memory",
+            "off",
+        ],
+        &[
+            (nvml_sim::ENV_FILE, file.as_str()),
+            ("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str()),
+        ],
+    );
+    assert!(
+        !s.events_named("mps_detected").is_empty(),
+        "{}",
+        s.log_text()
+    );
+    let old = s.wait_workers(3);
+    let share = Rule::new(1000, 5000).gpu(&SimGpu::h100_80gb());
+    let usable = share.usable_mb;
+    for w in &old {
+        assert_eq!(
+            environ(*w)
+                .get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+                .map(String::as_str),
+            Some(format!("0={}MB", usable / u64::from(share.fits)).as_str()),
+            "worker {w}"
+        );
+        // Item 8: what --max-worker-gpu-mb adds to the allocator's bytes until NVML shows
+        // the worker's own context.
+        assert_eq!(
+            worker_config(*w)["gpu_context_mb"],
+            CONTEXT_MB,
+            "worker {w}"
+        );
+    }
+    // The workers are only in the MPS list: their footprint is found there.
+    s.wait_event("footprint_observed", |e| e.u64("observed_mb") == Some(1500));
+    // One worker's fatal CUDA error.
+    let mark = s.mark();
+    let r = s.post("/", r#"{"inputs": [[666, 0, 0, 0]]}"#);
+    assert_eq!(r.json()["type"], "cuda_error", "{r:?}");
+    let faulted = r.pid();
+    let (at, fault) = s.wait_event_after(mark, "mps_fault", |_| true);
+    assert_eq!(fault.u64("pid"), Some(faulted.into()), "{fault:?}");
+    assert_eq!(fault.u64("workers"), Some(2), "{fault:?}");
+    for w in old.iter().filter(|w| **w != faulted) {
+        let e = s
+            .wait_event_after(at, "worker_retire_asked", |e| {
+                e.u64("pid") == Some((*w).into())
+            })
+            .1;
+        assert_eq!(e.str("why"), Some("mps_fault"), "{e:?}");
+    }
+    let new = s.wait_workers_where(3, |p| p.iter().all(|w| !old.contains(w)));
+    // No replacement started before every old worker had exited.
+    let events = s.events();
+    let last_exit = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.name == "worker_exited" && e.u64("pid").is_some_and(|p| old.contains(&(p as u32)))
+        })
+        .map(|(i, _)| i)
+        .max()
+        .unwrap();
+    let first_start = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| {
+            e.name == "worker_started" && e.u64("pid").is_some_and(|p| new.contains(&(p as u32)))
+        })
+        .map(|(i, _)| i)
+        .min()
+        .unwrap();
+    assert!(last_exit < first_start, "{}", s.log_text());
+    let r = s.post("/", r#"{"inputs": [[1, 2, 3, 4]]}"#);
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+/// Issue 44, item 7: operator settings that would defeat the cap in silence.
+/// `PYTORCH_NO_CUDA_MEMORY_CACHING=1` (no caching allocator: no cap, no statistics) is
+/// refused with a message naming it, unless the workers run on the CPU; an operator's
+/// `per_process_memory_fraction` below the plan's cap lowers the cap, instead of being
+/// overridden by it; one torch would refuse is refused, naming the variable.
+#[test]
+fn allocator_settings_that_defeat_the_cap_are_refused_or_honoured() {
+    let sim = Sim::new(SimGpus::new(vec![SimGpu::a100_40gb()]), &meta(1000, 5000));
+    let uncached = [("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")];
+    let mut s = sim.spawn(&["--production"], &uncached);
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(
+        log.contains(
+            "app: PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns PyTorch's CUDA caching allocator off"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("listening"), "{log}");
+    let s = sim.start(
+        &["--production", "--device", "cpu", "--workers", "1"],
+        &uncached,
+    );
+    s.wait_workers(1);
+    drop(s);
+    // torch's own "0" (and anything but "1") keeps the caching allocator.
+    let p = sim.plan_env(&[], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "0")]);
+    assert!(p["uncached_allocator"].is_null(), "{p:#}");
+
+    let plain = sim.plan(&[]);
+    let cap = mb(&plain["gpus"][0]["cap_mb"]);
+    let lower = (40_960.0 * 0.05_f64).floor() as u64;
+    assert!(lower < cap, "{plain:#}");
+    for var in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
+        let conf = "expandable_segments:True,per_process_memory_fraction:0.05";
+        let p = sim.plan_env(&[], &[(var, conf)]);
+        assert_eq!(mb(&p["gpus"][0]["cap_mb"]), lower, "{var}: {p:#}");
+        assert_eq!(p["gpus"][0]["memory_fraction"], 0.05, "{var}: {p:#}");
+    }
+    // Above the plan's cap it changes nothing.
+    let p = sim.plan_env(
+        &[],
+        &[("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:0.9")],
+    );
+    assert_eq!(mb(&p["gpus"][0]["cap_mb"]), cap, "{p:#}");
+    let mut s = sim.spawn(
+        &["plan"],
+        &[("PYTORCH_ALLOC_CONF", "per_process_memory_fraction:1.5")],
+    );
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(
+        log.contains("PYTORCH_ALLOC_CONF=per_process_memory_fraction:1.5: per_process_memory_fraction '1.5' is not a fraction from 0 to 1"),
+        "{log}"
+    );
+}
+
+/// Issue 44, item 8: `--max-worker-gpu-mb` means what `nvidia-smi` shows of a worker, its
+/// CUDA context included, so each GPU worker is told the plan's context figure to add to
+/// its allocator's bytes (until NVML shows its own); before, it compared the allocator's
+/// bytes alone and recycled about a context late.
+#[test]
+fn max_worker_gpu_mb_counts_the_context_each_worker_is_told() {
+    let sim = Sim::new(SimGpus::new(vec![SimGpu::a100_40gb()]), &meta(1000, 5000));
+    let p = sim.plan(&[]);
+    assert_eq!(mb(&p["cuda_context_mb"]), CONTEXT_MB, "{p:#}");
+    let s = sim.start(
+        &[
+            "--production",
+            "--workers",
+            "2",
+            "--max-worker-gpu-mb",
+            "3000",
+        ],
+        &[],
+    );
+    for w in s.wait_workers(2) {
+        let cfg = worker_config(w);
+        assert_eq!(mb(&cfg["max_worker_gpu_mb"]), 3000, "worker {w}: {cfg}");
+        assert_eq!(
+            cfg["gpu_context_mb"], CONTEXT_MB,
+            "worker {w}: the context it adds to its allocator's bytes: {cfg}"
+        );
+    }
 }

@@ -425,3 +425,40 @@ fn a_worker_nvml_cannot_see_is_measured_from_free_memory() {
         "{text}"
     );
 }
+
+/// Issue 44, item 1: in a container without the host's PID namespace NVML lists the
+/// workers under host pids *while they serve* too. Their footprint is then taken from the
+/// GPU's free memory (context included), shared among them — not left unlearnt (or, on
+/// CUDA, the allocator's peak alone) — so the high-water mark, TTIN and `--adapt-workers`
+/// still see what the workers really hold, and the operator is told once.
+#[test]
+fn in_a_container_the_footprint_while_serving_is_learnt_from_free_memory() {
+    let sim = Sim::new("[-1, 4]", 500, 2000, None);
+    let uuid = format!("GPU-pidns-serve-{}-0000-000000000000", std::process::id());
+    let container = |mb: u64| {
+        SimGpus::new(vec![SimGpu::t4()
+            .uuid(&uuid)
+            .workers_use(mb)
+            .pid_namespace_offset(1_000_000)
+            .free_follows_processes()])
+    };
+    container(1500).write(std::path::Path::new(&sim.file));
+    let s = sim.start(&["--production", "--profile-memory", "off", "--workers", "3"]);
+    s.wait_workers(3);
+    s.wait_event("footprint_observed", |e| e.u64("observed_mb") == Some(1500));
+    let w = s.wait_event("footprint_without_context", |_| true);
+    assert_eq!(w.u64("mb"), Some(1500), "{w:?}");
+    assert!(
+        w.message()
+            .contains("in a container without the host's PID namespace"),
+        "{w:?}"
+    );
+    assert!(s.events_named("footprint_exceeded").is_empty());
+    container(5000).write(std::path::Path::new(&sim.file));
+    let e = s.wait_event("footprint_exceeded", |_| true);
+    assert_eq!(e.u64("observed_mb"), Some(5000), "{e:?}");
+    assert_eq!(e.u64("capacity"), Some(T4_USABLE_MB / 5000), "{e:?}");
+    let mark = s.mark();
+    s.signal(libc::SIGTTIN);
+    s.wait_event_after(mark, "ttin_refused", |_| true);
+}

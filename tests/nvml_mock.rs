@@ -503,6 +503,117 @@ fn mig_capable_disabled_and_incapable_gpus() {
     ));
 }
 
+/// `nvmlDeviceGetGpuInstanceId` of a MIG device (nvml-wrapper 0.12 has no method for it).
+fn gpu_instance_id(nvml: &Nvml, dev: &Device) -> u32 {
+    let mut id = u32::MAX;
+    // SAFETY: a live handle from this NVML, and `id` is a writable u32.
+    let rc = unsafe { nvml.lib().nvmlDeviceGetGpuInstanceId(dev.handle(), &mut id) };
+    assert_eq!(rc, 0, "nvmlDeviceGetGpuInstanceId");
+    id
+}
+
+/// Issue 44: two compute instances of one GPU instance (a 3g.20gb GPU instance split into
+/// two compute instances) are two MIG devices, each reporting the GPU instance's memory,
+/// which falls with the processes of either.
+#[test]
+fn compute_instances_of_one_gpu_instance_share_its_memory() {
+    let sim = SimGpus::new(vec![SimGpu::a100_40gb().mig(
+        SimMig::enabled()
+            .instance(
+                SimMigInstance::new(
+                    "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb",
+                    "MIG-ci-0",
+                    19_968,
+                    2,
+                    0,
+                )
+                .free_follows_processes()
+                .process(51, 3_000),
+            )
+            .instance(
+                SimMigInstance::new(
+                    "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb",
+                    "MIG-ci-1",
+                    19_968,
+                    2,
+                    1,
+                )
+                .free_follows_processes()
+                .process(52, 1_000),
+            )
+            .instance(SimMigInstance::a100_1g_5gb("MIG-gi-9", 9)),
+    )]);
+    let s = Sim::new(&sim);
+    let nvml = s.nvml();
+    let gpu = nvml.device_by_index(0).unwrap();
+    let (a, b, c) = (
+        gpu.mig_device_by_index(0).unwrap(),
+        gpu.mig_device_by_index(1).unwrap(),
+        gpu.mig_device_by_index(2).unwrap(),
+    );
+    assert_eq!(gpu_instance_id(&nvml, &a), 2);
+    assert_eq!(gpu_instance_id(&nvml, &b), 2);
+    assert_eq!(gpu_instance_id(&nvml, &c), 9);
+    for d in [&a, &b] {
+        let m = d.memory_info().unwrap();
+        assert_eq!(m.total, 19_968 * MB, "the GPU instance's memory, once");
+        assert_eq!(m.used, 4_000 * MB, "both compute instances' processes");
+        assert_eq!(m.free, 15_968 * MB);
+    }
+    // Each lists its own processes, with their instance IDs.
+    let pa = a.running_compute_processes().unwrap();
+    assert_eq!(pa.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![51]);
+    assert_eq!(
+        (pa[0].gpu_instance_id, pa[0].compute_instance_id),
+        (Some(2), Some(0))
+    );
+    let pb = b.running_compute_processes().unwrap();
+    assert_eq!(
+        (pb[0].pid, pb[0].gpu_instance_id, pb[0].compute_instance_id),
+        (52, Some(2), Some(1))
+    );
+    // Another GPU instance has its own memory.
+    assert_eq!(c.memory_info().unwrap().total, 4_864 * MB);
+}
+
+/// Issue 44: under MPS the compute list shows the MPS server and the MPS list its clients
+/// (host pids, as any list); a GPU without MPS answers an empty MPS list.
+#[test]
+fn under_mps_the_clients_are_in_the_mps_list() {
+    let uuid = unique_uuid("GPU", "mps");
+    let sim = SimGpus::new(vec![
+        SimGpu::h100_80gb()
+            .uuid(&uuid)
+            .compute_mode(SimComputeMode::ExclusiveProcess)
+            .mps(4_242, 300)
+            .mps_process(77, 900)
+            .workers_use(1_500)
+            .pid_namespace_offset(50_000)
+            .free_follows_processes(),
+        SimGpu::a100_40gb().workers_use(1_000),
+    ]);
+    let s = Sim::new(&sim);
+    let nvml = s.nvml();
+    let w = Placed::on(&uuid);
+    let gpu = nvml.device_by_index(0).unwrap();
+    assert_eq!(gpu.compute_mode().unwrap(), ComputeMode::ExclusiveProcess);
+    let compute = gpu.running_compute_processes().unwrap();
+    assert_eq!(
+        compute.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![4_242]
+    );
+    assert_eq!(used(&compute[0]), Some(300 * MB));
+    let clients = gpu.mps_running_compute_processes().unwrap();
+    assert_eq!(
+        clients.iter().map(|p| (p.pid, used(p))).collect::<Vec<_>>(),
+        vec![(77, Some(900 * MB)), (w.pid() + 50_000, Some(1_500 * MB))]
+    );
+    // Free memory follows the server and its clients.
+    assert_eq!(gpu.memory_info().unwrap().used, (300 + 900 + 1_500) * MB);
+    let plain = nvml.device_by_index(1).unwrap();
+    assert!(plain.mps_running_compute_processes().unwrap().is_empty());
+}
+
 #[test]
 fn mig_parent_aggregates_need_privileges() {
     let sim = SimGpus::new(vec![SimGpu::a100_40gb().mig(

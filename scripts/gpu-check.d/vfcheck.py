@@ -745,6 +745,21 @@ def make_models(work, width, layers):
             x = torch.relu(self.c3(x)).mean(dim=(2, 3))
             return self.fc(x).cpu()
 
+    class CudaErr(torch.nn.Module):
+        """[-1, 4]: after work on the model's device, a row starting with 7 raises libtorch's
+        text for a CUDA error that leaves the context usable (cudaErrorInvalidConfiguration),
+        so the worker answers it alone and checks its device; else x * 2 + 1."""
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("anchor", torch.ones(1))
+
+        def forward(self, x):
+            x = x.to(self.anchor.device) * self.anchor
+            if bool((x[:, 0] == 7).any()):
+                raise RuntimeError("CUDA error: " + "invalid configuration " + "argument")
+            return (x * 2 + 1).cpu()
+
     p = lambda f: os.path.join(work, f)
     torch.manual_seed(0)
     # Saved from the device they run on: a plain torch::jit::load (forward-loop) puts them
@@ -752,12 +767,13 @@ def make_models(work, width, layers):
     # model's own loop and a worker do the same copies. Workers load them onto their GPU
     # anyway (map_location).
     with torch.no_grad():
-        for name, cls in (("mlp.pt", Mlp), ("big.pt", Big), ("alloc.pt", Alloc), ("cnn.pt", Cnn)):
+        for name, cls in (("mlp.pt", Mlp), ("big.pt", Big), ("alloc.pt", Alloc), ("cnn.pt", Cnn),
+                          ("cudaerr.pt", CudaErr)):
             torch.jit.script(cls().to(dev).eval()).save(p(name))
     json.dump({"inputs": [[1.0, 2.0, 3.0, 4.0]]}, open(p("mlp.json.in"), "w"))
     json.dump({"inputs": [[0.5] * width]}, open(p("big.json.in"), "w"))
     json.dump({"inputs": torch.rand(1, 3, 64, 64).round(decimals=3).tolist()}, open(p("cnn.json.in"), "w"))
-    for f in ("mlp.pt", "big.pt", "alloc.pt", "cnn.pt"):
+    for f in ("mlp.pt", "big.pt", "alloc.pt", "cnn.pt", "cudaerr.pt"):
         err(f, os.path.getsize(p(f)), "bytes")
     return cuda
 

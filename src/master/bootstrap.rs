@@ -52,6 +52,28 @@ pub fn fail(e: ConfigError) -> i32 {
     exit::CONFIG
 }
 
+/// Whether NVIDIA MPS serves the GPUs: `--mps on`/`off` as said; `auto`, when there are
+/// GPUs to serve on, whether its control daemon accepts connections where the workers'
+/// CUDA will look for it (`resources::mps`).
+fn mps_on(cfg: &Config, res: &Resources) -> bool {
+    match cfg.mps {
+        Some(on) => on,
+        None if res.gpus.is_empty() || cfg.device == Device::Cpu => false,
+        None => match resources::mps::detect(&cfg.mps_pipe_directory) {
+            Ok(how) => {
+                tracing::info!(
+                    target: "app",
+                    event = "mps_detected",
+                    pipe_directory = %cfg.mps_pipe_directory.display(),
+                    "NVIDIA MPS: {how}; the workers will be its clients: a GPU in exclusive-process mode takes as many as a shared one, each worker gets its share as its MPS memory limit, and a fatal CUDA error retires that GPU's workers together (--mps off plans without MPS)"
+                );
+                true
+            }
+            Err(_) => false,
+        },
+    }
+}
+
 /// What `app` does once it has a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
@@ -60,7 +82,8 @@ pub enum Next {
     /// `app plan --measure [--json]`: profile one worker, print what it measured and the plan
     /// from it.
     Measure { json: bool },
-    /// The plan cannot run (the driver is too old for the GPUs it uses): exit 2.
+    /// The plan cannot run (the driver is too old for the GPUs it uses, or the caching
+    /// allocator is off): exit 2.
     Refuse(String),
     /// Development mode: one process serves.
     Develop,
@@ -71,7 +94,7 @@ pub enum Next {
 /// What to do with `plan` in `mode` (pure). `app plan` shows a plan the driver cannot run,
 /// with its warning; serving refuses to start on it.
 pub fn next(mode: Mode, plan: &Plan) -> Next {
-    match (mode, &plan.driver_too_old) {
+    match (mode, plan.refusal()) {
         (Mode::Plan { json, measure }, _) if !measure => Next::Print { json },
         (Mode::Plan { json, .. }, _) => Next::Measure { json },
         (_, Some(why)) => Next::Refuse(why.clone()),
@@ -100,6 +123,8 @@ impl Server {
         let (res, gpus) = resources::probe(cfg.nvml_library.as_deref())
             .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
         let res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
+        let mut cfg = cfg;
+        cfg.mps_on = mps_on(&cfg, &res);
         let plan = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy())
             .map_err(|e| fail(ConfigError(e.to_string())))?;
         Ok(Server {
@@ -111,8 +136,10 @@ impl Server {
         })
     }
 
-    /// `app plan`: the plan as text or JSON.
+    /// `app plan`: the plan as text or JSON (after the log lines so far, so that the two
+    /// never interleave where both streams go to one place).
     fn print(&self, json: bool) -> i32 {
+        logging::flush();
         if json {
             println!(
                 "{}",
@@ -128,6 +155,7 @@ impl Server {
     fn measure(&self, json: bool) -> i32 {
         match measured::measure_and_plan(&self.cfg, &self.res, &self.plan, self.gpus.as_ref()) {
             Ok(p) => {
+                logging::flush();
                 print!("{}", p.report(json));
                 exit::OK
             }
@@ -286,7 +314,7 @@ impl Bound {
         // Learning needs something to compare with: GPU workers planned from a footprint.
         let learner =
             (plan.device == Device::Cuda && self.gpus.is_some() && plan.planned_typ_mb > 0)
-                .then(|| Learner::new(plan.planned_typ_mb, footprint_file));
+                .then(|| Learner::new(&plan, footprint_file));
         Supervisor::new(self.cfg, plan, self.listener, signals, self.gpus, metrics)
             .with_learner(learner)
             .run()

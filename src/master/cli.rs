@@ -188,8 +188,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_GPU_RESERVE_MB", value_name = "N")]
     pub gpu_reserve_mb: Option<String>,
 
-    /// Recycle a worker (after its current request) whose GPU memory grew past N MB.
-    /// [default: off]
+    /// Recycle a worker (after its current request) whose GPU memory grew past N MB, as
+    /// nvidia-smi shows it: its allocator's memory plus its CUDA context. [default: off]
     #[arg(
         long,
         global = true,
@@ -197,6 +197,14 @@ pub struct Cli {
         value_name = "N"
     )]
     pub max_worker_gpu_mb: Option<String>,
+
+    /// NVIDIA MPS: auto (detected by its control socket in CUDA_MPS_PIPE_DIRECTORY, else
+    /// /tmp/nvidia-mps: workers are MPS clients, an exclusive-process GPU takes as many as
+    /// a shared one, each gets a per-client memory limit, and a fatal CUDA error retires
+    /// that GPU's workers together), on (as if detected), off (plan without MPS: one
+    /// worker per exclusive-process GPU). [default: auto]
+    #[arg(long, global = true, env = "VRAMFORK_MPS", value_name = "auto|on|off")]
+    pub mps: Option<String>,
 
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
@@ -328,6 +336,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
     ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
+    ("--mps", "VRAMFORK_MPS"),
     ("--torch-threads", "VRAMFORK_TORCH_THREADS"),
     ("--worker-binary", "VRAMFORK_WORKER_BINARY"),
     ("--log-format", "VRAMFORK_LOG_FORMAT"),

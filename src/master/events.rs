@@ -10,6 +10,8 @@
 //! | `metrics_listening` | info | `addr` | `--metrics-port` is bound (`/metrics` is served there) |
 //! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
 //! | `plan_warning` | warn | | the plan has something to say (no GPU seen, an override beyond what fits…) |
+//! | `mps_detected` | info | `pipe_directory` | `--mps auto` found the MPS control daemon: workers are MPS clients (planned as on a shared GPU, limited per client, retired together after a fatal CUDA error) |
+//! | `mps_fault` | error | `gpu`, `pid`, `workers` | under MPS a worker ended with a fatal CUDA error, which MPS delivers to every client of that GPU: its other workers are asked to retire, and no new one starts there until they are gone |
 //! | `memory_profiling` | info | `pid`, `gpu` | `--profile-memory`: one worker is started to measure its GPU footprint (the profiling worker has no slot) |
 //! | `memory_profiled` | info | `source` (`profiled`, `remembered`), `gpu`, `measured_mb`, `planned_mb`, `declared_typ_mb`, `declared_min_mb`, `workers`, `estimate_workers` | the plan is made from a measured (or `--footprint-file`) footprint |
 //! | `memory_profile_failed` | warn | `measured_mb`, `planned_mb`, `declared_typ_mb` (when it measured) | the measurement failed, or fits no GPU: the plan uses `est_gpu_mem_typ` as declared |
@@ -21,16 +23,16 @@
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |
 //! | `worker_ready` | info | `slot`, `pid`, `generation`, `device` (`cuda:0`, `cpu`, `cpu (simulated GPU)`), `ms`, `model_ms`, `warmup_ms` | it accepts connections |
-//! | `no_cuda` | error | | a worker placed on a GPU came up without CUDA (or could not cap its allocator): the master exits 5 |
+//! | `no_cuda` | error | | a worker placed on a GPU came up without CUDA: the master exits 5 (a cap that cannot be set is a failed load instead: worker exit 3) |
 //! | `worker_retiring` | debug | `slot`, `pid`, `reason`, `served`, `in_flight` | it stopped accepting (the worker's own message: `reason` is why it retires) |
-//! | `worker_retire_asked` | info | `slot`, `pid`, `generation`, `why` ([`RetireAsk`](super::slot::RetireAsk): `fewer_workers`, `stopping`, `quick_stop`, `reload_replaced`, `reload_no_room`), `signal` (`SIGTERM`: retire gracefully; `SIGQUIT`: exit now) | the master asked a worker to go |
+//! | `worker_retire_asked` | info | `slot`, `pid`, `generation`, `why` ([`RetireAsk`](super::slot::RetireAsk): `fewer_workers`, `stopping`, `quick_stop`, `reload_replaced`, `reload_no_room`, `mps_fault`), `signal` (`SIGTERM`: retire gracefully; `SIGQUIT`: exit now) | the master asked a worker to go |
 //! | `worker_killed` | warn | `slot`, `pid`, `generation`, `why` ([`KillReason`](super::slot::KillReason): `boot_timeout`, `heartbeat`, `graceful_timeout`, `stop_timeout`, `superseded`) | the master sent SIGKILL |
 //! | `worker_exited` | info, warn, error | `slot`, `pid`, `generation`, `phase`, `code` or `signal`, `served`, `reason`, `killed` | the master reaped it |
 //! | `worker_waits` | warn | `slot`, `why` (`unplaced`, `gpu_room`, `gpu_memory`), `gpu` | a slot cannot start its worker yet (each reason once per 10 s) |
 //! | `worker_placed` | warn | `slot`, `gpu`, `free_mb` | a slot beyond the plan got a GPU that now has room |
 //! | `pool` | debug | `workers` (wanted), `ready`, `booting`, `retiring`, `in_flight` | any of these changed |
 //! | `footprint_observed` | debug | `observed_mb`, `planned_mb` | the highest GPU footprint seen of a serving worker grew |
-//! | `footprint_without_context` | warn | `slot`, `pid` | NVML lists no memory for a serving worker: its footprint is its allocator's peak alone (once) |
+//! | `footprint_without_context` | warn | `slot`, `pid`, `gpu`, `mb` | NVML lists no memory for a serving worker (container PID namespace): its footprint, context included, is taken from its GPU's free memory (or its allocator's peak plus the plan's context figure) (once) |
 //! | `footprint_exceeded` | warn | `observed_mb`, `planned_mb`, `capacity`, `workers`, `adapt`, `slots` (each slot's mark) | a serving worker passed the footprint the plan assumed (once): TTIN is refused from then on |
 //! | `workers_adapted` | warn | `workers`, `capacity`, `observed_mb`, `planned_mb` | `--adapt-workers` lowered the worker count by one (the retirement follows: `worker_retire_asked`, `fewer_workers`) |
 //! | `reload_started`, `reload_superseded`, `reload_complete`, `reload_refused`, `reload_failed` | info, error | `error` (refused); `outcome` (`reloaded` or `rolled_back`), `metadata`, `model` (complete) | HUP; `reload_superseded`: a HUP during a reload |

@@ -121,7 +121,8 @@ fn plan_from(
 ) -> Profiled {
     let meta = &cfg.metadata;
     let planned_mb = measured.planned_mb(cfg.memory_headroom, meta.est_gpu_mem_min);
-    let demand = Demand::declared(meta).measured(measured.footprint_mb, planned_mb);
+    let demand =
+        Demand::declared(meta).measured(measured.footprint_mb, planned_mb, measured.context_mb());
     let (new_plan, kept_estimate) = match plan::plan(res, &demand, &cfg.policy()) {
         Ok(p) => (p, None),
         Err(e) => (plan.clone(), Some(e.to_string())),
@@ -301,5 +302,51 @@ mod tests {
         }
         // `wanted` (which may warn) is asked only when no recorded footprint decides.
         assert_eq!(asked.get(), 4);
+    }
+
+    /// Issue 44, item 5: a plan made from a profile leaves each worker the context that
+    /// profiling measured beside its allocator (NVML's figure less the allocator's reserved
+    /// bytes), not the 500 MB constant, in its cap and in what it reports.
+    #[test]
+    fn a_profiled_plan_takes_the_context_it_measured() {
+        use clap::Parser;
+        const MB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let meta =
+            r#"{"name": "t", "model": "m.pt", "est_gpu_mem_min": 1000, "est_gpu_mem_typ": 5000}"#;
+        std::fs::write(dir.path().join("meta.json"), meta).unwrap();
+        std::fs::write(dir.path().join("app-worker"), "").unwrap();
+        let argv: Vec<String> = ["app", "--metadata"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([dir.path().join("meta.json").display().to_string()])
+            .collect();
+        let cli = crate::master::cli::Cli::try_parse_from(&argv).unwrap();
+        let cfg = Config::from_cli(cli, &|_| None, &argv, Some(dir.path())).unwrap();
+        let probe =
+            crate::master::resources::FixedProbe::new(vec![crate::master::resources::GpuInfo {
+                uuid: "GPU-0".into(),
+                name: "test".into(),
+                total_bytes: 40960 * MB,
+                free_bytes: 40960 * MB,
+                ..Default::default()
+            }]);
+        let res = Resources::from_probe(8, &probe);
+        let estimate = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy()).unwrap();
+        // The worker: 1500 MB reserved by its allocator, 2300 MB as NVML shows it.
+        let measured = Measured {
+            gpu: 0,
+            footprint_mb: 2300,
+            nvml_used: Some(2300 * MB),
+            device_delta: None,
+            allocator_peak: Some(1500 * MB),
+            allocator_reserved: Some(1500 * MB),
+            pass_ms: 1.0,
+            pid: 1,
+        };
+        let p = plan_from(&cfg, &res, &estimate, measured, "profiled").plan;
+        assert_eq!(p.cuda_context_mb, 800, "the measured context, not 500");
+        let g = &p.gpus[0];
+        assert_eq!(g.cap_mb, Some(g.usable_mb / u64::from(g.fits) - 800));
     }
 }

@@ -51,6 +51,15 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// What the worker held besides its allocator (the CUDA context, library handles and
+    /// workspaces), MB: NVML's figure for it (or the fall of free memory) less the
+    /// allocator's reserved bytes, when both were read.
+    pub fn context_mb(&self) -> Option<u64> {
+        let whole = self.nvml_used.or(self.device_delta)?;
+        let reserved = self.allocator_reserved?;
+        Some(whole.saturating_sub(reserved).div_ceil(MB))
+    }
+
     /// The per-worker figure a plan should assume: footprint × headroom, at least
     /// `est_gpu_mem_min`.
     pub fn planned_mb(&self, headroom: f64, est_min: u64) -> u64 {

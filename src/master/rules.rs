@@ -61,7 +61,7 @@ impl Admission {
 /// does not know holds the slots on it.
 pub fn gpu_capacity(gpus: &[GpuPlan], gpu: u32, on_it: u32) -> u32 {
     match gpus.iter().find(|g| g.index == gpu) {
-        Some(g) if g.compute_mode != ComputeMode::Default => g.compute_mode.limit(g.fits),
+        Some(g) if g.effective_mode() != ComputeMode::Default => g.limit(g.fits),
         Some(g) => g.fits.max(on_it),
         None => on_it,
     }
@@ -166,7 +166,7 @@ pub fn place_unplaced(
     gpus.iter()
         .filter(|g| g.excluded.is_none() && !booting_on(g.index))
         // A GPU only one process at a time may use takes no second worker.
-        .filter(|g| g.compute_mode == ComputeMode::Default || !has_slot(g.index))
+        .filter(|g| g.effective_mode() == ComputeMode::Default || !has_slot(g.index))
         .filter_map(|g| fits_now(g).map(|free| (g, free)))
         .max_by_key(|(_, free)| *free)
 }
@@ -211,6 +211,7 @@ mod tests {
             memory_fraction: Some(0.25),
             cap_mb: Some(4000),
             mig: None,
+            mps_limit_mb: None,
         };
         // (target, slots, footprint cap, where the plan puts one more, outcome)
         let rows: Vec<(u32, usize, Option<u32>, Target, Ttin)> = vec![
@@ -358,6 +359,9 @@ mod tests {
             cap_mb: None,
             memory_fraction: None,
             excluded: None,
+            mps: false,
+            mps_limit_mb: None,
+            gpu_instance: None,
         }
     }
 

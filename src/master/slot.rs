@@ -62,6 +62,10 @@ pub enum RetireAsk {
     ReloadReplaced,
     /// Reload: its GPU has no room for the replacement beside it (stop-then-start).
     ReloadNoRoom,
+    /// Under MPS, another worker on its GPU ended with a fatal CUDA error, which MPS
+    /// delivers to every client there; the MPS server takes no new client on that GPU
+    /// until all of them have exited.
+    MpsFault,
 }
 
 impl RetireAsk {
@@ -73,6 +77,7 @@ impl RetireAsk {
             RetireAsk::QuickStop => "quick_stop",
             RetireAsk::ReloadReplaced => "reload_replaced",
             RetireAsk::ReloadNoRoom => "reload_no_room",
+            RetireAsk::MpsFault => "mps_fault",
         }
     }
 }
@@ -85,6 +90,9 @@ impl std::fmt::Display for RetireAsk {
             RetireAsk::QuickStop => "stopping now",
             RetireAsk::ReloadReplaced => "reload: replaced by a worker with the new configuration",
             RetireAsk::ReloadNoRoom => "reload: no GPU room beside it, stop-then-start",
+            RetireAsk::MpsFault => {
+                "MPS: a worker on its GPU ended with a fatal CUDA error, which every client there gets"
+            }
         })
     }
 }

@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use crate::master::config::Config;
 use crate::master::plan::Plan;
 use crate::protocol::{
-    Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD, CONTROL_FD,
-    ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,
+    gpu_env, Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD,
+    CONTROL_FD, ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,
 };
 
 /// Milliseconds between worker heartbeats.
@@ -70,6 +70,7 @@ pub fn worker_config(
         gpu,
         max_requests,
         max_worker_gpu_mb: cfg.max_worker_gpu_mb,
+        gpu_context_mb: plan.cuda_context_mb,
         max_body_bytes: cfg.max_body_bytes,
         request_timeout_ms: cfg.request_timeout.as_millis() as u64,
         max_queue_wait_ms: cfg
@@ -122,10 +123,11 @@ pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
             cmd.env_remove(k.as_ref());
         }
     }
-    match gpu {
-        Some(g) => cmd.env("CUDA_VISIBLE_DEVICES", &g.uuid),
-        None => cmd.env("CUDA_VISIBLE_DEVICES", ""),
-    };
+    // Its GPU alone, and under MPS its share as its driver-enforced limit (unless the
+    // operator set one).
+    for (k, v) in gpu_env(gpu, |k| std::env::var_os(k).is_some()) {
+        cmd.env(k, v);
+    }
     // torch 2.11 reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF as its older name:
     // either one set is the user's choice.
     if std::env::var_os("PYTORCH_CUDA_ALLOC_CONF").is_none()

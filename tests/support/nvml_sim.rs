@@ -17,7 +17,9 @@
 //! Beyond free memory and processes, a [`SimGpu`] can carry what real drivers show: memory
 //! the driver reserves (`reserved_mb`), free memory that follows the processes
 //! (`free_follows_processes`), a PID namespace offset, a compute mode, MIG ([`SimMig`],
-//! [`SimMigInstance`]) and injected `nvmlReturn_t` errors per function (`error`); a
+//! [`SimMigInstance`]; instances with one `gpu_instance_id` are compute instances sharing
+//! its memory), an MPS server and its clients (`mps`, `mps_process`) and injected
+//! `nvmlReturn_t` errors per function (`error`); a
 //! [`SimGpus`] the CUDA driver version and machine-wide offsets and errors. The JSON fields
 //! are documented in `tests/nvml-mock/src/lib.rs`.
 #![allow(dead_code)]
@@ -343,6 +345,11 @@ pub struct SimGpu {
     /// MIG-capable with MIG disabled, when `mig` is `None`.
     pub mig_capable: bool,
     pub mig: Option<SimMig>,
+    /// An MPS server runs here: (its pid, MB it uses). Workers (`workers_use`) are then
+    /// MPS clients, listed by `nvmlDeviceGetMPSComputeRunningProcesses_v3` only.
+    pub mps_server: Option<(u32, u64)>,
+    /// MPS clients listed as they are: (pid, MB).
+    pub mps_processes: Vec<(u32, Option<u64>)>,
     /// Injected answers for calls on this GPU's handle: function → `nvmlReturn_t`.
     pub errors: BTreeMap<String, u32>,
 }
@@ -365,6 +372,8 @@ impl SimGpu {
             compute_mode: None,
             mig_capable: false,
             mig: None,
+            mps_server: None,
+            mps_processes: Vec::new(),
             errors: BTreeMap::new(),
         }
     }
@@ -438,6 +447,16 @@ impl SimGpu {
     }
     pub fn mig(mut self, mig: SimMig) -> SimGpu {
         self.mig = Some(mig);
+        self
+    }
+    /// An MPS server (pid `server_pid`, using `server_mb`) runs on this GPU.
+    pub fn mps(mut self, server_pid: u32, server_mb: u64) -> SimGpu {
+        self.mps_server = Some((server_pid, server_mb));
+        self
+    }
+    /// An MPS client of this GPU's server, listed as it is.
+    pub fn mps_process(mut self, pid: u32, used_mb: u64) -> SimGpu {
+        self.mps_processes.push((pid, Some(used_mb)));
         self
     }
     /// `function` (e.g. `"nvmlDeviceGetComputeMode"`) answers `code` on this GPU's handle.
@@ -550,6 +569,12 @@ impl SimGpus {
                 if let Some(mig) = &g.mig {
                     gpu["mig"] = mig.to_json();
                 }
+                if let Some((pid, mb)) = g.mps_server {
+                    gpu["mps"] = json!({"server_pid": pid, "server_used_mb": mb});
+                }
+                if !g.mps_processes.is_empty() {
+                    gpu["mps_processes"] = json!(processes_json(&g.mps_processes));
+                }
                 if !g.errors.is_empty() {
                     gpu["errors"] = json!(g.errors);
                 }
@@ -659,5 +684,31 @@ impl InProcess {
             file,
             lib,
         }
+    }
+}
+
+/// A stand-in for NVIDIA's MPS control daemon (`nvidia-cuda-mps-control -d`): its control
+/// socket, `<pipe directory>/control`, accepting connections. A CUDA process becomes an MPS
+/// client when it can connect there (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`),
+/// which is what vramfork looks for; give the server that variable.
+pub struct MpsDaemon {
+    dir: tempfile::TempDir,
+    _control: std::os::unix::net::UnixListener,
+}
+
+impl MpsDaemon {
+    pub fn start() -> MpsDaemon {
+        let dir = tempfile::tempdir().unwrap();
+        let control = std::os::unix::net::UnixListener::bind(dir.path().join("control"))
+            .expect("bind the MPS control socket");
+        MpsDaemon {
+            dir,
+            _control: control,
+        }
+    }
+
+    /// The value of `CUDA_MPS_PIPE_DIRECTORY` for it.
+    pub fn pipe_dir(&self) -> String {
+        self.dir.path().display().to_string()
     }
 }

@@ -31,6 +31,10 @@ pub struct App {
     pub max_queue_wait: Option<Duration>,
     /// Retire after a request that leaves the allocator above this many bytes.
     pub max_gpu_bytes: Option<u64>,
+    /// Bytes this worker holds on its GPU besides its allocator: the plan's context
+    /// figure, then NVML's figure less the allocator's reserved bytes at each heartbeat
+    /// where NVML lists this process.
+    pub gpu_context: std::sync::atomic::AtomicU64,
     /// What `/metrics` counts, when it is on.
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
@@ -76,6 +80,7 @@ impl App {
             max_queue_wait: (cfg.max_queue_wait_ms > 0)
                 .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            gpu_context: std::sync::atomic::AtomicU64::new(cfg.gpu_context_mb << 20),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
             api_keys,

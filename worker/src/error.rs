@@ -131,6 +131,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::DocumentsTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "documents_too_large"),
             ApiError::Run(RunError::CudaFatal(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_error"),
+            ApiError::Run(RunError::Cuda(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_request_error"),
             ApiError::Run(RunError::Unsupported(_)) => (S::INTERNAL_SERVER_ERROR, "output_error"),
             ApiError::PreprocessFailed(_) => (S::INTERNAL_SERVER_ERROR, "preprocessing_failed"),
             ApiError::QueueWait { .. } => (S::SERVICE_UNAVAILABLE, "overloaded"),
@@ -192,7 +193,7 @@ mod tests {
     use super::*;
 
     /// Every error type the table gives, in the order docs/api.md lists them.
-    const TYPES: [&str; 21] = [
+    const TYPES: [&str; 22] = [
         "invalid_input",
         "bad_request",
         "unauthorized",
@@ -204,6 +205,7 @@ mod tests {
         "documents_too_large",
         "model_error",
         "cuda_error",
+        "cuda_request_error",
         "output_error",
         "preprocessing_failed",
         "overloaded",
@@ -239,6 +241,7 @@ mod tests {
             (ApiError::Run(RunError::Unsupported("x".into())), 500),
             (ApiError::Run(RunError::Request("x".into())), 400),
             (ApiError::Run(RunError::CudaFatal("x".into())), 500),
+            (ApiError::Run(RunError::Cuda("x".into())), 500),
             (ApiError::Run(RunError::OutOfMemory("x".into())), 507),
             (ApiError::Unavailable, 503),
             (ApiError::ModelStuck, 503),
@@ -274,6 +277,10 @@ mod tests {
         assert_eq!(ApiError::Timeout(5).retry_after(), None);
         let oom = ApiError::Run(RunError::OutOfMemory("Tried to allocate".into()));
         assert!(oom.to_string().contains("CUDA out of memory"));
+        // A CUDA error that leaves the context usable keeps the connection (the worker
+        // serves on); a sticky one closes it (the worker is going away).
+        assert!(!ApiError::Run(RunError::Cuda("x".into())).closes_connection());
+        assert!(ApiError::Run(RunError::CudaFatal("x".into())).closes_connection());
     }
 
     #[test]
@@ -355,6 +362,7 @@ mod tests {
             ApiError::DocumentsTooLarge("x".into()),
             ApiError::Run(RunError::Model("x".into())),
             ApiError::Run(RunError::CudaFatal("x".into())),
+            ApiError::Run(RunError::Cuda("x".into())),
             ApiError::Run(RunError::Unsupported("x".into())),
             ApiError::PreprocessFailed("x".into()),
             ApiError::QueueWait {

@@ -146,11 +146,13 @@ impl Hw {
     }
 }
 
-/// What NVML says this process uses on the device (compute processes).
+/// What NVML says this process uses on the device: among the compute processes, or (an MPS
+/// client, which the compute list leaves out) the MPS clients.
 fn nvml_process_used(dev: &nvml_wrapper::Device) -> Option<u64> {
     let pid = std::process::id();
-    dev.running_compute_processes()
-        .ok()?
+    let mut procs = dev.running_compute_processes().unwrap_or_default();
+    procs.extend(dev.mps_running_compute_processes().unwrap_or_default());
+    procs
         .into_iter()
         .find(|p| p.pid == pid)
         .and_then(|p| match p.used_gpu_memory {

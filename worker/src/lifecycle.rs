@@ -121,10 +121,19 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
         let c = shared.get();
         let gpu = app.hw.allocator();
         let (peak, reserved) = (gpu.map(|s| s.peak_reserved), gpu.map(|s| s.reserved));
-        // NVML is read only on a GPU (and then once a second).
-        let footprint = gpu.and_then(|_| {
-            vramfork::protocol::gpu_footprint(app.hw.process_gpu_used(), peak, reserved)
-        });
+        // NVML is read only on a GPU (and then once a second). Only with NVML's figure for
+        // this process: without it (a container without the host's PID namespace) the
+        // allocator's figures alone would leave the context out, and the master makes the
+        // footprint from its device instead (`master::footprint`).
+        let used = gpu.and_then(|_| app.hw.process_gpu_used());
+        let footprint =
+            used.and_then(|used| vramfork::protocol::gpu_footprint(Some(used), peak, reserved));
+        if let (Some(used), Some(reserved)) = (used, reserved) {
+            app.gpu_context.store(
+                used.saturating_sub(reserved),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         shared.control.send(&ControlMsg::Heartbeat {
             served: c.served,
             in_flight: c.in_flight,

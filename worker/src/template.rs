@@ -472,10 +472,10 @@ fn serve_as(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> i32 {
             libc::close(h);
         }
     }
-    // Still single-threaded: changing the environment is safe here, and CUDA (initialised
-    // lazily, after this) sees only this worker's GPU.
-    let visible = cfg.gpu.as_ref().map_or(String::new(), |g| g.uuid.clone());
-    std::env::set_var("CUDA_VISIBLE_DEVICES", visible);
+    // Still single-threaded: safe to change the environment; CUDA (lazy) sees its GPU alone.
+    for (k, v) in vramfork::protocol::gpu_env(cfg.gpu.as_ref(), |k| std::env::var_os(k).is_some()) {
+        std::env::set_var(k, v);
+    }
     let metadata = match vramfork::metadata::AppMetadata::parse(
         std::path::Path::new(&cfg.metadata_path),
         &cfg.metadata_json,

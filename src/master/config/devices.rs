@@ -1,7 +1,8 @@
 //! The device and GPU memory: `--device`, `--gpu-memory-utilization`,
 //! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, NVML (`--nvml-library`,
-//! `--simulated-gpus`), and measuring a worker's footprint (`--profile-memory`,
-//! `--memory-headroom`).
+//! `--simulated-gpus`), NVIDIA MPS (`--mps`, `CUDA_MPS_PIPE_DIRECTORY`), the operator's
+//! settings of PyTorch's CUDA allocator that bear on the cap ([`AllocatorEnv`]), and
+//! measuring a worker's footprint (`--profile-memory`, `--memory-headroom`).
 
 use std::path::{Path, PathBuf};
 
@@ -104,4 +105,60 @@ pub(super) fn nvml_library(
             ));
     }
     Ok(nvml_library)
+}
+
+/// `--mps`: `None` auto (detected), `Some(true)` on, `Some(false)` off.
+pub(super) fn mps(v: Option<&str>, c: &Checker<'_>) -> Result<Option<bool>, ConfigError> {
+    match v.map(str::trim) {
+        None | Some("auto") => Ok(None),
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(v) => Err(c.bad("--mps", v, "expected auto, on or off")),
+    }
+}
+
+/// Where the MPS control daemon's socket would be: `CUDA_MPS_PIPE_DIRECTORY`, else
+/// `/tmp/nvidia-mps` (NVIDIA's MPS documentation), as the CUDA driver looks for it.
+pub(super) fn mps_pipe_directory(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    env("CUDA_MPS_PIPE_DIRECTORY").map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
+}
+
+/// The operator's settings of PyTorch's CUDA allocator that bear on the per-worker cap
+/// (issue 44, item 7), as torch 2.11 reads them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AllocatorEnv {
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: the caching allocator is off (torch's
+    /// `check_env`: only "1" turns it on), so there is no cap and no statistics.
+    pub uncached: bool,
+    /// `per_process_memory_fraction` (new in torch 2.11) in the variable torch's CUDA
+    /// allocator reads (`PYTORCH_CUDA_ALLOC_CONF`, else `PYTORCH_ALLOC_CONF`:
+    /// `c10/cuda/CUDAAllocatorConfig.h`), with that variable's name.
+    pub fraction: Option<(f64, &'static str)>,
+}
+
+impl AllocatorEnv {
+    pub(super) fn read(env: &dyn Fn(&str) -> Option<String>) -> Result<AllocatorEnv, ConfigError> {
+        let uncached = env("PYTORCH_NO_CUDA_MEMORY_CACHING").as_deref() == Some("1");
+        let var = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+            .into_iter()
+            .find_map(|name| env(name).map(|v| (name, v)));
+        let mut fraction = None;
+        if let Some((name, conf)) = var {
+            for (key, value) in conf.split(',').filter_map(|kv| kv.split_once(':')) {
+                if key.trim() != "per_process_memory_fraction" {
+                    continue;
+                }
+                match value.trim().parse::<f64>() {
+                    Ok(f) if (0.0..=1.0).contains(&f) => fraction = Some((f, name)),
+                    _ => {
+                        return Err(ConfigError(format!(
+                            "{name}={conf}: per_process_memory_fraction '{}' is not a fraction from 0 to 1 (torch refuses it too)",
+                            value.trim()
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(AllocatorEnv { uncached, fraction })
+    }
 }

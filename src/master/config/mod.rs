@@ -94,6 +94,17 @@ pub struct Config {
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
     pub nvml_library: Option<PathBuf>,
+    /// `--mps`: `None` auto (detect the MPS control daemon), on or off.
+    pub mps: Option<bool>,
+    /// Where the MPS control daemon's socket would be (`CUDA_MPS_PIPE_DIRECTORY`).
+    pub mps_pipe_directory: PathBuf,
+    /// Whether MPS serves the GPUs: `--mps on`, or `auto` and the daemon was found
+    /// (`resources::mps`, set by the bootstrap after probing). What the plan assumes.
+    pub mps_on: bool,
+    /// The operator's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: kept, not replaced by the plan's.
+    pub mps_limit_set: bool,
+    /// The operator's allocator settings that bear on the cap.
+    pub allocator: devices::AllocatorEnv,
     /// `--simulated-gpus`: GPU workers run on the CPU (tests with tests/nvml-mock).
     pub simulated_gpus: bool,
     /// The operator's `CUDA_VISIBLE_DEVICES`, when set: only those GPUs are planned
@@ -256,6 +267,8 @@ impl Config {
         let gpu = GpuMemory::check(&cli, &c)?;
         let torch_threads = torch_threads(&cli.torch_threads, env, &c)?;
         let nvml_library = devices::nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, &c)?;
+        let mps = devices::mps(cli.mps.as_deref(), &c)?;
+        let allocator = devices::AllocatorEnv::read(env)?;
         let log_json = match cli.log_format.as_deref() {
             None | Some("text") => false,
             Some("json") => true,
@@ -294,6 +307,11 @@ impl Config {
             gpu_reserve_mb: gpu.gpu_reserve_mb,
             max_worker_gpu_mb: gpu.max_worker_gpu_mb,
             nvml_library,
+            mps,
+            mps_pipe_directory: devices::mps_pipe_directory(env),
+            mps_on: mps == Some(true),
+            mps_limit_set: env(crate::protocol::ENV_MPS_MEM_LIMIT).is_some(),
+            allocator,
             simulated_gpus: cli.simulated_gpus,
             cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
             torch_threads,
@@ -356,6 +374,9 @@ impl Config {
             gpu_memory_utilization: self.gpu_memory_utilization,
             gpu_reserve_mb: self.gpu_reserve_mb,
             torch_threads: self.torch_threads,
+            mps: self.mps_on,
+            allocator_fraction: self.allocator.fraction.map(|f| f.0),
+            uncached_allocator: self.allocator.uncached,
         }
     }
 }

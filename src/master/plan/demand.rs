@@ -20,6 +20,10 @@ pub struct Demand {
     pub declared_typ_mb: u64,
     /// The footprint `typ_mb` was made from, when it was measured.
     pub measured_mb: Option<u64>,
+    /// What one worker holds on its GPU besides its caching allocator (the CUDA context,
+    /// library handles and workspaces), MB, when profiling measured it: NVML's figure for
+    /// the worker (or the fall of free memory) less the allocator's reserved bytes.
+    pub context_mb: Option<u64>,
     /// The metadata file, named in warnings.
     pub metadata: PathBuf,
     /// The metadata's own warnings, first among the plan's.
@@ -34,17 +38,26 @@ impl Demand {
             typ_mb: meta.est_gpu_mem_typ,
             declared_typ_mb: meta.est_gpu_mem_typ,
             measured_mb: None,
+            context_mb: None,
             metadata: meta.path.clone(),
             warnings: meta.warnings(),
         }
     }
 
-    /// Planned from a measured footprint: `planned_mb` per worker instead of the estimate.
-    pub fn measured(self, footprint_mb: u64, planned_mb: u64) -> Demand {
+    /// Planned from a measured footprint: `planned_mb` per worker instead of the estimate;
+    /// the context as measured, when it was.
+    pub fn measured(self, footprint_mb: u64, planned_mb: u64, context_mb: Option<u64>) -> Demand {
         Demand {
             typ_mb: planned_mb,
             measured_mb: Some(footprint_mb),
+            context_mb,
             ..self
         }
+    }
+
+    /// MB one worker's context takes beside its allocator: as measured, else
+    /// [`super::CUDA_CONTEXT_MB`].
+    pub fn context_mb(&self) -> u64 {
+        self.context_mb.unwrap_or(super::CUDA_CONTEXT_MB)
     }
 }

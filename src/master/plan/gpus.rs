@@ -6,8 +6,7 @@
 use serde::Serialize;
 
 use super::fit::{
-    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, CUDA_CONTEXT_MB,
-    MIN_ALLOCATOR_MB,
+    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, MIN_ALLOCATOR_MB,
 };
 use super::{Demand, Notes, PlacementMode, PlanError, Policy};
 use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
@@ -37,12 +36,26 @@ pub struct GpuPlan {
     pub fits: u32,
     /// Workers the plan puts here.
     pub assigned: u32,
-    /// Allocator cap of each worker here, `usable / fits − CUDA_CONTEXT_MB`, when bounded.
+    /// Allocator cap of each worker here, `usable / fits − context` (the plan's
+    /// `cuda_context_mb`), when bounded; never above the operator's own
+    /// `per_process_memory_fraction` of the total.
     pub cap_mb: Option<u64>,
     /// The cap as a share of `total_mb`.
     pub memory_fraction: Option<f64>,
     /// Why this GPU takes no worker, when it takes none.
     pub excluded: Option<String>,
+    /// NVIDIA MPS serves this GPU (detected, `--mps`): its compute mode's exclusivity
+    /// applies to the MPS server, and the workers are its clients.
+    #[serde(default)]
+    pub mps: bool,
+    /// Under MPS, each worker's driver-enforced limit (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`):
+    /// its whole share, `usable / fits` (cap and context).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_limit_mb: Option<u64>,
+    /// A MIG device's GPU instance; MIG devices of one GPU with the same one share its
+    /// memory, planned once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 impl GpuPlan {
@@ -55,8 +68,70 @@ impl GpuPlan {
             memory_fraction: g.memory_fraction,
             cap_mb: g.cap_mb,
             mig: g.mig,
+            mps_limit_mb: g.mps_limit_mb,
         }
     }
+
+    /// The compute mode workers meet here: under MPS an exclusive mode holds the MPS server
+    /// alone, and its clients share the GPU as in the default mode (NVIDIA's MPS
+    /// documentation: "exclusive-mode restrictions are applied to the MPS server, not MPS
+    /// clients").
+    pub fn effective_mode(&self) -> ComputeMode {
+        effective_mode(self.compute_mode, self.mps)
+    }
+
+    /// The workers its compute mode lets run here when `fits` fit by memory.
+    pub fn limit(&self, fits: u32) -> u32 {
+        self.effective_mode().limit(fits)
+    }
+
+    /// The memory pool it draws from: a MIG device shares its GPU instance's.
+    fn pool(&self) -> (u32, Option<u32>) {
+        match (self.mig, self.gpu_instance) {
+            (Some(m), Some(gi)) => (m.parent, Some(gi)),
+            _ => (self.index, None),
+        }
+    }
+}
+
+/// [`GpuPlan::effective_mode`].
+pub(super) fn effective_mode(mode: ComputeMode, mps: bool) -> ComputeMode {
+    match mode {
+        ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread if mps => ComputeMode::Default,
+        mode => mode,
+    }
+}
+
+/// How many workers of `per_worker_mb` the GPUs hold (those not excluded), each memory pool
+/// counted once: the compute instances of one GPU instance share its usable memory, divided
+/// among them as the plan does. Asked by the footprint learner with the footprint observed.
+pub fn capacity(gpus: &[GpuPlan], per_worker_mb: u64) -> u32 {
+    let mut seen: Vec<(u32, Option<u32>)> = Vec::new();
+    let mut total = 0;
+    for g in gpus.iter().filter(|g| g.excluded.is_none()) {
+        let pool = g.pool();
+        if seen.contains(&pool) {
+            continue;
+        }
+        seen.push(pool);
+        let members: Vec<&GpuPlan> = gpus
+            .iter()
+            .filter(|m| m.excluded.is_none() && m.pool() == pool)
+            .collect();
+        let fits = workers_fitting(g.usable_mb, per_worker_mb);
+        total += members
+            .iter()
+            .enumerate()
+            .map(|(k, m)| m.limit(share(fits, members.len(), k)))
+            .sum::<u32>();
+    }
+    total
+}
+
+/// Member `k`'s part of `pool` workers divided among `n`: the first ones one more.
+fn share(pool: u32, n: usize, k: usize) -> u32 {
+    let n = n.max(1) as u32;
+    pool / n + u32::from((k as u32) < pool % n)
 }
 
 /// The GPUs the plan may use, each with its figures, in NVML index order. On the CPU the
@@ -80,12 +155,87 @@ pub(super) fn plan_gpus(
             }
             Vec::new()
         }
-        _ => res
-            .gpus
-            .iter()
-            .map(|g| gpu_plan(g, policy, demand, mode))
-            .collect(),
+        _ => {
+            let mut gpus: Vec<GpuPlan> = res
+                .gpus
+                .iter()
+                .map(|g| gpu_plan(g, policy, demand, mode))
+                .collect();
+            if mode == PlacementMode::GpuMemory {
+                share_gpu_instances(&mut gpus, demand, policy, notes);
+            }
+            gpus
+        }
     }
+}
+
+/// Rule 10: the MIG devices of one GPU instance (its compute instances) share its memory.
+/// Each reports all of it, so planned one by one they would get it once each; instead the
+/// workers its usable memory holds are divided among them (the first ones one more), and
+/// each worker's cap is its share of that memory.
+fn share_gpu_instances(gpus: &mut [GpuPlan], demand: &Demand, policy: &Policy, notes: &mut Notes) {
+    let mut pools: Vec<(u32, Option<u32>)> = Vec::new();
+    for g in gpus.iter() {
+        if g.pool().1.is_some() && !pools.contains(&g.pool()) {
+            pools.push(g.pool());
+        }
+    }
+    for pool in pools {
+        let members: Vec<usize> = (0..gpus.len())
+            .filter(|&i| gpus[i].pool() == pool)
+            .collect();
+        if members.len() < 2 {
+            continue;
+        }
+        let lead = &gpus[members[0]];
+        let labels: Vec<String> = members.iter().map(|&i| gpus[i].label.clone()).collect();
+        let (usable, admitted) = (lead.usable_mb, lead.excluded.is_none() || lead.fits > 0);
+        let all = workers_fitting(usable, per_worker_mb(demand.typ_mb));
+        notes.why(format!(
+            "{} are compute instances of GPU {} GPU instance {}: they share its memory, planned once ({usable} MB usable hold {all} workers in all)",
+            labels.join(" and "),
+            pool.0,
+            pool.1.unwrap_or_default()
+        ));
+        if !admitted {
+            continue;
+        }
+        for (k, &i) in members.iter().enumerate() {
+            let g = &mut gpus[i];
+            g.fits = g.limit(share(all, members.len(), k));
+            (g.cap_mb, g.memory_fraction, g.mps_limit_mb) = caps(g, usable, all, demand, policy);
+            g.excluded = (g.fits == 0).then(|| {
+                format!(
+                    "it shares GPU instance {} with {}: its {usable} MB usable hold {all} workers, placed on the others",
+                    pool.1.unwrap_or_default(),
+                    labels.iter().filter(|l| **l != g.label).cloned().collect::<Vec<_>>().join(", ")
+                )
+            });
+        }
+    }
+}
+
+/// Each worker's allocator cap (rule 7), that cap as a share of the total, and under MPS
+/// its whole share (the per-client limit), for `fits` workers in `usable_mb`: `usable / fits
+/// − context`, the context as measured or [`super::CUDA_CONTEXT_MB`], never above the operator's
+/// own `per_process_memory_fraction` of the total.
+fn caps(
+    g: &GpuPlan,
+    usable_mb: u64,
+    fits: u32,
+    demand: &Demand,
+    policy: &Policy,
+) -> (Option<u64>, Option<f64>, Option<u64>) {
+    if fits == 0 {
+        return (None, None, None);
+    }
+    let share = usable_mb / u64::from(fits);
+    let mut cap = share.saturating_sub(demand.context_mb());
+    if let Some(f) = policy.allocator_fraction {
+        cap = cap.min((g.total_mb as f64 * f).floor() as u64);
+    }
+    let fraction = (g.total_mb > 0).then(|| floor4(cap as f64 / g.total_mb as f64));
+    (Some(cap), fraction, g.mps.then_some(share))
 }
 
 /// One GPU's figures (rules 3, 7, 9): usable memory, how many workers fit (0 when it does
@@ -116,7 +266,8 @@ fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) 
             )),
         ),
         PlacementMode::GpuMemory => {
-            let fits = g.compute_mode.limit(workers_fitting(usable_mb, per_worker));
+            let fits = effective_mode(g.compute_mode, policy.mps)
+                .limit(workers_fitting(usable_mb, per_worker));
             let excluded = (fits == 0).then(|| {
                 format!(
                     "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
@@ -126,12 +277,7 @@ fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) 
             (fits, excluded)
         }
     };
-    let cap_mb = (mode == PlacementMode::GpuMemory && fits > 0)
-        .then(|| (usable_mb / u64::from(fits)).saturating_sub(CUDA_CONTEXT_MB));
-    let memory_fraction = cap_mb
-        .filter(|_| total_mb > 0)
-        .map(|c| floor4(c as f64 / total_mb as f64));
-    GpuPlan {
+    let mut plan = GpuPlan {
         index: g.index,
         label: g.label(),
         name: g.name.clone(),
@@ -144,10 +290,18 @@ fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) 
         usable_mb,
         fits,
         assigned: 0,
-        cap_mb,
-        memory_fraction,
+        cap_mb: None,
+        memory_fraction: None,
         excluded,
+        mps: policy.mps,
+        mps_limit_mb: None,
+        gpu_instance: g.gpu_instance,
+    };
+    if mode == PlacementMode::GpuMemory {
+        (plan.cap_mb, plan.memory_fraction, plan.mps_limit_mb) =
+            caps(&plan, usable_mb, fits, demand, policy);
     }
+    plan
 }
 
 /// Rounds down to 4 decimals (a cap a little low is safe, a little high is not).
@@ -199,17 +353,19 @@ pub(super) fn gpu_notes(gpus: &[GpuPlan], demand: &Demand, mode: PlacementMode, 
             "{} is in {} compute mode: {}",
             g.label,
             g.compute_mode.name(),
-            if g.compute_mode == ComputeMode::Prohibited {
-                "no worker (no process may use it)"
-            } else {
-                "at most one worker (one process at a time may use it)"
+            match g.effective_mode() {
+                ComputeMode::Prohibited => "no worker (no process may use it)",
+                ComputeMode::Default =>
+                    "MPS serves it, so that holds the MPS server alone and the workers, its clients, share the GPU (--mps off: one worker)",
+                _ => "at most one worker (one process at a time may use it)",
             }
         ));
     }
     if mode == PlacementMode::GpuMemory && per_worker_mb(typ) > typ {
         notes.warn(format!(
-            "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({CUDA_CONTEXT_MB} \
+            "est_gpu_mem_typ {typ} MB is less than one worker's CUDA context ({} \
              MB) plus {MIN_ALLOCATOR_MB} MB for its tensors: each worker is planned as {} MB",
+            demand.context_mb(),
             per_worker_mb(typ)
         ));
     }

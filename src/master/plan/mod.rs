@@ -37,24 +37,36 @@
 //! 6. An override larger than the GPU bound is accepted: the first `gpu_bound` slots are
 //!    placed, the rest are listed in [`Plan::unplaced`] with a warning; the master starts
 //!    them only when admission passes ([`Plan::next_target`], [`admits`]).
-//! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `usable / fits −
-//!    CUDA_CONTEXT_MB`: every worker's CUDA context comes on top of what its caching
-//!    allocator may take, so caps and contexts of as many workers as fit sum to at most
-//!    `usable` even after TTIN fills the GPU. `est_gpu_mem_typ` is a whole worker as
-//!    `nvidia-smi` shows it, context included; one below a context plus
+//! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `usable / fits − context`,
+//!    the context being what profiling measured one worker to hold besides its allocator
+//!    ([`Demand::context_mb`]), else [`CUDA_CONTEXT_MB`]: every worker's CUDA context comes
+//!    on top of what its caching allocator may take, so caps and contexts of as many
+//!    workers as fit sum to at most `usable` even after TTIN fills the GPU. The operator's
+//!    own `per_process_memory_fraction` ([`Policy::allocator_fraction`]) lowers a cap above
+//!    it. Under MPS each worker also gets its whole share, `usable / fits`, as its
+//!    driver-enforced limit ([`GpuPlan::mps_limit_mb`]). `est_gpu_mem_typ` is a whole worker
+//!    as `nvidia-smi` shows it, context included; one below a context plus
 //!    [`MIN_ALLOCATOR_MB`] is planned as that much, with a warning.
 //! 8. Torch intra-op threads per worker: `--torch-threads` (or `MKL_NUM_THREADS`/
 //!    `OMP_NUM_THREADS`, read by `config`), else `max(1, cpus / workers)`.
 //! 9. Compute mode: a GPU in `prohibited` mode takes no worker; one in
 //!    `exclusive_process` mode (or the withdrawn `exclusive_thread`) takes at most one,
-//!    since only one process at a time may hold a CUDA context there.
-//! 10. MIG: a GPU in MIG mode is not a device; each of its MIG instances is one, with its
-//!     own memory (`resources`), planned like a GPU and named `GPU <n> MIG <slot>`.
+//!    since only one process at a time may hold a CUDA context there — unless MPS serves
+//!    it ([`Policy::mps`]): then the MPS server is that one process and the workers, its
+//!    clients, share the GPU as in the default mode.
+//! 10. MIG: a GPU in MIG mode is not a device; each of its MIG instances is one
+//!     (`resources`), planned like a GPU and named `GPU <n> MIG <slot>`. The MIG devices
+//!     of one GPU instance (its compute instances) share its memory: the workers it holds
+//!     are counted once and divided among them.
 //! 11. A driver whose CUDA version is older than the build's ([`CUDA_BUILD_VERSION`])
 //!     cannot run the worker on a GPU: a plan that would place workers on GPUs records it
 //!     in [`Plan::driver_too_old`] (and its warnings), and `app` refuses to start on it
 //!     unless `--device cuda` insists (CUDA forward-compatibility libraries in a container
 //!     can make it work; a worker that then finds no CUDA still stops the server).
+//! 12. `PYTORCH_NO_CUDA_MEMORY_CACHING=1` ([`Policy::uncached_allocator`]) turns PyTorch's
+//!     caching allocator off, and with it the cap of rule 7: a plan that would place
+//!     workers on GPUs records why in [`Plan::uncached_allocator`], and `app` refuses to
+//!     start on it (`app plan` shows it).
 //!
 //! MB means MiB (2^20 bytes) throughout, as `nvidia-smi` prints it.
 
@@ -73,7 +85,7 @@ pub use fit::{
     admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, CUDA_CONTEXT_MB,
     MIN_ALLOCATOR_MB, UTILIZATION_BY_GPU_SIZE,
 };
-pub use gpus::GpuPlan;
+pub use gpus::{capacity, GpuPlan};
 pub use mode::PlacementMode;
 pub use placement::{Placement, Target};
 pub use policy::{Policy, TorchThreads, WorkerOverride};
@@ -130,11 +142,25 @@ pub struct Plan {
     pub cuda_driver_version: Option<u32>,
     /// The CUDA version the worker's libtorch is built with ([`CUDA_BUILD_VERSION`]).
     pub cuda_build_version: u32,
-    /// [`CUDA_CONTEXT_MB`].
+    /// MB each worker's context takes beside its allocator cap: measured by profiling
+    /// ([`Demand::context_mb`]), else [`CUDA_CONTEXT_MB`].
     pub cuda_context_mb: u64,
     /// Why the driver cannot run the worker on the GPUs this plan uses (rule 11): `app`
     /// refuses to start; `app plan` shows the plan with this warning.
     pub driver_too_old: Option<String>,
+    /// Why the workers this plan puts on GPUs could not be capped (rule 12: the operator
+    /// turned PyTorch's caching allocator off): `app` refuses to start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncached_allocator: Option<String>,
+}
+
+impl Plan {
+    /// Why `app` refuses to serve this plan (rules 11 and 12), if it does.
+    pub fn refusal(&self) -> Option<&String> {
+        self.driver_too_old
+            .as_ref()
+            .or(self.uncached_allocator.as_ref())
+    }
 }
 
 /// Why no plan could be made (exit 2).
@@ -198,6 +224,17 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         &mut notes,
     )?;
     let torch_threads = policy.torch_threads(cpus, workers, &mut notes);
+    let uncached_allocator = (mode != PlacementMode::Cpu && policy.uncached_allocator).then(|| {
+        let why = "PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns PyTorch's CUDA caching allocator \
+                   off: the per-worker cap that keeps each worker within its share of the GPU \
+                   (set_per_process_memory_fraction), the allocator figures footprints, \
+                   --max-worker-gpu-mb and hwFetch read, and out of memory answered as 507 all \
+                   need it, so the workers on GPUs would share them unbounded. Unset it (it is \
+                   for debugging with compute-sanitizer), or serve on the CPU with --device cpu"
+            .to_string();
+        notes.warn(why.clone());
+        why
+    });
     let Notes { why, warnings } = notes;
 
     Ok(Plan {
@@ -229,8 +266,9 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         driver_version: res.driver_version.clone(),
         cuda_driver_version: res.cuda_driver_version,
         cuda_build_version: CUDA_BUILD_VERSION,
-        cuda_context_mb: CUDA_CONTEXT_MB,
+        cuda_context_mb: demand.context_mb(),
         driver_too_old,
+        uncached_allocator,
     })
 }
 
@@ -261,6 +299,7 @@ mod tests {
             reserved_bytes: 0,
             compute_mode: ComputeMode::Default,
             mig: None,
+            gpu_instance: None,
             index,
             uuid: format!("GPU-{index:08}"),
             name: name.into(),
@@ -1021,5 +1060,142 @@ mod tests {
             .unwrap()
             .warnings
             .is_empty());
+    }
+
+    /// Issue 44, item 4: two compute instances of one GPU instance (two MIG devices
+    /// reporting the same memory) hold its workers once, divided between them; another
+    /// GPU instance of the same GPU is planned on its own.
+    #[test]
+    fn compute_instances_of_one_gpu_instance_share_its_memory_once() {
+        let ci = |index: u32, slot: u32, gi: u32, mb: u64| GpuInfo {
+            mig: Some(MigInstance { parent: 0, slot }),
+            gpu_instance: Some(gi),
+            uuid: format!("MIG-{slot}"),
+            ..gpu(index, "NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", mb, mb)
+        };
+        let r = res(
+            16,
+            vec![ci(1, 0, 2, 19968), ci(2, 1, 2, 19968), ci(3, 2, 1, 19968)],
+        );
+        let p = plan(&r, &meta(1000, 5000), &Policy::default()).unwrap();
+        // usable floor(19968 × 0.84) − 500 = 16273: 3 workers of 5000 per GPU instance.
+        assert_eq!(p.gpus[0].usable_mb, 16273);
+        assert_eq!(
+            per_gpu(&p),
+            vec![2, 1, 3],
+            "GPU instance 2's 3 workers, split"
+        );
+        assert_eq!(p.gpu_bound, Some(6), "not 9");
+        // Each worker's cap is its share of the GPU instance's memory.
+        assert_eq!(p.gpus[0].cap_mb, Some(16273 / 3 - CUDA_CONTEXT_MB));
+        assert_eq!(p.gpus[1].cap_mb, p.gpus[0].cap_mb);
+        let t = p.to_text();
+        assert!(
+            t.contains("GPU 0 MIG 0 and GPU 0 MIG 1 are compute instances of GPU 0 GPU instance 2: they share its memory, planned once (16273 MB usable hold 3 workers in all)"),
+            "{t}"
+        );
+        // What the GPUs hold at a footprint counts the pool once too.
+        assert_eq!(capacity(&p.gpus, 5000), 6);
+        assert_eq!(capacity(&p.gpus, 8000), 4);
+        // Three compute instances sharing room for two: the third takes none, and says why.
+        let r = res(
+            16,
+            vec![ci(1, 0, 2, 19968), ci(2, 1, 2, 19968), ci(3, 2, 2, 19968)],
+        );
+        let p = plan(&r, &meta(1000, 8000), &Policy::default()).unwrap();
+        assert_eq!(per_gpu(&p), vec![1, 1, 0]);
+        assert!(
+            p.gpus[2]
+                .excluded
+                .as_deref()
+                .unwrap()
+                .contains("shares GPU instance 2 with GPU 0 MIG 0, GPU 0 MIG 1"),
+            "{:?}",
+            p.gpus[2].excluded
+        );
+    }
+
+    /// Issue 44, item 10: under MPS an exclusive-process GPU holds its MPS server alone,
+    /// and the workers, its clients, are planned as on a shared GPU, each with its share as
+    /// its MPS memory limit; `--mps off` plans one worker.
+    #[test]
+    fn under_mps_an_exclusive_gpu_is_planned_as_a_shared_one() {
+        let shared = res(16, vec![a100_40(0)]);
+        let exclusive = res(
+            16,
+            vec![with_mode(a100_40(0), ComputeMode::ExclusiveProcess)],
+        );
+        let mps = Policy {
+            mps: true,
+            ..Policy::default()
+        };
+        let base = plan(&shared, &meta(3000, 5000), &Policy::default()).unwrap();
+        let p = plan(&exclusive, &meta(3000, 5000), &mps).unwrap();
+        assert_eq!(p.workers, base.workers);
+        assert_eq!(per_gpu(&p), per_gpu(&base));
+        assert_eq!(p.gpus[0].cap_mb, base.gpus[0].cap_mb);
+        let share = p.gpus[0].usable_mb / u64::from(p.gpus[0].fits);
+        assert_eq!(p.gpus[0].mps_limit_mb, Some(share));
+        assert_eq!(
+            p.placement[0].gpu.as_ref().unwrap().mps_limit_mb,
+            Some(share)
+        );
+        assert!(p.to_text().contains("MPS serves it"), "{}", p.to_text());
+        let off = plan(&exclusive, &meta(3000, 5000), &Policy::default()).unwrap();
+        assert_eq!(per_gpu(&off), vec![1]);
+        assert_eq!(off.gpus[0].mps_limit_mb, None);
+        // Prohibited stays prohibited.
+        let none = res(4, vec![with_mode(a100_40(0), ComputeMode::Prohibited)]);
+        assert!(plan(&none, &meta(3000, 5000), &mps).is_err());
+    }
+
+    /// Issue 44, items 5 and 7: the cap leaves room for the context profiling measured (not
+    /// 500 MB), and never goes above the operator's per_process_memory_fraction.
+    #[test]
+    fn the_cap_takes_the_measured_context_and_the_operators_fraction() {
+        let r = res(16, vec![a100_40(0)]);
+        let declared = plan(&r, &meta(3000, 5000), &Policy::default()).unwrap();
+        let usable = declared.gpus[0].usable_mb;
+        assert_eq!(declared.gpus[0].cap_mb, Some(usable / 7 - 500));
+        let measured = meta(3000, 5000).measured(4000, 5000, Some(800));
+        let p = plan(&r, &measured, &Policy::default()).unwrap();
+        assert_eq!(p.cuda_context_mb, 800);
+        assert_eq!(p.gpus[0].cap_mb, Some(usable / 7 - 800));
+        assert!(p.to_text().contains("+ CUDA context ~800 MB per worker"));
+        let operator = Policy {
+            allocator_fraction: Some(0.05),
+            ..Policy::default()
+        };
+        let p = plan(&r, &meta(3000, 5000), &operator).unwrap();
+        // floor(40960 × 0.05) = 2048 < 4694.
+        assert_eq!(p.gpus[0].cap_mb, Some(2048));
+        assert_eq!(p.gpus[0].memory_fraction, Some(0.05));
+        let high = Policy {
+            allocator_fraction: Some(0.9),
+            ..Policy::default()
+        };
+        let p = plan(&r, &meta(3000, 5000), &high).unwrap();
+        assert_eq!(p.gpus[0].cap_mb, declared.gpus[0].cap_mb);
+    }
+
+    /// Issue 44, item 7: PYTORCH_NO_CUDA_MEMORY_CACHING=1 leaves nothing to cap: a plan
+    /// on GPUs says why `app` refuses it; on the CPU it does not matter.
+    #[test]
+    fn an_uncached_allocator_refuses_a_plan_on_gpus() {
+        let uncached = Policy {
+            uncached_allocator: true,
+            ..Policy::default()
+        };
+        let p = plan(&res(16, vec![a100_40(0)]), &meta(3000, 5000), &uncached).unwrap();
+        let why = p.refusal().expect("refused");
+        assert!(
+            why.starts_with(
+                "PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns PyTorch's CUDA caching allocator off"
+            ),
+            "{why}"
+        );
+        assert!(p.warnings.contains(why));
+        let cpu = plan(&res(16, vec![]), &meta(0, 0), &uncached).unwrap();
+        assert_eq!(cpu.refusal(), None);
     }
 }

@@ -82,19 +82,20 @@ pub(super) fn place(
         let exclusive = gpus
             .iter()
             .filter(|g| {
-                g.compute_mode != ComputeMode::Default && g.compute_mode != ComputeMode::Prohibited
+                let mode = g.effective_mode();
+                mode != ComputeMode::Default && mode != ComputeMode::Prohibited
             })
             .count() as u32;
         let open = gpus
             .iter()
-            .filter(|g| g.compute_mode == ComputeMode::Default)
+            .filter(|g| g.effective_mode() == ComputeMode::Default)
             .count() as u32;
         let share = workers
             .max(cpu_bound)
             .saturating_sub(exclusive)
             .div_ceil(open.max(1));
         for g in gpus.iter_mut() {
-            g.fits = match g.compute_mode {
+            g.fits = match g.effective_mode() {
                 ComputeMode::Default => share,
                 mode => mode.limit(1),
             };

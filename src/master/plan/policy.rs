@@ -25,6 +25,14 @@ pub struct Policy {
     pub gpu_reserve_mb: u64,
     /// Torch intra-op threads per worker, when the operator set them.
     pub torch_threads: Option<TorchThreads>,
+    /// NVIDIA MPS serves the GPUs (detected, or `--mps on`; never with `--mps off`).
+    pub mps: bool,
+    /// The operator's `per_process_memory_fraction` (`PYTORCH_ALLOC_CONF`): no worker's
+    /// cap goes above it.
+    pub allocator_fraction: Option<f64>,
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: PyTorch's caching allocator is off, so workers
+    /// on GPUs could be neither capped nor measured (rule 12).
+    pub uncached_allocator: bool,
 }
 
 /// Torch intra-op threads per worker as the operator set them, and where
@@ -43,6 +51,9 @@ impl Default for Policy {
             gpu_memory_utilization: None,
             gpu_reserve_mb: 500,
             torch_threads: None,
+            mps: false,
+            allocator_fraction: None,
+            uncached_allocator: false,
         }
     }
 }

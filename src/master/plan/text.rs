@@ -92,6 +92,12 @@ impl Plan {
             if g.compute_mode != ComputeMode::Default {
                 write!(s, "  compute mode {}", g.compute_mode.name())?;
             }
+            if g.mps {
+                write!(s, "  MPS")?;
+            }
+            if let Some(gi) = g.gpu_instance {
+                write!(s, "  GPU instance {gi}")?;
+            }
             write!(
                 s,
                 "\n    total {} MB, free {} MB, fraction {}, usable {} MB",
@@ -108,6 +114,9 @@ impl Plan {
                     ", allocator cap {cap} MB ({mf}) + CUDA context ~{} MB per worker",
                     self.cuda_context_mb
                 )?;
+            }
+            if let Some(limit) = g.mps_limit_mb {
+                write!(s, ", MPS limit {limit} MB per worker")?;
             }
             writeln!(s)?;
             if let Some(x) = &g.excluded {

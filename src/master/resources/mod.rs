@@ -18,6 +18,7 @@
 //! `nvidia-smi` reports them.
 
 mod fixed;
+pub mod mps;
 mod nvml;
 pub mod visible;
 
@@ -89,6 +90,11 @@ pub struct GpuInfo {
     pub compute_mode: ComputeMode,
     /// Set when this device is a MIG instance.
     pub mig: Option<MigInstance>,
+    /// A MIG device's GPU instance (`nvmlDeviceGetGpuInstanceId`): MIG devices of one GPU
+    /// with the same GPU instance are its compute instances and share its memory (each
+    /// reports all of it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 impl GpuInfo {

@@ -7,10 +7,13 @@
 //! `nvmlShutdown`, `nvmlSystemGetDriverVersion`, `nvmlSystemGetCudaDriverVersion_v2`,
 //! `nvmlDeviceGetCount_v2`, `nvmlDeviceGetHandleByIndex_v2`, `nvmlDeviceGetName`,
 //! `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo_v2`, `nvmlDeviceGetComputeMode`,
-//! `nvmlDeviceGetComputeRunningProcesses_v3` and, for MIG, `nvmlDeviceGetMigMode`,
-//! `nvmlDeviceGetMaxMigDeviceCount` and `nvmlDeviceGetMigDeviceHandleByIndex`. A query a
-//! GPU does not support (`NOT_SUPPORTED`, a function the library lacks) reads as "not
-//! there": no MIG, compute mode default, no per-process figure.
+//! `nvmlDeviceGetComputeRunningProcesses_v3`, `nvmlDeviceGetMPSComputeRunningProcesses_v3`
+//! (the MPS clients, which the compute list leaves out: it shows their MPS server) and, for
+//! MIG, `nvmlDeviceGetMigMode`, `nvmlDeviceGetMaxMigDeviceCount`,
+//! `nvmlDeviceGetMigDeviceHandleByIndex` and `nvmlDeviceGetGpuInstanceId` (called through
+//! the library's symbol: `nvml-wrapper` 0.12 has no method for it). A query a GPU does not
+//! support (`NOT_SUPPORTED`, a function the library lacks) reads as "not there": no MIG,
+//! compute mode default, no per-process figure, no GPU instance.
 //!
 //! The devices are listed once, at [`NvmlProbe::open`]: every GPU not in MIG mode under its
 //! NVML index, then every MIG instance of the GPUs in MIG mode under the indices after the
@@ -214,6 +217,7 @@ impl NvmlProbe {
             Err(e) if not_there(&e) || mig.is_some() => ComputeMode::Default,
             Err(e) => return Err(nvml_err("nvmlDeviceGetComputeMode", index)(e)),
         };
+        let gpu_instance = mig.and_then(|_| gpu_instance_id(&self.nvml, &dev));
         Ok(GpuInfo {
             index,
             uuid,
@@ -227,6 +231,7 @@ impl NvmlProbe {
                 parent: nvml_index,
                 slot,
             }),
+            gpu_instance,
         })
     }
 
@@ -247,17 +252,30 @@ impl NvmlProbe {
     /// process list with a struct layout other than their header's (an added
     /// `usedGpuCcProtectedMemory`), which reads as pids and sizes shifted into each other;
     /// a figure larger than the device is the sign, and then no figure is trusted.
+    ///
+    /// Both lists are read: the compute processes, and the MPS clients (under MPS the
+    /// compute list shows the MPS server, its clients only the MPS list).
     pub fn process_used_bytes(&self, index: u32, pid: u32) -> Result<Option<u64>, ProbeError> {
         let dev = self.device(index)?;
-        let procs = match dev.running_compute_processes() {
+        let mut procs = match dev.running_compute_processes() {
             Ok(p) => p,
-            Err(e) if not_there(&e) => return Ok(None),
+            Err(e) if not_there(&e) => Vec::new(),
             Err(e) => {
                 return Err(nvml_err("nvmlDeviceGetComputeRunningProcesses_v3", index)(
                     e,
                 ))
             }
         };
+        match dev.mps_running_compute_processes() {
+            Ok(p) => procs.extend(p),
+            Err(e) if not_there(&e) => {}
+            Err(e) => {
+                return Err(nvml_err(
+                    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                    index,
+                )(e))
+            }
+        }
         let total = dev.memory_info().map(|m| m.total).unwrap_or(u64::MAX);
         let used = |p: &nvml_wrapper::struct_wrappers::device::ProcessInfo| match p.used_gpu_memory
         {
@@ -277,6 +295,16 @@ impl NvmlProbe {
             .ok()
             .and_then(|v| u32::try_from(v).ok())
     }
+}
+
+/// A MIG device's GPU instance (`nvmlDeviceGetGpuInstanceId`), when NVML says.
+fn gpu_instance_id(nvml: &Nvml, dev: &Device<'_>) -> Option<u32> {
+    let f = nvml.lib().nvmlDeviceGetGpuInstanceId.as_ref().ok()?;
+    let mut id: std::ffi::c_uint = 0;
+    // SAFETY: `f` is the library's own nvmlDeviceGetGpuInstanceId; the handle is a live
+    // device of this NVML and `id` a writable unsigned int, as nvml.h declares it.
+    let rc = unsafe { f(dev.handle(), &mut id) };
+    (rc == 0).then_some(id)
 }
 
 /// An error that means "this GPU or driver does not have that", not a failure.

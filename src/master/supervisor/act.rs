@@ -140,8 +140,13 @@ impl Supervisor {
         self.place_unplaced();
         let now = Instant::now();
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
-        let (plan, slots) = (&self.plan, &self.slots);
+        let live: Vec<u32> = states.iter().map(|w| w.pid).collect();
+        self.mps_faults.settle(&live);
+        let (plan, slots, faults) = (&self.plan, &self.slots, &self.mps_faults);
         let capacity = |gpu: u32| {
+            if faults.blocks(gpu) {
+                return 0;
+            }
             let on_it = slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32;
             rules::gpu_capacity(&plan.gpus, gpu, on_it)
         };
@@ -219,7 +224,7 @@ impl Supervisor {
 
     /// Asks a worker to go (`worker_retire_asked`): TERM to retire gracefully, QUIT to exit
     /// at once; once asked, it no longer occupies its slot.
-    fn ask(&mut self, pid: u32, why: RetireAsk, sig: Signal, now: Instant) {
+    pub(super) fn ask(&mut self, pid: u32, why: RetireAsk, sig: Signal, now: Instant) {
         if let Some(w) = self.workers.iter().find(|w| w.state.pid == pid) {
             let st = &w.state;
             tracing::info!(

@@ -24,12 +24,12 @@ impl Supervisor {
         let samples: Vec<Sample> = self
             .workers
             .iter()
-            .filter(|w| w.state.phase == Phase::Ready)
             .filter_map(|w| {
                 Some(Sample {
                     pid: w.state.pid,
                     slot: w.state.slot,
                     gpu: w.state.gpu?,
+                    ready: w.state.phase == Phase::Ready,
                     allocator: w.state.allocator,
                     footprint: w.state.footprint,
                 })

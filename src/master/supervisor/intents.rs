@@ -204,6 +204,7 @@ mod tests {
                 reserved_bytes: 0,
                 compute_mode: ComputeMode::Default,
                 mig: None,
+                gpu_instance: None,
             })
             .collect();
         let res = Resources {
@@ -268,7 +269,8 @@ mod tests {
         let s = &mut b.sup;
         let usable = s.plan.gpus[0].usable_mb;
         // Below the plan's assumption: TTIN works.
-        let mut learner = Learner::new(2000, None);
+        let mut learner = Learner::new(&s.plan, None);
+        learner.assumed_mb = 2000;
         learner.observed(1500);
         s.learner = Some(learner);
         s.on_intent(Intent::MoreWorkers);

@@ -15,6 +15,7 @@
 //! | `act.rs` | carrying out `decide`'s actions (`worker_retire_asked`, `worker_killed`, …) | `WaitLog`, `Jitter` |
 //! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
+//! | `mps.rs` | a fatal CUDA error under MPS: that GPU's workers retired together | `MpsFaults` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
 
@@ -24,6 +25,7 @@ mod boots;
 mod control;
 mod exits;
 mod intents;
+mod mps;
 mod reload;
 mod template;
 
@@ -50,6 +52,7 @@ use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
+use mps::MpsFaults;
 use reload::Reload;
 use template::Templates;
 
@@ -95,6 +98,8 @@ pub struct Supervisor {
     /// Where workers show that they are free ([`crate::board`]); `None` if it could not be
     /// made (then workers accept as they would without siblings).
     board: Option<Board>,
+    /// GPUs that start no worker until those that shared a fatal MPS fault are gone.
+    mps_faults: MpsFaults,
 }
 
 impl Supervisor {
@@ -136,6 +141,7 @@ impl Supervisor {
             templates: Templates::default(),
             metrics,
             learner: None,
+            mps_faults: MpsFaults::default(),
             board: Board::create()
                 .map_err(|e| {
                     tracing::warn!(

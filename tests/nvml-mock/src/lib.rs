@@ -46,8 +46,9 @@
 //!   listed processes (default 0).
 //! - `free_follows_processes` (bool, default false): free memory falls as processes use
 //!   memory: used = `used_mb` + Σ(the `used` of every process this device reports,
-//!   including those found through `visible_process_used_mb`; "not available" ones count
-//!   0), free = total − reserved − used (saturating at 0). `free_mb` is then ignored.
+//!   including those found through `visible_process_used_mb`, and the MPS server and
+//!   clients; "not available" ones count 0), free = total − reserved − used (saturating at
+//!   0). `free_mb` is then ignored.
 //! - `processes` (array of `{"pid", "used_mb"}`; omit the size for "not available"): the
 //!   compute processes reported as they are (no PID offset applied).
 //! - `visible_process_used_mb`: every process of this machine whose `CUDA_VISIBLE_DEVICES`
@@ -56,6 +57,15 @@
 //!   container that lacks the host PID namespace, where the caller's own pid is then
 //!   never found).
 //! - `pid_namespace_offset`: overrides the top-level one for this GPU and its MIG instances.
+//! - `mps` (object `{"server_pid", "server_used_mb"}`): an MPS server runs on this device
+//!   (NVIDIA's MPS documentation: the server holds the one compute context its clients
+//!   share; `nvidia-smi` types the server "C" and its clients "M"). The compute list
+//!   (`nvmlDeviceGetComputeRunningProcesses*`) then shows the server (and `processes`,
+//!   processes that bypass it), while the clients — `mps_processes`, and every process
+//!   `visible_process_used_mb` finds — are listed by
+//!   `nvmlDeviceGetMPSComputeRunningProcesses_v3` alone, under their host pids as any
+//!   process list. Without `mps` that list is empty (`SUCCESS`, no entry).
+//! - `mps_processes` (array, as `processes`): MPS clients listed as they are.
 //! - `compute_mode`: `"default"` | `"exclusive_thread"` | `"prohibited"` |
 //!   `"exclusive_process"` (or the integer `nvmlComputeMode_t` 0–3; default `"default"`):
 //!   `nvmlDeviceGetComputeMode`.
@@ -80,9 +90,14 @@
 //!     `MIG-mock-<gpu>-<index>`), `total_mb` (required), `reserved_mb`, `free_mb`,
 //!     `used_mb`, `free_follows_processes`, `processes`, `visible_process_used_mb`
 //!     (matched against the instance's UUID), `pid_namespace_offset`, `compute_mode`
-//!     (default: the GPU's), `errors` (for calls on this instance's handle), with the GPU's
-//!     meanings, and `gpu_instance_id` (default index + 1) and `compute_instance_id`
-//!     (default 0), which its processes carry too.
+//!     (default: the GPU's), `errors` (for calls on this instance's handle), `mps`,
+//!     `mps_processes`, with the GPU's meanings, and `gpu_instance_id` (default index + 1)
+//!     and `compute_instance_id` (default 0), which its processes carry too. Instances
+//!     with the same `gpu_instance_id` are compute instances of one GPU instance and share
+//!     its memory (NVIDIA's MIG user guide: the compute instances of a GPU instance share
+//!     its memory): each reports the memory of the first of them (its `total_mb`,
+//!     `reserved_mb`, `free_mb`, `used_mb`, `free_follows_processes`), and with
+//!     `free_follows_processes` free memory falls with the processes of every one of them.
 //!
 //! # MIG behaviour
 //!
@@ -124,7 +139,8 @@
 //! `nvmlSystemGetCudaDriverVersion(_v2)`, `nvmlDeviceGetCount(_v2)`,
 //! `nvmlDeviceGetHandleByIndex(_v2)`, `nvmlDeviceGetIndex`, `nvmlDeviceGetName`,
 //! `nvmlDeviceGetUUID`, `nvmlDeviceGetMemoryInfo(_v2)`,
-//! `nvmlDeviceGetComputeRunningProcesses(_v2, _v3)`, `nvmlDeviceGetComputeMode`,
+//! `nvmlDeviceGetComputeRunningProcesses(_v2, _v3)`,
+//! `nvmlDeviceGetMPSComputeRunningProcesses_v3`, `nvmlDeviceGetComputeMode`,
 //! `nvmlDeviceGetMigMode`, `nvmlDeviceGetMaxMigDeviceCount`,
 //! `nvmlDeviceGetMigDeviceHandleByIndex`, `nvmlDeviceIsMigDeviceHandle`,
 //! `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`, `nvmlDeviceGetGpuInstanceId`,
@@ -278,7 +294,11 @@ struct Node {
     uuid: String,
     mem: MemSpec,
     compute_mode: c_uint,
+    /// The compute list (`nvmlDeviceGetComputeRunningProcesses*`): under MPS, the MPS
+    /// server and processes that bypass it.
     processes: Vec<Proc>,
+    /// The MPS list (`nvmlDeviceGetMPSComputeRunningProcesses_v3`): MPS clients.
+    mps_processes: Vec<Proc>,
     errors: Errors,
 }
 
@@ -310,16 +330,36 @@ impl Gpu {
         self.mig.as_ref().filter(|m| m.current)
     }
 
-    /// The compute processes the GPU's handle reports: its own, then (MIG enabled) every
-    /// instance's.
-    fn aggregate_processes(&self) -> Vec<Proc> {
-        let mut all = self.node.processes.clone();
+    /// The compute processes (or, `mps`, the MPS clients) the GPU's handle reports: its
+    /// own, then (MIG enabled) every instance's.
+    fn aggregate_processes(&self, mps: bool) -> Vec<Proc> {
+        let list = |n: &Node| {
+            if mps {
+                n.mps_processes.clone()
+            } else {
+                n.processes.clone()
+            }
+        };
+        let mut all = list(&self.node);
         if let Some(mig) = self.live_mig() {
             for inst in mig.instances.iter().flatten() {
-                all.extend_from_slice(&inst.node.processes);
+                all.extend(list(&inst.node));
             }
         }
         all
+    }
+
+    /// The compute instances of the GPU instance `gi`: they share its memory.
+    fn gpu_instance(&self, gi: u32) -> Vec<&Instance> {
+        self.live_mig()
+            .map(|m| {
+                m.instances
+                    .iter()
+                    .flatten()
+                    .filter(|i| i.gpu_instance_id == gi)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -347,8 +387,15 @@ impl Dev<'_> {
 
     fn processes(&self) -> Vec<Proc> {
         match self {
-            Dev::Gpu(_, g) => g.aggregate_processes(),
+            Dev::Gpu(_, g) => g.aggregate_processes(false),
             Dev::Mig(_, _, i) => i.node.processes.clone(),
+        }
+    }
+
+    fn mps_processes(&self) -> Vec<Proc> {
+        match self {
+            Dev::Gpu(_, g) => g.aggregate_processes(true),
+            Dev::Mig(_, _, i) => i.node.mps_processes.clone(),
         }
     }
 
@@ -357,8 +404,27 @@ impl Dev<'_> {
         matches!(self, Dev::Gpu(_, g) if g.live_mig().is_some_and(|m| !m.privileged))
     }
 
+    /// A GPU's memory follows every process on it (both lists); a MIG device's is its GPU
+    /// instance's, shared by the compute instances in it: reported from the first of them,
+    /// following the processes of all of them.
     fn memory(&self) -> Mem {
-        self.node().mem.report(&self.processes())
+        match self {
+            Dev::Gpu(..) => {
+                let mut all = self.processes();
+                all.extend(self.mps_processes());
+                self.node().mem.report(&all)
+            }
+            Dev::Mig(_, g, inst) => {
+                let members = g.gpu_instance(inst.gpu_instance_id);
+                let lead = members.first().copied().unwrap_or(inst);
+                let all: Vec<Proc> = members
+                    .iter()
+                    .flat_map(|m| m.node.processes.iter().chain(&m.node.mps_processes))
+                    .copied()
+                    .collect();
+                lead.node.mem.report(&all)
+            }
+        }
     }
 }
 
@@ -439,12 +505,9 @@ struct NodeCtx<'a> {
     v: &'a Value,
 }
 
-fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
-    let v = n.v;
-    let ctx = &n.ctx;
-    let total = bytes(v, "total").ok_or(format!("{ctx}needs total_mb or total_bytes"))?;
-    let mut processes: Vec<Proc> = v
-        .get("processes")
+/// The processes listed under `key` (`{"pid", "used_mb"}`, no size: "not available").
+fn parse_processes(v: &Value, key: &str, n: &NodeCtx<'_>) -> Vec<Proc> {
+    v.get(key)
         .and_then(Value::as_array)
         .map(|ps| {
             ps.iter()
@@ -456,7 +519,34 @@ fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
+    let v = n.v;
+    let ctx = &n.ctx;
+    let total = bytes(v, "total").ok_or(format!("{ctx}needs total_mb or total_bytes"))?;
+    let mut processes = parse_processes(v, "processes", &n);
+    let mut mps_processes = parse_processes(v, "mps_processes", &n);
+    // An MPS server on this device: it holds the compute context (the compute list shows
+    // it), and the processes that reach the device through it are MPS clients.
+    let mps = match v.get("mps") {
+        None | Some(Value::Null) => false,
+        Some(m) if m.is_object() => {
+            let pid = m
+                .get("server_pid")
+                .and_then(Value::as_u64)
+                .ok_or(format!("{ctx}mps needs server_pid"))?;
+            processes.push(Proc {
+                pid: pid as u32,
+                used: bytes(m, "server_used").unwrap_or(NOT_AVAILABLE),
+                gpu_instance_id: n.gpu_instance_id,
+                compute_instance_id: n.compute_instance_id,
+            });
+            true
+        }
+        Some(_) => return Err(format!("{ctx}mps must be an object")),
+    };
     let uuid = v
         .get("uuid")
         .and_then(Value::as_str)
@@ -466,10 +556,15 @@ fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
         .and_then(Value::as_u64)
         .map_or(n.pid_offset, |o| o as u32);
     if let Some(used) = bytes(v, "visible_process_used") {
+        let found = if mps {
+            &mut mps_processes
+        } else {
+            &mut processes
+        };
         for pid in visible_processes(&uuid) {
             let pid = pid.wrapping_add(pid_offset);
-            if !processes.iter().any(|p| p.pid == pid) {
-                processes.push(Proc {
+            if !found.iter().any(|p| p.pid == pid) {
+                found.push(Proc {
                     pid,
                     used,
                     gpu_instance_id: n.gpu_instance_id,
@@ -493,6 +588,7 @@ fn parse_node(n: NodeCtx<'_>) -> Result<Node, String> {
         },
         compute_mode: parse_compute_mode(v, ctx, n.default_compute_mode)?,
         processes,
+        mps_processes,
         errors: parse_errors(v, ctx)?,
     })
 }
@@ -1003,6 +1099,22 @@ unsafe fn processes<T>(
     infos: *mut T,
     make: impl Fn(&Proc) -> T,
 ) -> Ret {
+    // SAFETY: same contract.
+    unsafe { processes_of(name, device, count, infos, |d| d.processes(), make) }
+}
+
+/// [`processes`] of the list `list` picks.
+///
+/// # Safety
+/// As [`processes`].
+unsafe fn processes_of<T>(
+    name: &str,
+    device: Handle,
+    count: *mut c_uint,
+    infos: *mut T,
+    list: impl Fn(&Dev<'_>) -> Vec<Proc>,
+    make: impl Fn(&Proc) -> T,
+) -> Ret {
     if count.is_null() {
         return INVALID_ARGUMENT;
     }
@@ -1010,7 +1122,7 @@ unsafe fn processes<T>(
         if d.aggregate_denied() {
             return NO_PERMISSION;
         }
-        let procs = d.processes();
+        let procs = list(&d);
         let n = procs.len();
         // SAFETY: checked non-null; the caller guarantees it is readable and writable.
         let room = unsafe { *count } as usize;
@@ -1054,6 +1166,30 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
             device,
             count,
             infos,
+            v2,
+        )
+    }
+}
+
+/// The MPS clients of the device (none where no MPS server runs: an empty list, as on a
+/// real Volta or newer GPU without MPS).
+///
+/// # Safety
+/// See [`processes`].
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: Handle,
+    count: *mut c_uint,
+    infos: *mut ProcessV2,
+) -> Ret {
+    // SAFETY: same contract.
+    unsafe {
+        processes_of(
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+            device,
+            count,
+            infos,
+            |d| d.mps_processes(),
             v2,
         )
     }

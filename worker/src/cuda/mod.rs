@@ -24,6 +24,7 @@ mod ffi {
         pub fn vf_cuda_set_memory_fraction(device: c_int, fraction: f64) -> c_int;
         pub fn vf_cuda_init() -> c_int;
         pub fn vf_cuda_total_memory(device: c_int, total: *mut i64) -> c_int;
+        pub fn vf_cuda_memory_fraction(device: c_int, fraction: *mut f64) -> c_int;
         pub fn vf_cuda_synchronize() -> c_int;
     }
 }
@@ -132,27 +133,75 @@ pub fn total_memory(device: usize) -> Result<u64, CudaError> {
     Ok(total.max(0) as u64)
 }
 
+/// The allocator's cap now, as a fraction of [`total_memory`] (1.0: none), read back.
+pub fn memory_fraction(device: usize) -> Result<f64, CudaError> {
+    let mut fraction: f64 = 0.0;
+    // SAFETY: `fraction` is a valid out-pointer for the call; the shim catches all C++
+    // exceptions and only writes it on success.
+    check(unsafe { ffi::vf_cuda_memory_fraction(index(device), &mut fraction) })?;
+    Ok(fraction)
+}
+
 /// Waits for the device's queued work; an asynchronous CUDA error comes back here.
 pub fn synchronize() -> Result<(), CudaError> {
     // SAFETY: no arguments; the shim catches all C++ exceptions.
     check(unsafe { ffi::vf_cuda_synchronize() })
 }
 
+/// The cap the allocator holds, read back after setting it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cap {
+    /// The fraction set, of `total`.
+    pub fraction: f64,
+    /// `totalGlobalMem`, what torch takes the fraction of, bytes.
+    pub total: u64,
+    /// The allowed maximum the allocator reports now (its fraction read back × `total`).
+    pub allowed: u64,
+}
+
 /// Caps the caching allocator at `cap_bytes` on `device`: initialises the allocator first
-/// (a model with nothing on the GPU at load has not), then sets the fraction of the total
-/// the allocator itself measures against. Any failure is returned: a worker must not run
-/// uncapped where the plan counted on a cap.
-pub fn cap_allocator(device: usize, cap_bytes: u64) -> Result<f64, CudaError> {
+/// (a model with nothing on the GPU at load has not), sets the fraction of the total the
+/// allocator itself multiplies by (`totalGlobalMem`), and reads the cap back. Any failure —
+/// a cap read back that is not the one asked for included — is returned: a worker must not
+/// run uncapped, or capped elsewhere, where the plan counted on a cap.
+pub fn cap_allocator(device: usize, cap_bytes: u64) -> Result<Cap, CudaError> {
     init()?;
     let total = total_memory(device)?;
+    let fraction = cap_fraction(cap_bytes, total)?;
+    set_memory_fraction(device, fraction)?;
+    let read = memory_fraction(device)?;
+    read_back(cap_bytes, fraction, read, total)
+}
+
+/// The fraction of `total` (torch's `totalGlobalMem`) that caps at `cap_bytes`; below 1.0
+/// (torch 2.11 takes 1.0 as "no cap").
+fn cap_fraction(cap_bytes: u64, total: u64) -> Result<f64, CudaError> {
     if total == 0 {
         return Err(CudaError::C10(
             "the device reports 0 bytes of memory".into(),
         ));
     }
-    let fraction = (cap_bytes as f64 / total as f64).min(1.0);
-    set_memory_fraction(device, fraction)?;
-    Ok(fraction)
+    Ok((cap_bytes as f64 / total as f64).min(0.9999))
+}
+
+/// The cap read back (`read` of `total`), checked against the one asked for: within 1 MB
+/// (the fraction's rounding), else an error naming both.
+fn read_back(cap_bytes: u64, fraction: f64, read: f64, total: u64) -> Result<Cap, CudaError> {
+    let allowed = (read * total as f64) as u64;
+    let want = (fraction * total as f64) as u64;
+    if allowed.abs_diff(want) > 1 << 20 || read >= 1.0 {
+        return Err(CudaError::C10(format!(
+            "the allocator's cap reads back as {} MB ({read} of {} MB), not the {} MB asked for",
+            allowed >> 20,
+            total >> 20,
+            cap_bytes >> 20
+        )));
+    }
+    Ok(Cap {
+        fraction,
+        total,
+        allowed,
+    })
 }
 
 fn index(device: usize) -> c_int {
@@ -181,8 +230,32 @@ mod tests {
             assert_eq!(set_memory_fraction(0, 0.5), Err(CudaError::NoCuda));
             assert_eq!(init(), Err(CudaError::NoCuda));
             assert_eq!(total_memory(0), Err(CudaError::NoCuda));
+            assert_eq!(memory_fraction(0), Err(CudaError::NoCuda));
             assert_eq!(synchronize(), Err(CudaError::NoCuda));
             assert_eq!(cap_allocator(0, 1 << 30), Err(CudaError::NoCuda));
         }
+    }
+
+    /// Issue 44, item 6: the fraction is taken of torch's own base (`totalGlobalMem`), so
+    /// the cap is the plan's to the byte, and a cap read back otherwise (or none) is an
+    /// error rather than a worker capped elsewhere.
+    #[test]
+    fn the_cap_is_a_fraction_of_total_global_mem_and_is_read_back() {
+        let mb = 1u64 << 20;
+        // An H100: totalGlobalMem 79.19 GiB, while cudaMemGetInfo's total may differ.
+        let total = 85_031_714_816;
+        let f = cap_fraction(4_000 * mb, total).unwrap();
+        let cap = read_back(4_000 * mb, f, f, total).unwrap();
+        assert!(cap.allowed.abs_diff(4_000 * mb) <= mb, "{cap:?}");
+        // A cap as large as the device is still a cap (1.0 would be none in torch 2.11).
+        assert!(cap_fraction(total, total).unwrap() < 1.0);
+        // Read back as none, or as another cap: refused, naming both.
+        let none = read_back(4_000 * mb, f, 1.0, total).unwrap_err();
+        assert!(
+            none.to_string().contains("not the 4000 MB asked for"),
+            "{none}"
+        );
+        assert!(read_back(4_000 * mb, f, f / 2.0, total).is_err());
+        assert!(cap_fraction(mb, 0).is_err());
     }
 }

@@ -8,6 +8,13 @@
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+
+// libtorch_cuda's own (ATen/cuda/CUDAContextLight.h, whose other includes — cuSPARSE,
+// cuBLAS — the wheel's headers cannot all satisfy here): the device's properties, cached.
+namespace at::cuda {
+cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
+}
 #endif
 
 #include <cstdint>
@@ -159,10 +166,12 @@ int vf_cuda_init() noexcept {
   });
 }
 
-// The device's memory as the allocator's fraction counts it: setMemoryFraction's allowed
-// maximum is fraction × the device's total global memory, which cudaMemGetInfo's total
-// reports (the allocator's own getMemoryInfo, CUDACachingAllocator.h); usually a little
-// less than NVML's total.
+// The device's memory as the allocator's fraction counts it: torch 2.11's
+// DeviceCachingAllocator::setMemoryFraction sets its allowed maximum to fraction ×
+// device_prop.totalGlobalMem, and getMemoryFraction divides by the same
+// (c10/cuda/CUDACachingAllocator.cpp), so the fraction is taken of totalGlobalMem
+// (at::cuda::getDeviceProperties, ATen/cuda/CUDAContextLight.h) — not of cudaMemGetInfo's
+// total, which may differ from it.
 int vf_cuda_total_memory(int device, int64_t* total) noexcept {
   return guarded([&] {
     int rc = check_device(device);
@@ -170,9 +179,24 @@ int vf_cuda_total_memory(int device, int64_t* total) noexcept {
       return rc;
     }
 #ifndef VF_NO_CUDA_BUILD
-    auto info = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(
+    auto* prop = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    *total = static_cast<int64_t>(prop->totalGlobalMem);
+#endif
+    return VF_OK;
+  });
+}
+
+// The allocator's cap as it holds it now, as a fraction of totalGlobalMem (1.0: none):
+// what setMemoryFraction left, read back.
+int vf_cuda_memory_fraction(int device, double* fraction) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    *fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(
         static_cast<c10::DeviceIndex>(device));
-    *total = static_cast<int64_t>(info.second);
 #endif
     return VF_OK;
   });

@@ -338,8 +338,10 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
             if let Some(t) = trace {
                 t.ran(out.forward, out.batch);
             }
-            if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
-                if used > limit {
+            if let (Some(limit), Some(reserved)) = (app.max_gpu_bytes, out.gpu_reserved) {
+                // What nvidia-smi shows of it, context included (issue 44, item 8).
+                let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
+                if vramfork::protocol::gpu_used(reserved, context) > limit {
                     app.shared.retire(RetireReason::GpuMemory);
                 }
             }

@@ -1,7 +1,8 @@
 //! What a model request can end in besides outputs ([`RunError`]), and how a libtorch
-//! message is sorted into one: CUDA out of memory (507, the worker retires), any other CUDA
-//! error (the context is unusable: the worker exits), or the model's own error; with the
-//! one line of the message a user can act on.
+//! message is sorted into one: GPU memory exhausted (507, the worker retires), a CUDA error
+//! that leaves the context unusable (the worker exits), any other CUDA error (that request's
+//! error: the worker serves on, once a check of the device says it can), or the model's own
+//! error; with the one line of the message a user can act on.
 
 /// What a model request can end in, besides outputs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -16,9 +17,15 @@ pub enum RunError {
     Request(String),
     #[error("CUDA out of memory while running the model: {0}")]
     OutOfMemory(String),
-    /// Any other CUDA error: the context is unusable and the worker must exit.
+    /// A sticky CUDA error: the context is unusable and the worker must exit.
     #[error("CUDA error while running the model: {0}")]
     CudaFatal(String),
+    /// A CUDA error that leaves the context usable (a kernel refusing this input's sizes, a
+    /// library not supporting its type): this request's error; the worker serves on.
+    #[error(
+        "CUDA error while running the model on this request's input (the worker serves on): {0}"
+    )]
+    Cuda(String),
     /// The model thread is gone (it panicked out, or the worker is stopping).
     #[error("the model thread is not running")]
     Gone,
@@ -28,33 +35,65 @@ pub enum RunError {
 }
 
 /// How libtorch 2.11 says a GPU allocation failed, on every allocator path (read from its
-/// libraries: `strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudnn_graph.so.9`):
-/// the native caching allocator and expandable segments ("CUDA out of memory. Tried to
-/// allocate …"), `backend:cudaMallocAsync` ("Allocation on device 0 would exceed allowed
-/// memory. (out of memory)"), a raw cudaMalloc through `C10_CUDA_CHECK` ("CUDA error: out
-/// of memory"), cuBLAS handle creation ("CUBLAS_STATUS_ALLOC_FAILED") and cuDNN 9
-/// ("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"). tch hands over only the text
+/// libraries: `strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudnn_graph.so.9`,
+/// `libcudart.so.13`): the native caching allocator and expandable segments ("CUDA out of
+/// memory. Tried to allocate …"), `backend:cudaMallocAsync` ("Allocation on device 0 would
+/// exceed allowed memory. (out of memory)"), a raw cudaMalloc through `C10_CUDA_CHECK`
+/// ("CUDA error: out of memory") or the driver API ("CUDA driver error: out of memory"),
+/// cuBLAS handle creation ("CUBLAS_STATUS_ALLOC_FAILED"), cuFFT plans ("CUFFT_ALLOC_FAILED"),
+/// cuSOLVER ("CUSOLVER_STATUS_ALLOC_FAILED") and cuDNN 9's device allocation
+/// ("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"; its *host* allocation failure is
+/// not GPU memory, and is a request error). tch hands over only the text
 /// (`c10::OutOfMemoryError`'s class never reaches it), so the text decides.
 const OOM_MARKS: &[&str] = &[
     "CUDA out of memory",
     "would exceed allowed memory",
     "CUDA error: out of memory",
+    "CUDA driver error: out of memory",
     "cudaErrorMemoryAllocation",
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "ALLOCATION_FAILED",
+    "CUFFT_ALLOC_FAILED",
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "DEVICE_ALLOCATION_FAILED",
     "OutOfMemoryError",
 ];
 
-/// Every other CUDA failure: after one, the process's CUDA context is unusable (sticky
-/// errors: device-side assert, illegal address, launch failure…).
+/// The CUDA errors after which the process's context cannot be used again — "sticky"
+/// errors, which the CUDA Runtime API's `cudaError_t` documents as leaving the process in an
+/// inconsistent state that must be terminated: `cudaErrorIllegalAddress`, `cudaErrorAssert`,
+/// `cudaErrorLaunchFailure`, `cudaErrorMisalignedAddress`, `cudaErrorIllegalInstruction`,
+/// `cudaErrorHardwareStackError`, `cudaErrorInvalidPc`, `cudaErrorInvalidAddressSpace`,
+/// `cudaErrorECCUncorrectable`, `cudaErrorLaunchTimeout` — as `libcudart.so.13` words them
+/// (the driver API's `cuGetErrorString` uses the same words); and an unknown error, which
+/// cannot be told safe.
+const STICKY_MARKS: &[&str] = &[
+    "an illegal memory access was encountered",
+    "device-side assert triggered",
+    "unspecified launch failure",
+    "misaligned address",
+    "an illegal instruction was encountered",
+    "hardware stack error",
+    "invalid program counter",
+    "operation not supported on global/shared address space",
+    "uncorrectable ECC error encountered",
+    "the launch timed out and was terminated",
+    "CUDA error: unknown error",
+    "CUDA driver error: unknown error",
+];
+
+/// Every other CUDA failure: this request's (a kernel launch refused for this input's
+/// sizes, "invalid configuration argument"; `CUBLAS_STATUS_NOT_SUPPORTED`/`INVALID_VALUE`;
+/// `CUDNN_STATUS_NOT_SUPPORTED`/`BAD_PARAM`…). The model thread checks the device after one
+/// (`runner::pass`) and treats it as sticky if the check fails.
 const CUDA_MARKS: &[&str] = &[
     "CUDA error",
     "CUDA driver error",
     "CUBLAS_STATUS",
     "cuDNN error",
     "CUDNN_STATUS",
-    "device-side assert",
-    "illegal memory access",
+    "CUFFT_",
+    "cuFFT error",
+    "CUSOLVER_STATUS",
 ];
 
 /// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]).
@@ -62,13 +101,16 @@ pub fn is_out_of_memory(msg: &str) -> bool {
     OOM_MARKS.iter().any(|m| msg.contains(m))
 }
 
-/// Sorts a libtorch error into OOM, other CUDA errors, or a model error.
+/// Sorts a libtorch error into GPU memory exhausted, a sticky CUDA error, another CUDA
+/// error, or a model error.
 pub fn classify(msg: &str) -> RunError {
     let line = useful_line(msg);
     if is_out_of_memory(msg) {
         RunError::OutOfMemory(line)
-    } else if CUDA_MARKS.iter().any(|m| msg.contains(m)) {
+    } else if STICKY_MARKS.iter().any(|m| msg.contains(m)) {
         RunError::CudaFatal(line)
+    } else if CUDA_MARKS.iter().any(|m| msg.contains(m)) {
+        RunError::Cuda(line)
     } else {
         RunError::Model(line)
     }
@@ -107,7 +149,7 @@ pub fn useful_line(msg: &str) -> String {
 pub fn cuda_first(e: RunError) -> RunError {
     match &e {
         RunError::Unsupported(m) | RunError::Request(m) | RunError::Model(m) => match classify(m) {
-            cuda @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_)) => cuda,
+            cuda @ (RunError::OutOfMemory(_) | RunError::CudaFatal(_) | RunError::Cuda(_)) => cuda,
             _ => e,
         },
         _ => e,
@@ -175,12 +217,44 @@ mod tests {
             let m = format!("CUDA error: {kind} in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}");
             assert!(matches!(classify(&m), RunError::CudaFatal(_)), "{m}");
         }
+        for kind in [
+            "an illegal instruction was encountered\nSearch for `cudaErrorIllegalInstruction'",
+            "uncorrectable ECC error encountered\nSearch for `cudaErrorECCUncorrectable'",
+            "unknown error\nSearch for `cudaErrorUnknown'",
+        ] {
+            let m = format!("CUDA error: {kind} in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}");
+            assert!(matches!(classify(&m), RunError::CudaFatal(_)), "{m}");
+        }
         for fatal in [
-            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
-            "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
             "CUDA driver error: an illegal memory access was encountered",
+            "CUDA driver error: unknown error",
         ] {
             assert!(matches!(classify(fatal), RunError::CudaFatal(_)), "{fatal}");
+        }
+        // Issue 44: more allocation failures are GPU memory (507)…
+        for oom in [
+            "CUDA driver error: out of memory".to_string(),
+            "cuFFT error: CUFFT_ALLOC_FAILED\nException raised from CUFFT_CHECK".to_string(),
+            "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"
+                .to_string(),
+        ] {
+            assert!(matches!(classify(&oom), RunError::OutOfMemory(_)), "{oom}");
+        }
+        // …and a CUDA error that leaves the context usable is that request's error; the
+        // model thread checks the device before believing it (`runner::pass`).
+        for request in [
+            format!("CUDA error: invalid configuration argument\nSearch for `cudaErrorInvalidConfiguration' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.{suffix}"),
+            "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, compute_type, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`".into(),
+            "CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`".into(),
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`".into(),
+            "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED_SHAPE".into(),
+            "cuDNN error: CUDNN_STATUS_BAD_PARAM".into(),
+            "cuDNN error: CUDNN_STATUS_EXECUTION_FAILED".into(),
+            // cuDNN failing to allocate *host* memory is not GPU memory (not a 507).
+            "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED".into(),
+            "cuFFT error: CUFFT_INVALID_SIZE".into(),
+        ] {
+            assert!(matches!(classify(&request), RunError::Cuda(_)), "{request}");
         }
     }
 

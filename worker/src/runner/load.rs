@@ -118,12 +118,21 @@ pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<Loaded
     }
     let start = Instant::now();
     if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
-        let fraction = cuda::cap_allocator(i, cap).map_err(|e| LoadError::Cap {
+        let set = cuda::cap_allocator(i, cap).map_err(|e| LoadError::Cap {
             path: path.into(),
             cap_mb: cap >> 20,
             reason: e.to_string(),
         })?;
-        tracing::info!(cap_mb = cap >> 20, fraction, "CUDA allocator capped");
+        tracing::info!(
+            cap_mb = cap >> 20,
+            fraction = set.fraction,
+            allowed_mb = set.allowed >> 20,
+            total_global_mb = set.total >> 20,
+            "CUDA allocator capped at {} MB, read back ({} of totalGlobalMem {} MB)",
+            set.allowed >> 20,
+            set.fraction,
+            set.total >> 20
+        );
     }
     let mut module = CModule::load_on_device(path, device).map_err(|e| {
         let msg = e.to_string();
@@ -247,6 +256,34 @@ mod tests {
             }
             .exit_code(),
             vramfork::protocol::worker_exit::NO_CUDA
+        );
+    }
+
+    /// Issue 44, item 9: docs/options.md says what the code does with a cap that cannot be
+    /// set (a failed load, exit 3), not exit 7 or 5.
+    #[test]
+    fn the_exit_status_docs_put_a_cap_not_set_under_3() {
+        let cap = LoadError::Cap {
+            path: "m.pt".into(),
+            cap_mb: 1000,
+            reason: "x".into(),
+        };
+        assert_eq!(cap.exit_code(), 3);
+        let doc = include_str!("../../../docs/options.md");
+        let row = |status: &str| {
+            doc.lines()
+                .find(|l| l.starts_with(&format!("| {status} |")))
+                .unwrap_or_else(|| panic!("docs/options.md has no row for exit status {status}"))
+        };
+        assert!(
+            row("3").contains("allocator cap could not be set"),
+            "{}",
+            row("3")
+        );
+        assert!(!row("5").contains("cap"), "{}", row("5"));
+        assert!(
+            doc.contains("A worker whose CUDA allocator cap cannot be set (the GPU busy or full as it starts) exits 3"),
+            "docs/options.md says what a worker does with a cap it cannot set"
         );
     }
 

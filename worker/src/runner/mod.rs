@@ -366,14 +366,11 @@ fn pass(module: &CModule, device: Device, args: &[Arg]) -> Result<IValue, RunErr
     // Kernels run asynchronously: an error of this pass's (a device-side assert, an illegal
     // address) is known only once the device has finished; wait here so that it is this
     // pass's error, and the worker's last, not the next request's.
+    // A CUDA error that should leave the context usable (this input's: an unsupported size
+    // or type) is checked the same way: if the device then fails, it was not.
     let out = match (out, device) {
-        (Ok(v), Device::Cuda(_)) => match cuda::synchronize() {
-            Ok(()) | Err(cuda::CudaError::NoCuda) => Ok(v),
-            Err(cuda::CudaError::C10(msg)) => Err(match classify(&msg) {
-                RunError::Model(line) => RunError::CudaFatal(line),
-                e => e,
-            }),
-        },
+        (Ok(v), Device::Cuda(_)) => device_check().map(|()| v),
+        (Err(e @ RunError::Cuda(_)), Device::Cuda(_)) => device_check().and(Err(e)),
         (out, _) => out,
     };
     if matches!(out, Err(RunError::OutOfMemory(_))) {
@@ -381,6 +378,18 @@ fn pass(module: &CModule, device: Device, args: &[Arg]) -> Result<IValue, RunErr
         let _ = cuda::empty_cache();
     }
     out
+}
+
+/// Waits for the device's work; a failure there leaves the context unusable
+/// ([`RunError::CudaFatal`]), unless it is running out of memory.
+fn device_check() -> Result<(), RunError> {
+    match cuda::synchronize() {
+        Ok(()) | Err(cuda::CudaError::NoCuda) => Ok(()),
+        Err(cuda::CudaError::C10(msg)) => Err(match classify(&msg) {
+            RunError::Model(line) | RunError::Cuda(line) => RunError::CudaFatal(line),
+            e => e,
+        }),
+    }
 }
 
 /// Outputs as JSON text, and v2's binary data if any was asked for.
