@@ -307,13 +307,7 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
         }
     };
     if let Some(at) = claim.started_at() {
-        let waited = at.saturating_duration_since(queue_from);
-        if let Some(t) = trace {
-            t.started(waited);
-        }
-        if let Some(m) = &app.metrics {
-            m.waited(waited);
-        }
+        waited(app, trace, at.saturating_duration_since(queue_from));
     }
     match run {
         None => {
@@ -347,6 +341,17 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
             }
             Ok(out)
         }
+    }
+}
+
+/// A request's pass started after it waited `wait` (the listen queue and the model's):
+/// into its access-log line and `vramfork_queue_wait_seconds`.
+fn waited(app: &App, trace: Option<&Trace>, wait: Duration) {
+    if let Some(t) = trace {
+        t.started(wait);
+    }
+    if let Some(m) = &app.metrics {
+        m.waited(wait);
     }
 }
 
