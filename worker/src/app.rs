@@ -29,6 +29,11 @@ pub struct App {
     pub max_queue_wait: Option<Duration>,
     /// Retire after a request that leaves the allocator above this many bytes.
     pub max_gpu_bytes: Option<u64>,
+    /// Retire after a request that leaves the worker's own host memory above this many bytes
+    /// (`--max-worker-memory-mb`).
+    pub max_host_bytes: Option<u64>,
+    /// Its own host memory, read by the heartbeat and checked after requests.
+    pub own_memory: crate::memory::OwnMemory,
     /// What `/metrics` counts, when it is on.
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
@@ -70,6 +75,10 @@ impl App {
             max_queue_wait: (cfg.max_queue_wait_ms > 0)
                 .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            max_host_bytes: cfg
+                .max_worker_memory_mb
+                .map(|mb| mb.saturating_mul(1 << 20)),
+            own_memory: Default::default(),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
             api_keys,

@@ -2,8 +2,8 @@
 //! `--max-queue-wait`; counted towards `--max-requests` (retiring the worker when it is the
 //! last); its body read within the limits; parsed (off the event loop when large); run on the
 //! model thread, bounded by the queue wait and `--request-timeout`; the retire policy after
-//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`). A request that never
-//! reached the model is refused with 503 and `Retry-After`, never 504.
+//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`, `--max-worker-memory-mb`). A
+//! request that never reached the model is refused with 503 and `Retry-After`, never 504.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -335,6 +335,12 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
             if let (Some(limit), Some(used)) = (app.max_gpu_bytes, out.gpu_reserved) {
                 if used > limit {
                     app.shared.retire(RetireReason::GpuMemory);
+                }
+            }
+            let retiring = || app.shared.get().stopping();
+            if let Some(limit) = app.max_host_bytes.filter(|_| !retiring()) {
+                if let Some(own) = app.own_memory.over(limit) {
+                    app.shared.retire_with(RetireReason::HostMemory, Some(own));
                 }
             }
             Ok(out)
