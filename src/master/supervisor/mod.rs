@@ -14,6 +14,7 @@
 //! | `boots.rs` | the boot history `decide` gives up by | `Boots` |
 //! | `act.rs` | carrying out `decide`'s actions (`worker_retire_asked`, `worker_killed`, …) | `WaitLog`, `Jitter` |
 //! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
+//! | `host.rs` | host memory: the bound once the template measured a worker, own memory learned while serving, OOM kills | `HostWatch` |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
@@ -23,6 +24,7 @@ mod adapt;
 mod boots;
 mod control;
 mod exits;
+mod host;
 mod intents;
 mod reload;
 mod template;
@@ -50,6 +52,7 @@ use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
+use host::HostWatch;
 use reload::Reload;
 use template::Templates;
 
@@ -92,6 +95,8 @@ pub struct Supervisor {
     metrics: Option<MasterMetrics>,
     /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
     learner: Option<Learner>,
+    /// Host memory: the bound, what workers hold of their own, OOM kills (`host.rs`).
+    host: HostWatch,
     /// Where workers show that they are free ([`crate::board`]); `None` if it could not be
     /// made (then workers accept as they would without siblings).
     board: Option<Board>,
@@ -117,6 +122,8 @@ impl Supervisor {
             slots.push(s);
         }
         let target = plan.workers;
+        let cgroup =
+            crate::master::resources::host_memory::Cgroup::of(cfg.memory_cgroup.as_deref());
         Supervisor {
             cfg,
             plan,
@@ -136,6 +143,7 @@ impl Supervisor {
             templates: Templates::default(),
             metrics,
             learner: None,
+            host: HostWatch::new(cgroup),
             board: Board::create()
                 .map_err(|e| {
                     tracing::warn!(
