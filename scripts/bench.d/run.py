@@ -315,6 +315,11 @@ SHAPE_MODELS = {
     "mlp1024": {"shape": "1,64", "label": "MLP 64-1024-1024-16"},
     "conv1d": {"shape": "1,16,256", "label": "1-D conv net, 16x256"},
     "attention": {"shape": "1,32,128", "label": "transformer encoder block, 32x128"},
+    # The same models and values as v2 binary requests ("files": whose .pt, .json, .raw):
+    # what their 85 kB JSON bodies (4,096 numbers) cost, apart from any request's cost.
+    "conv1d_v2": {"shape": "1,16,256", "label": "the same 1-D conv net, as v2 binary", "files": "conv1d"},
+    "attention_v2": {"shape": "1,32,128", "label": "the same transformer block, as v2 binary",
+                     "files": "attention"},
     "cnn": {"shape": "1,3,32,32", "label": "CIFAR-style CNN (7 conv3x3)", "dir": REAL},
 }
 SHAPE_CONCURRENCY = [1, 4, 16]
@@ -324,18 +329,29 @@ FLAG_C, LONG_PASS_MS, LONG_FLOOR, SHORT_FLOOR = 4, 1.0, 0.8, 0.4
 
 
 def shape_files(name):
-    """(metadata, model, body text, raw values file) of a SHAPE_MODELS entry."""
-    d = SHAPE_MODELS[name].get("dir", SHAPES)
-    with open(os.path.join(d, f"{name}.body")) as f:
+    """(metadata, model, body, raw values file, path, v2 header length) of a SHAPE_MODELS
+    entry: its `POST /` JSON body, or, for a "files" entry, the same values as a v2 binary
+    request (its header length for wrk; `None` for JSON)."""
+    m = SHAPE_MODELS[name]
+    d, base = m.get("dir", SHAPES), m.get("files", name)
+    with open(os.path.join(d, f"{base}.body")) as f:
         body = f.read()
-    raw = os.path.join(d, f"{name}.raw")
+    raw = os.path.join(d, f"{base}.raw")
     if not os.path.exists(raw):
         def flat(v):
             return [y for x in v for y in flat(x)] if isinstance(v, list) else [v]
         values = flat(json.loads(body)["inputs"])
         with open(raw, "wb") as f:
             f.write(struct.pack(f"<{len(values)}f", *values))
-    return os.path.join(d, f"{name}.json"), os.path.join(d, f"{name}.pt"), body, raw
+    path, hl = "/", None
+    if "files" in m:
+        with open(raw, "rb") as f:
+            data = f.read()
+        shape = [int(x) for x in m["shape"].split(",")]
+        head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": shape,
+                                       "parameters": {"binary_data_size": len(data)}}]}).encode()
+        body, hl, path = head + data, len(head), f"/v2/models/{base}/infer"
+    return (os.path.join(d, f"{base}.json"), os.path.join(d, f"{base}.pt"), body, raw, path, hl)
 
 
 def interleaved_runs(port, body, c, secs, pairs, loop, floor=None, path="/", hl=None):
@@ -378,7 +394,7 @@ def measure_shapes(cfg):
         for name, m in SHAPE_MODELS.items():
             if only and name not in only:
                 continue
-            meta, model, body, raw = shape_files(name)
+            meta, model, body, raw, path, hl = shape_files(name)
             secs = cfg["load_s"] + 1
             pass_ms = loops(model, m["shape"], 1, 1, cfg["limit_s"], data=raw)["pass_p50_ms"]
             short = pass_ms < LONG_PASS_MS
@@ -386,14 +402,17 @@ def measure_shapes(cfg):
                          extra=["--torch-threads", "1"])
             row = {"label": m["label"], "pass_ms": pass_ms, "short": short, "c": {}}
             try:
-                srv.wait_ready(deadline_s=120, body=body)
-                wrk(srv.port, body, 1, 1)
+                with open(os.path.join(SHAPE_MODELS[name].get("dir", SHAPES),
+                                       f"{SHAPE_MODELS[name].get('files', name)}.body")) as f:
+                    srv.wait_ready(deadline_s=120, body=f.read())
+                wrk(srv.port, body, 1, 1, path, hl)
                 for c in SHAPE_CONCURRENCY:
                     procs = loop_procs(c)
                     r = interleaved_runs(
                         srv.port, body, c, secs, cfg["reps"],
                         lambda: loops(model, m["shape"], procs, 1, secs, data=raw)["per_s"],
-                        (lambda c: wrk(floor_port, body, c, secs)["rps"]) if short else None)
+                        (lambda c: wrk(floor_port, body, c, secs, path, hl)["rps"]) if short else None,
+                        path, hl)
                     cell = dict(summarize(r["runs"]), loop_per_s=median(r["loops"]),
                                 ratio=median(r["ratios"]), ratios=[round(x, 3) for x in r["ratios"]])
                     if short:
