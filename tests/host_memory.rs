@@ -302,6 +302,35 @@ fn a_memory_limit_read_from_a_given_cgroup_directory_bounds_the_plan() {
 }
 
 #[test]
+fn when_not_even_one_worker_fits_in_the_memory_left_the_master_says_so_and_exits_2() {
+    let app = App::new("mlp.pt", "");
+    memory_model(&app, &["scratch", "100"]);
+    let cg = app.dir.path().join("cgroup");
+    // 50 MB may be used; one pass writes 100 MB.
+    fake_v2(&cg, 250, 200);
+    let mut s = Server::spawn(
+        &app,
+        &["--production", "--memory-cgroup", cg.to_str().unwrap()],
+        &[],
+    );
+    let st = s.wait_exit(PATIENCE);
+    assert_eq!(st.code(), Some(2), "{}", s.log_text());
+    let e = s.wait_event("host_memory_refused", |_| true);
+    let why = e.message();
+    assert!(
+        why.contains("not even one worker fits in host memory")
+            && why.contains("50 MB may be used")
+            && why.contains("warm-up peak"),
+        "{why}"
+    );
+    assert!(
+        s.events_named("worker_ready").is_empty(),
+        "{}",
+        s.log_text()
+    );
+}
+
+#[test]
 fn a_v1_directory_is_read_too_and_a_directory_without_limit_files_is_refused() {
     let app = App::new("mlp.pt", "");
     let cg = app.dir.path().join("v1");
