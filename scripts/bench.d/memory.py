@@ -174,6 +174,8 @@ def run(cg, metadata, tag, extra, seconds):
             "errors": w["errors"],
             "p50_ms": w["p50_ms"],
             "p99_ms": w["p99_ms"],
+            "pct_ms": w["pct_ms"],
+            "max_ms": w["max_ms"],
             "oom_kills": cg.oom_kills() - oom_before,
             "worker_oom_killed": events.count('"event":"worker_oom_killed"'),
             "worker_memory_recycled": events.count('"event":"worker_memory_recycled"'),
@@ -205,7 +207,9 @@ def wrk(port, seconds):
             return {"secs": r["duration_us"] / 1e6, "requests": r["requests"],
                     "ok": r["requests"] - e["status"], "failed": failed, "errors": e,
                     "p50_ms": r["lat_us"]["pct"]["50"] / 1e3,
-                    "p99_ms": r["lat_us"]["pct"]["99"] / 1e3}
+                    "p99_ms": r["lat_us"]["pct"]["99"] / 1e3,
+                    "pct_ms": {k: v / 1e3 for k, v in r["lat_us"]["pct"].items()},
+                    "max_ms": r["lat_us"]["max"] / 1e3}
     raise RuntimeError(f"wrk gave no result: {p.stdout} {p.stderr}")
 
 
@@ -287,6 +291,7 @@ def main():
         json.dump({"name": "leak", "model": model,
                    "input": {"shape": [1, 1], "dtype": "float32"}}, f)
     cg = Cgroup()
+    load = os.getloadavg()[0]
     runs = {}
     try:
         for tag, extra in (("without", []), ("with", ["--max-worker-memory-mb", str(RECYCLE_MB)])):
@@ -301,7 +306,7 @@ def main():
     cpus = os.cpu_count()
     res = {"command": a.command, "seconds": seconds,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{cpus} CPUs, shared with other builds while it ran",
+           "machine": f"{cpus} CPUs; load average {load:.1f} when it started",
            "limit_mb": LIMIT_MB, "leak_mb": LEAK_MB, "runs": runs}
     with open(os.path.join(OUT, "memory.json"), "w") as f:
         json.dump(res, f, indent=1)
