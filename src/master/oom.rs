@@ -39,8 +39,8 @@ pub fn worker_score_over(own: i32) -> Option<i32> {
 
 /// Says, once at start, the `oom_score_adj` workers take beside the master's.
 pub fn say_scores() {
-    let Some(master) = read(Path::new("/proc/self/oom_score_adj"))
-        .and_then(|s| s.trim().parse::<i32>().ok())
+    let Some(master) =
+        read(Path::new("/proc/self/oom_score_adj")).and_then(|s| s.trim().parse::<i32>().ok())
     else {
         return;
     };
