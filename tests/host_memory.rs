@@ -299,6 +299,11 @@ fn a_memory_limit_read_from_a_given_cgroup_directory_bounds_the_plan() {
     assert_eq!(s.events_named("worker_started").len(), pids.len());
     let r = s.post("/", r#"{"inputs": [[1.0]]}"#);
     assert_eq!(r.status, 200, "{}", r.body);
+    // One more worker than host memory holds: TTIN is refused, saying why.
+    s.signal(libc::SIGTTIN);
+    let refused = s.wait_event("ttin_refused", |_| true);
+    assert!(refused.message().contains("host memory"), "{refused:?}");
+    assert_eq!(s.events_named("worker_started").len(), pids.len());
 }
 
 #[test]
