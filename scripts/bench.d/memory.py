@@ -75,8 +75,9 @@ class Cgroup:
                 os.rmdir(self.dir)
             except OSError:
                 pass
-            sys.exit(f"scripts/bench --only memory: cannot make a memory cgroup at {self.dir} "
-                     f"({e}); it needs root and a writable memory controller")
+            print(f"scripts/bench --only memory: cannot make a memory cgroup at {self.dir} "
+                  f"({e}); it needs root and a writable memory controller", file=sys.stderr)
+            sys.exit(2)
 
     def oom_kills(self):
         f = "memory.oom_control" if self.version == 1 else "memory.events"
