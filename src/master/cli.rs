@@ -205,6 +205,27 @@ pub struct Cli {
     /// worker per exclusive-process GPU). [default: auto]
     #[arg(long, global = true, env = "VRAMFORK_MPS", value_name = "auto|on|off")]
     pub mps: Option<String>,
+    /// Recycle a worker (after its current request) whose own host memory — what it alone
+    /// holds (smaps_rollup's Private_Dirty + SwapPss), not the weights it shares with the
+    /// template — grew past N MB. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MAX_WORKER_MEMORY_MB",
+        value_name = "N"
+    )]
+    pub max_worker_memory_mb: Option<String>,
+
+    /// The memory cgroup directory to read the limit, the usage and the OOM kills from
+    /// (cgroup v2's memory.max or v1's memory.limit_in_bytes in it). [default: this
+    /// process's own, from /proc/self/cgroup]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MEMORY_CGROUP",
+        value_name = "DIR"
+    )]
+    pub memory_cgroup: Option<OsString>,
 
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
@@ -335,6 +356,8 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ),
     ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
     ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
+    ("--max-worker-memory-mb", "VRAMFORK_MAX_WORKER_MEMORY_MB"),
+    ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
     ("--mps", "VRAMFORK_MPS"),
     ("--torch-threads", "VRAMFORK_TORCH_THREADS"),

@@ -80,6 +80,7 @@ impl MasterMetrics {
             plan: PlanGauges {
                 cpu_bound: plan.cpu_bound,
                 gpu_bound: plan.gpu_bound,
+                host_bound: plan.host.as_ref().and_then(|h| h.bound),
                 workers: plan.workers,
                 footprint_declared_mb: plan.declared_typ_mb,
                 footprint_measured_mb: plan.measured_mb,
@@ -117,6 +118,15 @@ impl MasterMetrics {
                     allocator_peak: None,
                 },
             );
+        });
+    }
+
+    /// The host-memory bound, measured once the template was ready, and the worker count
+    /// it left.
+    pub fn host_plan(&self, bound: u32, workers: u32) {
+        self.with(|s| {
+            s.plan.host_bound = Some(bound);
+            s.plan.workers = workers;
         });
     }
 
@@ -231,6 +241,7 @@ impl MasterMetrics {
                     .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
                 allocator_peak: w.allocator_peak,
                 rss: crate::metrics::resident_bytes(pid),
+                own: crate::own_memory::own(Some(pid)),
                 served: w.served,
             })
             .collect();
@@ -356,6 +367,9 @@ pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> 
             KillReason::Superseded => "superseded",
         };
     }
+    if st.oom_killed {
+        return "oom-kill";
+    }
     if sig.is_some() {
         return "signal";
     }
@@ -368,6 +382,7 @@ pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> 
     match st.retire_reason {
         Some(RetireReason::MaxRequests) => "max-requests",
         Some(RetireReason::GpuMemory) => "gpu-memory",
+        Some(RetireReason::HostMemory) => "host-memory",
         Some(RetireReason::OutOfMemory) => "cuda-oom",
         Some(RetireReason::RequestTimeout) => "request-timeout",
         Some(RetireReason::Asked) | None => "asked",

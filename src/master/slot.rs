@@ -139,6 +139,11 @@ pub struct WorkerState {
     pub allocator: Option<(u64, u64)>,
     /// Its GPU footprint as its last heartbeat computed it (bytes), when it could.
     pub footprint: Option<u64>,
+    /// Its own host memory (`crate::own_memory`) as it last reported it (ready, heartbeat,
+    /// retiring), bytes.
+    pub own_memory: Option<u64>,
+    /// The kernel's OOM killer took it (`master::oom`).
+    pub oom_killed: bool,
 }
 
 impl WorkerState {
@@ -168,6 +173,8 @@ impl WorkerState {
             killed: None,
             allocator: None,
             footprint: None,
+            own_memory: None,
+            oom_killed: false,
         }
     }
 

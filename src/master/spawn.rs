@@ -71,6 +71,8 @@ pub fn worker_config(
         max_requests,
         max_worker_gpu_mb: cfg.max_worker_gpu_mb,
         gpu_context_mb: plan.cuda_context_mb,
+        max_worker_memory_mb: cfg.max_worker_memory_mb,
+        oom_score_adj: crate::master::oom::worker_score_adj(),
         max_body_bytes: cfg.max_body_bytes,
         request_timeout_ms: cfg.request_timeout.as_millis() as u64,
         max_queue_wait_ms: cfg

@@ -63,6 +63,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             pid: std::process::id(),
             boot_ms: plan.boot,
             device: plan.device.clone(),
+            memory: crate::memory::at_ready(),
         });
         tracing::info!(
             event = "ready",
@@ -141,6 +142,7 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
             allocator_peak: peak,
             allocator_reserved: reserved,
             footprint,
+            own_memory: app.own_memory.read(),
         });
         crate::report::report(&app, &mut reported);
     }

@@ -64,11 +64,13 @@ impl Source for DevSource {
                 gpu_used: app.hw.process_gpu_used(),
                 allocator_peak: app.hw.allocator_peak(),
                 rss: vramfork::metrics::resident_bytes(std::process::id()),
+                own: vramfork::own_memory::own(None),
                 served: c.served,
             }],
             plan: PlanGauges {
                 cpu_bound: self.cfg.cpu_bound,
                 gpu_bound: self.cfg.gpu_bound,
+                host_bound: None,
                 workers: self.cfg.planned,
                 footprint_declared_mb: app.metadata.est_gpu_mem_typ,
                 footprint_measured_mb: None,

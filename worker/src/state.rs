@@ -303,6 +303,11 @@ impl Shared {
 
     /// Stops accepting and tells the master why (first reason wins).
     pub fn retire(&self, reason: RetireReason) {
+        self.retire_with(reason, None);
+    }
+
+    /// [`Shared::retire`], with the own host memory that decided it (`host_memory`).
+    pub fn retire_with(&self, reason: RetireReason, own_memory: Option<u64>) {
         let first = self.update(|c| {
             if c.stopping() {
                 return None;
@@ -316,6 +321,7 @@ impl Shared {
                 reason,
                 served,
                 in_flight,
+                own_memory,
             });
         }
     }

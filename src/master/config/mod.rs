@@ -11,12 +11,14 @@
 //! | `access.rs` | API key files and TLS, read once into the workers' secrets |
 //! | `batching.rs` | batching and warm-up passes |
 //! | `devices.rs` | the device, GPU memory, NVML, measuring the footprint |
+//! | `host_memory.rs` | host memory: recycling on a worker's own memory, the memory cgroup |
 //! | `workers.rs` | the worker-count override and torch threads (precedence through other programs' variables) |
 
 mod access;
 mod batching;
 mod checker;
 mod devices;
+mod host_memory;
 mod serving;
 mod workers;
 
@@ -27,6 +29,7 @@ use access::{read_secrets, Access};
 use batching::{batching, Batch};
 use checker::{absolute, Checker};
 use devices::GpuMemory;
+use host_memory::HostMemory;
 use serving::{Address, Limits};
 use workers::{torch_threads, worker_override};
 
@@ -93,6 +96,11 @@ pub struct Config {
     pub gpu_memory_utilization: Option<f64>,
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
+    /// `--max-worker-memory-mb`: recycle a worker whose own host memory grew past this.
+    pub max_worker_memory_mb: Option<u64>,
+    /// `--memory-cgroup`: where the memory limit, usage and OOM kills are read (checked to
+    /// be a cgroup's directory); `None`: this process's own cgroup.
+    pub memory_cgroup: Option<PathBuf>,
     pub nvml_library: Option<PathBuf>,
     /// `--mps`: `None` auto (detect the MPS control daemon), on or off.
     pub mps: Option<bool>,
@@ -265,6 +273,7 @@ impl Config {
         let device = devices::device(cli.device.as_deref(), &c)?;
         let max_body_bytes = serving::max_body_bytes(cli.max_body_mb.as_deref(), &c)?;
         let gpu = GpuMemory::check(&cli, &c)?;
+        let host_memory = HostMemory::check(&cli, &c)?;
         let torch_threads = torch_threads(&cli.torch_threads, env, &c)?;
         let nvml_library = devices::nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, &c)?;
         let mps = devices::mps(cli.mps.as_deref(), &c)?;
@@ -306,6 +315,8 @@ impl Config {
             gpu_memory_utilization: gpu.gpu_memory_utilization,
             gpu_reserve_mb: gpu.gpu_reserve_mb,
             max_worker_gpu_mb: gpu.max_worker_gpu_mb,
+            max_worker_memory_mb: host_memory.max_worker_memory_mb,
+            memory_cgroup: host_memory.memory_cgroup,
             nvml_library,
             mps,
             mps_pipe_directory: devices::mps_pipe_directory(env),

@@ -19,6 +19,7 @@
 
 mod fixed;
 pub mod mps;
+pub mod host_memory;
 mod nvml;
 pub mod visible;
 

@@ -13,7 +13,7 @@ use crate::protocol::{take_line, ControlMsg};
 impl Supervisor {
     pub(super) fn read_control(&mut self) {
         let now = Instant::now();
-        if let Some((pid, took, boot)) = self.templates.poll_ready() {
+        if let Some((pid, took, boot, memory)) = self.templates.poll_ready() {
             let ms = took.as_secs_f64() * 1e3;
             let warmup_ms = boot.warmup_ms;
             tracing::info!(
@@ -23,6 +23,7 @@ impl Supervisor {
                 warmup_ms,
                 "template process (pid {pid}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it"
             );
+            self.template_measured(memory);
         }
         for i in 0..self.workers.len() {
             let msgs = read_lines(&mut self.workers[i]);
@@ -70,7 +71,9 @@ impl Supervisor {
                     pid,
                     boot_ms,
                     device,
+                    memory,
                 } => {
+                    self.host.own_memory(st, memory.map(|m| m.own));
                     let simulated = self.cfg.simulated_gpus && device.contains("simulated");
                     let off_gpu = !device.starts_with("cuda") && !simulated;
                     if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
@@ -125,7 +128,9 @@ impl Supervisor {
                     allocator_peak,
                     allocator_reserved,
                     footprint,
+                    own_memory,
                 } => {
+                    self.host.own_memory(st, own_memory);
                     st.allocator = allocator_peak.zip(allocator_reserved);
                     st.footprint = footprint;
                     st.last_heartbeat = now;
@@ -137,11 +142,15 @@ impl Supervisor {
                     reason,
                     served,
                     in_flight,
+                    own_memory,
                 } => {
+                    self.host.own_memory(st, own_memory);
                     st.set_phase(Phase::Retiring, now);
                     st.retire_reason = Some(reason);
                     st.served = served;
                     st.in_flight = in_flight;
+                    self.host
+                        .retiring(st, reason, self.cfg.max_worker_memory_mb);
                     tracing::debug!(
                         event = "worker_retiring",
                         slot = st.slot,

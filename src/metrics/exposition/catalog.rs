@@ -235,7 +235,7 @@ pub(super) fn memory(f: &mut Families, s: &Snapshot) {
             .filter_map(|w| get(w).map(|v| (l(&[("slot", &w.slot.to_string())]), v as f64)))
             .collect()
     };
-    let per_worker: [Family<WorkerRow, Option<u64>>; 3] = [
+    let per_worker: [Family<WorkerRow, Option<u64>>; 4] = [
         (
             "worker_gpu_memory_used_bytes",
             "GPU memory NVML reports for the worker's process.",
@@ -250,6 +250,11 @@ pub(super) fn memory(f: &mut Families, s: &Snapshot) {
             "worker_resident_memory_bytes",
             "Resident memory of the worker's process.",
             |w| w.rss,
+        ),
+        (
+            "worker_private_memory_bytes",
+            "The worker's own host memory: what it alone holds (smaps_rollup Private_Dirty + SwapPss), not the weights it shares with the template; what --max-worker-memory-mb recycles by.",
+            |w| w.own,
         ),
     ];
     for (name, help, get) in per_worker {
@@ -277,6 +282,15 @@ pub(super) fn plan(f: &mut Families, s: &Snapshot) {
         None,
         s.plan
             .gpu_bound
+            .map(|g| vec![(vec![], f64::from(g))])
+            .unwrap_or_default(),
+    );
+    f.gauge(
+        "plan_host_memory_bound",
+        "The most workers host memory allows: what the server may use / one worker's measured peak (absent until measured).",
+        None,
+        s.plan
+            .host_bound
             .map(|g| vec![(vec![], f64::from(g))])
             .unwrap_or_default(),
     );

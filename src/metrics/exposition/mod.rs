@@ -28,9 +28,11 @@ use families::Families;
 
 /// Why a worker exited (`reason` label of `vramfork_worker_exits_total`); all are exposed
 /// from the start, at 0.
-pub const EXIT_REASONS: [&str; 14] = [
+pub const EXIT_REASONS: [&str; 16] = [
     "max-requests",
     "gpu-memory",
+    "host-memory",
+    "oom-kill",
     "cuda-oom",
     "request-timeout",
     "asked",
@@ -72,6 +74,8 @@ pub struct WorkerRow {
     pub allocator_peak: Option<u64>,
     /// Resident set size.
     pub rss: Option<u64>,
+    /// Its own host memory (`crate::own_memory`).
+    pub own: Option<u64>,
     pub served: u64,
 }
 
@@ -81,6 +85,8 @@ pub struct PlanGauges {
     pub cpu_bound: u32,
     /// `None` when GPU memory does not bound the count (CPU, or no estimate).
     pub gpu_bound: Option<u32>,
+    /// `None` until the host-memory bound was measured (`master::plan::host`).
+    pub host_bound: Option<u32>,
     pub workers: u32,
     /// A worker's GPU footprint in MB: as declared (`est_gpu_mem_typ`), as measured
     /// (profiling, or remembered), as the plan assumes it, and the highest seen serving.

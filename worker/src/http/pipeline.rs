@@ -2,8 +2,8 @@
 //! `--max-queue-wait`; counted towards `--max-requests` (retiring the worker when it is the
 //! last); its body read within the limits; parsed (off the event loop when large); run on the
 //! model thread, bounded by the queue wait and `--request-timeout`; the retire policy after
-//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`). A request that never
-//! reached the model is refused with 503 and `Retry-After`, never 504.
+//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`, `--max-worker-memory-mb`). A
+//! request that never reached the model is refused with 503 and `Retry-After`, never 504.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -337,6 +337,12 @@ async fn run(app: &App, job: Job, trace: Option<&Trace>) -> Result<RunOutput, Ap
                 let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
                 if vramfork::protocol::gpu_used(reserved, context) > limit {
                     app.shared.retire(RetireReason::GpuMemory);
+                }
+            }
+            let retiring = || app.shared.get().stopping();
+            if let Some(limit) = app.max_host_bytes.filter(|_| !retiring()) {
+                if let Some(own) = app.own_memory.over(limit) {
+                    app.shared.retire_with(RetireReason::HostMemory, Some(own));
                 }
             }
             Ok(out)

@@ -37,7 +37,7 @@ use claim::{Queued, QUEUED};
 pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use ops::load_all as load_op_libraries;
-pub use warmup::{warm, Warmup};
+pub use warmup::{warm, Warmed, Warmup};
 
 use crate::args::{Arg, Inputs};
 use crate::cuda;
