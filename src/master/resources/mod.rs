@@ -18,8 +18,8 @@
 //! `nvidia-smi` reports them.
 
 mod fixed;
-pub mod mps;
 pub mod host_memory;
+pub mod mps;
 mod nvml;
 pub mod visible;
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::reload::Outcome;
 use super::{Live, Supervisor};
 use crate::master::slot::{Phase, WorkerState};
-use crate::protocol::{take_line, ControlMsg};
+use crate::protocol::{take_line, BootTimes, ControlMsg};
 
 impl Supervisor {
     pub(super) fn read_control(&mut self) {
@@ -84,32 +84,7 @@ impl Supervisor {
                             self.no_cuda_reason()
                         ));
                     }
-                    st.set_phase(Phase::Ready, now);
-                    self.reload.ready(st.cfg_gen);
-                    st.last_heartbeat = now;
-                    self.boots.ready(now);
-                    if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
-                        s.succeeded();
-                    }
-                    let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
-                    if let Some(m) = &self.metrics {
-                        m.worker_ready(st.pid, ms / 1e3);
-                    }
-                    tracing::info!(
-                        event = "worker_ready",
-                        slot = st.slot,
-                        pid,
-                        generation = st.generation,
-                        device,
-                        ms,
-                        model_ms = boot_ms.model_ms,
-                        warmup_ms = boot_ms.warmup_ms,
-                        "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
-                        st.slot,
-                        st.generation,
-                        boot_ms.model_ms,
-                        boot_ms.warmup_ms
-                    );
+                    self.worker_ready(st, pid, &device, &boot_ms, now);
                 }
                 ControlMsg::Metrics {
                     traffic,
@@ -165,6 +140,44 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// A worker said it is ready: its phase, the reload and boot records, its slot's
+    /// back-off, the metrics, and the `worker_ready` event.
+    fn worker_ready(
+        &mut self,
+        st: &mut WorkerState,
+        pid: u32,
+        device: &str,
+        boot_ms: &BootTimes,
+        now: Instant,
+    ) {
+        st.set_phase(Phase::Ready, now);
+        self.reload.ready(st.cfg_gen);
+        st.last_heartbeat = now;
+        self.boots.ready(now);
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
+            s.succeeded();
+        }
+        let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
+        if let Some(m) = &self.metrics {
+            m.worker_ready(st.pid, ms / 1e3);
+        }
+        tracing::info!(
+            event = "worker_ready",
+            slot = st.slot,
+            pid,
+            generation = st.generation,
+            device,
+            ms,
+            model_ms = boot_ms.model_ms,
+            warmup_ms = boot_ms.warmup_ms,
+            "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+            st.slot,
+            st.generation,
+            boot_ms.model_ms,
+            boot_ms.warmup_ms
+        );
     }
 }
 

@@ -54,8 +54,8 @@ use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
-use mps::MpsFaults;
 use host::HostWatch;
+use mps::MpsFaults;
 use reload::Reload;
 use template::Templates;
 
