@@ -5,7 +5,7 @@
 //! - **the contract the worker shares** — the modules at the top: the master↔worker
 //!   [`protocol`], the app [`metadata`] and its parts ([`schema`], [`documents`], [`labels`],
 //!   [`near_miss`]), the idle [`board`], [`hwline`], [`auth`], [`tls`], [`secrets`],
-//!   [`files`], [`sockopt`], [`logging`] and [`metrics`]. The worker binary (`worker/`)
+//!   [`files`], [`sockopt`], [`logging`], [`metrics`] and a process's [`own_memory`]. The worker binary (`worker/`)
 //!   depends on them.
 //! - **the master** — [`master`]: the command line and its validation, resource probing, the
 //!   plan, the bootstrap and the supervisor. Only the `app` binary uses it; no module at the
@@ -22,6 +22,7 @@ pub mod master;
 pub mod metadata;
 pub mod metrics;
 pub mod near_miss;
+pub mod own_memory;
 pub mod protocol;
 pub mod schema;
 pub mod secrets;

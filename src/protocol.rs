@@ -139,6 +139,9 @@ pub struct WorkerConfig {
     pub metadata_path: String,
     /// Absolute path of the TorchScript file.
     pub model_path: String,
+    /// The model's v2 name (`--model-name`); `None`: the metadata's `name`.
+    #[serde(default)]
+    pub model_name: Option<String>,
     pub device: Device,
     pub gpu: Option<GpuAssignment>,
     /// Model requests after which the worker retires (jitter already added); 0 = never.
@@ -150,6 +153,14 @@ pub struct WorkerConfig {
     /// measured by profiling or 500), until NVML shows the worker's own.
     #[serde(default)]
     pub gpu_context_mb: u64,
+    /// Retire after a request that left the worker's own host memory
+    /// ([`crate::own_memory`]) above this (MB).
+    #[serde(default)]
+    pub max_worker_memory_mb: Option<u64>,
+    /// The `oom_score_adj` a worker sets itself as it starts (above the master's and the
+    /// template's, so that the kernel's OOM killer takes a worker first); `None`: leave it.
+    #[serde(default)]
+    pub oom_score_adj: Option<i32>,
     pub max_body_bytes: u64,
     pub request_timeout_ms: u64,
     /// A request that waited longer than this before the model could take it gets 503;
@@ -260,6 +271,8 @@ pub enum RetireReason {
     MaxRequests,
     /// Its GPU memory grew past `--max-worker-gpu-mb`.
     GpuMemory,
+    /// Its own host memory grew past `--max-worker-memory-mb`.
+    HostMemory,
     /// A CUDA out-of-memory error: the allocator's state is no longer trusted.
     OutOfMemory,
     /// A request ran past `--request-timeout`; the forward pass cannot be interrupted.
@@ -274,6 +287,7 @@ impl RetireReason {
         match self {
             RetireReason::MaxRequests => "max_requests",
             RetireReason::GpuMemory => "gpu_memory",
+            RetireReason::HostMemory => "host_memory",
             RetireReason::OutOfMemory => "out_of_memory",
             RetireReason::RequestTimeout => "request_timeout",
             RetireReason::Asked => "asked",
@@ -294,6 +308,9 @@ pub enum ControlMsg {
         /// (`--simulated-gpus`); empty from a template, which never serves.
         #[serde(default)]
         device: String,
+        /// Its own host memory when ready, and the template's warm-up's peak.
+        #[serde(default)]
+        memory: Option<ReadyMemory>,
     },
     /// A profiling worker's pass (sent before `Ready`): what the CUDA caching allocator
     /// reserved at its peak and reserves now (`None` off CUDA), or why the pass failed.
@@ -308,6 +325,9 @@ pub enum ControlMsg {
     Heartbeat {
         served: u64,
         in_flight: u32,
+        /// Requests it has taken that wait for the model (not started yet).
+        #[serde(default)]
+        queued: u32,
         #[serde(default)]
         allocator_peak: Option<u64>,
         #[serde(default)]
@@ -317,6 +337,9 @@ pub enum ControlMsg {
         /// leave the CUDA context out).
         #[serde(default)]
         footprint: Option<u64>,
+        /// Its own host memory now ([`crate::own_memory`]), bytes.
+        #[serde(default)]
+        own_memory: Option<u64>,
     },
     /// What it has answered so far (cumulative), sent with a heartbeat when it changed
     /// and once more before it exits.
@@ -332,7 +355,24 @@ pub enum ControlMsg {
         /// Requests it was handling when it stopped accepting (they are finished first).
         #[serde(default)]
         in_flight: u32,
+        /// Its own host memory when it decided (`host_memory`), bytes.
+        #[serde(default)]
+        own_memory: Option<u64>,
     },
+}
+
+/// A process's host memory when it says it is ready (bytes; [`crate::own_memory`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyMemory {
+    /// What it alone holds.
+    pub own: u64,
+    /// Its resident set.
+    pub rss: u64,
+    /// The template: how far its warm-up passes took its resident set above where it was
+    /// before them (the peak of a pass's activations and scratch); `None` when it ran none
+    /// or the kernel could not reset the peak.
+    #[serde(default)]
+    pub pass_peak: Option<u64>,
 }
 
 /// A worker's GPU footprint in bytes: the caching allocator's peak reserved bytes plus what
@@ -450,18 +490,26 @@ mod tests {
                     warmup_ms: 3.0,
                 },
                 device: "cuda:0".into(),
+                memory: Some(ReadyMemory {
+                    own: 1 << 20,
+                    rss: 300 << 20,
+                    pass_peak: Some(100 << 20),
+                }),
             },
             ControlMsg::Heartbeat {
                 served: 7,
                 in_flight: 1,
+                queued: 2,
                 allocator_peak: Some(3 << 30),
                 allocator_reserved: None,
                 footprint: Some(3 << 30),
+                own_memory: Some(40 << 20),
             },
             ControlMsg::Retiring {
                 reason: RetireReason::OutOfMemory,
                 served: 9,
                 in_flight: 1,
+                own_memory: None,
             },
         ];
         for m in msgs {
@@ -474,6 +522,7 @@ mod tests {
         for r in [
             RetireReason::MaxRequests,
             RetireReason::GpuMemory,
+            RetireReason::HostMemory,
             RetireReason::OutOfMemory,
             RetireReason::RequestTimeout,
             RetireReason::Asked,

@@ -192,12 +192,14 @@ fn manifests_agree_with_the_server_they_deploy() {
         let r = common::http(mport, "GET", path, None);
         assert_eq!(r.status, 200, "{path}: {r:?}");
     }
+    // Exported (with or without labels); what the adapter's query makes of it is checked by
+    // tests/autoscaling.rs.
     let scrape = common::http(mport, "GET", "/metrics", None);
     assert!(
         scrape
             .body
             .lines()
-            .any(|l| l.starts_with(&format!("{metric} "))),
+            .any(|l| l.starts_with(&format!("{metric} ")) || l.starts_with(&format!("{metric}{{"))),
         "the HPA's metric {metric} is not exported:\n{}",
         scrape.body
     );

@@ -200,6 +200,9 @@ fn counts_across_recycles(max_requests: &str, n: usize) {
         sum(end, "vramfork_forward_duration_seconds_count", &[]),
         n_f
     );
+    // Every pass started after a wait (however short): the queue-wait histogram counts
+    // each request once, summed over both workers and every worker they replaced.
+    assert_eq!(sum(end, "vramfork_queue_wait_seconds_count", &[]), n_f);
     let bytes_in = sum(end, "vramfork_request_bytes_total", &infer);
     assert_eq!(bytes_in, (n * INPUT.len()) as f64);
     assert!(sum(end, "vramfork_response_bytes_total", &infer) > 0.0);
@@ -569,6 +572,8 @@ fn the_grafana_dashboard_refers_only_to_exported_metrics() {
         "vramfork_gpu_memory_used_bytes",
         "vramfork_worker_gpu_memory_used_bytes",
         "vramfork_worker_exits_total",
+        "vramfork_requests_waiting",
+        "vramfork_queue_wait_seconds_bucket",
     ] {
         assert!(used.contains(family), "the dashboard shows no {family}");
     }

@@ -14,9 +14,10 @@ use super::activation::{self, Inherited};
 use super::config::{Config, ConfigError, Mode};
 use super::footprint::Learner;
 use super::footprint_file::FootprintFile;
-use super::measured::{self, Source};
+use super::measured::{self, Profiled, Source};
 use super::metrics::MasterMetrics;
 use super::plan::{self, Demand, Plan};
+use super::resources::host_memory::{Budget, Cgroup};
 use super::resources::{self, NvmlProbe, Resources};
 use super::signals::Signals;
 use super::supervisor::Supervisor;
@@ -127,6 +128,7 @@ impl Server {
         cfg.mps_on = mps_on(&cfg, &res);
         let plan = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy())
             .map_err(|e| fail(ConfigError(e.to_string())))?;
+        let plan = with_budget(plan, &cfg);
         Ok(Server {
             cfg,
             res,
@@ -304,6 +306,7 @@ impl Bound {
             plan.workers,
             plan.source
         );
+        super::oom::say_scores();
         let metrics = match self.metrics_listener {
             None => None,
             Some(l) => match metrics_endpoint(&self.cfg, &plan, l) {
@@ -319,6 +322,16 @@ impl Bound {
             .with_learner(learner)
             .run()
     }
+}
+
+/// The plan with the host memory the server may use now (rule 13's row; the bound comes
+/// once a worker's cost is measured).
+fn with_budget(mut plan: Plan, cfg: &Config) -> Plan {
+    let cgroup = Cgroup::of(cfg.memory_cgroup.as_deref());
+    if let Some(b) = Budget::now(cgroup.as_ref()) {
+        plan::host::budget(&mut plan, b);
+    }
+    plan
 }
 
 /// The `/metrics` listener's thread, serving what the master keeps.
@@ -394,6 +407,10 @@ fn measured_plan(
         return Ok((plan, footprint_file));
     };
     p.log();
+    let p = Profiled {
+        plan: with_budget(p.plan, cfg),
+        ..p
+    };
     for w in p
         .plan
         .warnings

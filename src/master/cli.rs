@@ -32,6 +32,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_MODEL", value_name = "FILE")]
     pub model: Option<OsString>,
 
+    /// The model's name in the v2 protocol (/v2/models/NAME/...); KServe's serving runtime
+    /// passes the InferenceService's name. [default: the metadata's name]
+    #[arg(long, global = true, env = "VRAMFORK_MODEL_NAME", value_name = "NAME")]
+    pub model_name: Option<String>,
+
     /// Address to listen on (use 0.0.0.0 in containers). [default: 127.0.0.1]
     #[arg(long, global = true, env = "VRAMFORK_HOST")]
     pub host: Option<String>,
@@ -200,6 +205,27 @@ pub struct Cli {
     /// worker per exclusive-process GPU). [default: auto]
     #[arg(long, global = true, env = "VRAMFORK_MPS", value_name = "auto|on|off")]
     pub mps: Option<String>,
+    /// Recycle a worker (after its current request) whose own host memory — what it alone
+    /// holds (smaps_rollup's Private_Dirty + SwapPss), not the weights it shares with the
+    /// template — grew past N MB. [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MAX_WORKER_MEMORY_MB",
+        value_name = "N"
+    )]
+    pub max_worker_memory_mb: Option<String>,
+
+    /// The memory cgroup directory to read the limit, the usage and the OOM kills from
+    /// (cgroup v2's memory.max or v1's memory.limit_in_bytes in it). [default: this
+    /// process's own, from /proc/self/cgroup]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_MEMORY_CGROUP",
+        value_name = "DIR"
+    )]
+    pub memory_cgroup: Option<OsString>,
 
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
@@ -302,6 +328,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--production", "VRAMFORK_PRODUCTION"),
     ("--metadata", "VRAMFORK_METADATA"),
     ("--model", "VRAMFORK_MODEL"),
+    ("--model-name", "VRAMFORK_MODEL_NAME"),
     ("--host", "VRAMFORK_HOST"),
     ("--port", "VRAMFORK_PORT"),
     ("--metrics-port", "VRAMFORK_METRICS_PORT"),
@@ -329,6 +356,8 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ),
     ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
     ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
+    ("--max-worker-memory-mb", "VRAMFORK_MAX_WORKER_MEMORY_MB"),
+    ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
     ("--mps", "VRAMFORK_MPS"),
     ("--torch-threads", "VRAMFORK_TORCH_THREADS"),

@@ -22,6 +22,9 @@ pub fn exec_worker(
 ) -> std::io::Error {
     let mut wc = worker_config(cfg, plan, 0, 0, 0);
     wc.has_control = false;
+    // One process is the whole server: nothing to recycle into, nobody to protect.
+    wc.max_worker_memory_mb = None;
+    wc.oom_score_adj = None;
     let secrets_fd = cfg.secrets.fd();
     wc.secrets = secrets_fd.is_some();
     if let Some(m) = wc.metrics.as_mut() {

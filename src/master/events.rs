@@ -20,12 +20,19 @@
 //! | `footprint_file_error` | warn | | `--footprint-file` could not be read or written (once) |
 //! | `footprint_file_detached` | info | | a reload changed the model: `--footprint-file` is no longer updated |
 //! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
+//! | `host_memory_planned` | info | `room_mb`, `per_worker_mb`, `bound`, `workers`, `bounded` (the bound lowered the count), `source` (the cgroup's limit file, or `MemAvailable`) | the first template was ready: the host-memory bound from its warm-up's peak (`master::plan::host`) |
+//! | `host_memory_unmeasured` | info | | the template ran no warm-up pass: the host-memory bound is not applied |
+//! | `host_memory_refused` | error | | not even one worker fits in the memory the server may use: the master exits 2 |
+//! | `host_memory_exceeded` | warn | `slot`, `pid`, `own_mb`, `planned_mb`, `capacity` | a worker reported more own host memory than the plan assumed per worker (once): TTIN is refused past `capacity` |
+//! | `oom_score_adj` | info, warn | `master`, `workers` | at start: the `oom_score_adj` workers take, above the master's and the template's (warn: the master's is 1000 already, workers cannot be above it) |
 //! | `template_failed` | warn | `pid`, `status` | the template died |
 //! | `worker_started` | debug | `slot`, `pid`, `generation`, `method` (`fork`, `exec`) | a worker process exists |
 //! | `worker_ready` | info | `slot`, `pid`, `generation`, `device` (`cuda:0`, `cpu`, `cpu (simulated GPU)`), `ms`, `model_ms`, `warmup_ms` | it accepts connections |
 //! | `no_cuda` | error | | a worker placed on a GPU came up without CUDA: the master exits 5 (a cap that cannot be set is a failed load instead: worker exit 3) |
 //! | `worker_retiring` | debug | `slot`, `pid`, `reason`, `served`, `in_flight` | it stopped accepting (the worker's own message: `reason` is why it retires) |
 //! | `worker_retire_asked` | info | `slot`, `pid`, `generation`, `why` ([`RetireAsk`](super::slot::RetireAsk): `fewer_workers`, `stopping`, `quick_stop`, `reload_replaced`, `reload_no_room`, `mps_fault`), `signal` (`SIGTERM`: retire gracefully; `SIGQUIT`: exit now) | the master asked a worker to go |
+//! | `worker_memory_recycled` | info | `slot`, `pid`, `generation`, `own_mb`, `limit_mb`, `served` | a worker's own host memory passed `--max-worker-memory-mb` after a request: it retires (`worker_retiring`, `host_memory`), no request fails |
+//! | `worker_oom_killed` | error | `slot`, `pid`, `generation`, `phase`, `own_mb` (its last report), `served`, `counted_in` (where the kernel's OOM kills were counted) | the kernel's OOM killer took a worker (a SIGKILL the master did not send while the OOM-kill count rose): replaced after its slot's back-off |
 //! | `worker_killed` | warn | `slot`, `pid`, `generation`, `why` ([`KillReason`](super::slot::KillReason): `boot_timeout`, `heartbeat`, `graceful_timeout`, `stop_timeout`, `superseded`) | the master sent SIGKILL |
 //! | `worker_exited` | info, warn, error | `slot`, `pid`, `generation`, `phase`, `code` or `signal`, `served`, `reason`, `killed` | the master reaped it |
 //! | `worker_waits` | warn | `slot`, `why` (`unplaced`, `gpu_room`, `gpu_memory`), `gpu` | a slot cannot start its worker yet (each reason once per 10 s) |

@@ -1,5 +1,6 @@
 //! What the master knows for `/metrics`: the totals of workers that are gone, the last
-//! report of each live worker, starts, boot durations and exits, the pool and the plan. The
+//! report of each live worker, starts, boot durations and exits, the pool, the listening
+//! socket's accept queue (read by the supervisor on each turn of its loop) and the plan. The
 //! supervisor records into it (a lock and a few additions per event); the metrics thread
 //! turns it into a [`Snapshot`] at scrape time, reading NVML and `/proc` outside the lock.
 //!
@@ -20,8 +21,9 @@ use super::slot::{KillReason, Phase, WorkerState};
 use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use crate::metrics::endpoint::{SharedSource, Source};
-use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, WorkerRow};
+use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, Waiting, WorkerRow};
 use crate::metrics::histogram::Hist;
+use crate::metrics::listen_queue::Backlog;
 use crate::metrics::traffic::Traffic;
 use crate::protocol::{worker_exit, Device, RetireReason};
 
@@ -32,6 +34,8 @@ struct LiveWorker {
     method: &'static str,
     gpu: Option<u32>,
     served: u64,
+    /// Requests it has taken that wait for its model (its last heartbeat).
+    queued: u32,
     traffic: Traffic,
     allocator_peak: Option<u64>,
 }
@@ -45,6 +49,9 @@ struct State {
     exits: BTreeMap<String, u64>,
     /// The pool as the supervisor last reported it (workers by phase, in flight, planned).
     pool: Pool,
+    /// The listening socket's accept queue as the supervisor last read it (`None` once it
+    /// closed its socket).
+    backlog: Option<Backlog>,
     plan: PlanGauges,
     /// When the supervisor loop last reported the pool (it does on every turn).
     last_turn: Option<Instant>,
@@ -73,6 +80,7 @@ impl MasterMetrics {
             plan: PlanGauges {
                 cpu_bound: plan.cpu_bound,
                 gpu_bound: plan.gpu_bound,
+                host_bound: plan.host.as_ref().and_then(|h| h.bound),
                 workers: plan.workers,
                 footprint_declared_mb: plan.declared_typ_mb,
                 footprint_measured_mb: plan.measured_mb,
@@ -105,10 +113,20 @@ impl MasterMetrics {
                     method,
                     gpu: st.gpu,
                     served: 0,
+                    queued: 0,
                     traffic: Traffic::default(),
                     allocator_peak: None,
                 },
             );
+        });
+    }
+
+    /// The host-memory bound, measured once the template was ready, and the worker count
+    /// it left.
+    pub fn host_plan(&self, bound: u32, workers: u32) {
+        self.with(|s| {
+            s.plan.host_bound = Some(bound);
+            s.plan.workers = workers;
         });
     }
 
@@ -154,9 +172,16 @@ impl MasterMetrics {
             for st in workers {
                 if let Some(w) = s.live.get_mut(&st.pid) {
                     w.served = st.served;
+                    w.queued = st.queued;
                 }
             }
         });
+    }
+
+    /// The listening socket's accept queue, read now (`None`: the master has closed its
+    /// socket).
+    pub fn backlog(&self, b: Option<Backlog>) {
+        self.with(|s| s.backlog = b);
     }
 
     /// A worker was reaped: its last report joins the totals, its exit is counted.
@@ -178,9 +203,11 @@ impl MasterMetrics {
             }
             traffic.log_lines_dropped += crate::logging::dropped(crate::logging::Kind::Log);
             let p = s.pool;
+            let model: u64 = s.live.values().map(|w| u64::from(w.queued)).sum();
             let snap = Snapshot {
                 traffic,
                 in_flight: u64::from(p.in_flight),
+                waiting: Waiting::of(s.backlog, model),
                 workers: [p.booting, p.ready, p.retiring],
                 planned: p.target,
                 starts: s.starts.clone(),
@@ -214,6 +241,7 @@ impl MasterMetrics {
                     .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
                 allocator_peak: w.allocator_peak,
                 rss: crate::metrics::resident_bytes(pid),
+                own: crate::own_memory::own(Some(pid)),
                 served: w.served,
             })
             .collect();
@@ -339,6 +367,9 @@ pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> 
             KillReason::Superseded => "superseded",
         };
     }
+    if st.oom_killed {
+        return "oom-kill";
+    }
     if sig.is_some() {
         return "signal";
     }
@@ -351,6 +382,7 @@ pub fn exit_reason(st: &WorkerState, code: Option<i32>, sig: Option<Signal>) -> 
     match st.retire_reason {
         Some(RetireReason::MaxRequests) => "max-requests",
         Some(RetireReason::GpuMemory) => "gpu-memory",
+        Some(RetireReason::HostMemory) => "host-memory",
         Some(RetireReason::OutOfMemory) => "cuda-oom",
         Some(RetireReason::RequestTimeout) => "request-timeout",
         Some(RetireReason::Asked) | None => "asked",

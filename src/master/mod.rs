@@ -16,6 +16,7 @@ pub mod listen;
 pub mod measured;
 pub mod metrics;
 pub mod notify;
+pub mod oom;
 pub mod plan;
 pub mod profile;
 pub mod resources;

@@ -125,6 +125,8 @@ pub struct WorkerState {
     pub served: u64,
     /// Requests in flight, as its last heartbeat (or retiring message) said.
     pub in_flight: u32,
+    /// Requests it has taken that wait for the model, as its last heartbeat said.
+    pub queued: u32,
     /// NVML index of its GPU, if it has one.
     pub gpu: Option<u32>,
     pub retire_reason: Option<RetireReason>,
@@ -137,6 +139,11 @@ pub struct WorkerState {
     pub allocator: Option<(u64, u64)>,
     /// Its GPU footprint as its last heartbeat computed it (bytes), when it could.
     pub footprint: Option<u64>,
+    /// Its own host memory (`crate::own_memory`) as it last reported it (ready, heartbeat,
+    /// retiring), bytes.
+    pub own_memory: Option<u64>,
+    /// The kernel's OOM killer took it (`master::oom`).
+    pub oom_killed: bool,
 }
 
 impl WorkerState {
@@ -159,12 +166,15 @@ impl WorkerState {
             last_heartbeat: now,
             served: 0,
             in_flight: 0,
+            queued: 0,
             gpu,
             retire_reason: None,
             asked_to_stop: None,
             killed: None,
             allocator: None,
             footprint: None,
+            own_memory: None,
+            oom_killed: false,
         }
     }
 

@@ -13,7 +13,8 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::spawn::{launch_with, Launched, WorkerSpec};
 use crate::protocol::{
-    take_line, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, ENV_TEMPLATE,
+    take_line, BootTimes, ControlMsg, ReadyMemory, TemplateReply, TemplateRequest, WorkerConfig,
+    ENV_TEMPLATE,
 };
 
 /// How long the master waits for the template to answer one request.
@@ -63,8 +64,9 @@ impl Template {
         self.control.as_fd()
     }
 
-    /// Reads what arrived; returns true when the template has just become ready.
-    pub fn poll_ready(&mut self) -> Option<BootTimes> {
+    /// Reads what arrived; when the template has just become ready, its boot times and
+    /// host memory (with its warm-up's peak).
+    pub fn poll_ready(&mut self) -> Option<(BootTimes, Option<ReadyMemory>)> {
         if self.ready {
             return None;
         }
@@ -76,9 +78,12 @@ impl Template {
             self.buf.extend_from_slice(&chunk[..n]);
         }
         if let Some(line) = take_line(&mut self.buf) {
-            if let Ok(ControlMsg::Ready { boot_ms, .. }) = ControlMsg::from_line(&line) {
+            if let Ok(ControlMsg::Ready {
+                boot_ms, memory, ..
+            }) = ControlMsg::from_line(&line)
+            {
                 self.ready = true;
-                return Some(boot_ms);
+                return Some((boot_ms, memory));
             }
         }
         None

@@ -63,6 +63,11 @@ pub struct Traffic {
     /// Document pre-processing (tokenizing, decoding images) of requests, per request.
     #[serde(default)]
     pub preprocess: Hist,
+    /// How long requests that reached the model waited for it: from arrival (the listen
+    /// queue, for a connection's first request) to the start of their pass, less the time
+    /// their body took to arrive and be parsed (the access log's `wait_ms`).
+    #[serde(default)]
+    pub queue_wait: Hist,
     /// With batching on: forward passes of the model thread by the rows stacked into them.
     #[serde(default, with = "pairs")]
     pub batches: BTreeMap<u32, u64>,
@@ -85,6 +90,7 @@ impl Traffic {
         }
         self.forward.add(&o.forward);
         self.preprocess.add(&o.preprocess);
+        self.queue_wait.add(&o.queue_wait);
         for (rows, n) in &o.batches {
             *self.batches.entry(*rows).or_default() += n;
         }
@@ -146,6 +152,7 @@ mod tests {
         infer.bytes_in = 10;
         infer.duration.observe(0.002);
         a.forward.observe(0.001);
+        a.queue_wait.observe(0.25);
         a.batches.insert(1, 2);
         a.batches.insert(7, 1);
         let msg = crate::protocol::ControlMsg::Metrics {
@@ -164,6 +171,7 @@ mod tests {
         assert_eq!(sum.with_code(507), 2);
         assert_eq!(sum.endpoints["infer"].bytes_in, 20);
         assert_eq!(sum.forward.count(), 2);
+        assert_eq!(sum.queue_wait.count(), 2);
         assert_eq!(sum.batches[&7], 2);
         assert_eq!(sum.batch_rows(), 2 * (2 + 7));
     }

@@ -157,8 +157,14 @@ impl Server {
         cmd.args(args)
             .current_dir(app.dir.path())
             .env_clear()
-            .envs(vars)
-            .stdin(Stdio::null())
+            .envs(vars);
+        Self::spawn_command(cmd)
+    }
+
+    /// Starts `cmd` (which ends by executing `app`, with the arguments and environment it
+    /// was given) as [`Server::spawn`] does: its own process group, its output captured.
+    pub fn spawn_command(mut cmd: Command) -> Server {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);

@@ -23,6 +23,8 @@ pub struct App {
     pub shared: Arc<Shared>,
     pub runner: Runner,
     pub metadata: AppMetadata,
+    /// The model's name in the v2 protocol: `--model-name`, else the metadata's `name`.
+    pub model_name: String,
     pub hw: Hw,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
@@ -34,6 +36,11 @@ pub struct App {
     /// figure, then NVML's figure less the allocator's reserved bytes at each heartbeat
     /// where NVML lists this process.
     pub gpu_context: std::sync::atomic::AtomicU64,
+    /// Retire after a request that leaves the worker's own host memory above this many bytes
+    /// (`--max-worker-memory-mb`).
+    pub max_host_bytes: Option<u64>,
+    /// Its own host memory, read by the heartbeat and checked after requests.
+    pub own_memory: crate::memory::OwnMemory,
     /// What `/metrics` counts, when it is on.
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
@@ -70,6 +77,10 @@ impl App {
         App {
             shared,
             runner,
+            model_name: cfg
+                .model_name
+                .clone()
+                .unwrap_or_else(|| metadata.name.clone()),
             metadata,
             hw,
             max_body_bytes: cfg.max_body_bytes,
@@ -78,6 +89,10 @@ impl App {
                 .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             gpu_context: std::sync::atomic::AtomicU64::new(cfg.gpu_context_mb << 20),
+            max_host_bytes: cfg
+                .max_worker_memory_mb
+                .map(|mb| mb.saturating_mul(1 << 20)),
+            own_memory: Default::default(),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
             api_keys,

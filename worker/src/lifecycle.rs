@@ -65,6 +65,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             pid: std::process::id(),
             boot_ms: plan.boot,
             device: plan.device.clone(),
+            memory: crate::memory::at_ready(),
         });
         tracing::info!(
             event = "ready",
@@ -165,9 +166,11 @@ async fn heartbeats(app: Arc<App>, every: Duration) {
         shared.control.send(&ControlMsg::Heartbeat {
             served: c.served,
             in_flight: c.in_flight,
+            queued: app.runner.queued(),
             allocator_peak: peak,
             allocator_reserved: reserved,
             footprint,
+            own_memory: app.own_memory.read(),
         });
         crate::report::report(&app, &mut reported);
     }

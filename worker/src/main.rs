@@ -19,6 +19,7 @@ mod hw;
 mod lifecycle;
 mod listen_queue;
 mod listener;
+mod memory;
 mod metrics;
 mod process;
 mod report;
@@ -79,6 +80,7 @@ pub fn boot(
     );
     let _entered = span.enter();
     process::set_name(cfg.slot);
+    memory::set_oom_score_adj(cfg.oom_score_adj);
     let fds = Inherited::take(&cfg).map_err(|m| (worker_exit::CONFIG, m))?;
     if preloaded.is_none() {
         process::set_torch_threads(cfg.torch_threads);

@@ -1,5 +1,5 @@
 //! What this worker counts for `/metrics` (when `--metrics-port` is given): answers by
-//! endpoint and status, bytes, request and forward-pass durations. Recording is a few
+//! endpoint and status, bytes, request, queue-wait and forward-pass durations. Recording is a few
 //! relaxed atomic adds and one uncontended lock per answer; the figures leave the process
 //! with the heartbeat (only when they changed) and once more before it exits (`report.rs`).
 //! A leaf: it knows nothing of the request context.
@@ -43,6 +43,7 @@ pub struct Recorder {
     endpoints: [Counts; ENDPOINTS.len()],
     forward: AtomicHist,
     preprocess: AtomicHist,
+    queue_wait: AtomicHist,
     /// Token-auth refusals by [`AuthFailure`] (missing, malformed, invalid).
     auth: [AtomicU64; 3],
 }
@@ -79,6 +80,12 @@ impl Recorder {
         self.forward.observe(took);
     }
 
+    /// A request's pass started after it waited this long for a worker and the model
+    /// (the access log's `wait_ms`).
+    pub fn waited(&self, wait: Duration) {
+        self.queue_wait.observe(wait);
+    }
+
     /// A request's documents pre-processed.
     pub fn preprocessed(&self, took: Duration) {
         self.preprocess.observe(took);
@@ -89,6 +96,7 @@ impl Recorder {
         let mut t = Traffic {
             forward: self.forward.load(),
             preprocess: self.preprocess.load(),
+            queue_wait: self.queue_wait.load(),
             ..Traffic::default()
         };
         for f in [
@@ -134,6 +142,7 @@ mod tests {
         r.bytes_in(Endpoint::Infer, 7);
         r.answered(Endpoint::Health, 200, 2, ms);
         r.forward(ms);
+        r.waited(ms);
         let t = r.traffic();
         assert_eq!(t.endpoints["infer"].codes[&200], 2);
         assert_eq!(t.endpoints["infer"].codes[&400], 1);
@@ -143,5 +152,6 @@ mod tests {
         assert_eq!(t.endpoints["health"].answers(), 1);
         assert!(!t.endpoints.contains_key("metadata"));
         assert_eq!(t.forward.count(), 1);
+        assert_eq!(t.queue_wait.count(), 1);
     }
 }

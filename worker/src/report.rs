@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use vramfork::metrics::endpoint::Source;
-use vramfork::metrics::exposition::{PlanGauges, Snapshot, WorkerRow};
+use vramfork::metrics::exposition::{PlanGauges, Snapshot, Waiting, WorkerRow};
 use vramfork::metrics::histogram::Hist;
 use vramfork::metrics::traffic::Traffic;
 use vramfork::protocol::{ControlMsg, WorkerMetrics};
@@ -52,6 +52,7 @@ impl Source for DevSource {
         Snapshot {
             traffic: app.traffic(),
             in_flight: u64::from(c.in_flight),
+            waiting: Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued())),
             workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,
             starts: [("exec".to_string(), 1)].into(),
@@ -63,11 +64,13 @@ impl Source for DevSource {
                 gpu_used: app.hw.process_gpu_used(),
                 allocator_peak: app.hw.allocator_peak(),
                 rss: vramfork::metrics::resident_bytes(std::process::id()),
+                own: vramfork::own_memory::own(None),
                 served: c.served,
             }],
             plan: PlanGauges {
                 cpu_bound: self.cfg.cpu_bound,
                 gpu_bound: self.cfg.gpu_bound,
+                host_bound: None,
                 workers: self.cfg.planned,
                 footprint_declared_mb: app.metadata.est_gpu_mem_typ,
                 footprint_measured_mb: None,

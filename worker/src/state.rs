@@ -213,6 +213,14 @@ impl Shared {
         *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner()) = fd;
     }
 
+    /// The listening socket's accept queue, as the kernel counts it (`None` once this worker
+    /// stopped accepting): read under the lock the accept loop takes to clear the socket
+    /// before closing it, so never on a closed or reused descriptor.
+    pub fn listen_backlog(&self) -> Option<vramfork::metrics::listen_queue::Backlog> {
+        let fd = self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
+        fd.and_then(vramfork::metrics::listen_queue::read)
+    }
+
     /// Whether connections wait in the listen queue that no worker has taken yet.
     pub fn others_waiting(&self) -> bool {
         let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
@@ -333,6 +341,11 @@ impl Shared {
 
     /// Stops accepting and tells the master why (first reason wins).
     pub fn retire(&self, reason: RetireReason) {
+        self.retire_with(reason, None);
+    }
+
+    /// [`Shared::retire`], with the own host memory that decided it (`host_memory`).
+    pub fn retire_with(&self, reason: RetireReason, own_memory: Option<u64>) {
         let first = self.update(|c| {
             if c.stopping() {
                 return None;
@@ -346,6 +359,7 @@ impl Shared {
                 reason,
                 served,
                 in_flight,
+                own_memory,
             });
         }
     }

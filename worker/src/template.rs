@@ -26,7 +26,7 @@ use vramfork::protocol::{
     SECRETS_FD,
 };
 
-use crate::process;
+use crate::{process, runner::Warmed};
 
 /// Runs the template until the master closes its channel; returns the exit status.
 pub fn run(process_ms: f64) -> i32 {
@@ -45,7 +45,7 @@ pub fn run(process_ms: f64) -> i32 {
     // (ResNet-50, BERT) starts its thread pool, and a process with threads must not fork.
     process::set_interop_thread();
     process::set_intra_threads(1);
-    let (module, model_ms, warmup_ms) = match load(&cfg, &metadata) {
+    let (module, model_ms, warmed) = match load(&cfg, &metadata) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
@@ -56,9 +56,10 @@ pub fn run(process_ms: f64) -> i32 {
         boot_ms: BootTimes {
             process_ms,
             model_ms,
-            warmup_ms,
+            warmup_ms: warmed.ms,
         },
         device: String::new(),
+        memory: warmed.memory,
     };
     if control.write_all(ready.to_line().as_bytes()).is_err() {
         return worker_exit::OK;
@@ -67,10 +68,9 @@ pub fn run(process_ms: f64) -> i32 {
     answer(control, &module)
 }
 
-/// Loads the model on the CPU and warms it up on this thread alone; the model, the load's
-/// and the warm-up's milliseconds. Fails with the exit status when it cannot load, or when
-/// the template has a thread of its own afterwards (it could not fork safely).
-fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64, f64), i32> {
+/// Loads the model on the CPU and warms it up on this thread alone (the load's ms, the warm-up
+/// with its memory peak); fails with the exit status if it cannot load or leaves a thread.
+fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64, Warmed), i32> {
     crate::runner::configure_executor();
     let start = Instant::now();
     if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
@@ -87,14 +87,14 @@ fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
     // The warm-up passes run on this thread alone (one intra-op thread, set above).
     let plan = crate::runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size);
-    let warmup_ms = match crate::runner::warm(
+    let warmed = match crate::runner::warm(
         &module,
         plan.as_ref(),
         &cfg.model_path,
         tch::Device::Cpu,
         true,
     ) {
-        Ok(w) => w.ms,
+        Ok(w) => w,
         Err(refused) => {
             vramfork::logging::say(&format!("app-worker (template): {refused}"));
             return Err(worker_exit::MODEL_LOAD);
@@ -109,7 +109,7 @@ fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64
         );
         return Err(worker_exit::TEMPLATE_UNFIT);
     }
-    Ok((module, model_ms, warmup_ms))
+    Ok((module, model_ms, warmed))
 }
 
 /// Answers the master's requests (a worker forked, from the spare kept ahead when there is

@@ -58,7 +58,8 @@ fn max_requests_retires_with_connection_close_and_exits_0() {
         Some(ControlMsg::Retiring {
             reason: RetireReason::MaxRequests,
             served: 2,
-            in_flight: 1
+            in_flight: 1,
+            own_memory: None
         })
     );
     let st = w.wait_exit(PATIENCE);
@@ -78,7 +79,8 @@ fn sigterm_finishes_the_request_in_flight_then_exits_0() {
         Some(ControlMsg::Retiring {
             reason: RetireReason::Asked,
             served: 1,
-            in_flight: 1
+            in_flight: 1,
+            own_memory: None
         })
     );
     // …and finishes it.
@@ -150,7 +152,8 @@ fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
         Some(ControlMsg::Retiring {
             reason: RetireReason::RequestTimeout,
             served: 2,
-            in_flight: 2
+            in_flight: 2,
+            own_memory: None
         })
     );
 

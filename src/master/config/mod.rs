@@ -11,12 +11,14 @@
 //! | `access.rs` | API key files and TLS, read once into the workers' secrets |
 //! | `batching.rs` | batching and warm-up passes |
 //! | `devices.rs` | the device, GPU memory, NVML, measuring the footprint |
+//! | `host_memory.rs` | host memory: recycling on a worker's own memory, the memory cgroup |
 //! | `workers.rs` | the worker-count override and torch threads (precedence through other programs' variables) |
 
 mod access;
 mod batching;
 mod checker;
 mod devices;
+mod host_memory;
 mod serving;
 mod workers;
 
@@ -27,6 +29,7 @@ use access::{read_secrets, Access};
 use batching::{batching, Batch};
 use checker::{absolute, Checker};
 use devices::GpuMemory;
+use host_memory::HostMemory;
 use serving::{Address, Limits};
 use workers::{torch_threads, worker_override};
 
@@ -54,6 +57,8 @@ pub struct Config {
     pub model_path: Option<PathBuf>,
     /// `--model`, when given: a reload keeps it instead of the metadata's `model`.
     pub model_override: Option<PathBuf>,
+    /// `--model-name`: the model's v2 name, instead of the metadata's `name`.
+    pub model_name: Option<String>,
     pub host: String,
     pub port: u16,
     /// `--metrics-port`: serve `/metrics` there (0 = any free port); `None` = no metrics.
@@ -91,6 +96,11 @@ pub struct Config {
     pub gpu_memory_utilization: Option<f64>,
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
+    /// `--max-worker-memory-mb`: recycle a worker whose own host memory grew past this.
+    pub max_worker_memory_mb: Option<u64>,
+    /// `--memory-cgroup`: where the memory limit, usage and OOM kills are read (checked to
+    /// be a cgroup's directory); `None`: this process's own cgroup.
+    pub memory_cgroup: Option<PathBuf>,
     pub nvml_library: Option<PathBuf>,
     /// `--mps`: `None` auto (detect the MPS control daemon), on or off.
     pub mps: Option<bool>,
@@ -167,6 +177,27 @@ fn metadata_and_model(
     Ok((metadata, model_override, model_path))
 }
 
+/// The longest `--model-name`: Kubernetes object names (an InferenceService's) have at most
+/// 253 characters.
+const MODEL_NAME_MAX: usize = 253;
+
+/// `--model-name`: a v2 path segment (`/v2/models/NAME`), so no `/`, no control characters,
+/// not blank, at most [`MODEL_NAME_MAX`] characters.
+fn model_name(v: Option<String>, c: &Checker<'_>) -> Result<Option<String>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let ok = !v.trim().is_empty()
+        && v.chars().count() <= MODEL_NAME_MAX
+        && !v.chars().any(|ch| ch == '/' || ch.is_control());
+    if !ok {
+        return Err(c.bad(
+            "--model-name",
+            &v,
+            &format!("expected a name of 1 to {MODEL_NAME_MAX} characters without '/' or control characters (such as an InferenceService's name)"),
+        ));
+    }
+    Ok(Some(v))
+}
+
 /// The worker binary: `--worker-binary`, else `app-worker` beside `app`; it must exist
 /// unless only the plan is printed.
 fn worker_binary(
@@ -220,6 +251,7 @@ impl Config {
 
         let (metadata, model_override, model_path) =
             metadata_and_model(cli.metadata.as_deref(), cli.model.as_deref(), mode)?;
+        let model_name = model_name(cli.model_name.clone(), &c)?;
         let Address {
             host,
             port,
@@ -241,6 +273,7 @@ impl Config {
         let device = devices::device(cli.device.as_deref(), &c)?;
         let max_body_bytes = serving::max_body_bytes(cli.max_body_mb.as_deref(), &c)?;
         let gpu = GpuMemory::check(&cli, &c)?;
+        let host_memory = HostMemory::check(&cli, &c)?;
         let torch_threads = torch_threads(&cli.torch_threads, env, &c)?;
         let nvml_library = devices::nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, &c)?;
         let mps = devices::mps(cli.mps.as_deref(), &c)?;
@@ -256,6 +289,7 @@ impl Config {
             metadata,
             model_path,
             model_override,
+            model_name,
             host,
             port,
             metrics_port,
@@ -281,6 +315,8 @@ impl Config {
             gpu_memory_utilization: gpu.gpu_memory_utilization,
             gpu_reserve_mb: gpu.gpu_reserve_mb,
             max_worker_gpu_mb: gpu.max_worker_gpu_mb,
+            max_worker_memory_mb: host_memory.max_worker_memory_mb,
+            memory_cgroup: host_memory.memory_cgroup,
             nvml_library,
             mps,
             mps_pipe_directory: devices::mps_pipe_directory(env),
@@ -422,6 +458,7 @@ mod tests {
             "--memory-headroom" => cli.memory_headroom = Some(v),
             "--batch-timeout-ms" => cli.batch_timeout_ms = Some(v),
             "--torch-threads" => cli.torch_threads = Some(v),
+            "--model-name" => cli.model_name = Some(v),
             _ => {}
         }
     }
@@ -442,6 +479,35 @@ mod tests {
         assert_eq!(c.gpu_reserve_mb, 500);
         assert!(c.workers_override.is_none() && c.max_worker_gpu_mb.is_none());
         assert!(c.model_path.unwrap().ends_with("m.pt"));
+    }
+
+    #[test]
+    fn the_model_name_is_a_path_segment() {
+        let e = Env::new();
+        assert_eq!(e.run(&[]).unwrap().model_name, None, "the metadata's name");
+        let c = e.run(&["--model-name", "cifar10-cnn"]).unwrap();
+        assert_eq!(c.model_name.as_deref(), Some("cifar10-cnn"));
+        let c = Env::new()
+            .var("VRAMFORK_MODEL_NAME", "from-env")
+            .run(&[])
+            .unwrap();
+        assert_eq!(c.model_name.as_deref(), Some("from-env"));
+        let long = "n".repeat(254);
+        for bad in ["a/b", "tab\there", " ", long.as_str()] {
+            let err = e.run(&["--model-name", bad]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("invalid value '{bad}' for --model-name: expected a name of 1 to 253 characters")),
+                "{err}"
+            );
+        }
+        let err = Env::new()
+            .var("VRAMFORK_MODEL_NAME", "x/y")
+            .run(&[])
+            .unwrap_err();
+        assert!(
+            err.contains("VRAMFORK_MODEL_NAME (for --model-name)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `fit.rs` | the numbers of fitting: usable memory, one worker, [`workers_fitting`], [`admits`] (rules 3, 7) |
 //! | `gpus.rs` | [`GpuPlan`]: each GPU's figures, compute modes, the driver, the GPU bound (rules 3, 7, 9–11) |
 //! | `placement.rs` | the worker count and each slot's place (rules 4–6); what the supervisor asks later ([`Target`]) |
+//! | `host.rs` | [`HostPlan`]: the host-memory bound (rule 13), applied once a worker's cost is measured |
 //! | `text.rs` | `app plan`'s text and JSON |
 //!
 //! The rules, in order:
@@ -67,12 +68,17 @@
 //!     caching allocator off, and with it the cap of rule 7: a plan that would place
 //!     workers on GPUs records why in [`Plan::uncached_allocator`], and `app` refuses to
 //!     start on it (`app plan` shows it).
+//! 13. Host memory ([`host`]): workers ≤ floor(what the server may still use / one more
+//!     worker's measured peak); applied after [`plan`] once the cost is measured (the
+//!     template's warm-up), so that rule 4 becomes min(CPU, GPU, host memory). Not even one
+//!     fitting is [`PlanError::HostMemory`].
 //!
 //! MB means MiB (2^20 bytes) throughout, as `nvidia-smi` prints it.
 
 mod demand;
 mod fit;
 mod gpus;
+pub mod host;
 mod mode;
 mod placement;
 mod policy;
@@ -86,6 +92,7 @@ pub use fit::{
     MIN_ALLOCATOR_MB, UTILIZATION_BY_GPU_SIZE,
 };
 pub use gpus::{capacity, GpuPlan};
+pub use host::{HostPlan, WorkerCost};
 pub use mode::PlacementMode;
 pub use placement::{Placement, Target};
 pub use policy::{Policy, TorchThreads, WorkerOverride};
@@ -110,6 +117,10 @@ pub struct Plan {
     pub cpu_bound: u32,
     /// Σ fits over GPUs, when GPU memory bounds the count.
     pub gpu_bound: Option<u32>,
+    /// The host-memory row (rule 13), when the memory the server may use could be read.
+    pub host: Option<HostPlan>,
+    /// The bound that set the worker count: `cpu`, `gpu`, `host memory`, or `override`.
+    pub bounded_by: &'static str,
     pub est_gpu_mem_min: u64,
     /// MB per worker the plan assumes, **the one figure every reader takes**: the
     /// metadata's `est_gpu_mem_typ` as declared, or the measured footprint with headroom
@@ -175,6 +186,9 @@ pub enum PlanError {
     /// A policy value the planner cannot use (config should have caught it).
     #[error("{0}")]
     InvalidPolicy(String),
+    /// Not even one worker fits in the memory the server may use (rule 13).
+    #[error("{0}")]
+    HostMemory(String),
 }
 
 /// How the plan was reached (`why`, one sentence each) and what it warns about, in the
@@ -236,6 +250,11 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         why
     });
     let Notes { why, warnings } = notes;
+    let bounded_by = match (policy.workers_override, gpu_bound) {
+        (Some(_), _) => "override",
+        (None, Some(g)) if g < cpu_bound => "gpu",
+        (None, _) => "cpu",
+    };
 
     Ok(Plan {
         workers,
@@ -250,6 +269,8 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         cpus,
         cpu_bound,
         gpu_bound,
+        host: None,
+        bounded_by,
         est_gpu_mem_min: min,
         planned_typ_mb: typ,
         declared_typ_mb: demand.declared_typ_mb,

@@ -20,6 +20,7 @@ impl Plan {
         // Writing to a String cannot fail.
         let _ = self.write_inputs(&mut s);
         let _ = self.write_gpus(&mut s);
+        let _ = self.write_host(&mut s);
         let _ = self.write_result(&mut s);
         s
     }
@@ -128,6 +129,29 @@ impl Plan {
         Ok(())
     }
 
+    /// Host memory (rule 13): what the server may use, what a worker costs, the bound.
+    fn write_host(&self, s: &mut String) -> std::fmt::Result {
+        writeln!(s, "host memory")?;
+        let Some(h) = &self.host else {
+            return writeln!(
+                s,
+                "  unknown: neither a cgroup limit nor /proc/meminfo could be read"
+            );
+        };
+        let b = &h.budget;
+        writeln!(s, "  may be used           {} MB ({})", b.room_mb, b.source)?;
+        match (h.per_worker_mb, &h.per_worker_from, h.bound) {
+            (Some(per), Some(from), Some(bound)) => {
+                writeln!(s, "  per worker            {per} MB at its peak ({from})")?;
+                writeln!(s, "  bound                 {bound} workers")
+            }
+            _ => writeln!(
+                s,
+                "  per worker            measured from the template's warm-up pass when the server starts"
+            ),
+        }
+    }
+
     /// The bounds and why, the result, where each worker goes, the warnings.
     fn write_result(&self, s: &mut String) -> std::fmt::Result {
         writeln!(s, "bounds and result")?;
@@ -140,6 +164,17 @@ impl Plan {
             self.workers,
             self.device.name(),
             self.source
+        )?;
+        let unmeasured = self.host.as_ref().is_some_and(|h| h.bound.is_none());
+        writeln!(
+            s,
+            "  bound that won: {}{}",
+            self.bounded_by,
+            if unmeasured {
+                " (host memory: measured when the server starts)"
+            } else {
+                ""
+            }
         )?;
         writeln!(s, "placement")?;
         for (first, last, gpu) in runs(&self.placement) {

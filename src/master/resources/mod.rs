@@ -18,6 +18,7 @@
 //! `nvidia-smi` reports them.
 
 mod fixed;
+pub mod host_memory;
 pub mod mps;
 mod nvml;
 pub mod visible;

@@ -137,6 +137,12 @@ impl Supervisor {
             self.kill_all();
             return Some(crate::master::exit::NO_CUDA);
         }
+        if let Some(why) = self.host.refused.take() {
+            tracing::error!(event = "host_memory_refused", "giving up: {why}");
+            crate::logging::say(&format!("app: {why}"));
+            self.kill_all();
+            return Some(crate::master::exit::CONFIG);
+        }
         self.place_unplaced();
         let now = Instant::now();
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();

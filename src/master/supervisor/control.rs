@@ -8,12 +8,12 @@ use std::time::Instant;
 use super::reload::Outcome;
 use super::{Live, Supervisor};
 use crate::master::slot::{Phase, WorkerState};
-use crate::protocol::{take_line, ControlMsg};
+use crate::protocol::{take_line, BootTimes, ControlMsg};
 
 impl Supervisor {
     pub(super) fn read_control(&mut self) {
         let now = Instant::now();
-        if let Some((pid, took, boot)) = self.templates.poll_ready() {
+        if let Some((pid, took, boot, memory)) = self.templates.poll_ready() {
             let ms = took.as_secs_f64() * 1e3;
             let warmup_ms = boot.warmup_ms;
             tracing::info!(
@@ -23,6 +23,7 @@ impl Supervisor {
                 warmup_ms,
                 "template process (pid {pid}) ready in {ms:.0} ms ({warmup_ms:.1} ms of it a warm-up pass): workers are forked from it"
             );
+            self.template_measured(memory);
         }
         for i in 0..self.workers.len() {
             let msgs = read_lines(&mut self.workers[i]);
@@ -70,7 +71,9 @@ impl Supervisor {
                     pid,
                     boot_ms,
                     device,
+                    memory,
                 } => {
+                    self.host.own_memory(st, memory.map(|m| m.own));
                     let simulated = self.cfg.simulated_gpus && device.contains("simulated");
                     let off_gpu = !device.starts_with("cuda") && !simulated;
                     if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
@@ -81,32 +84,7 @@ impl Supervisor {
                             self.no_cuda_reason()
                         ));
                     }
-                    st.set_phase(Phase::Ready, now);
-                    self.reload.ready(st.cfg_gen);
-                    st.last_heartbeat = now;
-                    self.boots.ready(now);
-                    if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
-                        s.succeeded();
-                    }
-                    let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
-                    if let Some(m) = &self.metrics {
-                        m.worker_ready(st.pid, ms / 1e3);
-                    }
-                    tracing::info!(
-                        event = "worker_ready",
-                        slot = st.slot,
-                        pid,
-                        generation = st.generation,
-                        device,
-                        ms,
-                        model_ms = boot_ms.model_ms,
-                        warmup_ms = boot_ms.warmup_ms,
-                        "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
-                        st.slot,
-                        st.generation,
-                        boot_ms.model_ms,
-                        boot_ms.warmup_ms
-                    );
+                    self.worker_ready(st, pid, &device, &boot_ms, now);
                 }
                 ControlMsg::Metrics {
                     traffic,
@@ -121,25 +99,33 @@ impl Supervisor {
                 ControlMsg::Heartbeat {
                     served,
                     in_flight,
+                    queued,
                     allocator_peak,
                     allocator_reserved,
                     footprint,
+                    own_memory,
                 } => {
+                    self.host.own_memory(st, own_memory);
                     st.allocator = allocator_peak.zip(allocator_reserved);
                     st.footprint = footprint;
                     st.last_heartbeat = now;
                     st.served = served;
                     st.in_flight = in_flight;
+                    st.queued = queued;
                 }
                 ControlMsg::Retiring {
                     reason,
                     served,
                     in_flight,
+                    own_memory,
                 } => {
+                    self.host.own_memory(st, own_memory);
                     st.set_phase(Phase::Retiring, now);
                     st.retire_reason = Some(reason);
                     st.served = served;
                     st.in_flight = in_flight;
+                    self.host
+                        .retiring(st, reason, self.cfg.max_worker_memory_mb);
                     tracing::debug!(
                         event = "worker_retiring",
                         slot = st.slot,
@@ -154,6 +140,44 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// A worker said it is ready: its phase, the reload and boot records, its slot's
+    /// back-off, the metrics, and the `worker_ready` event.
+    fn worker_ready(
+        &mut self,
+        st: &mut WorkerState,
+        pid: u32,
+        device: &str,
+        boot_ms: &BootTimes,
+        now: Instant,
+    ) {
+        st.set_phase(Phase::Ready, now);
+        self.reload.ready(st.cfg_gen);
+        st.last_heartbeat = now;
+        self.boots.ready(now);
+        if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
+            s.succeeded();
+        }
+        let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
+        if let Some(m) = &self.metrics {
+            m.worker_ready(st.pid, ms / 1e3);
+        }
+        tracing::info!(
+            event = "worker_ready",
+            slot = st.slot,
+            pid,
+            generation = st.generation,
+            device,
+            ms,
+            model_ms = boot_ms.model_ms,
+            warmup_ms = boot_ms.warmup_ms,
+            "worker {} (pid {pid}, generation {}) ready in {ms:.0} ms (model {:.1} ms, warm-up {:.1} ms)",
+            st.slot,
+            st.generation,
+            boot_ms.model_ms,
+            boot_ms.warmup_ms
+        );
     }
 }
 

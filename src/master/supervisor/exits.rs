@@ -36,7 +36,13 @@ impl Supervisor {
         if self.templates.reaped_old(pid) {
             return;
         }
+        // A SIGKILL nobody here sent, while the kernel's count of OOM kills rose: the OOM
+        // killer's (a template's kill is accounted for too, so it is not a worker's).
+        let unexplained = sig == Some(Signal::SIGKILL) && self.stopping.is_none();
         if let Some(t) = self.templates.take_if(pid) {
+            if unexplained {
+                self.host.oom_took_one();
+            }
             self.template_exited(t, code, sig);
             return;
         }
@@ -52,6 +58,9 @@ impl Supervisor {
         // Messages it sent just before exiting (a ready, a retiring) still count.
         let msgs = read_lines(&mut w);
         self.absorb(&mut w.state, msgs, now);
+        if unexplained && w.state.killed.is_none() {
+            w.state.oom_killed = self.host.oom_took_one();
+        }
         if let Some(m) = &self.metrics {
             m.exited(pid, exit_reason(&w.state, code, sig));
         }
@@ -111,6 +120,11 @@ impl Supervisor {
             }
             return;
         }
+        if st.oom_killed {
+            self.oom_killed(st, now);
+            exited!(warn, "{name} was killed by the kernel's OOM killer after {} requests; replacing it after a back-off", st.served);
+            return;
+        }
         // Before any worker served, a GPU worker without CUDA means the machine cannot
         // serve as planned; later (a GPU lost while serving) it is one more failed boot.
         if code == Some(worker_exit::CUDA_FATAL) {
@@ -152,6 +166,32 @@ impl Supervisor {
                 "{name} died ({status}) after {} requests; replacing it",
                 st.served
             ),
+        }
+    }
+
+    /// Worker `st` was taken by the kernel's OOM killer: said with its last own-memory
+    /// figure, and its slot backs off as after a crash (a failed boot, if it was booting).
+    fn oom_killed(&mut self, st: &WorkerState, now: Instant) {
+        let own_mb = st.own_memory.map(|b| b.div_ceil(1 << 20));
+        let counted_in = self.host.oom_source();
+        tracing::error!(
+            event = "worker_oom_killed",
+            slot = st.slot,
+            pid = st.pid,
+            generation = st.generation,
+            phase = phase_name(st.phase),
+            own_mb,
+            served = st.served,
+            counted_in,
+            "worker {} (pid {}) was killed by the kernel's OOM killer (counted in {counted_in}); its own host memory was {} MB at its last report",
+            st.slot,
+            st.pid,
+            own_mb.map_or("unknown".into(), |m| m.to_string())
+        );
+        if st.phase == Phase::Booting {
+            self.boot_failed(st, None, now);
+        } else if let Some(s) = self.slots.iter_mut().find(|s| s.id == st.slot) {
+            s.failed(now);
         }
     }
 

@@ -109,6 +109,14 @@ impl Supervisor {
     }
 
     pub(super) fn more_workers(&mut self) {
+        if let Some(cap) = self.host.capacity().filter(|c| self.target >= *c) {
+            tracing::warn!(
+                event = "ttin_refused",
+                workers = self.target,
+                "TTIN refused: host memory holds {cap} workers at what one costs at its peak (app plan's host-memory row)"
+            );
+            return;
+        }
         let footprint_cap = self
             .learner
             .as_ref()

@@ -14,6 +14,7 @@
 //! | `boots.rs` | the boot history `decide` gives up by | `Boots` |
 //! | `act.rs` | carrying out `decide`'s actions (`worker_retire_asked`, `worker_killed`, …) | `WaitLog`, `Jitter` |
 //! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
+//! | `host.rs` | host memory: the bound once the template measured a worker, own memory learned while serving, OOM kills | `HostWatch` |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
 //! | `mps.rs` | a fatal CUDA error under MPS: that GPU's workers retired together | `MpsFaults` |
 //!
@@ -24,13 +25,14 @@ mod adapt;
 mod boots;
 mod control;
 mod exits;
+mod host;
 mod intents;
 mod mps;
 mod reload;
 mod template;
 
 use std::net::TcpListener;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -52,6 +54,7 @@ use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
+use host::HostWatch;
 use mps::MpsFaults;
 use reload::Reload;
 use template::Templates;
@@ -95,6 +98,8 @@ pub struct Supervisor {
     metrics: Option<MasterMetrics>,
     /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
     learner: Option<Learner>,
+    /// Host memory: the bound, what workers hold of their own, OOM kills (`host.rs`).
+    host: HostWatch,
     /// Where workers show that they are free ([`crate::board`]); `None` if it could not be
     /// made (then workers accept as they would without siblings).
     board: Option<Board>,
@@ -122,6 +127,8 @@ impl Supervisor {
             slots.push(s);
         }
         let target = plan.workers;
+        let cgroup =
+            crate::master::resources::host_memory::Cgroup::of(cfg.memory_cgroup.as_deref());
         Supervisor {
             cfg,
             plan,
@@ -142,6 +149,7 @@ impl Supervisor {
             metrics,
             learner: None,
             mps_faults: MpsFaults::default(),
+            host: HostWatch::new(cgroup),
             board: Board::create()
                 .map_err(|e| {
                     tracing::warn!(
@@ -197,6 +205,9 @@ impl Supervisor {
         if let Some(m) = &self.metrics {
             let stopping = self.stopping.is_some();
             m.pool(now, stopping, self.workers.iter().map(|w| &w.state));
+            // One getsockopt: the kernel's count of connections waiting for a worker.
+            let fd = self.listener.as_ref().map(|l| l.as_raw_fd());
+            m.backlog(fd.and_then(crate::metrics::listen_queue::read));
         }
     }
 

@@ -15,7 +15,7 @@ use super::Supervisor;
 use crate::board::Board;
 use crate::master::spawn::{launch, worker_config, Launched, WorkerSpec};
 use crate::master::template::Template;
-use crate::protocol::{worker_exit, BootTimes, WorkerConfig};
+use crate::protocol::{worker_exit, BootTimes, ReadyMemory, WorkerConfig};
 
 /// Templates that die before they are ready, per configuration, before exec takes over.
 const TEMPLATE_TRIES: u32 = 2;
@@ -134,12 +134,12 @@ impl Templates {
         self.current.as_ref().filter(|t| !t.ready).map(Template::fd)
     }
 
-    /// The current template's boot times, the moment it says it is ready, with its pid and
-    /// how long it took.
-    pub fn poll_ready(&mut self) -> Option<(u32, Duration, BootTimes)> {
+    /// The current template's boot times and host memory, the moment it says it is
+    /// ready, with its pid and how long it took.
+    pub fn poll_ready(&mut self) -> Option<(u32, Duration, BootTimes, Option<ReadyMemory>)> {
         let t = self.current.as_mut()?;
-        let boot = t.poll_ready()?;
-        Some((t.pid, t.started.elapsed(), boot))
+        let (boot, memory) = t.poll_ready()?;
+        Some((t.pid, t.started.elapsed(), boot, memory))
     }
 
     /// Whether the template of configuration `gen` is still loading.

@@ -55,6 +55,11 @@ pub(super) fn requests(f: &mut Families, s: &Snapshot) {
             .map(|(e, et)| (l(&[("endpoint", e)]), et.duration.clone()))
             .collect(),
     );
+    f.histogram(
+        "queue_wait",
+        "How long requests waited for a worker and its model before their pass started: the listen queue and the model queue, not the time their body took to arrive (the access log's wait_ms).",
+        vec![(vec![], t.queue_wait.clone())],
+    );
 }
 
 /// Forward passes and pre-processing: durations, batches and their rows.
@@ -87,7 +92,7 @@ pub(super) fn passes(f: &mut Families, s: &Snapshot) {
     );
 }
 
-/// Refusals and losses: auth failures, dropped log lines; requests in flight.
+/// Refusals and losses: auth failures, dropped log lines; requests in flight and waiting.
 pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
     let t = &s.traffic;
     f.counter(
@@ -116,6 +121,24 @@ pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
         "Requests being handled now (as of the workers' last heartbeats).",
         None,
         vec![(vec![], s.in_flight as f64)],
+    );
+    let w = &s.waiting;
+    f.gauge(
+        "requests_waiting",
+        "Requests waiting for a model: connections with a request in the listening socket's accept queue that no worker has taken (queue=listen, read from the kernel), and requests workers have taken that wait for their model (queue=model, as of their last heartbeats).",
+        None,
+        vec![
+            (l(&[("queue", "listen")]), w.listen as f64),
+            (l(&[("queue", "model")]), w.model as f64),
+        ],
+    );
+    f.gauge(
+        "listen_queue_limit",
+        "Connections the listening socket's accept queue may hold (the backlog as the kernel caps it, net.core.somaxconn); absent once the socket is closed.",
+        None,
+        w.listen_limit
+            .map(|n| vec![(vec![], n as f64)])
+            .unwrap_or_default(),
     );
 }
 
@@ -212,7 +235,7 @@ pub(super) fn memory(f: &mut Families, s: &Snapshot) {
             .filter_map(|w| get(w).map(|v| (l(&[("slot", &w.slot.to_string())]), v as f64)))
             .collect()
     };
-    let per_worker: [Family<WorkerRow, Option<u64>>; 3] = [
+    let per_worker: [Family<WorkerRow, Option<u64>>; 4] = [
         (
             "worker_gpu_memory_used_bytes",
             "GPU memory NVML reports for the worker's process.",
@@ -227,6 +250,11 @@ pub(super) fn memory(f: &mut Families, s: &Snapshot) {
             "worker_resident_memory_bytes",
             "Resident memory of the worker's process.",
             |w| w.rss,
+        ),
+        (
+            "worker_private_memory_bytes",
+            "The worker's own host memory: what it alone holds (smaps_rollup Private_Dirty + SwapPss), not the weights it shares with the template; what --max-worker-memory-mb recycles by.",
+            |w| w.own,
         ),
     ];
     for (name, help, get) in per_worker {
@@ -254,6 +282,15 @@ pub(super) fn plan(f: &mut Families, s: &Snapshot) {
         None,
         s.plan
             .gpu_bound
+            .map(|g| vec![(vec![], f64::from(g))])
+            .unwrap_or_default(),
+    );
+    f.gauge(
+        "plan_host_memory_bound",
+        "The most workers host memory allows: what the server may use / one worker's measured peak (absent until measured).",
+        None,
+        s.plan
+            .host_bound
             .map(|g| vec![(vec![], f64::from(g))])
             .unwrap_or_default(),
     );

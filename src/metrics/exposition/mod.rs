@@ -28,9 +28,11 @@ use families::Families;
 
 /// Why a worker exited (`reason` label of `vramfork_worker_exits_total`); all are exposed
 /// from the start, at 0.
-pub const EXIT_REASONS: [&str; 14] = [
+pub const EXIT_REASONS: [&str; 16] = [
     "max-requests",
     "gpu-memory",
+    "host-memory",
+    "oom-kill",
     "cuda-oom",
     "request-timeout",
     "asked",
@@ -72,6 +74,8 @@ pub struct WorkerRow {
     pub allocator_peak: Option<u64>,
     /// Resident set size.
     pub rss: Option<u64>,
+    /// Its own host memory (`crate::own_memory`).
+    pub own: Option<u64>,
     pub served: u64,
 }
 
@@ -81,6 +85,8 @@ pub struct PlanGauges {
     pub cpu_bound: u32,
     /// `None` when GPU memory does not bound the count (CPU, or no estimate).
     pub gpu_bound: Option<u32>,
+    /// `None` until the host-memory bound was measured (`master::plan::host`).
+    pub host_bound: Option<u32>,
     pub workers: u32,
     /// A worker's GPU footprint in MB: as declared (`est_gpu_mem_typ`), as measured
     /// (profiling, or remembered), as the plan assumes it, and the highest seen serving.
@@ -90,11 +96,37 @@ pub struct PlanGauges {
     pub footprint_observed_mb: Option<u64>,
 }
 
+/// Requests waiting for a model, now: the `queue` rows of `vramfork_requests_waiting`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Waiting {
+    /// Connections with a request in the listening socket's accept queue, not taken by any
+    /// worker yet (the kernel's count, [`crate::metrics::listen_queue`]).
+    pub listen: u64,
+    /// Requests workers have taken that wait for their model (as of their last
+    /// heartbeats).
+    pub model: u64,
+    /// How many connections the accept queue may hold; `None` when the socket is closed.
+    pub listen_limit: Option<u64>,
+}
+
+impl Waiting {
+    /// The listening socket's queue as read now (`None`: the socket is closed, as when
+    /// the server stops), with the workers' model queues.
+    pub fn of(backlog: Option<crate::metrics::listen_queue::Backlog>, model: u64) -> Waiting {
+        Waiting {
+            listen: backlog.map_or(0, |b| u64::from(b.waiting)),
+            model,
+            listen_limit: backlog.map(|b| u64::from(b.limit)),
+        }
+    }
+}
+
 /// Everything `/metrics` shows, at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     pub traffic: Traffic,
     pub in_flight: u64,
+    pub waiting: Waiting,
     /// By [`STATES`].
     pub workers: [u32; 3],
     pub planned: u32,

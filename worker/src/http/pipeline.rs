@@ -2,8 +2,8 @@
 //! `--max-queue-wait`; counted towards `--max-requests` (retiring the worker when it is the
 //! last); its body read within the limits; parsed (off the event loop when large); run on the
 //! model thread, bounded by the queue wait and `--request-timeout`; the retire policy after
-//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`). A request that never
-//! reached the model is refused with 503 and `Retry-After`, never 504.
+//! the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`, `--max-worker-memory-mb`). A
+//! request that never reached the model is refused with 503 and `Retry-After`, never 504.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -369,8 +369,8 @@ async fn run<H>(
             }
         }
     };
-    if let (Some(t), Some(at)) = (trace, claim.started_at()) {
-        t.started(at.saturating_duration_since(queue_from));
+    if let Some(at) = claim.started_at() {
+        waited(app, trace, at.saturating_duration_since(queue_from));
     }
     finish(app, run, deadline, arrived, trace).map(Pass::Ran)
 }
@@ -408,15 +408,39 @@ fn finish(
             if let Some(t) = trace {
                 t.ran(out.forward, out.batch);
             }
-            if let (Some(limit), Some(reserved)) = (app.max_gpu_bytes, out.gpu_reserved) {
-                // What nvidia-smi shows of it, context included (issue 44, item 8).
-                let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
-                if vramfork::protocol::gpu_used(reserved, context) > limit {
-                    app.shared.retire(RetireReason::GpuMemory);
-                }
-            }
+            retire_if_grown(app, out.gpu_reserved);
             Ok(out)
         }
+    }
+}
+
+/// After a pass that answered: the worker retires (gracefully, no request fails) when its
+/// GPU memory grew past `--max-worker-gpu-mb` or its own host memory past
+/// `--max-worker-memory-mb`.
+fn retire_if_grown(app: &App, gpu_reserved: Option<u64>) {
+    if let (Some(limit), Some(reserved)) = (app.max_gpu_bytes, gpu_reserved) {
+        // What nvidia-smi shows of it, context included (issue 44, item 8).
+        let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
+        if vramfork::protocol::gpu_used(reserved, context) > limit {
+            app.shared.retire(RetireReason::GpuMemory);
+        }
+    }
+    let retiring = || app.shared.get().stopping();
+    if let Some(limit) = app.max_host_bytes.filter(|_| !retiring()) {
+        if let Some(own) = app.own_memory.over(limit) {
+            app.shared.retire_with(RetireReason::HostMemory, Some(own));
+        }
+    }
+}
+
+/// A request's pass started after it waited `wait` (the listen queue and the model's):
+/// into its access-log line and `vramfork_queue_wait_seconds`.
+fn waited(app: &App, trace: Option<&Trace>, wait: Duration) {
+    if let Some(t) = trace {
+        t.started(wait);
+    }
+    if let Some(m) = &app.metrics {
+        m.waited(wait);
     }
 }
 

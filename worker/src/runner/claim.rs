@@ -1,9 +1,11 @@
 //! A job's claim (shared by the model thread and the HTTP side: who has the job, when its
 //! latest pass started) and the ticket the HTTP side holds while it waits for the answer.
 //! One atomic decides between the model thread taking a job and the HTTP side withdrawing
-//! it ([`Claim::withdraw`]).
+//! it ([`Claim::withdraw`]). The runner's count of jobs still queued ([`Queued`]) follows
+//! the claims: one more when a job is submitted, one less when it leaves the queue (taken,
+//! withdrawn, or dropped untaken).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -16,17 +18,57 @@ pub(super) const QUEUED: u8 = 0;
 pub(super) const STARTED: u8 = 1;
 pub(super) const WITHDRAWN: u8 = 2;
 
+/// Jobs submitted to the model thread that it has not taken yet: what `/metrics` shows as
+/// the worker's model queue. Cheap to clone (one shared counter).
+#[derive(Clone, Default)]
+pub struct Queued(Arc<AtomicU32>);
+
+impl Queued {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// What the model thread and the HTTP side share about one job: who has it, and when its
 /// latest pass started.
-#[derive(Default)]
 pub struct Claim {
     pub(super) state: AtomicU8,
     /// Set when it is taken, and again when it runs alone after its batch failed, so that
     /// `--request-timeout` counts its own pass.
     started: Mutex<Option<Instant>>,
+    /// The count it is in while it is queued.
+    queued: Queued,
 }
 
 impl Claim {
+    /// A job's claim, counted in `queued` until it leaves the queue.
+    pub(super) fn queued(queued: &Queued) -> Claim {
+        queued.0.fetch_add(1, Ordering::Relaxed);
+        Claim {
+            state: AtomicU8::new(QUEUED),
+            started: Mutex::new(None),
+            queued: queued.clone(),
+        }
+    }
+
+    /// Moves it out of the queue to `to` (started or withdrawn) if it is still queued:
+    /// `true` when this call moved it.
+    fn leave_queue(&self, to: u8) -> bool {
+        let moved = self
+            .state
+            .compare_exchange(QUEUED, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        if moved {
+            self.queued.0.fetch_sub(1, Ordering::Relaxed);
+        }
+        moved
+    }
+
+    /// Claims it for the model thread: `false` when it was withdrawn first.
+    pub(super) fn take(&self) -> bool {
+        self.leave_queue(STARTED)
+    }
+
     /// When its latest pass started; `None` before the model thread took it.
     pub fn started_at(&self) -> Option<Instant> {
         *self.started.lock().unwrap_or_else(|p| p.into_inner())
@@ -34,13 +76,19 @@ impl Claim {
 
     /// Takes the job back if the model has not started it: `true` means it never runs.
     pub fn withdraw(&self) -> bool {
-        self.state
-            .compare_exchange(QUEUED, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+        self.leave_queue(WITHDRAWN)
     }
 
     pub(super) fn start_now(&self) {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+}
+
+impl Drop for Claim {
+    /// A job dropped while still queued (its client gone, the model thread ended) leaves
+    /// the count too.
+    fn drop(&mut self) {
+        self.leave_queue(WITHDRAWN);
     }
 }
 
@@ -82,5 +130,35 @@ impl Ticket {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queued_count_follows_each_job_until_it_leaves_the_queue() {
+        let q = Queued::default();
+        let (taken, withdrawn, dropped) = (
+            Claim::queued(&q),
+            Claim::queued(&q),
+            Arc::new(Claim::queued(&q)),
+        );
+        assert_eq!(q.get(), 3);
+        assert!(taken.take());
+        assert_eq!(q.get(), 2, "the model thread took one");
+        assert!(!taken.withdraw(), "a started job cannot be withdrawn");
+        assert_eq!(q.get(), 2);
+        assert!(withdrawn.withdraw());
+        assert!(!withdrawn.take(), "a withdrawn job is never taken");
+        assert_eq!(q.get(), 1);
+        let other = dropped.clone();
+        drop(dropped);
+        assert_eq!(q.get(), 1, "still queued while one holder has it");
+        drop(other);
+        assert_eq!(q.get(), 0, "dropped untaken");
+        drop((taken, withdrawn));
+        assert_eq!(q.get(), 0, "taken and withdrawn jobs had left already");
     }
 }

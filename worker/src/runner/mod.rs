@@ -33,11 +33,11 @@ use tokio::sync::{mpsc, oneshot};
 pub use batch::Batching;
 pub use batcher::BatchCounts;
 pub use claim::{Claim, Ticket};
-use claim::{QUEUED, STARTED};
+use claim::{Queued, QUEUED};
 pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use ops::load_all as load_op_libraries;
-pub use warmup::{warm, Warmup};
+pub use warmup::{warm, Warmed, Warmup};
 
 use crate::args::{Arg, Inputs};
 use crate::cuda;
@@ -139,12 +139,7 @@ impl Job {
             }
             return None;
         }
-        let taken = self
-            .claim
-            .state
-            .compare_exchange(QUEUED, STARTED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok();
-        if !taken || self.reply.is_closed() {
+        if !self.claim.take() || self.reply.is_closed() {
             return None;
         }
         self.claim.start_now();
@@ -204,6 +199,8 @@ pub struct Runner {
     tx: mpsc::Sender<Job>,
     /// With batching on: forward passes by rows.
     batches: BatchCounts,
+    /// Jobs submitted that the model thread has not taken yet.
+    queued: Queued,
 }
 
 impl Runner {
@@ -284,7 +281,18 @@ impl Runner {
             });
         }
         match loaded_rx.recv() {
-            Ok(Ok((info, profiled))) => Ok((Runner { tx, batches }, info, profiled)),
+            Ok(Ok((info, profiled))) => {
+                let queued = Queued::default();
+                Ok((
+                    Runner {
+                        tx,
+                        batches,
+                        queued,
+                    },
+                    info,
+                    profiled,
+                ))
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(LoadError::Model {
                 path: String::new(),
@@ -301,6 +309,12 @@ impl Runner {
             .clone()
     }
 
+    /// Requests submitted that the model thread has not started yet (waiting behind a
+    /// pass, or for a queue slot): what `/metrics` counts as this worker's model queue.
+    pub fn queued(&self) -> u32 {
+        self.queued.get()
+    }
+
     /// Queues one forward pass (waiting for a queue slot when many are queued); past
     /// `deadline` it will not start.
     pub async fn submit(
@@ -311,7 +325,7 @@ impl Runner {
         deadline: Option<Instant>,
     ) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
-        let claim = Arc::new(Claim::default());
+        let claim = Arc::new(Claim::queued(&self.queued));
         self.tx
             .send(Job {
                 id,

@@ -49,11 +49,13 @@ impl Warmup {
     }
 }
 
-/// A warm-up that ran: its total time and how many forward passes it made.
+/// A warm-up that ran: its total time, how many forward passes it made, and the process's
+/// host memory after them with their peak (`crate::memory::PassPeak`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Warmed {
     pub ms: f64,
     pub passes: u32,
+    pub memory: Option<vramfork::protocol::ReadyMemory>,
 }
 
 /// Runs the warm-up on `device`: `Ok` with what ran (nothing without a plan); `Err` when a
@@ -70,6 +72,9 @@ pub fn warm(
         return Ok(Warmed::default());
     };
     let start = Instant::now();
+    // The template's warm-up tells the master what a forked worker's passes will take
+    // (only there: resetting the peak would change an exec'd worker's hwFetch figure).
+    let peak = template.then(crate::memory::PassPeak::start);
     let mut pass_ms = Vec::new();
     for _ in 0..plan.passes {
         for shapes in &plan.shapes {
@@ -95,6 +100,7 @@ pub fn warm(
     let warmed = Warmed {
         ms: start.elapsed().as_secs_f64() * 1e3,
         passes: plan.passes * plan.shapes.len() as u32 + checked,
+        memory: peak.and_then(crate::memory::PassPeak::finish),
     };
     tracing::debug!(
         ms = warmed.ms,

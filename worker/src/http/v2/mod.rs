@@ -1,11 +1,11 @@
 //! The Open Inference Protocol (KServe v2 REST), beside `POST /` on the same port: server
 //! and model metadata, health and readiness, and inference with JSON or binary tensor data.
-//! The model is the app: its name is the metadata's `name`, its one version the metadata's
-//! `version` (else `1`); its inputs and outputs are the metadata's `inputs` and `outputs`
-//! when declared, else `input__0` (the older `input`, when declared) and `output__0…` (see
-//! `request.rs` and `runner/v2out.rs`). Inference runs through the same path as
-//! `POST /` (`http/pipeline.rs`): recycling, timeouts, 503/504/507 and hwFetch behave
-//! the same.
+//! The model is the app: its name is the metadata's `name` (or `--model-name`), its one
+//! version the metadata's `version` (else `1`); its inputs and outputs are the metadata's
+//! `inputs` and `outputs` when declared, else `input__0` (the older `input`, when
+//! declared) and `output__0…` (see `request.rs` and `runner/v2out.rs`). Inference runs
+//! through the same path as `POST /` (`http/pipeline.rs`): recycling, timeouts,
+//! 503/504/507 and hwFetch behave the same.
 
 pub mod request;
 
@@ -32,7 +32,7 @@ pub fn model_id(app: &App) -> (String, String) {
         Some(Value::Number(n)) => n.to_string(),
         _ => "1".to_string(),
     };
-    (app.metadata.name.clone(), version)
+    (app.model_name.clone(), version)
 }
 
 /// Percent-decodes a path segment (model names may hold spaces and such).
