@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{fixtures, http, App, Server, MLP_INPUT};
+use common::{close, fixtures, http, App, Server, MLP_INPUT};
 use serde_json::{json, Value};
 
 fn grpc(args: &[&str]) -> Value {
@@ -35,18 +35,6 @@ fn slow() -> App {
         "slow.pt",
         r#""input": {"shape": [1, 1], "dtype": "float32"}"#,
     )
-}
-
-fn close(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q))
-        }
-        (p, q) => {
-            let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
-            (p - q).abs() <= 1e-6 * (1.0 + q.abs())
-        }
-    }
 }
 
 fn status(v: &Value) -> &str {

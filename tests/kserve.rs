@@ -23,7 +23,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{app_bin, fixtures, Server};
+use common::{app_bin, close, fixtures, Server};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -152,18 +152,6 @@ fn in_net<T: Send + 'static>(pid: Option<u32>, f: impl FnOnce() -> T + Send + 's
     })
     .join()
     .unwrap()
-}
-
-fn close(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q))
-        }
-        (p, q) => {
-            let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
-            (p - q).abs() <= 1e-6 * (1.0 + q.abs())
-        }
-    }
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{binary, fixtures, raw, App, Server};
+use common::{binary, close, fixtures, raw, App, Server};
 use serde_json::{json, Value};
 
 /// An app of the fixture `name` (`pair` or `docs`) with the signature its metadata file
@@ -40,18 +40,6 @@ fn triton(port: u16, kind: &str) -> Value {
         ],
         b"",
     )
-}
-
-fn close(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q))
-        }
-        (p, q) => match (p.as_f64(), q.as_f64()) {
-            (Some(p), Some(q)) => (p - q).abs() <= 1e-6 * (1.0 + q.abs()),
-            _ => false,
-        },
-    }
 }
 
 const INFER: &str = "/v2/models/test%20app/infer";

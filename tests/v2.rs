@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{binary, fixtures, raw, App, Server};
+use common::{binary, close, fixtures, raw, App, Server};
 use serde_json::Value;
 
 /// The MLP with its declared input and a version; the model's v2 name is the metadata's.
@@ -26,18 +26,6 @@ const MODEL: &str = "test%20app";
 
 fn triton(args: &[&str]) -> Value {
     common::python_json("triton_client.py", args, b"")
-}
-
-fn close(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q))
-        }
-        (p, q) => {
-            let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
-            (p - q).abs() <= 1e-6 * (1.0 + q.abs())
-        }
-    }
 }
 
 #[test]

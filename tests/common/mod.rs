@@ -12,6 +12,21 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// Two JSON values of numbers (nested arrays alike) equal within 1e-6 relative: a served
+/// answer against torch's own.
+pub fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q))
+        }
+        (p, q) => match (p.as_f64(), q.as_f64()) {
+            (Some(p), Some(q)) => (p - q).abs() <= 1e-6 * (1.0 + q.abs()),
+            _ => false,
+        },
+    }
+}
+
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }

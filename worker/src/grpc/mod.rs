@@ -40,7 +40,7 @@ use crate::app::App;
 use crate::decode::BodyError;
 use crate::error::{ApiError, GrpcCode};
 use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
-use crate::http::request::{arrival, hw_fetch, Closer};
+use crate::http::request::{arrival, hw_fetch, key_given, Closer};
 use crate::http::v2::{is_ready, EXTENSIONS};
 use crate::metrics::Endpoint;
 use crate::request_id::{self, RequestId};
@@ -140,13 +140,7 @@ fn authorized(req: &Request<Incoming>, call: &Call) -> Result<(), ApiError> {
     if OPEN.contains(&call.method.as_str()) {
         return Ok(());
     }
-    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    keys.check(given).map_err(|f| {
-        if let Some(m) = &app.metrics {
-            m.auth_failure(f);
-        }
-        ApiError::Unauthorized(f)
-    })
+    key_given(keys, req, app)
 }
 
 async fn route(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {

@@ -16,7 +16,7 @@ use hyper::header::{
 use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
-use super::request::{arrival, endpoint_of, Closer, INFERENCE_HEADER};
+use super::request::{arrival, endpoint_of, key_given, Closer, INFERENCE_HEADER};
 use super::{root, v2};
 use crate::access_log::{Record, Trace};
 use crate::app::App;
@@ -123,13 +123,7 @@ fn authorized(req: &Request<Incoming>, app: &App) -> Result<(), ApiError> {
     if OPEN.contains(&req.uri().path()) {
         return Ok(());
     }
-    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    keys.check(given).map_err(|f| {
-        if let Some(m) = &app.metrics {
-            m.auth_failure(f);
-        }
-        ApiError::Unauthorized(f)
-    })
+    key_given(keys, req, app)
 }
 
 async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {

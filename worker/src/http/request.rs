@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::CONTENT_LENGTH;
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH};
 use hyper::{Method, Request};
 use serde_json::Value;
+use vramfork::auth::ApiKeys;
 use vramfork::hwline::wants_hw_fetch;
 
 use crate::app::App;
@@ -68,6 +69,19 @@ pub fn arrival(req: &Request<Incoming>) -> Instant {
     req.extensions()
         .get::<Arrived>()
         .map_or_else(Instant::now, |a| a.0)
+}
+
+/// The request's `Authorization` header (HTTP) or `authorization` metadata (gRPC) checked
+/// against the keys; a refusal is counted in `/metrics` and answered 401 (gRPC
+/// UNAUTHENTICATED).
+pub fn key_given(keys: &ApiKeys, req: &Request<Incoming>, app: &App) -> Result<(), ApiError> {
+    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+    keys.check(given).map_err(|f| {
+        if let Some(m) = &app.metrics {
+            m.auth_failure(f);
+        }
+        ApiError::Unauthorized(f)
+    })
 }
 
 /// `Some(line)` when the query asks for hwFetch.
