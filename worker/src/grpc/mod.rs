@@ -30,7 +30,7 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, Version};
 use prost::Message;
 use tokio::sync::mpsc;

@@ -10,9 +10,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
-};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
