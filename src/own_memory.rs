@@ -83,10 +83,14 @@ pub fn own(pid: Option<u32>) -> Option<u64> {
     rollup(pid).map(|r| r.own())
 }
 
-/// This process's resident set size and its anonymous part (resident − file − shmem), from
-/// `statm` (a read of a few microseconds), in bytes.
-pub fn resident_and_anon() -> Option<(u64, u64)> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+/// The resident set size and its anonymous part (resident − file − shmem) of process `pid`
+/// (`None`: this process), from `statm` (a read of a few microseconds), in bytes.
+pub fn resident_and_anon(pid: Option<u32>) -> Option<(u64, u64)> {
+    let statm = match pid {
+        Some(p) => std::fs::read_to_string(format!("/proc/{p}/statm")),
+        None => std::fs::read_to_string("/proc/self/statm"),
+    }
+    .ok()?;
     let mut f = statm.split_whitespace().skip(1);
     let resident: u64 = f.next()?.parse().ok()?;
     let shared: u64 = f.next()?.parse().ok()?;
@@ -94,9 +98,9 @@ pub fn resident_and_anon() -> Option<(u64, u64)> {
     Some((resident * page, resident.saturating_sub(shared) * page))
 }
 
-/// This process's resident set size (`statm`), in bytes.
-pub fn resident() -> Option<u64> {
-    resident_and_anon().map(|(r, _)| r)
+/// The resident set size of process `pid` (`None`: this process), from `statm`, in bytes.
+pub fn resident(pid: Option<u32>) -> Option<u64> {
+    resident_and_anon(pid).map(|(r, _)| r)
 }
 
 fn page_size() -> u64 {
@@ -163,8 +167,8 @@ SwapPss:               4 kB
         let v = vec![1u8; 64 << 20];
         let after = own(None).unwrap();
         assert!(after >= before + (60 << 20), "{before} -> {after}");
-        assert!(peak_resident().unwrap() >= resident().unwrap() - (1 << 20));
-        let (rss, anon) = resident_and_anon().unwrap();
+        assert!(peak_resident().unwrap() >= resident(None).unwrap() - (1 << 20));
+        let (rss, anon) = resident_and_anon(None).unwrap();
         assert!(anon >= 60 << 20 && rss >= anon, "{rss} {anon}");
         drop(v);
     }

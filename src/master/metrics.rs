@@ -240,7 +240,7 @@ impl MasterMetrics {
                     .zip(nvml)
                     .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
                 allocator_peak: w.allocator_peak,
-                rss: crate::metrics::resident_bytes(pid),
+                rss: crate::own_memory::resident(Some(pid)),
                 own: crate::own_memory::own(Some(pid)),
                 served: w.served,
             })

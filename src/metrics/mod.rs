@@ -12,12 +12,3 @@ pub mod exposition;
 pub mod histogram;
 pub mod listen_queue;
 pub mod traffic;
-
-/// A process's resident set size from `/proc/<pid>/statm`.
-pub fn resident_bytes(pid: u32) -> Option<u64> {
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Some(pages * u64::try_from(page).ok()?)
-}

@@ -30,7 +30,7 @@ pub struct PassPeak {
 impl PassPeak {
     pub fn start() -> PassPeak {
         let before = own_memory::reset_peak()
-            .then(own_memory::resident)
+            .then(|| own_memory::resident(None))
             .flatten();
         PassPeak { before }
     }
@@ -60,7 +60,7 @@ pub struct OwnMemory {
 impl OwnMemory {
     /// Reads the exact figure now (and remembers it).
     pub fn read(&self) -> Option<u64> {
-        let anon = own_memory::resident_and_anon().map(|(_, a)| a)?;
+        let anon = own_memory::resident_and_anon(None).map(|(_, a)| a)?;
         let own = own_memory::own(None)?;
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((own, anon));
         Some(own)
@@ -69,7 +69,9 @@ impl OwnMemory {
     /// After a request: this worker's own memory when it is past `limit` bytes.
     pub fn over(&self, limit: u64) -> Option<u64> {
         let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some((own, anon_then)), Some((_, anon))) = (last, own_memory::resident_and_anon()) {
+        if let (Some((own, anon_then)), Some((_, anon))) =
+            (last, own_memory::resident_and_anon(None))
+        {
             if own + anon.saturating_sub(anon_then) <= limit {
                 return None;
             }

@@ -63,7 +63,7 @@ impl Source for DevSource {
                 slot: 0,
                 gpu_used: app.hw.process_gpu_used(),
                 allocator_peak: app.hw.allocator_peak(),
-                rss: vramfork::metrics::resident_bytes(std::process::id()),
+                rss: vramfork::own_memory::resident(None),
                 own: vramfork::own_memory::own(None),
                 served: c.served,
             }],
