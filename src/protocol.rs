@@ -177,6 +177,10 @@ pub struct WorkerConfig {
     /// (`--warmup-passes`: the template, exec'd workers); 0 = none.
     #[serde(default = "default_warmup_passes")]
     pub warmup_passes: u32,
+    /// `--inline-passes auto`: small CPU passes may run on the worker's event loop instead
+    /// of its model thread (`worker/src/runner/inline.rs`); `false`: never.
+    #[serde(default = "default_inline_passes")]
+    pub inline_passes: bool,
     /// Run one forward pass on the device at the metadata's profile input right after
     /// loading and report what it used ([`ControlMsg::Footprint`]) before `Ready`.
     #[serde(default)]
@@ -236,6 +240,10 @@ pub const DEFAULT_WARMUP_PASSES: u32 = 2;
 
 fn default_warmup_passes() -> u32 {
     DEFAULT_WARMUP_PASSES
+}
+
+fn default_inline_passes() -> bool {
+    true
 }
 
 /// One worker's GPU memory as declared, measured and planned (MB), for `GET /`.

@@ -74,20 +74,36 @@ fn serve_on_every_worker(s: &Server, pids: &[u32]) {
     });
 }
 
-/// `pid`'s threads are its main thread, the model thread's team of `n` (`vf-model`), its log
-/// writer (`vf-log`) and, at most, the event loop's blocking threads (`vf-http`, which parse
-/// large bodies).
+/// `pid`'s threads are its main thread (the event loop, `vf-worker-N`: with one torch thread
+/// exactly one, so that the passes run there (`runner/inline.rs`) started no OpenMP team of
+/// its own, whose threads would carry its name; with `n` > 1, where no pass runs there, an
+/// exec'd worker also has `n` - 1 idle threads of the same name, started when its main thread
+/// sets libtorch's count (`at::set_num_threads` sizes caffe2's pthreadpool too)), the model
+/// thread's team of `n`
+/// (`vf-model`), its log writer (`vf-log`), the watchdog of passes on the event loop
+/// (`vf-watch`, with one thread only) and, at most, the event loop's blocking threads
+/// (`vf-http`, which parse large bodies).
 fn assert_team(pid: u32, n: usize, what: &str, s: &Server) {
     let t = threads(pid);
     let model = t.get("vf-model").copied().unwrap_or(0);
     let others: Vec<_> = t
         .keys()
         .filter(|k| {
-            !matches!(k.as_str(), "vf-model" | "vf-http" | "vf-log") && !k.starts_with("vf-worker-")
+            !matches!(k.as_str(), "vf-model" | "vf-http" | "vf-log" | "vf-watch")
+                && !k.starts_with("vf-worker-")
         })
         .collect();
+    let main: usize = t
+        .iter()
+        .filter(|(k, _)| k.starts_with("vf-worker-"))
+        .map(|(_, c)| c)
+        .sum();
+    let watch = t.get("vf-watch").copied().unwrap_or(0);
     assert!(
-        model == n && others.is_empty() && t.keys().any(|k| k.starts_with("vf-worker-")),
+        model == n
+            && others.is_empty()
+            && (main == 1 || (n > 1 && main <= n))
+            && watch <= usize::from(n == 1),
         "{what}: worker {pid} should run its passes on {n} thread(s) named vf-model beside its \
          main thread (and vf-http blocking threads), but has {t:?}\n{}",
         s.log_text()

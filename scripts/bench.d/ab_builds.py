@@ -21,7 +21,11 @@ sys.path.insert(0, HERE)
 import run  # noqa: E402  (scripts/bench.d/run.py: Server, wrk, TMP)
 
 REQUESTS = {
+    "MLP 64-64-64-16, JSON": ("shapes/mlp64.json", "shapes/mlp64.body", None, "/"),
     "MLP 64-256-256-16, JSON": ("shapes/mlp256.json", "shapes/mlp256.body", None, "/"),
+    "MLP 64-1024-1024-16, JSON": ("shapes/mlp1024.json", "shapes/mlp1024.body", None, "/"),
+    "1-D conv net, JSON": ("shapes/conv1d.json", "shapes/conv1d.body", None, "/"),
+    "transformer block, JSON": ("shapes/attention.json", "shapes/attention.body", None, "/"),
     "CNN, JSON": ("real/cnn.json", "real/cnn.body", None, "/"),
     "CNN, v2 binary": ("real/cnn.json", "real/cnn_v2.body", "real/cnn_v2.v2len",
                        "/v2/models/cnn/infer"),

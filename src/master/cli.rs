@@ -132,6 +132,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_WARMUP_PASSES", value_name = "N")]
     pub warmup_passes: Option<String>,
 
+    /// Small CPU passes on the worker's event loop: auto (on the CPU with --torch-threads 1
+    /// and no batching, once a worker's last 8 passes each took under 1 ms, for inputs no
+    /// larger than theirs; no hop to the model thread), off (every pass on the model
+    /// thread). [default: auto]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_INLINE_PASSES",
+        value_name = "auto|off"
+    )]
+    pub inline_passes: Option<String>,
+
     /// Measure a worker's GPU memory before planning: auto (on when the workers go on a GPU
     /// and the metadata declares an input shape), on or off. [default: auto]
     #[arg(
@@ -360,6 +372,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
     ("--mps", "VRAMFORK_MPS"),
+    ("--inline-passes", "VRAMFORK_INLINE_PASSES"),
     ("--torch-threads", "VRAMFORK_TORCH_THREADS"),
     ("--worker-binary", "VRAMFORK_WORKER_BINARY"),
     ("--log-format", "VRAMFORK_LOG_FORMAT"),

@@ -82,6 +82,7 @@ pub fn worker_config(
         profile: false,
         batch_timeout_ms: cfg.batch_timeout.as_millis() as u64,
         warmup_passes: cfg.warmup_passes,
+        inline_passes: cfg.inline_passes,
         heartbeat_ms: HEARTBEAT_MS,
         graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,

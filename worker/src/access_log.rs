@@ -32,6 +32,8 @@ pub struct Trace {
     model_us: AtomicU64,
     /// Requests in the pass it ran in (1: alone); 0 until known.
     batch: AtomicU32,
+    /// Its pass ran on the event loop's thread (`runner/inline.rs`).
+    inline: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Trace {
@@ -41,6 +43,7 @@ impl Default for Trace {
             wait_us: AtomicU64::new(u64::MAX),
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
+            inline: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -56,8 +59,9 @@ impl Trace {
             .store(waited.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Its pass took `took` and ran `batch` requests.
-    pub fn ran(&self, took: Duration, batch: u32) {
+    /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`.
+    pub fn ran(&self, took: Duration, batch: u32, inline: bool) {
+        self.inline.store(inline, Ordering::Relaxed);
         self.model_us
             .store(took.as_micros() as u64, Ordering::Relaxed);
         self.batch.store(batch, Ordering::Relaxed);
@@ -164,6 +168,7 @@ impl AccessLog {
         let wait = us(t.map(|t| t.wait_us.load(Ordering::Relaxed)));
         let model = us(t.map(|t| t.model_us.load(Ordering::Relaxed)));
         let batch = t.map_or(0, |t| t.batch.load(Ordering::Relaxed));
+        let inline = t.is_some_and(|t| t.inline.load(Ordering::Relaxed));
         let ms = |v: u64| v as f64 / 1e3;
         let total = r.total.as_micros() as u64;
         let time = rfc3339(r.time);
@@ -172,7 +177,7 @@ impl AccessLog {
             let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| format!("{:.3}", ms(v)));
             let _ = writeln!(
                 out,
-                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
+                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
                 s(&r.request_id),
                 s(&r.method),
                 s(&r.target),
@@ -193,7 +198,7 @@ impl AccessLog {
             let rest = |target: &str, out: &mut String| {
                 let _ = writeln!(
                     out,
-                    "{time}  INFO access: {} {target} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} slot={} pid={}",
+                    "{time}  INFO access: {} {target} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} inline={inline} slot={} pid={}",
                     r.method,
                     r.status,
                     r.request_id,
@@ -309,7 +314,7 @@ mod tests {
         let t = Arc::new(Trace::default());
         t.bytes_in(100);
         t.started(Duration::from_micros(1500));
-        t.ran(Duration::from_micros(900), 4);
+        t.ran(Duration::from_micros(900), 4, true);
         let mut s = String::new();
         log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);
         assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s:?}");
@@ -324,6 +329,7 @@ mod tests {
         assert_eq!(f["model_ms"], 0.9);
         assert_eq!(f["total_ms"], 2.5);
         assert_eq!(f["batch"], 4);
+        assert_eq!(f["inline"], true);
         assert_eq!((f["slot"].as_u64(), f["pid"].as_u64()), (Some(3), Some(42)));
         assert_eq!(v["target"], "vramfork::access");
         // A request that never reached the model: no wait, no model time.
@@ -339,7 +345,9 @@ mod tests {
         log(false).line(&record("/a b\nc", None), &mut s);
         assert_eq!(s.matches('\n').count(), 1, "{s:?}");
         assert!(s.contains(" POST /a%20b\\nc 200 request_id=id-1 "), "{s:?}");
-        assert!(s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 slot=3 pid=42"));
+        assert!(
+            s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 inline=false slot=3 pid=42")
+        );
     }
 
     #[test]

@@ -73,7 +73,8 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
             model_ms = plan.boot.model_ms,
             "ready"
         );
-        tokio::spawn(heartbeats(app.clone(), plan.heartbeat));
+        tokio::spawn(crate::heartbeat::every(app.clone(), plan.heartbeat));
+        crate::watchdog::start(&app, plan.heartbeat);
         if let Some(m) = plan.metrics {
             let b = plan.boot;
             let boot_s = (b.process_ms + b.model_ms + b.warmup_ms) / 1e3;
@@ -137,41 +138,4 @@ fn listen_for_siblings(app: &Arc<App>) {
         Err(e) => tracing::warn!("cannot listen for siblings' requests on @{name}: {e}"),
     }
     siblings.start();
-}
-
-async fn heartbeats(app: Arc<App>, every: Duration) {
-    let shared = app.shared.clone();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    let mut reported = None;
-    loop {
-        tick.tick().await;
-        let c = shared.get();
-        let gpu = app.hw.allocator();
-        let (peak, reserved) = (gpu.map(|s| s.peak_reserved), gpu.map(|s| s.reserved));
-        // NVML is read only on a GPU (and then once a second). Only with NVML's figure for
-        // this process: without it (a container without the host's PID namespace) the
-        // allocator's figures alone would leave the context out, and the master makes the
-        // footprint from its device instead (`master::footprint`).
-        let used = gpu.and_then(|_| app.hw.process_gpu_used());
-        let footprint =
-            used.and_then(|used| vramfork::protocol::gpu_footprint(Some(used), peak, reserved));
-        if let (Some(used), Some(reserved)) = (used, reserved) {
-            app.gpu_context.store(
-                used.saturating_sub(reserved),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
-        shared.control.send(&ControlMsg::Heartbeat {
-            served: c.served,
-            in_flight: c.in_flight,
-            queued: app.runner.queued(),
-            allocator_peak: peak,
-            allocator_reserved: reserved,
-            footprint,
-            own_memory: app.own_memory.read(),
-        });
-        crate::report::report(&app, &mut reported);
-    }
 }

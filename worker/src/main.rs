@@ -14,6 +14,7 @@ mod documents;
 mod error;
 mod grpc;
 mod heap;
+mod heartbeat;
 mod http;
 mod hw;
 mod lifecycle;
@@ -30,6 +31,7 @@ mod siblings;
 mod state;
 mod template;
 mod timeouts;
+mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -216,6 +218,7 @@ fn load(
         profile,
         warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),
         threads: cfg.torch_threads,
+        inline: cfg.inline_passes,
     })
     .map_err(|e| (e.exit_code(), e.to_string()))?;
     let device = match info.cuda {

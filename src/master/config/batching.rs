@@ -14,11 +14,15 @@ use crate::protocol::DEFAULT_WARMUP_PASSES;
 /// worker's boot.
 const MAX_WARMUP_PASSES: u32 = 100;
 
-/// `--max-batch-size`, `--batch-timeout-ms` and the rows per pass they give.
+/// `--max-batch-size`, `--batch-timeout-ms` and the rows per pass they give;
+/// `--warmup-passes` and `--inline-passes`.
 pub(super) struct Batch {
     pub max_batch_size: u32,
     pub max_batch_size_override: Option<u32>,
     pub batch_timeout: Duration,
+    pub warmup_passes: u32,
+    /// `true`: auto.
+    pub inline_passes: bool,
 }
 
 impl Batch {
@@ -57,6 +61,8 @@ impl Batch {
             max_batch_size,
             max_batch_size_override,
             batch_timeout,
+            warmup_passes: warmup_passes(cli.warmup_passes.as_deref(), c)?,
+            inline_passes: inline_passes(cli.inline_passes.as_deref(), c)?,
         })
     }
 
@@ -82,7 +88,7 @@ impl Batch {
 }
 
 /// `--warmup-passes`.
-pub(super) fn warmup_passes(v: Option<&str>, c: &Checker<'_>) -> Result<u32, ConfigError> {
+fn warmup_passes(v: Option<&str>, c: &Checker<'_>) -> Result<u32, ConfigError> {
     let warmup_passes = match v {
         None => DEFAULT_WARMUP_PASSES,
         Some(v) => match v.trim().parse::<u32>() {
@@ -99,6 +105,15 @@ pub(super) fn warmup_passes(v: Option<&str>, c: &Checker<'_>) -> Result<u32, Con
         },
     };
     Ok(warmup_passes)
+}
+
+/// `--inline-passes`: `true` auto, `false` off.
+fn inline_passes(v: Option<&str>, c: &Checker<'_>) -> Result<bool, ConfigError> {
+    match v.map(str::trim) {
+        None | Some("auto") => Ok(true),
+        Some("off") => Ok(false),
+        Some(v) => Err(c.bad("--inline-passes", v, "expected auto or off")),
+    }
 }
 
 /// The rows per forward pass: `--max-batch-size` over the metadata's `max_batch_size`,

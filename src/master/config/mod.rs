@@ -83,6 +83,8 @@ pub struct Config {
     pub batch_timeout: Duration,
     /// `--warmup-passes`: forward passes before a process that loads the model serves.
     pub warmup_passes: u32,
+    /// `--inline-passes`: `true` (auto) lets small CPU passes run on the event loop.
+    pub inline_passes: bool,
     /// `--profile-memory`: `None` = auto.
     pub profile_memory: Option<bool>,
     /// `--memory-headroom`: the plan assumes measured footprint × this.
@@ -267,7 +269,6 @@ impl Config {
         let workers_override = worker_override(&cli.workers, env, &c)?;
         let limits = Limits::check(&cli, &c)?;
         let batch = Batch::check(&cli, &metadata, &c)?;
-        let warmup_passes = batching::warmup_passes(cli.warmup_passes.as_deref(), &c)?;
         let (profile_memory, memory_headroom) = devices::profiling(&cli, &c)?;
         batch.check_queue_wait(limits.max_queue_wait, &c)?;
         let device = devices::device(cli.device.as_deref(), &c)?;
@@ -305,7 +306,8 @@ impl Config {
             max_batch_size: batch.max_batch_size,
             max_batch_size_override: batch.max_batch_size_override,
             batch_timeout: batch.batch_timeout,
-            warmup_passes,
+            warmup_passes: batch.warmup_passes,
+            inline_passes: batch.inline_passes,
             profile_memory,
             memory_headroom,
             adapt_workers: cli.adapt_workers,
@@ -599,6 +601,23 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn inline_passes_are_auto_by_default_off_when_asked_and_bad_ones_are_named() {
+        let e = Env::new();
+        assert!(e.run(&[]).unwrap().inline_passes);
+        assert!(e.run(&["--inline-passes", "auto"]).unwrap().inline_passes);
+        assert!(!e.run(&["--inline-passes", "off"]).unwrap().inline_passes);
+        for v in ["on", "no", ""] {
+            let err = e.run(&["--inline-passes", v]).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "invalid value '{v}' for --inline-passes: expected auto or off"
+                )),
+                "{v}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -320,6 +320,10 @@ async fn run<H>(
     if let Some(refused) = deadline.and_then(|d| d.refusal(arrived)) {
         return Err(refused);
     }
+    if let Some(run) = app.runner.try_inline(&input, &encoding) {
+        waited(app, trace, queue_from.elapsed());
+        return finish(app, Some(run), deadline, arrived, trace).map(Pass::Ran);
+    }
     let mut ticket = app
         .runner
         .submit(id, input, encoding, deadline.map(|d| d.at()))
@@ -406,7 +410,7 @@ fn finish(
                 m.forward(out.forward);
             }
             if let Some(t) = trace {
-                t.ran(out.forward, out.batch);
+                t.ran(out.forward, out.batch, out.inline);
             }
             retire_if_grown(app, out.gpu_reserved);
             Ok(out)

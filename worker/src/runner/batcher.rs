@@ -243,6 +243,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
             gpu_reserved,
             forward,
             batch,
+            inline: false,
             preprocess: None,
         }));
     }

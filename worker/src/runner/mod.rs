@@ -15,6 +15,7 @@ pub mod batch;
 mod batcher;
 mod claim;
 mod failure;
+mod inline;
 mod load;
 mod ops;
 mod tensors;
@@ -35,6 +36,7 @@ pub use batcher::BatchCounts;
 pub use claim::{Claim, Ticket};
 use claim::{Queued, QUEUED};
 pub use failure::{is_out_of_memory, useful_line, RunError};
+pub use inline::Inline;
 pub use load::{configure_executor, load_cpu, LoadError};
 pub use ops::load_all as load_op_libraries;
 pub use warmup::{warm, Warmed, Warmup};
@@ -69,6 +71,8 @@ pub struct RunOutput {
     pub forward: std::time::Duration,
     /// Requests in the pass it ran in (1: alone).
     pub batch: u32,
+    /// Run on the event loop's thread, not the model thread (`inline.rs`).
+    pub inline: bool,
     /// Its documents' pre-processing (set by the pipeline; `None`: it had none).
     pub preprocess: Option<std::time::Duration>,
 }
@@ -169,6 +173,23 @@ pub struct ModelInfo {
     pub intra_threads: i32,
 }
 
+impl ModelInfo {
+    /// What the model thread tells of the model it loaded and warmed (on that thread: the
+    /// intra-op count is its own).
+    fn of(l: &load::Loaded, warmed: &Warmed) -> ModelInfo {
+        ModelInfo {
+            cuda: match l.device {
+                Device::Cuda(i) => Some(i),
+                _ => None,
+            },
+            model_ms: l.model_ms,
+            warmup_ms: warmed.ms,
+            warmup_passes: warmed.passes,
+            intra_threads: tch::get_num_threads(),
+        }
+    }
+}
+
 /// The profiling pass's outcome: its duration in ms, or the model's error.
 pub type Profiled = Option<Result<f64, String>>;
 
@@ -191,6 +212,8 @@ pub struct Setup {
     pub warm: Option<Warmup>,
     /// Torch intra-op threads for the passes (`--torch-threads`), set on the model thread.
     pub threads: usize,
+    /// `--inline-passes auto`: small CPU passes may run on the event loop (`inline.rs`).
+    pub inline: bool,
 }
 
 /// The handle the HTTP side holds: cheap to clone.
@@ -201,6 +224,8 @@ pub struct Runner {
     batches: BatchCounts,
     /// Jobs submitted that the model thread has not taken yet.
     queued: Queued,
+    /// Small CPU passes run on the caller's thread (`inline.rs`); `None`: never.
+    inline: Option<Arc<Inline>>,
 }
 
 impl Runner {
@@ -218,6 +243,7 @@ impl Runner {
             profile,
             warm,
             threads,
+            inline,
         } = setup;
         let queue = batching.map_or(QUEUE, |b| QUEUE.max(2 * b.max_rows));
         let (tx, rx) = mpsc::channel::<Job>(queue);
@@ -251,22 +277,19 @@ impl Runner {
                                     return;
                                 }
                             };
-                        let info = ModelInfo {
-                            cuda: match l.device {
-                                Device::Cuda(i) => Some(i),
-                                _ => None,
-                            },
-                            model_ms: l.model_ms,
-                            warmup_ms: warmed.ms,
-                            warmup_passes: warmed.passes,
-                            intra_threads: tch::get_num_threads(),
-                        };
+                        let info = ModelInfo::of(&l, &warmed);
                         let profiled = profile
                             .map(|p| warmup::warm_up(&l.module, &p.specs, &p.shapes, l.device));
-                        let _ = loaded_tx.send(Ok((info, profiled)));
                         match batching {
-                            Some(b) => batcher::serve(l.module, l.device, rx, b, counts),
-                            None => serve(l.module, l.device, rx),
+                            Some(b) => {
+                                let _ = loaded_tx.send(Ok((info, profiled, None)));
+                                batcher::serve(l.module, l.device, rx, b, counts)
+                            }
+                            None => {
+                                let model = Inline::new(l.module, l.device, threads, inline);
+                                let _ = loaded_tx.send(Ok((info, profiled, Some(model.clone()))));
+                                serve(model, l.device, rx)
+                            }
                         }
                     }
                     Err(e) => {
@@ -281,13 +304,15 @@ impl Runner {
             });
         }
         match loaded_rx.recv() {
-            Ok(Ok((info, profiled))) => {
+            Ok(Ok((info, profiled, inline))) => {
                 let queued = Queued::default();
+                let inline = inline.filter(|i| i.enabled());
                 Ok((
                     Runner {
                         tx,
                         batches,
                         queued,
+                        inline,
                     },
                     info,
                     profiled,
@@ -345,13 +370,17 @@ impl Runner {
 }
 
 /// The model thread's loop: one job at a time until every sender is gone.
-fn serve(module: CModule, device: Device, mut rx: mpsc::Receiver<Job>) {
+fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
     while let Some(job) = rx.blocking_recv() {
         let Some(taken) = job.take() else {
             // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
         };
-        taken.run_alone(&module, device);
+        let mut policy = model.hold();
+        let size = inline::size(&taken.input);
+        let start = Instant::now();
+        taken.run_alone(model.module(), device);
+        policy.record(size, start.elapsed(), false);
     }
 }
 
@@ -445,6 +474,7 @@ fn forward(
         gpu_reserved,
         forward,
         batch: 1,
+        inline: false,
         preprocess: None,
     })
 }
