@@ -311,6 +311,20 @@ impl Shared {
             || self.full_while_a_sibling_is_free(&c)
     }
 
+    /// Whether this worker holds other connections while the idle board shows a sibling free
+    /// for [`SIBLING_FREE_FOR`]: its passes then go through the model thread, not its event
+    /// loop (`runner/inline.rs`). A pass on the event loop leaves the other connections'
+    /// requests unread, where nothing counts them, so [`Shared::must_close`] would never send
+    /// a client to the idle sibling: four kept-alive clients that all landed on one worker
+    /// would stay there, served one pass at a time on one core, while the other idled.
+    pub fn sibling_idle_beside_others(&self) -> bool {
+        self.tx.borrow().open > 1
+            && self
+                .board
+                .as_ref()
+                .is_some_and(|(board, seat)| board.other_free_for(*seat, self.free_spell))
+    }
+
     /// [`Shared::must_close`] for a multiplexed (HTTP/2) connection: as HTTP/1.1's but for a
     /// sibling being free — a gRPC request that would queue is handed to it instead
     /// (`grpc/`), so the client need not reconnect to reach it.
@@ -514,6 +528,28 @@ mod tests {
         b.update(|c| c.working = 4);
         wait_free_spell(&master, 2);
         assert!(b.must_close());
+    }
+
+    #[test]
+    fn passes_leave_the_event_loop_only_for_a_sibling_idle_beside_other_connections() {
+        let master = Board::create().unwrap();
+        // SAFETY: dup of the board's descriptor; attach takes it over.
+        let fd = unsafe { libc::dup(master.fd().unwrap()) };
+        let s =
+            Shared::new(Control::none(), 0, 1).with_board(Some((Board::attach(fd).unwrap(), 0)));
+        s.update(|c| c.open = 2);
+        assert!(!s.sibling_idle_beside_others(), "no sibling free");
+        master.show(1, Seat::Free);
+        wait_free_spell(&master, 0);
+        assert!(s.sibling_idle_beside_others());
+        s.update(|c| c.open = 1);
+        assert!(
+            !s.sibling_idle_beside_others(),
+            "one connection: nothing to move to the sibling"
+        );
+        let alone = Shared::new(Control::none(), 0, 1);
+        alone.update(|c| c.open = 4);
+        assert!(!alone.sibling_idle_beside_others(), "no board: no sibling");
     }
 
     #[test]

@@ -320,7 +320,10 @@ async fn run<H>(
     if let Some(refused) = deadline.and_then(|d| d.refusal(arrived)) {
         return Err(refused);
     }
-    if let Some(run) = app.runner.try_inline(&input, &encoding) {
+    // On the event loop (`runner/inline.rs`), unless that would keep other clients here while
+    // a sibling idles.
+    let here = !app.shared.sibling_idle_beside_others();
+    if let Some(run) = here.then(|| app.runner.try_inline(&input, &encoding)).flatten() {
         waited(app, trace, queue_from.elapsed());
         return finish(app, Some(run), deadline, arrived, trace).map(Pass::Ran);
     }
