@@ -1,7 +1,8 @@
 //! Small CPU passes on the worker's event loop (`--inline-passes`, issue 40): the real `app`,
 //! each request's access line saying where its pass ran (`inline`). A pass runs there only
 //! after a streak of fast passes, only with `--torch-threads 1`, never with
-//! `--inline-passes off`; a slow pass run there turns it off for that worker; and a pass
+//! `--inline-passes off`; a pass over 1 ms there ends the streak, one over 100 ms turns it
+//! off for that worker; and a pass
 //! stuck there keeps the worker's heartbeats going and retires it at `--request-timeout`, as
 //! a pass stuck on the model thread does.
 
@@ -125,7 +126,7 @@ fn small_passes_run_on_the_event_loop_after_a_fast_streak_only_where_allowed() {
 }
 
 #[test]
-fn a_slow_pass_run_on_the_event_loop_turns_it_off_for_that_worker() {
+fn a_slow_pass_on_the_event_loop_ends_its_streak_and_a_very_slow_one_turns_it_off() {
     let app = slow_app();
     let s = Server::start(
         &app,
@@ -139,15 +140,29 @@ fn a_slow_pass_run_on_the_event_loop_turns_it_off_for_that_worker() {
         ],
     );
     s.wait_workers(1);
-    // Same size as the fast passes, 100 iterations (over 1 ms): it runs on the event loop
-    // when the streak is unbroken just before it (on a busy machine a fast pass can take
-    // over 1 ms too, and then it goes to the model thread: try again).
+    // Same size as the fast passes, 200 iterations (over 1 ms of CPU): run on the event loop
+    // (once the streak is unbroken just before it), it ends the streak: the next pass goes
+    // to the model thread.
+    until_inline(&s, "fast", &slow(1));
+    let (status, text) = send(&s, "slow", &slow(200));
+    assert_eq!(status, 200, "{text}");
+    if inline(&s, "slow") {
+        let (status, text) = send(&s, "next", &slow(1));
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            !inline(&s, "next"),
+            "a pass over 1 ms should end the streak"
+        );
+    }
+    // 20,000 iterations (about half a second): the first such pass run on the event loop
+    // turns it off for this worker (on a busy machine a fast pass can take over 1 ms of CPU
+    // too, and then the slow one goes to the model thread: try again).
     let mut round = 0;
-    s.poll("a slow pass run on the event loop", || {
+    s.poll("a very slow pass run on the event loop", || {
         round += 1;
         until_inline(&s, &format!("fast{round}"), &slow(1));
-        let id = format!("slow-{round}");
-        let (status, text) = send(&s, &id, &slow(100));
+        let id = format!("very-slow-{round}");
+        let (status, text) = send(&s, &id, &slow(20_000));
         assert_eq!(status, 200, "{id}: {text}");
         inline(&s, &id).then_some(())
     });
@@ -156,7 +171,7 @@ fn a_slow_pass_run_on_the_event_loop_turns_it_off_for_that_worker() {
             .into_iter()
             .find(|e| e.name == "inline_passes_off")
     });
-    assert!(off.f64("ms").unwrap() >= 1.0, "{off:?}");
+    assert!(off.f64("ms").unwrap() >= 100.0, "{off:?}");
     for k in 0..4 * STREAK {
         let id = format!("after-{k}");
         let (status, text) = send(&s, &id, &slow(1));

@@ -311,14 +311,16 @@ impl Shared {
             || self.full_while_a_sibling_is_free(&c)
     }
 
-    /// Whether this worker holds other connections while the idle board shows a sibling free
-    /// for [`SIBLING_FREE_FOR`]: its passes then go through the model thread, not its event
-    /// loop (`runner/inline.rs`). A pass on the event loop leaves the other connections'
-    /// requests unread, where nothing counts them, so [`Shared::must_close`] would never send
-    /// a client to the idle sibling: four kept-alive clients that all landed on one worker
+    /// Whether this worker holds other connections (or `multiplexed`: a connection that
+    /// carries other requests, whose requests siblings can take one by one) while the idle
+    /// board shows a sibling free for [`SIBLING_FREE_FOR`]: its passes then go through the
+    /// model thread, not its event loop (`runner/inline.rs`). A pass on the event loop leaves
+    /// the other requests unread, where nothing counts them, so neither
+    /// [`Shared::must_close`] nor a gRPC hand-off would ever move one to the idle sibling:
+    /// four kept-alive clients (or one gRPC channel's calls) that all landed on one worker
     /// would stay there, served one pass at a time on one core, while the other idled.
-    pub fn sibling_idle_beside_others(&self) -> bool {
-        self.tx.borrow().open > 1
+    pub fn sibling_idle_beside_others(&self, multiplexed: bool) -> bool {
+        (multiplexed || self.tx.borrow().open > 1)
             && self
                 .board
                 .as_ref()
@@ -538,18 +540,25 @@ mod tests {
         let s =
             Shared::new(Control::none(), 0, 1).with_board(Some((Board::attach(fd).unwrap(), 0)));
         s.update(|c| c.open = 2);
-        assert!(!s.sibling_idle_beside_others(), "no sibling free");
+        assert!(!s.sibling_idle_beside_others(false), "no sibling free");
         master.show(1, Seat::Free);
         wait_free_spell(&master, 0);
-        assert!(s.sibling_idle_beside_others());
+        assert!(s.sibling_idle_beside_others(false));
         s.update(|c| c.open = 1);
         assert!(
-            !s.sibling_idle_beside_others(),
+            !s.sibling_idle_beside_others(false),
             "one connection: nothing to move to the sibling"
+        );
+        assert!(
+            s.sibling_idle_beside_others(true),
+            "one gRPC channel: its calls can go to the sibling"
         );
         let alone = Shared::new(Control::none(), 0, 1);
         alone.update(|c| c.open = 4);
-        assert!(!alone.sibling_idle_beside_others(), "no board: no sibling");
+        assert!(
+            !alone.sibling_idle_beside_others(true),
+            "no board: no sibling"
+        );
     }
 
     #[test]

@@ -320,10 +320,14 @@ async fn run<H>(
     if let Some(refused) = deadline.and_then(|d| d.refusal(arrived)) {
         return Err(refused);
     }
-    // On the event loop (`runner/inline.rs`), unless that would keep other clients here while
-    // a sibling idles.
-    let here = !app.shared.sibling_idle_beside_others();
-    if let Some(run) = here.then(|| app.runner.try_inline(&input, &encoding)).flatten() {
+    // On the event loop (`runner/inline.rs`), unless that would keep other requests here
+    // while a sibling idles (a request with a hand-off is a gRPC call: others share its
+    // connection).
+    let here = !app.shared.sibling_idle_beside_others(handoff.is_some());
+    if let Some(run) = here
+        .then(|| app.runner.try_inline(&input, &encoding))
+        .flatten()
+    {
         waited(app, trace, queue_from.elapsed());
         return finish(app, Some(run), deadline, arrived, trace).map(Pass::Ran);
     }
@@ -415,27 +419,8 @@ fn finish(
             if let Some(t) = trace {
                 t.ran(out.forward, out.batch, out.inline);
             }
-            retire_if_grown(app, out.gpu_reserved);
+            app.retire_if_grown(out.gpu_reserved);
             Ok(out)
-        }
-    }
-}
-
-/// After a pass that answered: the worker retires (gracefully, no request fails) when its
-/// GPU memory grew past `--max-worker-gpu-mb` or its own host memory past
-/// `--max-worker-memory-mb`.
-fn retire_if_grown(app: &App, gpu_reserved: Option<u64>) {
-    if let (Some(limit), Some(reserved)) = (app.max_gpu_bytes, gpu_reserved) {
-        // What nvidia-smi shows of it, context included (issue 44, item 8).
-        let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
-        if vramfork::protocol::gpu_used(reserved, context) > limit {
-            app.shared.retire(RetireReason::GpuMemory);
-        }
-    }
-    let retiring = || app.shared.get().stopping();
-    if let Some(limit) = app.max_host_bytes.filter(|_| !retiring()) {
-        if let Some(own) = app.own_memory.over(limit) {
-            app.shared.retire_with(RetireReason::HostMemory, Some(own));
         }
     }
 }

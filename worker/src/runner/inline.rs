@@ -12,12 +12,14 @@
 //!   start a second OpenMP team on this thread) and without batching;
 //! - the model thread is idle and nothing is queued for it (the pass lock, held by the model
 //!   thread around each of its passes, is free: one pass at a time, in either place);
-//! - the last [`STREAK`] passes each took under [`INLINE_MAX`], and this input is no larger
-//!   than the largest of those (a larger input goes to the model thread, and teaches the
-//!   rule its size if it is fast there);
-//! - no pass run here has ever taken [`INLINE_MAX`] or more: the first that does turns this
+//! - the last [`STREAK`] passes each took under [`INLINE_MAX`] of their thread's CPU time
+//!   ([`thread_cpu`]), and this input is no larger than the largest of those (a larger
+//!   input goes to the model thread, and teaches the rule its size if it is fast there);
+//! - no pass run here has ever taken [`OFF_AFTER`] or more: the first that does turns this
 //!   off for the worker's life (a model whose pass time depends on its input's values, not
-//!   its size, blocks the event loop once, not again).
+//!   its size, blocks the event loop that long once, not again); one over [`INLINE_MAX`]
+//!   only ends the streak, as on the model thread (a pass of 0.2 ms now and then takes
+//!   1.1 ms of CPU, page faults and all).
 //!
 //! A pass run here that gets stuck is still bounded: [`Inline::running_for`] tells the
 //! worker's watchdog (`crate::watchdog`) how long it has run, and the watchdog sends the
@@ -39,6 +41,9 @@ pub const INLINE_MAX: Duration = Duration::from_millis(1);
 /// Consecutive passes under [`INLINE_MAX`] before one runs on the event loop.
 pub const STREAK: u32 = 8;
 
+/// A pass run on the event loop that takes this long turns running there off for good.
+pub const OFF_AFTER: Duration = Duration::from_millis(100);
+
 /// What decides whether the next pass may run on the event loop: the recent passes' times
 /// and sizes (see the module's doc).
 #[derive(Debug, Default)]
@@ -47,7 +52,7 @@ pub struct Policy {
     streak: u32,
     /// The largest input (in elements) among the passes of the streak.
     largest_fast: usize,
-    /// A pass run on the event loop took [`INLINE_MAX`] or more: never again.
+    /// A pass run on the event loop took [`OFF_AFTER`] or more: never again.
     off: bool,
 }
 
@@ -67,10 +72,27 @@ impl Policy {
         }
         self.streak = 0;
         self.largest_fast = 0;
-        let turned_off = here && !self.off;
-        self.off |= here;
+        let turned_off = here && took >= OFF_AFTER && !self.off;
+        self.off |= turned_off;
         turned_off
     }
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`). What [`Policy`] is told of a
+/// pass: its wall-clock time would count the moments the thread was not running (on two
+/// cores shared by two workers and their clients, a 20 µs pass is now and then preempted
+/// for milliseconds, which turned passes on the event loop off within seconds), and the
+/// watchdog bounds the wall-clock time anyway.
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for clock_gettime to write.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// An input's size for [`Policy`]: its tensors' elements, its strings' and blobs' bytes.
@@ -142,21 +164,21 @@ impl Inline {
         // This thread's own intra-op setting (libtorch keeps it per thread; see
         // `crate::process`): one thread, as on the model thread.
         crate::process::one_intra_thread_here();
-        let start = Instant::now();
-        let since = start.duration_since(self.epoch).as_micros() as u64;
+        let since = self.epoch.elapsed().as_micros() as u64;
         self.running_since.store(since.max(1), Ordering::Release);
+        let cpu = thread_cpu();
         let out = f(&self.module, self.device);
+        let took = thread_cpu().saturating_sub(cpu);
         self.running_since.store(0, Ordering::Release);
-        let took = start.elapsed();
         if policy.record(size, took, true) && !self.turned_off.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 event = "inline_passes_off",
                 ms = took.as_secs_f64() * 1e3,
-                limit_ms = INLINE_MAX.as_secs_f64() * 1e3,
-                "a forward pass run on the event loop took {:.3} ms (over {} ms): from now on \
-                 every pass of this worker runs on its model thread",
+                limit_ms = OFF_AFTER.as_secs_f64() * 1e3,
+                "a forward pass run on the event loop took {:.3} ms of CPU (over {} ms): from \
+                 now on every pass of this worker runs on its model thread",
                 took.as_secs_f64() * 1e3,
-                INLINE_MAX.as_millis()
+                OFF_AFTER.as_millis()
             );
         }
         Some(out)
@@ -247,20 +269,34 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_pass_run_here_turns_it_off_for_good() {
+    fn a_slow_pass_run_here_ends_the_streak_and_a_very_slow_one_turns_it_off_for_good() {
         let mut p = Policy::default();
         for _ in 0..STREAK {
             p.record(64, FAST, false);
         }
         assert!(
-            p.record(64, SLOW, true),
-            "the first slow pass here turns it off"
+            !p.record(64, SLOW, true),
+            "over 1 ms: the streak ends, no more"
+        );
+        assert!(!p.allows(64));
+        for _ in 0..STREAK {
+            p.record(64, FAST, false);
+        }
+        assert!(p.allows(64), "a new streak");
+        let under = OFF_AFTER - Duration::from_micros(1);
+        assert!(!p.record(64, under, true), "just under the bound");
+        for _ in 0..STREAK {
+            p.record(64, FAST, false);
+        }
+        assert!(
+            p.record(64, OFF_AFTER, true),
+            "the first very slow pass here turns it off"
         );
         for _ in 0..3 * STREAK {
             p.record(64, FAST, false);
         }
         assert!(!p.allows(64));
-        assert!(!p.record(64, SLOW, true), "turned off once only");
+        assert!(!p.record(64, OFF_AFTER, true), "turned off once only");
     }
 
     #[test]
@@ -270,6 +306,22 @@ mod tests {
             p.record(1, INLINE_MAX, false);
         }
         assert!(!p.allows(1));
+    }
+
+    #[test]
+    fn thread_cpu_time_counts_work_not_waiting() {
+        let before = thread_cpu();
+        std::thread::sleep(Duration::from_millis(30));
+        let slept = thread_cpu() - before;
+        let before = thread_cpu();
+        let mut x = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let worked = thread_cpu() - before;
+        assert!(worked > slept, "worked {worked:?}, slept {slept:?}");
+        assert!(slept < Duration::from_millis(30), "{slept:?}");
     }
 
     #[test]

@@ -378,9 +378,9 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
         };
         let mut policy = model.hold();
         let size = inline::size(&taken.input);
-        let start = Instant::now();
+        let cpu = inline::thread_cpu();
         taken.run_alone(model.module(), device);
-        policy.record(size, start.elapsed(), false);
+        policy.record(size, inline::thread_cpu().saturating_sub(cpu), false);
     }
 }
 
