@@ -71,21 +71,26 @@ fn until_inline(s: &Server, prefix: &str, body: &str) -> usize {
     })
 }
 
+/// One worker with one torch thread and the access log, `extra` added; once it is ready.
+fn one_worker(app: &App, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--production",
+        "--workers",
+        "1",
+        "--torch-threads",
+        "1",
+        "--access-log",
+    ];
+    args.extend_from_slice(extra);
+    let s = Server::start(app, &args);
+    s.wait_workers(1);
+    s
+}
+
 #[test]
 fn small_passes_run_on_the_event_loop_after_a_fast_streak_only_where_allowed() {
     let app = mlp();
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--torch-threads",
-            "1",
-            "--access-log",
-        ],
-    );
-    s.wait_workers(1);
+    let s = one_worker(&app, &[]);
     // The first passes run on the model thread: no streak yet.
     let mut first = None;
     for k in 0..STREAK {
@@ -128,18 +133,7 @@ fn small_passes_run_on_the_event_loop_after_a_fast_streak_only_where_allowed() {
 #[test]
 fn a_slow_pass_on_the_event_loop_ends_its_streak_and_a_very_slow_one_turns_it_off() {
     let app = slow_app();
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--torch-threads",
-            "1",
-            "--access-log",
-        ],
-    );
-    s.wait_workers(1);
+    let s = one_worker(&app, &[]);
     // Same size as the fast passes, 200 iterations (over 1 ms of CPU): run on the event loop
     // (once the streak is unbroken just before it), it ends the streak: the next pass goes
     // to the model thread.
@@ -188,21 +182,7 @@ fn a_pass_stuck_on_the_event_loop_keeps_heartbeats_and_retires_at_the_request_ti
     let app = slow_app();
     // The master kills a worker silent for 3 s; the pass is stuck for 5 s before
     // --request-timeout: only the watchdog's heartbeats keep it from being killed first.
-    let s = Server::start(
-        &app,
-        &[
-            "--production",
-            "--workers",
-            "1",
-            "--torch-threads",
-            "1",
-            "--access-log",
-            "--timeout",
-            "3",
-            "--request-timeout",
-            "5",
-        ],
-    );
+    let s = one_worker(&app, &["--timeout", "3", "--request-timeout", "5"]);
     let mut worker = s.wait_workers(1)[0];
     let mut round = 0;
     let stuck = s.poll("a pass stuck on the event loop", || {

@@ -230,6 +230,13 @@ mod tests {
     const FAST: Duration = Duration::from_micros(50);
     const SLOW: Duration = Duration::from_millis(2);
 
+    /// A streak of fast passes of `size` on the model thread.
+    fn streak(p: &mut Policy, size: usize) {
+        for _ in 0..STREAK {
+            p.record(size, FAST, false);
+        }
+    }
+
     #[test]
     fn only_after_a_streak_of_fast_passes_and_no_larger_than_they_were() {
         let mut p = Policy::default();
@@ -251,9 +258,7 @@ mod tests {
     #[test]
     fn a_slow_pass_on_the_model_thread_restarts_the_streak() {
         let mut p = Policy::default();
-        for _ in 0..STREAK {
-            p.record(64, FAST, false);
-        }
+        streak(&mut p, 64);
         assert!(
             !p.record(64, SLOW, false),
             "not run here: nothing turned off"
@@ -271,23 +276,17 @@ mod tests {
     #[test]
     fn a_slow_pass_run_here_ends_the_streak_and_a_very_slow_one_turns_it_off_for_good() {
         let mut p = Policy::default();
-        for _ in 0..STREAK {
-            p.record(64, FAST, false);
-        }
+        streak(&mut p, 64);
         assert!(
             !p.record(64, SLOW, true),
             "over 1 ms: the streak ends, no more"
         );
         assert!(!p.allows(64));
-        for _ in 0..STREAK {
-            p.record(64, FAST, false);
-        }
+        streak(&mut p, 64);
         assert!(p.allows(64), "a new streak");
         let under = OFF_AFTER - Duration::from_micros(1);
         assert!(!p.record(64, under, true), "just under the bound");
-        for _ in 0..STREAK {
-            p.record(64, FAST, false);
-        }
+        streak(&mut p, 64);
         assert!(
             p.record(64, OFF_AFTER, true),
             "the first very slow pass here turns it off"
