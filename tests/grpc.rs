@@ -10,9 +10,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
+use common::pki::Pki;
 use common::{close, fixtures, http, App, Server, MLP_INPUT};
 use serde_json::{json, Value};
 
@@ -361,73 +361,12 @@ fn deadlines_reach_a_call_waiting_for_the_model() {
     assert_eq!(s.ready_pids().len(), 1);
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn grpc_and_https_share_the_port_under_tls() {
     let app = mlp();
-    let dir = app.dir.path();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-days", "2", "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem",
-    ]);
-    openssl(dir, &ca);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-subj",
-        "/CN=server",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    openssl(dir, &csr);
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
-    let path = |f: &str| dir.join(f).display().to_string();
+    let pki = Pki::new(app.dir.path(), "ca");
+    pki.issue("ca", "server");
+    let path = |f: &str| pki.path(f);
     let s = Server::start(
         &app,
         &[

@@ -9,111 +9,12 @@ mod common;
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::pki::{openssl, Pki};
 use common::{App, Server, MLP_INPUT, PATIENCE};
-
-/// A CA and certificates it signed, in a directory of PEM files.
-struct Pki {
-    dir: PathBuf,
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Pki {
-    /// A CA named `ca` (`ca.pem`, `ca.key`).
-    fn new(dir: &Path, ca: &str) -> Pki {
-        let pki = Pki {
-            dir: dir.to_path_buf(),
-        };
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ],
-        );
-        pki
-    }
-
-    /// `NAME.pem` and `NAME.key`, signed by `ca`, for 127.0.0.1 and localhost (a server) or
-    /// a client.
-    fn issue(&self, ca: &str, name: &str) {
-        let ext = self.dir.join(format!("{name}.ext"));
-        std::fs::write(
-            &ext,
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
-        )
-        .unwrap();
-        openssl(
-            &self.dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-subj",
-                &format!("/CN={name}"),
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        openssl(
-            &self.dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                &format!("{ca}.pem"),
-                "-CAkey",
-                &format!("{ca}.key"),
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).display().to_string()
-    }
-}
 
 /// `curl` against `https://127.0.0.1:PORT{path}` with `args`; (exit code, body).
 fn curl(port: u16, path: &str, args: &[&str]) -> (i32, String) {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
