@@ -100,13 +100,7 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
                 _ = quit.recv() => break true,
             }
         };
-        // The last access-log lines and figures: what a recycled worker answered is not lost.
-        if let Some(log) = &app.access_log {
-            log.flush_at_exit();
-        }
-        // Written (for a bounded time), or counted as dropped in the last report.
-        vramfork::logging::flush();
-        crate::report::report(&app, &mut None);
+        crate::report::at_exit(&app);
         if quick {
             return Ok(vramfork::protocol::worker_exit::OK);
         }

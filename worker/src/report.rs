@@ -13,6 +13,17 @@ use vramfork::protocol::{ControlMsg, WorkerMetrics};
 use crate::app::App;
 
 /// Sends the figures to the master when they changed since `last`.
+/// The last access-log lines and figures, as a worker ends (drained, or ended by the
+/// watchdog): what a recycled worker answered is not lost.
+pub fn at_exit(app: &App) {
+    if let Some(log) = &app.access_log {
+        log.flush_at_exit();
+    }
+    // Written (for a bounded time), or counted as dropped in the last report.
+    vramfork::logging::flush();
+    report(app, &mut None);
+}
+
 pub fn report(app: &App, last: &mut Option<Traffic>) {
     if app.metrics.is_none() {
         return;

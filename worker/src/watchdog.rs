@@ -57,11 +57,7 @@ fn stuck(app: &App, running: Duration) -> ! {
         app.request_timeout.as_secs_f64()
     );
     app.shared.model_stuck();
-    if let Some(log) = &app.access_log {
-        log.flush_at_exit();
-    }
-    crate::report::report(app, &mut None);
-    vramfork::logging::flush();
+    crate::report::at_exit(app);
     let code = app.shared.get().exit_code;
     // SAFETY: `_exit` ends the process at once, without running atexit handlers or static
     // destructors, which could wait on the pass still running on the event loop's thread.

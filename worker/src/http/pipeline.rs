@@ -323,7 +323,7 @@ async fn run<H>(
     // On the event loop (`runner/inline.rs`), unless that would keep other requests here
     // while a sibling idles (a request with a hand-off is a gRPC call: others share its
     // connection).
-    let here = !app.shared.sibling_idle_beside_others(handoff.is_some());
+    let here = app.runner.inlines() && !app.shared.sibling_idle_beside_others(handoff.is_some());
     if let Some(run) = here
         .then(|| app.runner.try_inline(&input, &encoding))
         .flatten()

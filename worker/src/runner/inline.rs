@@ -26,7 +26,7 @@
 //! heartbeats the blocked event loop cannot, and at `--request-timeout` retires the worker as
 //! a stuck pass on the model thread would (its client's connection closes without the 504).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -119,8 +119,6 @@ pub struct Inline {
     /// When the pass now running on the event loop started, in µs since `epoch`; 0: none.
     running_since: AtomicU64,
     epoch: Instant,
-    /// Set once a pass run here turned running here off (for the log line's "once").
-    turned_off: AtomicBool,
 }
 
 impl Inline {
@@ -132,7 +130,6 @@ impl Inline {
             pass: Mutex::new(Policy::default()),
             running_since: AtomicU64::new(0),
             epoch: Instant::now(),
-            turned_off: AtomicBool::new(false),
         })
     }
 
@@ -140,7 +137,8 @@ impl Inline {
         &self.module
     }
 
-    /// Whether passes may run on the event loop at all (otherwise the runner never asks).
+    /// Whether passes may run on the event loop at all (otherwise the runner never asks, and
+    /// the model thread's passes need not be timed).
     pub fn enabled(&self) -> bool {
         self.enabled
     }
@@ -170,7 +168,7 @@ impl Inline {
         let out = f(&self.module, self.device);
         let took = thread_cpu().saturating_sub(cpu);
         self.running_since.store(0, Ordering::Release);
-        if policy.record(size, took, true) && !self.turned_off.swap(true, Ordering::Relaxed) {
+        if policy.record(size, took, true) {
             tracing::warn!(
                 event = "inline_passes_off",
                 ms = took.as_secs_f64() * 1e3,
@@ -215,6 +213,11 @@ impl super::Runner {
             inline: true,
             ..out
         }))
+    }
+
+    /// Whether passes may ever run on the caller's thread (the event loop).
+    pub fn inlines(&self) -> bool {
+        self.inline.is_some()
     }
 
     /// The model as the event loop may run it, when it may (for the watchdog).

@@ -377,6 +377,10 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
             continue;
         };
         let mut policy = model.hold();
+        if !model.enabled() {
+            taken.run_alone(model.module(), device);
+            continue;
+        }
         let size = inline::size(&taken.input);
         let cpu = inline::thread_cpu();
         taken.run_alone(model.module(), device);
