@@ -123,6 +123,11 @@ pub(super) fn estimates(raw: &Map<String, Value>) -> Result<(u64, u64), String> 
         }
     };
     let (min, typ) = (mb("est_gpu_mem_min")?, mb("est_gpu_mem_typ")?);
+    if typ == 0 && min > 0 {
+        return Err(format!(
+            "field `est_gpu_mem_typ` is 0 (the app uses no GPU) but `est_gpu_mem_min` is {min} MB: for a CPU-only app set both to 0 (or leave both out); for a GPU app set `est_gpu_mem_typ` to what one worker typically takes, at least `est_gpu_mem_min` (`app plan --measure` prints both)"
+        ));
+    }
     if typ < min {
         return Err(format!(
             "field `est_gpu_mem_typ` ({typ} MB) must be at least `est_gpu_mem_min` ({min} MB)"

@@ -589,6 +589,15 @@ mod tests {
                 r#"{"name": "a", "input": [1]}"#,
                 "field `input` must be an object",
             ),
+            // Issue 59: the newcomer's two traps, each with its fix named.
+            (
+                r#"{"name": "a", "est_gpu_mem_min": 700, "est_gpu_mem_typ": 0}"#,
+                "for a CPU-only app set both to 0 (or leave both out)",
+            ),
+            (
+                r#"{"name": "a", "input": [{"@type": "http://mmif.clams.ai/vocabulary/VideoDocument/v1", "required": true}]}"#,
+                "a list here is CLAMS's `input` (the MMIF types an app reads), which vramfork does not read: rename it (`clams_input`",
+            ),
             (
                 r#"{"name": "a", "input": {"shape": [2, -2]}}"#,
                 "`input.shape[1]` must be a size",

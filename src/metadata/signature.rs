@@ -155,8 +155,13 @@ pub(super) fn declared(
 
 fn parse_input(v: &Value) -> Result<InputSpec, String> {
     let Value::Object(o) = v else {
+        // CLAMS app metadata has an `input` list (the MMIF document types the app reads).
+        let clams = match v {
+            Value::Array(_) => "; a list here is CLAMS's `input` (the MMIF types an app reads), which vramfork does not read: rename it (`clams_input`, for example: kept and returned by GET /) or drop it, and declare the model's tensors as `inputs` (docs/migrating.md)",
+            _ => "",
+        };
         return Err(format!(
-            "field `input` must be an object with `shape` and `dtype`, found {}",
+            "field `input` must be an object with `shape` and `dtype`, found {}{clams}",
             kind(v)
         ));
     };

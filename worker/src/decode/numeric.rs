@@ -24,6 +24,10 @@ use super::sink::Sink;
 use super::{BodyError, NOT_AN_OBJECT};
 use crate::args::{int_range, Arg, Inputs};
 
+/// The refusal of `{"inputs": {…}}` for a model that declares no named input: `post.rs`
+/// reads that form by name when the metadata names the one input.
+pub const INPUTS_IS_AN_OBJECT: &str = "`inputs` must be a (nested) array of numbers, found an object (inputs given by name need the metadata to declare `inputs` with their names)";
+
 /// A validated request input: a contiguous CPU tensor of the metadata's dtype and the
 /// request's shape.
 #[derive(Debug)]
@@ -262,6 +266,9 @@ impl Parser {
 
     /// A value that is neither an array nor an element of the dtype.
     fn wrong<E: de::Error>(&mut self, depth: usize, what: &str) -> Result<(), E> {
+        if depth == 0 && what == "an object" {
+            return Err(self.fail(INPUTS_IS_AN_OBJECT.into()));
+        }
         if depth == 0 {
             return Err(self.fail(format!(
                 "`inputs` must be a (nested) array of numbers, found {what}"

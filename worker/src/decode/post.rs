@@ -1,6 +1,7 @@
 //! The `POST /` body formats: one numeric input as `{"inputs": <nested array>}` (the
-//! streaming parser in `numeric.rs`), one `BYTES` input as `{"inputs": ["a document", …]}`,
-//! several inputs as `{"inputs": {"<name>": <nested array>, …}}`.
+//! streaming parser in `numeric.rs`) or by its name, one `BYTES` input as
+//! `{"inputs": ["a document", …]}` or by its name, several inputs as
+//! `{"inputs": {"<name>": <nested array>, …}}`.
 
 use std::collections::BTreeMap;
 
@@ -10,19 +11,28 @@ use serde_json::value::RawValue;
 use vramfork::metadata::TensorSpec;
 
 use super::elements::{arg_from_json, Layout};
-use super::numeric::parse_body;
+use super::numeric::{parse_body, INPUTS_IS_AN_OBJECT};
 use super::{BodyError, NOT_AN_OBJECT};
 use crate::args::Inputs;
 
 /// Parses a `POST /` body for a model whose declared inputs are `inputs` (`None`: one
 /// numeric input of any shape, float32). One numeric input: `{"inputs": <nested array>}`
 /// (the streaming parser below). One `BYTES` input: `{"inputs": ["a document", …]}`.
-/// Several inputs: `{"inputs": {"<name>": <nested array>, …}}`, every declared input once.
+/// Several inputs: `{"inputs": {"<name>": <nested array>, …}}`, every declared input once;
+/// one declared input may be given that way too (the form the docs lead with).
 pub fn parse_request(body: &[u8], inputs: Option<&[TensorSpec]>) -> Result<Inputs, BodyError> {
     match inputs {
         None => parse_body(body, None).map(Inputs::from),
         Some([one]) => match one.input_spec() {
-            Some(spec) => parse_body(body, Some(&spec)).map(Inputs::from),
+            // The streaming parser reads the bare array; the object form (`{"inputs":
+            // {"<name>": …}}`, the form every named input takes) is read by name, only
+            // once the streaming parser has found an object there.
+            Some(spec) => match parse_body(body, Some(&spec)) {
+                Err(BodyError::Invalid(m)) if m == INPUTS_IS_AN_OBJECT => {
+                    parse_named(body, std::slice::from_ref(one))
+                }
+                parsed => parsed.map(Inputs::from),
+            },
             None => parse_named(body, std::slice::from_ref(one)),
         },
         Some(specs) => parse_named(body, specs),
@@ -185,5 +195,37 @@ mod tests {
             [Arg::Tensor(t)] => assert_eq!(t.kind(), Kind::Int),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Issue 59: the object form the docs lead with works for one numeric input too, with
+    /// the same tensor as the bare array; a wrong name is refused naming the right one.
+    #[test]
+    fn one_numeric_input_may_be_given_by_name() {
+        use vramfork::metadata::Datatype::Tensor as T;
+        let one = named(&[("image", T(Dtype::Float32), &[-1, 2, 2])]);
+        let tensor = |body: &[u8]| match parse_request(body, Some(&one)).unwrap().args.remove(0) {
+            Arg::Tensor(t) => t,
+            other => panic!("{other:?}"),
+        };
+        let bare = tensor(br#"{"inputs": [[[1, 2], [3, 4.5]]]}"#);
+        let named_form = tensor(br#"{"inputs": {"image": [[[1, 2], [3, 4.5]]]}}"#);
+        assert_eq!(bare.size(), vec![1, 2, 2]);
+        assert!(bare.equal(&named_form));
+        for (body, want) in [
+            (
+                &br#"{"inputs": {"img": [[[1, 2], [3, 4]]]}}"#[..],
+                "`inputs` lacks input \"image\"",
+            ),
+            (br#"{"inputs": {"image": [[1, 2]]}}"#, "input image: "),
+            (br#"{"inputs": {"image": [[["a", 2], [3, 4]]]}}"#, "image"),
+        ] {
+            let e = parse_request(body, Some(&one)).unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+        // Without declared names, the object form says what it needs.
+        let e = parse_request(br#"{"inputs": {"image": [1]}}"#, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("need the metadata to declare `inputs`"), "{e}");
     }
 }
