@@ -30,6 +30,21 @@ pub enum LoadError {
         declared: String,
         reason: String,
     },
+    /// A warm-up pass on the declared inputs failed (not for lack of GPU memory): the
+    /// metadata's shapes or dtypes are not what the model takes, and every such request
+    /// would fail.
+    #[error(
+        "model {path}: the warm-up pass on the declared input shapes ({shapes}) failed: {reason}. The metadata's declared inputs must be what the model takes: check each shape's order (a model traced on [1, 3, 224, 224] takes channels first, NCHW: declare [-1, 3, 224, 224], not [-1, 224, 224, 3]) and its dtype, or give `warmup_inputs` a shape it takes; --warmup-passes 0 skips this check"
+    )]
+    Warmup {
+        path: String,
+        shapes: String,
+        reason: String,
+    },
+    /// The GPU context failed during the warm-up: a sticky CUDA error, or the device
+    /// failing when the pass was waited for.
+    #[error("model {path}: {reason}")]
+    CudaFatal { path: String, reason: String },
     /// The caching allocator's cap could not be set: running uncapped would break the plan.
     #[error("cannot cap the CUDA allocator at {cap_mb} MB for model {path}: {reason}")]
     Cap {
@@ -62,10 +77,12 @@ impl LoadError {
         use vramfork::protocol::worker_exit;
         match self {
             LoadError::NoCuda { .. } => worker_exit::NO_CUDA,
+            LoadError::CudaFatal { .. } => worker_exit::CUDA_FATAL,
             LoadError::Cap { .. }
             | LoadError::Model { .. }
             | LoadError::TooBig { .. }
-            | LoadError::Signature { .. } => worker_exit::MODEL_LOAD,
+            | LoadError::Signature { .. }
+            | LoadError::Warmup { .. } => worker_exit::MODEL_LOAD,
         }
     }
 }

@@ -59,8 +59,9 @@ pub struct Warmed {
 }
 
 /// Runs the warm-up on `device`: `Ok` with what ran (nothing without a plan); `Err` when a
-/// pass failed in a way that ends the boot ([`boot_refusal`]). Any other failure is a
-/// warning, and the worker (or, from the `template`, every worker) starts cold.
+/// pass failed, which ends the boot ([`boot_refusal`]) unless the GPU was out of memory
+/// (a warning: the worker, or from the `template` every worker, starts cold, and such
+/// requests get 507).
 pub fn warm(
     module: &CModule,
     plan: Option<&Warmup>,
@@ -78,10 +79,10 @@ pub fn warm(
     let mut pass_ms = Vec::new();
     for _ in 0..plan.passes {
         for shapes in &plan.shapes {
-            match warm_up(module, &plan.specs, shapes, device) {
+            match pass(module, &plan.specs, shapes, device, None) {
                 Ok(ms) => pass_ms.push(ms),
                 Err(e) => {
-                    if let Some(refused) = boot_refusal(path, &plan.specs, &e) {
+                    if let Some(refused) = boot_refusal(path, &plan.specs, shapes, &e) {
                         return Err(refused);
                     }
                     let (who, cold) = match template {
@@ -89,7 +90,7 @@ pub fn warm(
                         false => ("", "starting cold"),
                     };
                     tracing::warn!(
-                        "{who}the warm-up pass on the declared input shape failed ({e}; shapes {shapes:?}); {cold}"
+                        "{who}the warm-up pass on the declared input shape ran out of GPU memory ({e}; shapes {shapes:?}); {cold}, and requests that large will get 507"
                     );
                     return Ok(Warmed::default());
                 }
@@ -124,23 +125,73 @@ pub fn signature_mismatch(msg: &str) -> bool {
         || (msg.contains("forward() Expected a value of type '") && msg.contains("for argument '"))
 }
 
-/// What a failed warm-up means: the declared inputs do not fit `forward()`, or the pass
-/// left the CUDA context unusable (a boot failure either way: every request would fail),
-/// or `None` (the worker starts cold).
-pub fn boot_refusal(path: &str, specs: &[TensorSpec], msg: &str) -> Option<LoadError> {
-    if matches!(super::classify(msg), super::RunError::CudaFatal(_)) {
-        return Some(LoadError::Model {
+/// Why a warm-up pass failed: the pass itself raised, or the device reported an error
+/// when the pass was waited for (`cudaDeviceSynchronize`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failed {
+    Pass(String),
+    Device(String),
+}
+
+impl Failed {
+    fn message(&self) -> &str {
+        match self {
+            Failed::Pass(m) | Failed::Device(m) => m,
+        }
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+/// What a failed warm-up pass at `shapes` means. Every failure ends the boot — a pool
+/// that would answer every request of the declared shape with an error must never report
+/// ready (issues 52 and 59) — except GPU memory running out, which may pass (a neighbour's
+/// memory, a batch larger than most requests): `None`, a warning, and the worker starts
+/// cold. Which refusal: the declared inputs do not fit `forward()`'s signature; the device
+/// failed when the pass was waited for, or the pass hit a sticky CUDA error (the context is
+/// unusable: exit `worker_exit::CUDA_FATAL`, which under MPS is every client's fault); or
+/// the model failed on the declared shape (the metadata and the model disagree).
+pub fn boot_refusal(
+    path: &str,
+    specs: &[TensorSpec],
+    shapes: &[Vec<i64>],
+    failed: &Failed,
+) -> Option<LoadError> {
+    let msg = failed.message();
+    let class = super::classify(msg);
+    if matches!(failed, Failed::Device(_)) || matches!(class, super::RunError::CudaFatal(_)) {
+        return Some(LoadError::CudaFatal {
             path: path.to_string(),
-            reason: format!("the warm-up pass on the declared inputs hit a CUDA error: {msg}"),
+            reason: format!("the warm-up pass on the declared inputs hit a CUDA error that leaves the GPU context unusable: {msg}"),
         });
     }
-    signature_mismatch(msg).then(|| LoadError::Signature {
+    if matches!(class, super::RunError::OutOfMemory(_)) {
+        return None;
+    }
+    if signature_mismatch(msg) {
+        return Some(LoadError::Signature {
+            path: path.to_string(),
+            declared: specs
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            reason: msg.to_string(),
+        });
+    }
+    let shapes = specs
+        .iter()
+        .zip(shapes)
+        .map(|(s, shape)| format!("{} {shape:?}", s.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(LoadError::Warmup {
         path: path.to_string(),
-        declared: specs
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
+        shapes,
         reason: msg.to_string(),
     })
 }
@@ -171,11 +222,16 @@ fn check_max_lengths(
         let Err(e) = pass(module, &plan.specs, shapes, device, Some(i)) else {
             continue;
         };
-        if let Some(refused) = boot_refusal(path, &plan.specs, &e) {
-            return Err(refused);
+        // The passes before it ran: a model failure here is the length's (below).
+        match boot_refusal(path, &plan.specs, shapes, &e) {
+            Some(LoadError::Warmup { .. }) | None => {}
+            Some(refused) => return Err(refused),
         }
         let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
-        if matches!(super::classify(&e), super::RunError::OutOfMemory(_)) {
+        if matches!(
+            super::classify(&e.to_string()),
+            super::RunError::OutOfMemory(_)
+        ) {
             tracing::warn!(
                 "{field} = {n}: a pass on a document of {n} tokens ran out of GPU memory ({e}); requests with documents that long will get 507"
             );
@@ -199,7 +255,7 @@ pub fn warm_up(
     shapes: &[Vec<i64>],
     device: Device,
 ) -> Result<f64, String> {
-    pass(module, specs, shapes, device, None)
+    pass(module, specs, shapes, device, None).map_err(|e| e.to_string())
 }
 
 /// [`warm_up`], with the documents of text input `longest` (an index into `specs`), if any,
@@ -210,7 +266,7 @@ fn pass(
     shapes: &[Vec<i64>],
     device: Device,
     longest: Option<usize>,
-) -> Result<f64, String> {
+) -> Result<f64, Failed> {
     let mut args = Vec::with_capacity(specs.len());
     for (i, (spec, shape)) in specs.iter().zip(shapes).enumerate() {
         if let Some(doc) = &spec.document {
@@ -237,8 +293,8 @@ fn pass(
     }));
     let run = match run {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(useful_line(&e.to_string())),
-        Err(_) => Err("the model panicked".into()),
+        Ok(Err(e)) => Err(Failed::Pass(useful_line(&e.to_string()))),
+        Err(_) => Err(Failed::Pass("the model panicked".into())),
     };
     // The pass is over (and its peak reached) once the GPU has finished it; an
     // asynchronous CUDA error of the pass comes back here, as an error the boot can act on.
@@ -248,11 +304,12 @@ fn pass(
     let synced = match (&run, device) {
         (_, Device::Cuda(_)) => match crate::cuda::synchronize() {
             Ok(()) | Err(crate::cuda::CudaError::NoCuda) => Ok(()),
-            Err(crate::cuda::CudaError::C10(m)) => Err(useful_line(&m)),
+            Err(crate::cuda::CudaError::C10(m)) => Err(Failed::Device(useful_line(&m))),
         },
         _ => Ok(()),
     };
-    // A CUDA error the device reports after the pass says more than what the pass raised.
+    // A CUDA error the device reports after the pass says more than what the pass raised,
+    // and whatever it says, a device that fails to synchronize is not one to serve on.
     synced.and(run)?;
     Ok(start.elapsed().as_secs_f64() * 1e3)
 }
@@ -303,6 +360,61 @@ fn document_args(doc: &Document, rows: i64, longest: bool) -> Vec<(Tensor, tch::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramfork::metadata::Dtype;
+
+    /// Issues 52 (item 4) and 59 (item 2): what a failed warm-up pass ends in.
+    #[test]
+    fn every_warm_up_failure_but_gpu_memory_refuses_the_boot() {
+        let specs = vec![TensorSpec {
+            name: "image".into(),
+            datatype: Datatype::Tensor(Dtype::Float32),
+            shape: Some(vec![-1, 224, 224, 3]),
+            document: None,
+        }];
+        let shapes = vec![vec![1, 224, 224, 3]];
+        let refuse = |f: Failed| boot_refusal("m.pt", &specs, &shapes, &f);
+        // The model failing on the declared shape: the metadata and the model disagree.
+        let nhwc = "Given groups=1, weight of size [64, 3, 7, 7], expected input[1, 224, 224, 3] to have 3 channels, but got 224 channels instead";
+        match refuse(Failed::Pass(nhwc.into())) {
+            Some(e @ LoadError::Warmup { .. }) => {
+                let m = e.to_string();
+                assert!(
+                    m.contains("image [1, 224, 224, 3]") && m.contains(nhwc),
+                    "{m}"
+                );
+                assert_eq!(e.exit_code(), vramfork::protocol::worker_exit::MODEL_LOAD);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A recoverable CUDA error at the declared shape (an operator library built
+        // without kernels for this GPU) refuses it too: every such request would fail.
+        let arch = "CUDA error: no kernel image is available for execution on the device";
+        assert!(matches!(
+            refuse(Failed::Pass(arch.into())),
+            Some(LoadError::Warmup { .. })
+        ));
+        // Out of GPU memory starts cold: such requests get 507.
+        let oom = "CUDA out of memory. Tried to allocate 2.00 GiB.";
+        assert!(refuse(Failed::Pass(oom.into())).is_none());
+        // A device that fails to synchronize is fatal whatever its text says, and so is a
+        // sticky error raised by the pass: exit CUDA_FATAL, never MODEL_LOAD.
+        for f in [
+            Failed::Device("CUDA error: the MPS client has been terminated by the server".into()),
+            Failed::Device("CUDA error: some text no list has".into()),
+            Failed::Pass(
+                "RuntimeError: CUDA error: an illegal memory access was encountered".into(),
+            ),
+        ] {
+            match refuse(f.clone()) {
+                Some(e @ LoadError::CudaFatal { .. }) => assert_eq!(
+                    e.exit_code(),
+                    vramfork::protocol::worker_exit::CUDA_FATAL,
+                    "{f:?}"
+                ),
+                other => panic!("{f:?}: {other:?}"),
+            }
+        }
+    }
 
     /// libtorch 2.11's argument checks (`ATen/core/function_schema_inl.h`), as tch shows
     /// them; a model's own error, or another operator's schema check, is not a mismatch.
