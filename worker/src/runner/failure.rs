@@ -96,9 +96,14 @@ const CUDA_MARKS: &[&str] = &[
     "CUSOLVER_STATUS",
 ];
 
-/// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]).
+/// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]). cuBLAS's
+/// handle creation failing with `CUBLAS_STATUS_NOT_INITIALIZED` counts too: cuBLAS
+/// documents that status for `cublasCreate` as "usually caused by the lack of a prior
+/// cudaMalloc()" or a failed resource allocation, and under a full GPU it is how the
+/// first matmul of a fresh context fails (libtorch raises it from `createCublasHandle`).
 pub fn is_out_of_memory(msg: &str) -> bool {
     OOM_MARKS.iter().any(|m| msg.contains(m))
+        || (msg.contains("CUBLAS_STATUS_NOT_INITIALIZED") && msg.contains("cublasCreate"))
 }
 
 /// Sorts a libtorch error into GPU memory exhausted, a sticky CUDA error, another CUDA
@@ -116,13 +121,29 @@ pub fn classify(msg: &str) -> RunError {
     }
 }
 
+/// The lines c10's CUDA check appends to every CUDA error's own line (torch 2.11,
+/// `c10/cuda/CUDAException.cpp` and `CUDAMiscFunctions.cpp`: `get_cuda_error_help`,
+/// `get_cuda_check_suffix`, `c10_retrieve_device_side_assertion_info`; their texts as
+/// `strings libc10_cuda.so` shows them): advice about the error, never the error. The
+/// TorchScript interpreter writes such a message after its `RuntimeError: `, so its last
+/// line is one of these.
+const CUDA_ADVICE: &[&str] = &[
+    "Search for `cuda",
+    "CUDA kernel errors might be asynchronously reported",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions",
+    "Device-side assertion tracking was not enabled by user",
+    "Device-side assertions were explicitly omitted for this error check",
+];
+
 /// The line of a libtorch message a user can act on: for a TorchScript exception the last
-/// line (`builtins.ValueError: …`), else the first; never the C++ backtrace.
+/// line (`builtins.ValueError: …`, `RuntimeError: CUDA error: …`), else the first; never
+/// the C++ backtrace nor c10's advice lines after a CUDA error ([`CUDA_ADVICE`]).
 pub fn useful_line(msg: &str) -> String {
     let lines: Vec<&str> = msg
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && !CUDA_ADVICE.iter().any(|a| l.starts_with(a)))
         .collect();
     let line = if msg.contains("The following operation failed in the TorchScript interpreter") {
         lines.last().copied()
@@ -234,6 +255,8 @@ mod tests {
         // Issue 44: more allocation failures are GPU memory (507)…
         for oom in [
             "CUDA driver error: out of memory".to_string(),
+            // Issue 52, item 9: cuBLAS failing to create its handle on a full GPU.
+            "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`\nException raised from createCublasHandle".to_string(),
             "cuFFT error: CUFFT_ALLOC_FAILED\nException raised from CUFFT_CHECK".to_string(),
             "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"
                 .to_string(),
@@ -274,6 +297,50 @@ mod tests {
         ));
         let plain = RunError::Unsupported("output 0 has dtype ComplexFloat".into());
         assert_eq!(cuda_first(plain.clone()), plain);
+    }
+
+    /// Issue 52, item 6: a CUDA error raised inside a TorchScript model reaches tch as the
+    /// interpreter's text around c10's multi-line CUDA message (torch 2.11's
+    /// `InterpreterStateImpl::handleError` writes `RuntimeError: ` and the message without
+    /// its backtrace); its useful line is the error, not the `TORCH_USE_CUDA_DSA` hint.
+    #[test]
+    fn a_cuda_error_inside_a_torchscript_model_is_named_not_the_dsa_hint() {
+        let c10 = |what: &str, name: &str| {
+            format!("CUDA error: {what}\nSearch for `{name}' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information.\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+        };
+        let interp = |inner: &str| {
+            format!("The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript, serialized code (most recent call last):\n  File \"code/__torch__.py\", line 8, in forward\n    x: Tensor) -> Tensor:\n    _0 = torch.index_select(x, 0, self.idx)\n         ~~~~~~~~~~~~~~~~~~ <--- HERE\n    return _0\nRuntimeError: {inner}")
+        };
+        let fatal = interp(&c10(
+            "an illegal memory access was encountered",
+            "cudaErrorIllegalAddress",
+        ));
+        assert_eq!(
+            classify(&fatal),
+            RunError::CudaFatal(
+                "RuntimeError: CUDA error: an illegal memory access was encountered".into()
+            )
+        );
+        let request = interp(&c10(
+            "invalid configuration argument",
+            "cudaErrorInvalidConfiguration",
+        ));
+        assert_eq!(
+            classify(&request),
+            RunError::Cuda("RuntimeError: CUDA error: invalid configuration argument".into())
+        );
+        let oom = interp(&c10("out of memory", "cudaErrorMemoryAllocation"));
+        assert_eq!(
+            classify(&oom),
+            RunError::OutOfMemory("RuntimeError: CUDA error: out of memory".into())
+        );
+        // Outside the interpreter (a pass of libtorch's own, the warm-up's synchronize) the
+        // first line was already the error.
+        let plain = format!("{}Exception raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:44 (most recent call first):", c10("misaligned address", "cudaErrorMisalignedAddress"));
+        assert_eq!(useful_line(&plain), "CUDA error: misaligned address");
+        for m in [&fatal, &request, &oom, &plain] {
+            assert!(!useful_line(m).contains("TORCH_USE_CUDA_DSA"), "{m}");
+        }
     }
 
     #[test]
