@@ -4,8 +4,12 @@
 //! observed while serving):
 //!
 //! ```json
-//! {"3f5a…": {"high_water_mb": 5120, "model": "/srv/app/model.pt", "updated": 1795420800}}
+//! {"3f5a…": {"high_water_mb": 5120, "context_mb": 520, "model": "/srv/app/model.pt", "updated": 1795420800}}
 //! ```
+//!
+//! `context_mb`, when profiling measured it, is what a worker held beside its allocator
+//! (its CUDA context): a plan made from the file takes it, as a profiled one does, rather
+//! than the 500 MB constant.
 //!
 //! Written atomically (a temporary file renamed over it); other entries are kept.
 
@@ -47,6 +51,26 @@ impl FootprintFile {
             .and_then(Value::as_u64))
     }
 
+    /// The context recorded for this model with its footprint, if any.
+    pub fn recorded_context_mb(&self) -> Result<Option<u64>, String> {
+        Ok(self.read()?.and_then(|doc| {
+            doc.get(&self.key)
+                .and_then(|e| e.get("context_mb"))
+                .and_then(Value::as_u64)
+        }))
+    }
+
+    /// Records the context profiling measured for this model (the latest measurement).
+    pub fn record_context(&self, context_mb: u64) -> Result<(), String> {
+        let _lock = self.lock()?;
+        let mut doc = self.read()?.unwrap_or_default();
+        let Some(Value::Object(entry)) = doc.get_mut(&self.key) else {
+            return Ok(());
+        };
+        entry.insert("context_mb".into(), context_mb.into());
+        self.write(doc)
+    }
+
     /// Records `mb` for this model unless a higher figure is recorded already. Servers
     /// sharing the file take turns (an exclusive `flock` on `FILE.lock`).
     pub fn record(&self, mb: u64) -> Result<(), String> {
@@ -63,10 +87,21 @@ impl FootprintFile {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        doc.insert(
-            self.key.clone(),
-            json!({"high_water_mb": mb, "model": self.model.display().to_string(), "updated": now}),
-        );
+        let mut entry = match doc.remove(&self.key) {
+            Some(Value::Object(e)) => e,
+            _ => Map::new(),
+        };
+        let fresh =
+            json!({"high_water_mb": mb, "model": self.model.display().to_string(), "updated": now});
+        if let Value::Object(fresh) = fresh {
+            entry.extend(fresh);
+        }
+        doc.insert(self.key.clone(), Value::Object(entry));
+        self.write(doc)
+    }
+
+    /// Writes `doc` atomically (a temporary file renamed over the file).
+    fn write(&self, doc: Map<String, Value>) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&Value::Object(doc)).expect("a map serializes");
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(format!(".{}.tmp", std::process::id()));
@@ -152,6 +187,14 @@ mod tests {
         assert_eq!(fb.recorded_mb().unwrap(), Some(700));
         fa.record(3500).unwrap();
         assert_eq!(fa.recorded_mb().unwrap(), Some(3500));
+        // Issue 52, item 9: the context profiling measured is kept beside the footprint,
+        // through later records of a higher footprint.
+        assert_eq!(fa.recorded_context_mb().unwrap(), None);
+        fa.record_context(610).unwrap();
+        fa.record(3600).unwrap();
+        assert_eq!(fa.recorded_context_mb().unwrap(), Some(610));
+        assert_eq!(fb.recorded_context_mb().unwrap(), None);
+        assert_eq!(fa.recorded_mb().unwrap(), Some(3600));
         // The key is the content's SHA-256: the same bytes elsewhere share the record.
         let c = dir.path().join("c.pt");
         std::fs::write(&c, b"model a").unwrap();
@@ -160,7 +203,7 @@ mod tests {
                 .unwrap()
                 .recorded_mb()
                 .unwrap(),
-            Some(3500)
+            Some(3600)
         );
         std::fs::write(&path, "[1]").unwrap();
         assert!(fa.recorded_mb().unwrap_err().contains("not a JSON object"));

@@ -94,7 +94,13 @@ pub fn measure_and_plan(
 }
 
 /// The plan made from a footprint recorded by an earlier run (`--footprint-file`).
-pub fn remembered(cfg: &Config, res: &Resources, plan: &Plan, mb: u64) -> Profiled {
+pub fn remembered(
+    cfg: &Config,
+    res: &Resources,
+    plan: &Plan,
+    mb: u64,
+    context_mb: Option<u64>,
+) -> Profiled {
     let measured = Measured {
         gpu: plan
             .placement
@@ -106,6 +112,7 @@ pub fn remembered(cfg: &Config, res: &Resources, plan: &Plan, mb: u64) -> Profil
         device_delta: None,
         allocator_peak: None,
         allocator_reserved: None,
+        recorded_context_mb: context_mb,
         pass_ms: 0.0,
         pid: 0,
     };
@@ -341,12 +348,27 @@ mod tests {
             device_delta: None,
             allocator_peak: Some(1500 * MB),
             allocator_reserved: Some(1500 * MB),
+            recorded_context_mb: None,
             pass_ms: 1.0,
             pid: 1,
         };
-        let p = plan_from(&cfg, &res, &estimate, measured, "profiled").plan;
+        let p = plan_from(&cfg, &res, &estimate, measured.clone(), "profiled").plan;
         assert_eq!(p.cuda_context_mb, 800, "the measured context, not 500");
         let g = &p.gpus[0];
         assert_eq!(g.cap_mb, Some(g.usable_mb / u64::from(g.fits) - 800));
+        // Issue 52, item 9: a measurement that missed most of the context (NVML's figure
+        // barely above the allocator's) is taken at the floor, never as a few MB…
+        let missed = Measured {
+            nvml_used: Some(1510 * MB),
+            ..measured
+        };
+        let p = plan_from(&cfg, &res, &estimate, missed, "profiled").plan;
+        assert_eq!(p.cuda_context_mb, plan::CUDA_CONTEXT_FLOOR_MB);
+        // …and a plan made from `--footprint-file` takes the context recorded with it,
+        // not the 500 MB constant.
+        let p = remembered(&cfg, &res, &estimate, 2300, Some(700)).plan;
+        assert_eq!(p.cuda_context_mb, 700);
+        let p = remembered(&cfg, &res, &estimate, 2300, None).plan;
+        assert_eq!(p.cuda_context_mb, plan::CUDA_CONTEXT_MB);
     }
 }

@@ -44,6 +44,9 @@ pub struct Measured {
     pub device_delta: Option<u64>,
     pub allocator_peak: Option<u64>,
     pub allocator_reserved: Option<u64>,
+    /// The context `--footprint-file` recorded beside the footprint, MB, for a plan made
+    /// from the file (nothing was measured now).
+    pub recorded_context_mb: Option<u64>,
     /// The profiling pass, ms.
     pub pass_ms: f64,
     /// The worker's pid (gone by now).
@@ -55,6 +58,9 @@ impl Measured {
     /// workspaces), MB: NVML's figure for it (or the fall of free memory) less the
     /// allocator's reserved bytes, when both were read.
     pub fn context_mb(&self) -> Option<u64> {
+        if self.recorded_context_mb.is_some() {
+            return self.recorded_context_mb;
+        }
         let whole = self.nvml_used.or(self.device_delta)?;
         let reserved = self.allocator_reserved?;
         Some(whole.saturating_sub(reserved).div_ceil(MB))
@@ -119,7 +125,11 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout, &mut reaped);
     // Read NVML while the worker still holds its memory, then stop it (unless it is gone
     // and reaped already: its pid may belong to another process by now).
-    let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();
+    // Outside the host's pid namespace NVML's pids are not ours (`pid_namespace`): the
+    // fall of free memory measures the worker instead.
+    let nvml_used = crate::pid_namespace::nvml_pids_are_ours()
+        .then(|| gpus.process_used_bytes(index, pid).ok().flatten())
+        .flatten();
     let free_after = gpus.free_bytes(index).ok();
     if !reaped {
         stop(pid);
@@ -149,6 +159,7 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
         device_delta,
         allocator_peak: peak,
         allocator_reserved: reserved,
+        recorded_context_mb: None,
         pass_ms,
         pid,
     })
@@ -287,6 +298,7 @@ mod tests {
             device_delta: None,
             allocator_peak: None,
             allocator_reserved: None,
+            recorded_context_mb: None,
             pass_ms: 1.0,
             pid: 1,
         };

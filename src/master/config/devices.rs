@@ -149,7 +149,12 @@ impl AllocatorEnv {
                     continue;
                 }
                 match value.trim().parse::<f64>() {
-                    Ok(f) if (0.0..=1.0).contains(&f) => fraction = Some((f, name)),
+                    Ok(f) if f > 0.0 && f <= 1.0 => fraction = Some((f, name)),
+                    Ok(0.0) => {
+                        return Err(ConfigError(format!(
+                            "{name}={conf}: per_process_memory_fraction 0 leaves a worker no GPU memory (every load would fail); give a fraction above 0 and at most 1, or leave it out"
+                        )))
+                    }
                     _ => {
                         return Err(ConfigError(format!(
                             "{name}={conf}: per_process_memory_fraction '{}' is not a fraction from 0 to 1 (torch refuses it too)",
@@ -160,5 +165,35 @@ impl AllocatorEnv {
             }
         }
         Ok(AllocatorEnv { uncached, fraction })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(conf: &str) -> Result<AllocatorEnv, ConfigError> {
+        let conf = conf.to_string();
+        AllocatorEnv::read(&|k: &str| (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| conf.clone()))
+    }
+
+    /// Issue 52, item 9: a fraction of 0 is a configuration error naming why, not a
+    /// server whose every load fails; the fractions torch takes are kept.
+    #[test]
+    fn the_operators_fraction_must_leave_memory() {
+        let e = read("per_process_memory_fraction:0").unwrap_err().0;
+        assert!(e.contains("leaves a worker no GPU memory"), "{e}");
+        let e = read("per_process_memory_fraction:0.0").unwrap_err().0;
+        assert!(e.contains("leaves a worker no GPU memory"), "{e}");
+        assert!(read("per_process_memory_fraction:-0.5").is_err());
+        let ok = read("expandable_segments:True,per_process_memory_fraction:0.4").unwrap();
+        assert_eq!(ok.fraction, Some((0.4, "PYTORCH_CUDA_ALLOC_CONF")));
+        assert_eq!(
+            read("per_process_memory_fraction:1")
+                .unwrap()
+                .fraction
+                .map(|f| f.0),
+            Some(1.0)
+        );
     }
 }

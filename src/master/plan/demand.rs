@@ -45,12 +45,12 @@ impl Demand {
     }
 
     /// Planned from a measured footprint: `planned_mb` per worker instead of the estimate;
-    /// the context as measured, when it was.
+    /// the context as measured, when it was, at least [`super::CUDA_CONTEXT_FLOOR_MB`].
     pub fn measured(self, footprint_mb: u64, planned_mb: u64, context_mb: Option<u64>) -> Demand {
         Demand {
             typ_mb: planned_mb,
             measured_mb: Some(footprint_mb),
-            context_mb,
+            context_mb: context_mb.map(|c| c.max(super::CUDA_CONTEXT_FLOOR_MB)),
             ..self
         }
     }

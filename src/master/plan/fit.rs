@@ -11,6 +11,14 @@
 /// process's figure; the allocator's cap does not.
 pub const CUDA_CONTEXT_MB: u64 = 500;
 
+/// The least context a measurement is taken as, in MB (issue 52, item 9). A figure below it
+/// means the measurement missed part of the context — NVML read before libtorch's lazily
+/// loaded kernels and library handles were in, or the allocator's reserved bytes read after
+/// they grew — since a CUDA context with torch's libraries takes several hundred MB on
+/// every GPU it supports ([`CUDA_CONTEXT_MB`]). Planning on less would cap workers above
+/// what the GPU holds.
+pub const CUDA_CONTEXT_FLOOR_MB: u64 = 256;
+
 /// The least allocator cap a worker is planned with, in MB.
 pub const MIN_ALLOCATOR_MB: u64 = 64;
 

@@ -25,6 +25,7 @@ mod ffi {
         pub fn vf_cuda_init() -> c_int;
         pub fn vf_cuda_total_memory(device: c_int, total: *mut i64) -> c_int;
         pub fn vf_cuda_memory_fraction(device: c_int, fraction: *mut f64) -> c_int;
+        pub fn vf_cuda_operator_fraction(fraction: *mut f64) -> c_int;
         pub fn vf_cuda_synchronize() -> c_int;
     }
 }
@@ -142,6 +143,16 @@ pub fn memory_fraction(device: usize) -> Result<f64, CudaError> {
     Ok(fraction)
 }
 
+/// The operator's `per_process_memory_fraction` as torch parsed it from its allocator
+/// variable (1.0 when not set): a share of `totalGlobalMem`, as the cap's fraction is.
+pub fn operator_fraction() -> Result<f64, CudaError> {
+    let mut fraction: f64 = 1.0;
+    // SAFETY: `fraction` is a valid out-pointer for the call; the shim catches all C++
+    // exceptions.
+    check(unsafe { ffi::vf_cuda_operator_fraction(&mut fraction) })?;
+    Ok(fraction)
+}
+
 /// Waits for the device's queued work; an asynchronous CUDA error comes back here.
 pub fn synchronize() -> Result<(), CudaError> {
     // SAFETY: no arguments; the shim catches all C++ exceptions.
@@ -167,7 +178,9 @@ pub struct Cap {
 pub fn cap_allocator(device: usize, cap_bytes: u64) -> Result<Cap, CudaError> {
     init()?;
     let total = total_memory(device)?;
-    let fraction = cap_fraction(cap_bytes, total)?;
+    // Never above the operator's own cap, of the same total (issue 52, item 9: the plan
+    // took it of NVML's total, which is larger on most drivers).
+    let fraction = cap_fraction(cap_bytes, total)?.min(operator_fraction()?);
     set_memory_fraction(device, fraction)?;
     let read = memory_fraction(device)?;
     read_back(cap_bytes, fraction, read, total)
@@ -234,6 +247,18 @@ mod tests {
             assert_eq!(synchronize(), Err(CudaError::NoCuda));
             assert_eq!(cap_allocator(0, 1 << 30), Err(CudaError::NoCuda));
         }
+    }
+
+    /// Issue 52, item 9: the operator's `per_process_memory_fraction` is read as torch
+    /// parsed it (and the cap is never set above it, of the same `totalGlobalMem`). The
+    /// variable is read once per process, at first use: nothing else here uses it first.
+    #[test]
+    fn the_operators_fraction_is_torchs_own_reading_of_its_variable() {
+        std::env::set_var(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "expandable_segments:True,per_process_memory_fraction:0.35",
+        );
+        assert_eq!(operator_fraction(), Ok(0.35));
     }
 
     /// Issue 44, item 6: the fraction is taken of torch's own base (`totalGlobalMem`), so

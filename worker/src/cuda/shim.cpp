@@ -186,6 +186,19 @@ int vf_cuda_total_memory(int device, int64_t* total) noexcept {
   });
 }
 
+// The operator's own cap, `per_process_memory_fraction` in PYTORCH_CUDA_ALLOC_CONF (else
+// PYTORCH_ALLOC_CONF), as torch 2.11 parsed it (c10/cuda/CUDAAllocatorConfig.h: 1.0 when
+// not set). Torch takes it of totalGlobalMem, as setMemoryFraction does. Never fails.
+int vf_cuda_operator_fraction(double* fraction) noexcept {
+  return guarded([&] {
+    *fraction = 1.0;
+#ifndef VF_NO_CUDA_BUILD
+    *fraction = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::per_process_memory_fraction();
+#endif
+    return VF_OK;
+  });
+}
+
 // The allocator's cap as it holds it now, as a fraction of totalGlobalMem (1.0: none):
 // what setMemoryFraction left, read back.
 int vf_cuda_memory_fraction(int device, double* fraction) noexcept {
