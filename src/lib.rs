@@ -5,7 +5,7 @@
 //! - **the contract the worker shares** — the modules at the top: the master↔worker
 //!   [`protocol`], the app [`metadata`] and its parts ([`schema`], [`documents`], [`labels`],
 //!   [`near_miss`]), the idle [`board`], [`hwline`], [`auth`], [`tls`], [`secrets`],
-//!   [`files`], [`sockopt`], [`logging`], [`metrics`] and a process's [`own_memory`]. The worker binary (`worker/`)
+//!   [`files`], [`sockopt`], [`logging`], [`metrics`], a process's [`own_memory`] and whether NVML's pids are ours ([`pid_namespace`]). The worker binary (`worker/`)
 //!   depends on them.
 //! - **the master** — [`master`]: the command line and its validation, resource probing, the
 //!   plan, the bootstrap and the supervisor. Only the `app` binary uses it; no module at the
@@ -23,6 +23,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod near_miss;
 pub mod own_memory;
+pub mod pid_namespace;
 pub mod protocol;
 pub mod schema;
 pub mod secrets;

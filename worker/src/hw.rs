@@ -149,6 +149,11 @@ impl Hw {
 /// What NVML says this process uses on the device: among the compute processes, or (an MPS
 /// client, which the compute list leaves out) the MPS clients.
 fn nvml_process_used(dev: &nvml_wrapper::Device) -> Option<u64> {
+    // In a container's pid namespace NVML's pids are the host's: ours may name another
+    // process (`vramfork::pid_namespace`).
+    if !vramfork::pid_namespace::nvml_pids_are_ours() {
+        return None;
+    }
     let pid = std::process::id();
     let mut procs = dev.running_compute_processes().unwrap_or_default();
     procs.extend(dev.mps_running_compute_processes().unwrap_or_default());
