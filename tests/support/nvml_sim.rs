@@ -688,23 +688,48 @@ impl InProcess {
 }
 
 /// A stand-in for NVIDIA's MPS control daemon (`nvidia-cuda-mps-control -d`): its control
-/// socket, `<pipe directory>/control`, accepting connections. A CUDA process becomes an MPS
-/// client when it can connect there (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`),
-/// which is what vramfork looks for; give the server that variable.
+/// socket, `<pipe directory>/control`, listening as the daemon's does, `SOCK_SEQPACKET`
+/// (`lsof` of a running daemon: `control type=SEQPACKET (LISTEN)`). A CUDA process becomes
+/// an MPS client when it can connect there (`CUDA_MPS_PIPE_DIRECTORY`, default
+/// `/tmp/nvidia-mps`), which is what vramfork looks for; give the server that variable.
 pub struct MpsDaemon {
     dir: tempfile::TempDir,
-    _control: std::os::unix::net::UnixListener,
+    control: Option<std::os::fd::OwnedFd>,
 }
 
 impl MpsDaemon {
     pub fn start() -> MpsDaemon {
-        let dir = tempfile::tempdir().unwrap();
-        let control = std::os::unix::net::UnixListener::bind(dir.path().join("control"))
-            .expect("bind the MPS control socket");
-        MpsDaemon {
-            dir,
-            _control: control,
-        }
+        let mut d = MpsDaemon {
+            dir: tempfile::tempdir().unwrap(),
+            control: None,
+        };
+        d.restart();
+        d
+    }
+
+    /// The daemon exits: its socket is closed and removed, as `quit` leaves it.
+    pub fn stop(&mut self) {
+        self.control = None;
+        let _ = std::fs::remove_file(self.dir.path().join("control"));
+    }
+
+    /// The daemon (started again) listens in the same pipe directory.
+    pub fn restart(&mut self) {
+        use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag};
+        use nix::sys::socket::{SockType, UnixAddr};
+        use std::os::fd::AsRawFd;
+        self.stop();
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .expect("a SOCK_SEQPACKET socket");
+        let addr = UnixAddr::new(&self.dir.path().join("control")).unwrap();
+        bind(fd.as_raw_fd(), &addr).expect("bind the MPS control socket");
+        listen(&fd, Backlog::new(64).unwrap()).expect("listen on the MPS control socket");
+        self.control = Some(fd);
     }
 
     /// The value of `CUDA_MPS_PIPE_DIRECTORY` for it.
