@@ -130,6 +130,9 @@ impl Supervisor {
         if code == Some(worker_exit::CUDA_FATAL) {
             self.mps_fault(st, now);
         }
+        if code != Some(0) || st.phase == Phase::Booting {
+            self.mps_worker_failed(st.gpu);
+        }
         if let Some(gpu) = st.gpu.filter(|_| code == Some(worker_exit::NO_CUDA)) {
             let why = format!(
                 "{name} was placed on {} but libtorch sees no CUDA device there (its reason is logged above): {}",
