@@ -352,6 +352,9 @@ pub struct SimGpu {
     pub mps_processes: Vec<(u32, Option<u64>)>,
     /// Injected answers for calls on this GPU's handle: function → `nvmlReturn_t`.
     pub errors: BTreeMap<String, u32>,
+    /// Fill calls of a process list that find one process more than the count call before
+    /// them (a client started in between), answered `INSUFFICIENT_SIZE`.
+    pub lists_grow: u32,
 }
 
 impl SimGpu {
@@ -375,6 +378,7 @@ impl SimGpu {
             mps_server: None,
             mps_processes: Vec::new(),
             errors: BTreeMap::new(),
+            lists_grow: 0,
         }
     }
     pub fn a100_40gb() -> SimGpu {
@@ -457,6 +461,12 @@ impl SimGpu {
     /// An MPS client of this GPU's server, listed as it is.
     pub fn mps_process(mut self, pid: u32, used_mb: u64) -> SimGpu {
         self.mps_processes.push((pid, Some(used_mb)));
+        self
+    }
+    /// The first `n` fill calls of its process lists find a process started since the count
+    /// call (`INSUFFICIENT_SIZE`), as a real driver's list does when a client starts between.
+    pub fn lists_grow(mut self, n: u32) -> SimGpu {
+        self.lists_grow = n;
         self
     }
     /// `function` (e.g. `"nvmlDeviceGetComputeMode"`) answers `code` on this GPU's handle.
@@ -577,6 +587,9 @@ impl SimGpus {
                 }
                 if !g.errors.is_empty() {
                     gpu["errors"] = json!(g.errors);
+                }
+                if g.lists_grow > 0 {
+                    gpu["lists_grow"] = json!(g.lists_grow);
                 }
                 gpu
             })

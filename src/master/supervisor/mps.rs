@@ -31,7 +31,8 @@ use nix::sys::signal::Signal;
 use super::Supervisor;
 use crate::master::plan::{GpuPlan, Plan};
 use crate::master::resources::{mps, ComputeMode};
-use crate::master::slot::{RetireAsk, WorkerState};
+use crate::master::slot::{Phase, RetireAsk, WorkerState};
+use crate::protocol::worker_exit;
 
 /// How often the daemon is looked for while it is there.
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -187,9 +188,15 @@ impl Supervisor {
         self.mps_faults.fault(gpu, others);
     }
 
-    /// A worker on GPU `gpu` failed (at boot or while serving): under MPS its daemon is
-    /// looked for at once.
-    pub(super) fn mps_worker_failed(&mut self, gpu: Option<u32>) {
+    /// Worker `st` exited with `code` (not stopped on purpose): a fatal CUDA error, at boot
+    /// or while serving, is an MPS fault; any failure of a worker on an MPS GPU has its
+    /// daemon looked for at once.
+    pub(super) fn mps_exit(&mut self, st: &WorkerState, code: Option<i32>, now: Instant) {
+        if code == Some(worker_exit::CUDA_FATAL) {
+            self.mps_fault(st, now);
+        }
+        let failed = code != Some(0) || st.phase == Phase::Booting;
+        let gpu = st.gpu.filter(|_| failed);
         let mps = gpu.is_some_and(|i| self.plan.gpus.iter().any(|g| g.index == i && g.mps));
         if let Some(d) = self.mps_daemon.as_mut().filter(|_| mps) {
             d.soon();
