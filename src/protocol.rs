@@ -83,7 +83,7 @@ pub struct GpuAssignment {
     pub mig: Option<MigInstance>,
     /// Under NVIDIA MPS: the worker's driver-enforced memory limit, MB, set as
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>MB` (its device is 0 to itself) before CUDA
-    /// starts, unless the operator set that variable.
+    /// starts; never above the limit the server inherited ([`gpu_env`]).
     #[serde(default)]
     pub mps_limit_mb: Option<u64>,
 }
@@ -99,20 +99,18 @@ pub fn mps_limit_value(mb: u64) -> String {
 }
 
 /// The GPU variables a worker placed on `gpu` starts CUDA with: `CUDA_VISIBLE_DEVICES` (its
-/// device alone, or none), and under MPS its limit, unless the operator's is `set`. Both
-/// the master (exec) and the template (fork) apply them.
-pub fn gpu_env(
-    gpu: Option<&GpuAssignment>,
-    set: impl Fn(&str) -> bool,
-) -> Vec<(&'static str, String)> {
+/// device alone, or none), and under MPS its own per-client limit. That limit replaces one
+/// the server inherited: the plan bounded it by the inherited one for that GPU (never
+/// above it), while the inherited value, numbered by the master's devices, would give the
+/// worker (whose one device is 0 to itself) another device's limit. Both the master
+/// (exec) and the template (fork) apply them.
+pub fn gpu_env(gpu: Option<&GpuAssignment>) -> Vec<(&'static str, String)> {
     let mut env = vec![(
         "CUDA_VISIBLE_DEVICES",
         gpu.map_or(String::new(), |g| g.uuid.clone()),
     )];
     if let Some(mb) = gpu.and_then(|g| g.mps_limit_mb) {
-        if !set(ENV_MPS_MEM_LIMIT) {
-            env.push((ENV_MPS_MEM_LIMIT, mps_limit_value(mb)));
-        }
+        env.push((ENV_MPS_MEM_LIMIT, mps_limit_value(mb)));
     }
     env
 }

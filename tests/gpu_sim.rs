@@ -1308,6 +1308,129 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
+/// Issue 52, item 2: under MPS the per-client limit the server inherits
+/// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the pod's share where the device plugin shares the
+/// GPU through MPS) bounds the plan: usable memory is at most the limit, each worker's own
+/// limit is its part of it, and a worker bigger than a client may be is refused (exit 2)
+/// naming both figures.
+#[test]
+fn under_mps_the_inherited_client_limit_bounds_the_plan() {
+    use nvml_sim::{MpsDaemon, SimComputeMode};
+    let daemon = MpsDaemon::start();
+    let pipe = daemon.pipe_dir();
+    let h100 = SimGpu::h100_80gb()
+        .compute_mode(SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let sim = Sim::new(SimGpus::new(vec![h100]), &meta(1000, 5000));
+    let env = |limit: &'static str| {
+        [
+            ("CUDA_MPS_PIPE_DIRECTORY", pipe.clone()),
+            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", limit.to_string()),
+        ]
+    };
+    let e = env("0=16G");
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let p = sim.plan_env(&[], &e);
+    let g = &p["gpus"][0];
+    assert_eq!(mb(&g["usable_mb"]), 16_384, "{p:#}");
+    assert_eq!(mb(&g["mps_client_limit_mb"]), 16_384, "{p:#}");
+    assert_eq!(mb(&g["fits"]), 3, "{p:#}");
+    assert_eq!(mb(&g["mps_limit_mb"]), 16_384 / 3, "{p:#}");
+    let warned = p["warnings"].as_array().unwrap();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("per-client limit of 16384 MB")),
+        "{p:#}"
+    );
+    // A worker bigger than one client may be: refused before any worker starts.
+    let e = env("4G");
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut s = sim.spawn(&["--production"], &e);
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    for want in [
+        "needs 5000 MB",
+        "only 4096 MB",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    ] {
+        assert!(log.contains(want), "{want}: {log}");
+    }
+    // A value MPS would not read is refused, naming the variable.
+    let e = env("lots");
+    let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut s = sim.spawn(&["plan"], &e);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(2), "{}", s.log_text());
+    assert!(
+        s.log_text().contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+        "{}",
+        s.log_text()
+    );
+}
+
+/// Issue 52, item 5: the profiling worker under MPS runs with the GPU's whole usable memory
+/// as its per-client limit, not the estimate's share, so a model bigger than its estimate
+/// can be measured.
+#[test]
+fn under_mps_the_profiling_worker_is_limited_to_the_usable_memory_only() {
+    use nvml_sim::{MpsDaemon, SimComputeMode};
+    let daemon = MpsDaemon::start();
+    let pipe = daemon.pipe_dir();
+    let gpu = SimGpu::h100_80gb()
+        .compute_mode(SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300)
+        .workers_use(1_500);
+    let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
+    let s = sim.start(
+        &["--production", "--workers", "1", "--profile-memory", "on"],
+        &[("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str())],
+    );
+    let e = s.wait_event("memory_profiling", |_| true);
+    let usable = Rule::new(1000, 5000).gpu(&SimGpu::h100_80gb()).usable_mb;
+    assert_eq!(e.u64("mps_limit_mb"), Some(usable), "{e:?}");
+    s.wait_workers(1);
+}
+
+/// Issue 52, item 8: the MPS daemon found at start is looked for again (at once when a
+/// worker on an MPS GPU dies): gone, no worker starts on the exclusive-process GPU (it
+/// would crash at boot again and again); back, the workers start again.
+#[test]
+fn under_mps_a_daemon_that_goes_away_stops_starts_until_it_is_back() {
+    use nvml_sim::{MpsDaemon, SimComputeMode};
+    let mut daemon = MpsDaemon::start();
+    let pipe = daemon.pipe_dir();
+    let gpu = SimGpu::h100_80gb()
+        .compute_mode(SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
+    let s = sim.start(
+        &["--production", "--workers", "2", "--profile-memory", "off"],
+        &[("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str())],
+    );
+    let old = s.wait_workers(2);
+    daemon.stop();
+    let mark = s.mark();
+    // SAFETY: kill(2) on a worker of the server this test started.
+    unsafe { libc::kill(old[0] as i32, libc::SIGKILL) };
+    let (lost_at, lost) = s.wait_event_after(mark, "mps_daemon_lost", |_| true);
+    assert_eq!(lost.level, "ERROR", "{lost:?}");
+    for want in ["GPU 0", "nvidia-cuda-mps-control -d", "--mps off"] {
+        assert!(lost.message().contains(want), "{want}: {lost:?}");
+    }
+    daemon.restart();
+    let (back_at, _) = s.wait_event_after(lost_at, "mps_daemon_back", |_| true);
+    let now = s.wait_workers_where(2, |p| !p.contains(&old[0]));
+    // No worker started while the daemon was gone.
+    let events = s.events();
+    let started_between = events[lost_at..back_at]
+        .iter()
+        .filter(|e| e.name == "worker_started")
+        .count();
+    assert_eq!(started_between, 0, "{}", s.log_text());
+    assert_eq!(now.len(), 2);
+}
+
 /// Issue 44, item 7: operator settings that would defeat the cap in silence.
 /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1` (no caching allocator: no cap, no statistics) is
 /// refused with a message naming it, unless the workers run on the CPU; an operator's

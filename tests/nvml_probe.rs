@@ -266,3 +266,18 @@ fn an_implausible_process_list_is_not_trusted() {
     fine.write(&s.file);
     assert_eq!(p.process_used_bytes(0, 10).unwrap(), Some(500 * MB));
 }
+
+/// Issue 52, item 9: nvml-wrapper sizes a process list exactly (a count call, then a fill
+/// call), so an MPS client starting between the two makes the fill `INSUFFICIENT_SIZE`. The
+/// probe asks again rather than reading that as "NVML does not list the pid".
+#[test]
+fn a_process_list_that_grows_between_count_and_fill_is_read_again() {
+    let sim = SimGpus::new(vec![SimGpu::h100_80gb()
+        .mps(4_242, 300)
+        .mps_process(77, 1_500)
+        .lists_grow(2)]);
+    let s = Sim::new(&sim);
+    let p = s.open();
+    assert_eq!(p.process_used_bytes(0, 77).unwrap(), Some(1_500 * MB));
+    assert_eq!(p.process_used_bytes(0, 4_242).unwrap(), Some(300 * MB));
+}

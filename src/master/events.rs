@@ -11,8 +11,10 @@
 //! | `systemd_notify`, `systemd_notify_failed` | info, warn | `watchdog_ms`, `error` | `NOTIFY_SOCKET` is set; a message could not be sent (once) |
 //! | `plan_warning` | warn | | the plan has something to say (no GPU seen, an override beyond what fits…) |
 //! | `mps_detected` | info | `pipe_directory` | `--mps auto` found the MPS control daemon: workers are MPS clients (planned as on a shared GPU, limited per client, retired together after a fatal CUDA error) |
-//! | `mps_fault` | error | `gpu`, `pid`, `workers` | under MPS a worker ended with a fatal CUDA error, which MPS delivers to every client of that GPU: its other workers are asked to retire, and no new one starts there until they are gone |
-//! | `memory_profiling` | info | `pid`, `gpu` | `--profile-memory`: one worker is started to measure its GPU footprint (the profiling worker has no slot) |
+//! | `mps_fault` | error | `gpu`, `pid`, `workers` | under MPS a worker ended with a fatal CUDA error (serving or booting), which MPS delivers to every client of that GPU: its other workers are asked to retire, and no new one starts on any GPU of that MPS daemon until they are gone |
+//! | `mps_daemon_lost` | error | `pipe_directory` | the MPS control daemon found at start is gone (looked for every 30 s, and at once when a worker on an MPS GPU fails): no worker starts on an exclusive-process GPU until it is back |
+//! | `mps_daemon_back` | info | `pipe_directory` | the MPS control daemon is there again: workers start again |
+//! | `memory_profiling` | info | `pid`, `gpu`, `mps_limit_mb` | `--profile-memory`: one worker is started to measure its GPU footprint (the profiling worker has no slot; under MPS its per-client limit is the GPU's whole usable memory) |
 //! | `memory_profiled` | info | `source` (`profiled`, `remembered`), `gpu`, `measured_mb`, `planned_mb`, `declared_typ_mb`, `declared_min_mb`, `workers`, `estimate_workers` | the plan is made from a measured (or `--footprint-file`) footprint |
 //! | `memory_profile_failed` | warn | `measured_mb`, `planned_mb`, `declared_typ_mb` (when it measured) | the measurement failed, or fits no GPU: the plan uses `est_gpu_mem_typ` as declared |
 //! | `memory_profile_skipped` | warn | | `--profile-memory on`, but no worker is planned on a GPU |

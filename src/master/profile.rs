@@ -26,7 +26,7 @@ use super::spawn::{launch, worker_config, WorkerSpec};
 use crate::master::config::Config;
 use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
-use crate::protocol::{take_line, ControlMsg};
+use crate::protocol::{take_line, ControlMsg, GpuAssignment};
 
 const MB: u64 = 1 << 20;
 
@@ -88,11 +88,10 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     config.profile = true;
     config.metrics = None;
     if let Some(g) = config.gpu.as_mut() {
-        // What it really takes, not what a share of the GPU allows.
-        g.memory_fraction = None;
-        g.cap_mb = None;
+        unbounded(g, plan);
     }
     let index = config.gpu.as_ref().map(|g| g.index).unwrap_or(0);
+    let mps_limit_mb = config.gpu.as_ref().and_then(|g| g.mps_limit_mb);
     // For the fallback when NVML cannot see the worker's pid (`device_delta`).
     let free_before = gpus.free_bytes(index).ok();
     let listener = TcpListener::bind("127.0.0.1:0")
@@ -119,7 +118,9 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
         event = "memory_profiling",
         pid,
         gpu = index,
-        "profiling one worker's GPU memory (pid {pid}, GPU {index})"
+        mps_limit_mb,
+        "profiling one worker's GPU memory (pid {pid}, GPU {index}{})",
+        mps_limit_mb.map_or(String::new(), |l| format!(", MPS limit {l} MB"))
     );
     let mut reaped = false;
     let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout, &mut reaped);
@@ -163,6 +164,25 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
         pass_ms,
         pid,
     })
+}
+
+/// The profiling worker measures what the model really takes, not what a share of the GPU
+/// allows: no allocator cap, and under MPS (where the driver enforces each client's limit)
+/// the whole usable memory of its GPU as its limit instead of one worker's share — which
+/// the plan bounded by the per-client limit the server inherited ([`super::plan`]'s MPS
+/// rules), so it never exceeds that. A model bigger than its estimate, the case profiling
+/// exists for, is then measured rather than cut off at the estimate.
+fn unbounded(g: &mut GpuAssignment, plan: &Plan) {
+    g.memory_fraction = None;
+    g.cap_mb = None;
+    if g.mps_limit_mb.is_some() {
+        let usable = plan
+            .gpus
+            .iter()
+            .find(|p| p.index == g.index)
+            .map(|p| p.usable_mb);
+        g.mps_limit_mb = usable.or(g.mps_limit_mb);
+    }
 }
 
 type Pass = (Option<u64>, Option<u64>, f64);

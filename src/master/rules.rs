@@ -361,6 +361,7 @@ mod tests {
             excluded: None,
             mps: false,
             mps_limit_mb: None,
+            mps_client_limit_mb: None,
             gpu_instance: None,
         }
     }

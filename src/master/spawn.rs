@@ -126,9 +126,8 @@ pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
             cmd.env_remove(k.as_ref());
         }
     }
-    // Its GPU alone, and under MPS its share as its driver-enforced limit (unless the
-    // operator set one).
-    for (k, v) in gpu_env(gpu, |k| std::env::var_os(k).is_some()) {
+    // Its GPU alone, and under MPS its share as its driver-enforced limit.
+    for (k, v) in gpu_env(gpu) {
         cmd.env(k, v);
     }
     // torch 2.11 reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF as its older name:

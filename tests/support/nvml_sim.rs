@@ -352,6 +352,9 @@ pub struct SimGpu {
     pub mps_processes: Vec<(u32, Option<u64>)>,
     /// Injected answers for calls on this GPU's handle: function → `nvmlReturn_t`.
     pub errors: BTreeMap<String, u32>,
+    /// Fill calls of a process list that find one process more than the count call before
+    /// them (a client started in between), answered `INSUFFICIENT_SIZE`.
+    pub lists_grow: u32,
 }
 
 impl SimGpu {
@@ -375,6 +378,7 @@ impl SimGpu {
             mps_server: None,
             mps_processes: Vec::new(),
             errors: BTreeMap::new(),
+            lists_grow: 0,
         }
     }
     pub fn a100_40gb() -> SimGpu {
@@ -457,6 +461,12 @@ impl SimGpu {
     /// An MPS client of this GPU's server, listed as it is.
     pub fn mps_process(mut self, pid: u32, used_mb: u64) -> SimGpu {
         self.mps_processes.push((pid, Some(used_mb)));
+        self
+    }
+    /// The first `n` fill calls of its process lists find a process started since the count
+    /// call (`INSUFFICIENT_SIZE`), as a real driver's list does when a client starts between.
+    pub fn lists_grow(mut self, n: u32) -> SimGpu {
+        self.lists_grow = n;
         self
     }
     /// `function` (e.g. `"nvmlDeviceGetComputeMode"`) answers `code` on this GPU's handle.
@@ -578,6 +588,9 @@ impl SimGpus {
                 if !g.errors.is_empty() {
                     gpu["errors"] = json!(g.errors);
                 }
+                if g.lists_grow > 0 {
+                    gpu["lists_grow"] = json!(g.lists_grow);
+                }
                 gpu
             })
             .collect();
@@ -688,23 +701,48 @@ impl InProcess {
 }
 
 /// A stand-in for NVIDIA's MPS control daemon (`nvidia-cuda-mps-control -d`): its control
-/// socket, `<pipe directory>/control`, accepting connections. A CUDA process becomes an MPS
-/// client when it can connect there (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`),
-/// which is what vramfork looks for; give the server that variable.
+/// socket, `<pipe directory>/control`, listening as the daemon's does, `SOCK_SEQPACKET`
+/// (`lsof` of a running daemon: `control type=SEQPACKET (LISTEN)`). A CUDA process becomes
+/// an MPS client when it can connect there (`CUDA_MPS_PIPE_DIRECTORY`, default
+/// `/tmp/nvidia-mps`), which is what vramfork looks for; give the server that variable.
 pub struct MpsDaemon {
     dir: tempfile::TempDir,
-    _control: std::os::unix::net::UnixListener,
+    control: Option<std::os::fd::OwnedFd>,
 }
 
 impl MpsDaemon {
     pub fn start() -> MpsDaemon {
-        let dir = tempfile::tempdir().unwrap();
-        let control = std::os::unix::net::UnixListener::bind(dir.path().join("control"))
-            .expect("bind the MPS control socket");
-        MpsDaemon {
-            dir,
-            _control: control,
-        }
+        let mut d = MpsDaemon {
+            dir: tempfile::tempdir().unwrap(),
+            control: None,
+        };
+        d.restart();
+        d
+    }
+
+    /// The daemon exits: its socket is closed and removed, as `quit` leaves it.
+    pub fn stop(&mut self) {
+        self.control = None;
+        let _ = std::fs::remove_file(self.dir.path().join("control"));
+    }
+
+    /// The daemon (started again) listens in the same pipe directory.
+    pub fn restart(&mut self) {
+        use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag};
+        use nix::sys::socket::{SockType, UnixAddr};
+        use std::os::fd::AsRawFd;
+        self.stop();
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .expect("a SOCK_SEQPACKET socket");
+        let addr = UnixAddr::new(&self.dir.path().join("control")).unwrap();
+        bind(fd.as_raw_fd(), &addr).expect("bind the MPS control socket");
+        listen(&fd, Backlog::new(64).unwrap()).expect("listen on the MPS control socket");
+        self.control = Some(fd);
     }
 
     /// The value of `CUDA_MPS_PIPE_DIRECTORY` for it.

@@ -473,7 +473,7 @@ fn serve_as(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> i32 {
         }
     }
     // Still single-threaded: safe to change the environment; CUDA (lazy) sees its GPU alone.
-    for (k, v) in vramfork::protocol::gpu_env(cfg.gpu.as_ref(), |k| std::env::var_os(k).is_some()) {
+    for (k, v) in vramfork::protocol::gpu_env(cfg.gpu.as_ref()) {
         std::env::set_var(k, v);
     }
     let metadata = match vramfork::metadata::AppMetadata::parse(

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::checker::{absolute, Checker};
 use super::ConfigError;
 use crate::master::cli::Cli;
+use crate::master::resources::mps::ClientLimit;
 use crate::protocol::Device;
 
 /// `--profile-memory` (`None`: auto) and `--memory-headroom`.
@@ -115,6 +116,24 @@ pub(super) fn mps(v: Option<&str>, c: &Checker<'_>) -> Result<Option<bool>, Conf
         Some("off") => Ok(Some(false)),
         Some(v) => Err(c.bad("--mps", v, "expected auto, on or off")),
     }
+}
+
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` as the server inherits it: each MPS client's limit,
+/// which bounds the plan under MPS (`resources::mps::ClientLimit`). A value MPS would not
+/// read is refused, naming the variable and its forms.
+pub(super) fn mps_client_limit(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ClientLimit>, ConfigError> {
+    let var = crate::protocol::ENV_MPS_MEM_LIMIT;
+    env(var)
+        .map(|v| {
+            ClientLimit::parse(&v).map_err(|e| {
+                ConfigError(format!(
+                    "invalid value '{v}' for {var} (each MPS client's device memory limit): {e}"
+                ))
+            })
+        })
+        .transpose()
 }
 
 /// Where the MPS control daemon's socket would be: `CUDA_MPS_PIPE_DIRECTORY`, else

@@ -35,6 +35,7 @@ use workers::{torch_threads, worker_override};
 
 use crate::master::cli::{Cli, Command, OPTION_ENV};
 use crate::master::plan::{Policy, TorchThreads, WorkerOverride};
+use crate::master::resources::mps::ClientLimit;
 use crate::metadata::AppMetadata;
 use crate::protocol::Device;
 
@@ -111,8 +112,9 @@ pub struct Config {
     /// Whether MPS serves the GPUs: `--mps on`, or `auto` and the daemon was found
     /// (`resources::mps`, set by the bootstrap after probing). What the plan assumes.
     pub mps_on: bool,
-    /// The operator's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: kept, not replaced by the plan's.
-    pub mps_limit_set: bool,
+    /// The inherited `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: under MPS it bounds the plan, and
+    /// each worker's own limit is at most it.
+    pub mps_client_limit: Option<ClientLimit>,
     /// The operator's allocator settings that bear on the cap.
     pub allocator: devices::AllocatorEnv,
     /// `--simulated-gpus`: GPU workers run on the CPU (tests with tests/nvml-mock).
@@ -323,7 +325,7 @@ impl Config {
             mps,
             mps_pipe_directory: devices::mps_pipe_directory(env),
             mps_on: mps == Some(true),
-            mps_limit_set: env(crate::protocol::ENV_MPS_MEM_LIMIT).is_some(),
+            mps_client_limit: devices::mps_client_limit(env)?,
             allocator,
             simulated_gpus: cli.simulated_gpus,
             cuda_visible_devices: env("CUDA_VISIBLE_DEVICES"),
@@ -388,6 +390,7 @@ impl Config {
             gpu_reserve_mb: self.gpu_reserve_mb,
             torch_threads: self.torch_threads,
             mps: self.mps_on,
+            mps_client_limit: self.mps_client_limit.clone().filter(|_| self.mps_on),
             allocator_fraction: self.allocator.fraction.map(|f| f.0),
             uncached_allocator: self.allocator.uncached,
         }

@@ -52,6 +52,11 @@ pub struct GpuPlan {
     /// its whole share, `usable / fits` (cap and context).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_limit_mb: Option<u64>,
+    /// Under MPS, the per-client limit this server inherited for this GPU
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): its share, which bounds `usable_mb`
+    /// ([`super::mps`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_client_limit_mb: Option<u64>,
     /// A MIG device's GPU instance; MIG devices of one GPU with the same one share its
     /// memory, planned once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -159,7 +164,8 @@ pub(super) fn plan_gpus(
             let mut gpus: Vec<GpuPlan> = res
                 .gpus
                 .iter()
-                .map(|g| gpu_plan(g, policy, demand, mode))
+                .enumerate()
+                .map(|(ordinal, g)| gpu_plan(g, ordinal as u32, policy, demand, mode))
                 .collect();
             if mode == PlacementMode::GpuMemory {
                 share_gpu_instances(&mut gpus, demand, policy, notes);
@@ -238,15 +244,24 @@ fn caps(
     (Some(cap), fraction, g.mps.then_some(share))
 }
 
-/// One GPU's figures (rules 3, 7, 9): usable memory, how many workers fit (0 when it does
-/// not admit one, or its compute mode forbids), each one's allocator cap.
-fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) -> GpuPlan {
+/// One GPU's figures (rules 3, 7, 9): usable memory (under MPS at most the per-client
+/// limit inherited for CUDA device `ordinal`, [`super::mps`]), how many workers fit (0 when
+/// it does not admit one, or its compute mode forbids), each one's allocator cap.
+fn gpu_plan(
+    g: &GpuInfo,
+    ordinal: u32,
+    policy: &Policy,
+    demand: &Demand,
+    mode: PlacementMode,
+) -> GpuPlan {
     let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
     let (total_mb, free_mb) = (g.total_mb(), g.free_mb());
     let fraction = policy
         .gpu_memory_utilization
         .unwrap_or_else(|| default_utilization(total_mb));
-    let usable_mb = usable_mb(total_mb, fraction, free_mb, reserve);
+    let client_limit = super::mps::client_limit(policy, ordinal);
+    let usable_mb =
+        usable_mb(total_mb, fraction, free_mb, reserve).min(client_limit.unwrap_or(u64::MAX));
     let per_worker = per_worker_mb(typ);
     let (fits, excluded) = match mode {
         PlacementMode::Cpu => (0, None),
@@ -269,10 +284,12 @@ fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) 
             let fits = effective_mode(g.compute_mode, policy.mps)
                 .limit(workers_fitting(usable_mb, per_worker));
             let excluded = (fits == 0).then(|| {
-                format!(
+                super::mps::too_big(client_limit, per_worker).unwrap_or_else(|| {
+                    format!(
                     "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
                      − reserve {reserve} MB) < {per_worker} MB per worker"
                 )
+                })
             });
             (fits, excluded)
         }
@@ -295,6 +312,7 @@ fn gpu_plan(g: &GpuInfo, policy: &Policy, demand: &Demand, mode: PlacementMode) 
         excluded,
         mps: policy.mps,
         mps_limit_mb: None,
+        mps_client_limit_mb: client_limit,
         gpu_instance: g.gpu_instance,
     };
     if mode == PlacementMode::GpuMemory {

@@ -11,6 +11,7 @@
 //! | `mode.rs` | [`PlacementMode`]: where workers go (rule 2) |
 //! | `fit.rs` | the numbers of fitting: usable memory, one worker, [`workers_fitting`], [`admits`] (rules 3, 7) |
 //! | `gpus.rs` | [`GpuPlan`]: each GPU's figures, compute modes, the driver, the GPU bound (rules 3, 7, 9–11) |
+//! | `mps.rs` | under MPS, the per-client limit the server inherited as its share of a GPU |
 //! | `placement.rs` | the worker count and each slot's place (rules 4–6); what the supervisor asks later ([`Target`]) |
 //! | `host.rs` | [`HostPlan`]: the host-memory bound (rule 13), applied once a worker's cost is measured |
 //! | `text.rs` | `app plan`'s text and JSON |
@@ -80,6 +81,7 @@ mod fit;
 mod gpus;
 pub mod host;
 mod mode;
+mod mps;
 mod placement;
 mod policy;
 mod text;
@@ -225,6 +227,7 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
     if mode != PlacementMode::Cpu {
         driver_too_old = gpus::driver_too_old(res, policy, &mut notes);
         gpus::gpu_notes(&gpus, demand, mode, &mut notes);
+        mps::mps_notes(&gpus, policy, &mut notes);
     }
     let gpu_bound = gpus::gpu_bound(&gpus, demand, policy, mode, &mut notes)?;
     let (workers, source) = placement::worker_count(policy, cpu_bound, gpu_bound, &mut notes);
@@ -1168,6 +1171,108 @@ mod tests {
         // Prohibited stays prohibited.
         let none = res(4, vec![with_mode(a100_40(0), ComputeMode::Prohibited)]);
         assert!(plan(&none, &meta(3000, 5000), &mps).is_err());
+    }
+
+    /// Issue 52, item 2: under MPS the per-client limit the server inherited
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) is its share of the GPU: it bounds the usable
+    /// memory, each worker's own limit is never above it, a worker bigger than it fits
+    /// nowhere (the refusal names both figures), and the plan says so; without one the plan
+    /// warns that it takes the whole GPU.
+    #[test]
+    fn under_mps_the_inherited_client_limit_bounds_the_plan() {
+        use crate::master::resources::mps::ClientLimit;
+        let two = res(
+            16,
+            vec![
+                with_mode(a100_40(0), ComputeMode::ExclusiveProcess),
+                with_mode(a100_40(1), ComputeMode::ExclusiveProcess),
+            ],
+        );
+        let limited = |v: &str| Policy {
+            mps: true,
+            mps_client_limit: Some(ClientLimit::parse(v).unwrap()),
+            ..Policy::default()
+        };
+        let whole = plan(&two, &meta(3000, 5000), &limited("1=10G")).unwrap();
+        // GPU 0 has no limit: 36,364 MB usable hold 7; GPU 1's share is 10,240 MB: 2.
+        assert_eq!(whole.gpus[0].usable_mb, 36_364);
+        assert_eq!(whole.gpus[0].mps_client_limit_mb, None);
+        assert_eq!(whole.gpus[1].usable_mb, 10_240);
+        assert_eq!(whole.gpus[1].mps_client_limit_mb, Some(10_240));
+        assert_eq!(per_gpu(&whole), vec![7, 2]);
+        assert_eq!(whole.gpus[1].mps_limit_mb, Some(5_120));
+        assert!(
+            whole
+                .warnings
+                .iter()
+                .any(|w| w
+                    .contains("GPU 1 is shared through MPS with a per-client limit of 10240 MB")),
+            "{:?}",
+            whole.warnings
+        );
+        let p = plan(&two, &meta(3000, 5000), &limited("10G")).unwrap();
+        assert_eq!(per_gpu(&p), vec![2, 2]);
+        for g in &p.gpus {
+            assert!(g.mps_limit_mb.unwrap() <= 10_240, "{g:?}");
+        }
+        // Not under MPS, the variable bounds nothing (CUDA ignores it without MPS).
+        let off = Policy {
+            mps: false,
+            ..limited("10G")
+        };
+        assert_eq!(
+            plan(&two, &meta(3000, 5000), &off).unwrap().gpus[0].usable_mb,
+            36_364
+        );
+        // One worker is bigger than a client may be: refused, naming both figures.
+        let e = plan(&two, &meta(3000, 5000), &limited("4G"))
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "needs 5000 MB",
+            "only 4096 MB",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        // No limit known: the whole GPU, said loudly.
+        let mps = Policy {
+            mps: true,
+            ..Policy::default()
+        };
+        let p = plan(&two, &meta(3000, 5000), &mps).unwrap();
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("no per-client memory limit is set")),
+            "{:?}",
+            p.warnings
+        );
+    }
+
+    /// Issue 52, item 9: spread placement asks the compute mode workers meet: under MPS an
+    /// exclusive-process GPU takes more than its round-robin share, as a shared one does.
+    #[test]
+    fn under_mps_spread_placement_treats_an_exclusive_gpu_as_shared() {
+        let one = res(
+            4,
+            vec![with_mode(a100_40(0), ComputeMode::ExclusiveProcess)],
+        );
+        let spread = Policy {
+            device: Device::Cuda,
+            mps: true,
+            ..Policy::default()
+        };
+        let p = plan(&one, &meta(0, 0), &spread).unwrap();
+        assert_eq!(p.mode, PlacementMode::GpuSpread);
+        let share = p.gpus[0].fits;
+        assert!(matches!(p.next_target(|_| share), Target::Gpu(g) if g.index == 0));
+        let off = Policy {
+            mps: false,
+            ..spread
+        };
+        let p = plan(&one, &meta(0, 0), &off).unwrap();
+        assert_eq!(p.next_target(|_| 1), Target::NoRoom);
     }
 
     /// Issue 44, items 5 and 7: the cap leaves room for the context profiling measured (not

@@ -186,12 +186,15 @@ impl Plan {
                         .cmp(&(b.fits - running_on(b.index)))
                         .then(b.index.cmp(&a.index))
                 }),
-            // Past the share on a GPU any process may use; never past a compute mode's limit.
+            // Past the share on a GPU any process may use; never past a compute mode's limit
+            // — the mode workers meet, so under MPS an exclusive-process GPU is a shared one.
             PlacementMode::GpuSpread => self
                 .gpus
                 .iter()
-                .filter(|g| g.compute_mode == ComputeMode::Default || g.fits > running_on(g.index))
-                .filter(|g| g.compute_mode != ComputeMode::Prohibited)
+                .filter(|g| {
+                    g.effective_mode() == ComputeMode::Default || g.fits > running_on(g.index)
+                })
+                .filter(|g| g.effective_mode() != ComputeMode::Prohibited)
                 .min_by(|a, b| {
                     running_on(a.index)
                         .cmp(&running_on(b.index))

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::{Notes, PlanError};
+use crate::master::resources::mps::ClientLimit;
 use crate::protocol::Device;
 
 /// A fixed worker count that replaces the planned one, and where it came from.
@@ -27,6 +28,10 @@ pub struct Policy {
     pub torch_threads: Option<TorchThreads>,
     /// NVIDIA MPS serves the GPUs (detected, or `--mps on`; never with `--mps off`).
     pub mps: bool,
+    /// Under MPS, the per-client device memory limit the server inherited
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): each worker is one client, and the server's
+    /// share of a GPU ([`super::gpus`]).
+    pub mps_client_limit: Option<ClientLimit>,
     /// The operator's `per_process_memory_fraction` (`PYTORCH_ALLOC_CONF`): no worker's
     /// cap goes above it.
     pub allocator_fraction: Option<f64>,
@@ -52,6 +57,7 @@ impl Default for Policy {
             gpu_reserve_mb: 500,
             torch_threads: None,
             mps: false,
+            mps_client_limit: None,
             allocator_fraction: None,
             uncached_allocator: false,
         }

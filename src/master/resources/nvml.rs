@@ -257,7 +257,7 @@ impl NvmlProbe {
     /// compute list shows the MPS server, its clients only the MPS list).
     pub fn process_used_bytes(&self, index: u32, pid: u32) -> Result<Option<u64>, ProbeError> {
         let dev = self.device(index)?;
-        let mut procs = match dev.running_compute_processes() {
+        let mut procs = match listed(|| dev.running_compute_processes()) {
             Ok(p) => p,
             Err(e) if not_there(&e) => Vec::new(),
             Err(e) => {
@@ -266,7 +266,7 @@ impl NvmlProbe {
                 ))
             }
         };
-        match dev.mps_running_compute_processes() {
+        match listed(|| dev.mps_running_compute_processes()) {
             Ok(p) => procs.extend(p),
             Err(e) if not_there(&e) => {}
             Err(e) => {
@@ -305,6 +305,23 @@ fn gpu_instance_id(nvml: &Nvml, dev: &Device<'_>) -> Option<u32> {
     // device of this NVML and `id` a writable unsigned int, as nvml.h declares it.
     let rc = unsafe { f(dev.handle(), &mut id) };
     (rc == 0).then_some(id)
+}
+
+/// How often a process list is read before its `INSUFFICIENT_SIZE` is taken as an error.
+const LIST_TRIES: u32 = 5;
+
+/// A process list, read again while it grows between nvml-wrapper's two calls: it asks for
+/// the count, then fills a list of exactly that size, so a process (an MPS client) starting
+/// in between makes the second call `INSUFFICIENT_SIZE` (`nvml.h`: "`count` is set to the
+/// number of entries needed"). Real drivers list processes as they come and go.
+fn listed<T>(mut read: impl FnMut() -> Result<Vec<T>, NvmlError>) -> Result<Vec<T>, NvmlError> {
+    let mut tries = 1;
+    loop {
+        match read() {
+            Err(NvmlError::InsufficientSize(_)) if tries < LIST_TRIES => tries += 1,
+            r => return r,
+        }
+    }
 }
 
 /// An error that means "this GPU or driver does not have that", not a failure.

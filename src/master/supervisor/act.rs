@@ -148,9 +148,12 @@ impl Supervisor {
         let states: Vec<WorkerState> = self.workers.iter().map(|w| w.state.clone()).collect();
         let live: Vec<u32> = states.iter().map(|w| w.pid).collect();
         self.mps_faults.settle(&live);
+        self.check_mps_daemon(now);
         let (plan, slots, faults) = (&self.plan, &self.slots, &self.mps_faults);
+        let daemon = self.mps_daemon.as_ref();
         let capacity = |gpu: u32| {
-            if faults.blocks(gpu) {
+            let gone = |g: &crate::master::plan::GpuPlan| daemon.is_some_and(|d| d.blocks(g));
+            if faults.blocks(gpu) || plan.gpus.iter().any(|g| g.index == gpu && gone(g)) {
                 return 0;
             }
             let on_it = slots.iter().filter(|s| s.gpu == Some(gpu)).count() as u32;

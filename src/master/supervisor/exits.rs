@@ -127,9 +127,7 @@ impl Supervisor {
         }
         // Before any worker served, a GPU worker without CUDA means the machine cannot
         // serve as planned; later (a GPU lost while serving) it is one more failed boot.
-        if code == Some(worker_exit::CUDA_FATAL) {
-            self.mps_fault(st, now);
-        }
+        self.mps_exit(st, code, now);
         if let Some(gpu) = st.gpu.filter(|_| code == Some(worker_exit::NO_CUDA)) {
             let why = format!(
                 "{name} was placed on {} but libtorch sees no CUDA device there (its reason is logged above): {}",

@@ -16,7 +16,7 @@
 //! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
 //! | `host.rs` | host memory: the bound once the template measured a worker, own memory learned while serving, OOM kills | `HostWatch` |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
-//! | `mps.rs` | a fatal CUDA error under MPS: that GPU's workers retired together | `MpsFaults` |
+//! | `mps.rs` | under MPS: a fatal CUDA error retires that GPU's workers together; the daemon looked for again | `MpsFaults`, `DaemonWatch` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
 
@@ -55,7 +55,7 @@ use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
 use host::HostWatch;
-use mps::MpsFaults;
+use mps::{DaemonWatch, MpsFaults};
 use reload::Reload;
 use template::Templates;
 
@@ -105,6 +105,8 @@ pub struct Supervisor {
     board: Option<Board>,
     /// GPUs that start no worker until those that shared a fatal MPS fault are gone.
     mps_faults: MpsFaults,
+    /// The MPS control daemon `--mps auto` found, looked for again (`mps.rs`).
+    mps_daemon: Option<DaemonWatch>,
 }
 
 impl Supervisor {
@@ -127,6 +129,10 @@ impl Supervisor {
             slots.push(s);
         }
         let target = plan.workers;
+        let mps_faults = MpsFaults::serving(&plan);
+        // Only a daemon found (`--mps auto`): `--mps on` assumes one the master cannot see.
+        let mps_daemon = (cfg.mps.is_none() && cfg.mps_on)
+            .then(|| DaemonWatch::new(cfg.mps_pipe_directory.clone(), Instant::now()));
         let cgroup =
             crate::master::resources::host_memory::Cgroup::of(cfg.memory_cgroup.as_deref());
         Supervisor {
@@ -148,7 +154,8 @@ impl Supervisor {
             templates: Templates::default(),
             metrics,
             learner: None,
-            mps_faults: MpsFaults::default(),
+            mps_faults,
+            mps_daemon,
             host: HostWatch::new(cgroup),
             board: Board::create()
                 .map_err(|e| {

@@ -66,6 +66,10 @@
 //!   `nvmlDeviceGetMPSComputeRunningProcesses_v3` alone, under their host pids as any
 //!   process list. Without `mps` that list is empty (`SUCCESS`, no entry).
 //! - `mps_processes` (array, as `processes`): MPS clients listed as they are.
+//! - `lists_grow` (default 0): the first so many fill calls of a process list (compute or
+//!   MPS; counted per process using the library) find one process more than the count call
+//!   before them reported, and answer `INSUFFICIENT_SIZE` with that count — as a real
+//!   driver does when a client starts between the two calls.
 //! - `compute_mode`: `"default"` | `"exclusive_thread"` | `"prohibited"` |
 //!   `"exclusive_process"` (or the integer `nvmlComputeMode_t` 0–3; default `"default"`):
 //!   `nvmlDeviceGetComputeMode`.
@@ -181,6 +185,8 @@ const DEFAULT_CUDA: c_int = 13_000;
 
 /// Successful `nvmlInit` calls not yet matched by `nvmlShutdown` (NVML counts references).
 static INITS: AtomicU32 = AtomicU32::new(0);
+/// Fill calls of process lists that found the list grown (`lists_grow`), in this process.
+static GROWN: AtomicU32 = AtomicU32::new(0);
 
 /// An opaque device handle: `(gpu index + 1) | ((MIG index + 1) << 16)`, MIG part 0 for a
 /// physical GPU, so that null stays invalid and every handle is distinct.
@@ -320,6 +326,9 @@ struct Mig {
 struct Gpu {
     node: Node,
     lost: bool,
+    /// `lists_grow`: fill calls of a process list that find one process more than the
+    /// count call before them reported.
+    lists_grow: u32,
     /// `None`: not MIG-capable.
     mig: Option<Mig>,
 }
@@ -397,6 +406,16 @@ impl Dev<'_> {
             Dev::Gpu(_, g) => g.aggregate_processes(true),
             Dev::Mig(_, _, i) => i.node.mps_processes.clone(),
         }
+    }
+
+    /// Whether this fill call of a process list finds a process that started since the
+    /// count call (`lists_grow`): the first so many of this process's fill calls do.
+    fn list_grew(&self) -> bool {
+        let grows = match self {
+            Dev::Gpu(_, g) => g.lists_grow,
+            Dev::Mig(_, g, _) => g.lists_grow,
+        };
+        grows > 0 && GROWN.fetch_add(1, Ordering::SeqCst) < grows
     }
 
     /// `NO_PERMISSION` for an aggregate query on a MIG-enabled GPU without privileges.
@@ -671,6 +690,7 @@ fn parse_gpu(i: usize, g: &Value, top_offset: u32) -> Result<Gpu, String> {
     Ok(Gpu {
         node,
         lost: flag(g, "lost", false),
+        lists_grow: g.get("lists_grow").and_then(Value::as_u64).unwrap_or(0) as u32,
         mig,
     })
 }
@@ -1132,6 +1152,12 @@ unsafe fn processes_of<T>(
             return SUCCESS;
         }
         if infos.is_null() || room < n {
+            return INSUFFICIENT_SIZE;
+        }
+        if d.list_grew() {
+            // A process started between the caller's count call and this one.
+            // SAFETY: as above.
+            unsafe { *count = n as c_uint + 1 };
             return INSUFFICIENT_SIZE;
         }
         for (i, p) in procs.iter().enumerate() {
