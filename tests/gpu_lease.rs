@@ -521,6 +521,12 @@ fn the_lease_commands_run_here_on_the_simulated_gpu() {
     assert!(env.contains("driver 580.159.04"), "{env}");
     // NVML held open by one process for the whole run, and the preflight's findings.
     assert!(env.contains(", held open by pid "), "{env}");
+    let logs = all_logs(&m);
+    assert_eq!(
+        logs.matches("NVML still held open by pid ").count(),
+        steps.len(),
+        "every step starts with NVML held open:\n{logs}"
+    );
     assert!(env.contains("libraries (LD_LIBRARY_PATH="), "{env}");
     assert!(env.contains("this machine: glibc 2."), "{env}");
     assert!(env.contains("NVML sees the server's pids: yes"), "{env}");
