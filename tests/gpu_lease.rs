@@ -79,7 +79,7 @@ fn venv_bin() -> PathBuf {
     bin
 }
 
-/// A lent machine, rehearsed: its working tree with the pack, `$OUT`, the scratch folder,
+/// The GPU machine, rehearsed: its working tree with the pack, `$OUT`, the scratch folder,
 /// the simulated GPU and a `bin/` with the stand-in `nvidia-smi`.
 struct Machine {
     dir: tempfile::TempDir,
