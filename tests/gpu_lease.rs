@@ -1,6 +1,6 @@
-//! The GPU-lease rehearsal (issue 41): runs the commands `docs/gpu-checks.md` tells a session
-//! to give the device tool, the way that machine runs them, so that they do not rot between
-//! the rare leases.
+//! The rehearsal of the GPU check (issues 41, 52): runs the commands `docs/gpu-checks.md`
+//! gives for a GPU machine reached for a short window, the way that machine runs them, so
+//! that they do not rot between the rare windows.
 //!
 //! As on the GPU machine: a working tree holding a copy of the pack (`scripts/gpu-pack`,
 //! here from the binaries under test, `target/debug`: stripped, their RUNPATH cleared), the
@@ -27,20 +27,20 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use nvml_sim::{SimGpu, SimGpus};
+use nvml_sim::{MpsDaemon, SimComputeMode, SimGpu, SimGpus};
 
-/// The lease commands, exactly as `docs/gpu-checks.md` gives them to the device tool.
+/// The commands, exactly as `docs/gpu-checks.md` gives them for the GPU machine.
 const LEASE_1: &str = "bash gpu-pack/gpu-check --lease 1";
 const LEASE_2: &str = "bash gpu-pack/gpu-check --lease 2";
-/// What each command may take (issue 41: the first within 8 minutes), and the `timeout_s`
-/// the docs give the device tool: the budget and 20 s to bundle and return the files.
+/// What each command may take (issue 41: the first within 8 minutes), and the time limit
+/// the docs give it there: the budget and 20 s to bundle and return the files.
 const LEASE_1_BUDGET_S: u32 = 480;
 const LEASE_2_BUDGET_S: u32 = 240;
 const LEASE_1_TIMEOUT_S: u32 = 500;
 const LEASE_2_TIMEOUT_S: u32 = 260;
 const _: () = assert!(LEASE_1_TIMEOUT_S >= LEASE_1_BUDGET_S + 20);
 const _: () = assert!(LEASE_2_TIMEOUT_S >= LEASE_2_BUDGET_S + 20);
-// The device tool's limit on a command line.
+// The GPU machine's limit on a command line.
 const _: () = assert!(LEASE_1.len() <= 2000 && LEASE_2.len() <= 2000);
 /// A guard only: the check stops itself within its budget; past this the test kills it.
 const GUARD: Duration = Duration::from_secs(600);
@@ -79,7 +79,7 @@ fn venv_bin() -> PathBuf {
     bin
 }
 
-/// A lent machine, rehearsed: its working tree with the pack, `$OUT`, the scratch folder,
+/// The GPU machine, rehearsed: its working tree with the pack, `$OUT`, the scratch folder,
 /// the simulated GPU and a `bin/` with the stand-in `nvidia-smi`.
 struct Machine {
     dir: tempfile::TempDir,
@@ -101,9 +101,14 @@ impl Machine {
     }
 
     fn with_gpus(n: usize) -> Machine {
+        Machine::with_gpus_as(n, |g| g)
+    }
+
+    /// As [`Machine::with_gpus`], each simulated GPU changed by `f` (a compute mode).
+    fn with_gpus_as(n: usize, f: impl Fn(SimGpu) -> SimGpu) -> Machine {
         let dir = tempfile::tempdir().unwrap();
         let m = Machine { dir };
-        // The pack, made here as a session makes it, then copied as `carry` copies it.
+        // The pack, made here as the build machine makes it, then copied as it is copied there.
         let packed = m.path("packed");
         let out = Command::new("bash")
             .arg(root().join("scripts/gpu-pack"))
@@ -121,7 +126,7 @@ impl Machine {
         let size = dir_size(&packed);
         assert!(
             size <= 64 << 20,
-            "the pack is {size} bytes, over the device tool's 64 MiB"
+            "the pack is {size} bytes, over the 64 MiB the copy may carry"
         );
         std::fs::create_dir_all(m.path("tree")).unwrap();
         let cp = Command::new("cp")
@@ -148,11 +153,11 @@ impl Machine {
             }
         }
         let gpu = |i| {
-            SimGpu::h100_80gb()
+            f(SimGpu::h100_80gb()
                 .uuid(&Machine::uuid(i))
                 .reserved_mb(535)
                 .free_follows_processes()
-                .workers_use(1536)
+                .workers_use(1536))
         };
         SimGpus::new((0..n).map(gpu).collect())
             .driver("580.159.04")
@@ -171,7 +176,7 @@ impl Machine {
         self.dir.path().join(rel)
     }
 
-    /// Runs `command` as the device tool would (`bash -c` in the tree's root, a clean
+    /// Runs `command` as the GPU machine would (`bash -c` in the tree's root, a clean
     /// environment, `$OUT` emptied first); `first_on_path` goes before everything on PATH
     /// (a fake python3). Returns the exit status and the output.
     fn run(&self, command: &str, first_on_path: Option<&Path>) -> (Option<i32>, String) {
@@ -184,6 +189,18 @@ impl Machine {
         command: &str,
         first_on_path: Option<&Path>,
         env: &[(&str, &str)],
+    ) -> (Option<i32>, String) {
+        self.run_without(command, first_on_path, env, &[])
+    }
+
+    /// As [`Machine::run_with`], without the variables named in `unset` (which the rehearsal
+    /// sets by default).
+    fn run_without(
+        &self,
+        command: &str,
+        first_on_path: Option<&Path>,
+        env: &[(&str, &str)],
+        unset: &[&str],
     ) -> (Option<i32>, String) {
         let out_dir = self.path("out");
         let _ = std::fs::remove_dir_all(&out_dir);
@@ -216,6 +233,9 @@ impl Machine {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        for v in unset {
+            cmd.env_remove(v);
+        }
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
@@ -258,7 +278,7 @@ impl Machine {
     }
 
     /// What every lease command must leave in `$OUT`, whatever happened: at most 8 files
-    /// (what the device tool returns), named as it requires, each under 16 MiB, and the
+    /// (what comes back from the GPU machine), with plain names, each under 16 MiB, and the
     /// table with one row for each of `steps`, in order, each ended within its limit.
     fn check_out(&self, steps: &[&str], log: &str) {
         let mut names: Vec<String> = std::fs::read_dir(self.path("out"))
@@ -329,7 +349,9 @@ impl Machine {
         let listing = text(&listing);
         for (i, step) in steps.iter().enumerate() {
             let figures = &results[*step].3;
-            let skipped = figures.starts_with("not run") || figures.starts_with("not started");
+            let skipped = figures.starts_with("not run")
+                || figures.starts_with("not started")
+                || figures.starts_with("cannot run here");
             assert!(
                 skipped || listing.contains(&format!("logs/{:02}-{step}.log", i + 1)),
                 "logs.tar.gz lacks {step}'s log:\n{listing}"
@@ -416,11 +438,10 @@ fn lease_plan(n: u32) -> (Vec<String>, f64) {
 fn the_docs_give_the_commands_this_test_rehearses() {
     let docs = std::fs::read_to_string(root().join("docs/gpu-checks.md")).unwrap();
     for (cmd, timeout) in [(LEASE_1, LEASE_1_TIMEOUT_S), (LEASE_2, LEASE_2_TIMEOUT_S)] {
-        let call =
-            format!(r#"{{"command": "{cmd}", "carry": ["gpu-pack"], "timeout_s": {timeout}}}"#);
+        let row = format!("| `{cmd}` | {timeout} s |");
         assert!(
-            docs.contains(&call),
-            "docs/gpu-checks.md lacks the run call {call}"
+            docs.contains(&row),
+            "docs/gpu-checks.md lacks the command and its time limit: {row}"
         );
     }
     // The first command fits 8 minutes with its checks before and after; the second, 4.
@@ -492,8 +513,22 @@ fn the_lease_commands_run_here_on_the_simulated_gpu() {
         "{}",
         r["production"].3
     );
+    // Every step that started workers says how long each took to boot.
+    for s in ["footprint", "recycle", "kill9", "served", "production"] {
+        assert!(r[s].3.contains("worker boots "), "{s}: {}", r[s].3);
+    }
     let env = std::fs::read_to_string(m.path("out/environment.txt")).unwrap();
     assert!(env.contains("driver 580.159.04"), "{env}");
+    // NVML held open by one process for the whole run, and the preflight's findings.
+    assert!(env.contains(", held open by pid "), "{env}");
+    let logs = all_logs(&m);
+    assert_eq!(
+        logs.matches("NVML still held open by pid ").count(),
+        steps.len(),
+        "every step starts with NVML held open:\n{logs}"
+    );
+    assert!(env.contains("libraries (LD_LIBRARY_PATH="), "{env}");
+    assert!(env.contains("this machine: glibc 2."), "{env}");
     assert!(env.contains("NVML sees the server's pids: yes"), "{env}");
     m.check_smi_queries();
 
@@ -506,6 +541,14 @@ fn the_lease_commands_run_here_on_the_simulated_gpu() {
     for s in &steps {
         assert_eq!(r[*s].0, "PASS", "{s}: {}\n{log}", r[*s].3);
     }
+    // libtorch's whole multi-line text for the CUDA error: the answer names the error.
+    assert!(
+        r["errors"]
+            .3
+            .contains("the error names it ('invalid configuration argument')"),
+        "{}",
+        r["errors"].3
+    );
     assert_eq!(status, Some(0), "{log}");
     m.check_smi_queries();
 }
@@ -589,4 +632,252 @@ fn the_plan_step_compares_only_the_gpus_cuda_visible_devices_leaves() {
     );
     assert_eq!(status, Some(0), "{log}");
     m.check_smi_queries();
+}
+
+/// How long a preflight refusal may take, start to end (the check's own limit is 10 s; the
+/// rest is this machine's load).
+const FIRST_SECONDS: Duration = Duration::from_secs(20);
+
+/// A run that the preflight stopped: exit 2 within [`FIRST_SECONDS`], one line on stderr
+/// naming what is missing (every piece of `want`), every step SKIP with that reason, the four
+/// files written, and no server started.
+fn stopped_before_any_step(m: &Machine, run: (Option<i32>, String), took: Duration, want: &[&str]) {
+    let (status, log) = run;
+    assert_eq!(
+        status,
+        Some(2),
+        "a machine that cannot run the check exits 2:\n{log}"
+    );
+    assert!(
+        took <= FIRST_SECONDS,
+        "the check took {took:?} to stop, not its first seconds:\n{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!("gpu-check: {}", want[0])) && want.iter().all(|w| l.contains(w))
+        })
+        .unwrap_or_else(|| panic!("no line naming {want:?}:\n{log}"));
+    assert!(line.contains("build them on an older system"), "{line}");
+    let (steps, _) = lease_plan(1);
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    m.check_out(&steps, &log);
+    for (step, (result, _, _, figures)) in m.results() {
+        assert_eq!(result, "SKIP", "{step} ran: {figures}");
+        assert!(
+            figures.starts_with("cannot run here: ") && want.iter().all(|w| figures.contains(w)),
+            "{step}: {figures}"
+        );
+    }
+    let listing = Command::new("tar")
+        .arg("-tzf")
+        .arg(m.path("out/logs.tar.gz"))
+        .output()
+        .unwrap();
+    assert!(!text(&listing).contains(".app-"), "{}", text(&listing));
+    eprintln!("stopped after {took:?}: {line}");
+}
+
+/// Rewrites, in place, every `GLIBC_2.NN` version name an ELF file's string table holds to
+/// `GLIBC_2.99` (same length, nothing moves): the file then needs a glibc no system has, as
+/// one built on a newer system needs a newer glibc than an older image gives. Returns how
+/// many names it rewrote.
+fn need_glibc_2_99(bytes: &mut [u8]) -> usize {
+    let pat = b"GLIBC_2.";
+    let mut n = 0;
+    let mut i = 0;
+    while i + pat.len() + 3 <= bytes.len() {
+        let at = i + pat.len();
+        if &bytes[i..at] == pat
+            && bytes[at].is_ascii_digit()
+            && bytes[at + 1].is_ascii_digit()
+            && bytes[at + 2] == 0
+        {
+            bytes[at] = b'9';
+            bytes[at + 1] = b'9';
+            n += 1;
+            i = at + 3;
+        } else {
+            i += 1;
+        }
+    }
+    n
+}
+
+/// Issue 52: on a machine whose glibc is older than the packed binaries need, the check stops
+/// in its first seconds, before any step, naming what is missing — instead of letting every
+/// step fail one by one. Here the packed app-worker needs GLIBC_2.99.
+#[test]
+fn a_glibc_older_than_the_binaries_need_stops_the_check_in_its_first_seconds() {
+    let m = Machine::new();
+    let worker = m.path("tree/gpu-pack/app-worker");
+    let mut bytes = std::fs::read(&worker).unwrap();
+    assert!(
+        need_glibc_2_99(&mut bytes) > 0,
+        "app-worker names no GLIBC_2.NN version"
+    );
+    std::fs::write(&worker, &bytes).unwrap();
+    let t0 = std::time::Instant::now();
+    let run = m.run(LEASE_1, None);
+    let took = t0.elapsed();
+    stopped_before_any_step(
+        &m,
+        run,
+        took,
+        &[
+            "this machine's glibc is 2.",
+            "the packed binaries need 2.99 (app-worker needs GLIBC_2.99 from lib",
+            "built on ",
+        ],
+    );
+}
+
+/// A libstdc++.so.6 as an old system has it: it defines GLIBCXX_3.4 up to GLIBCXX_3.4.9 and
+/// CXXABI_1.3, and nothing newer (built here with the C compiler and a version script).
+fn old_libstdcxx(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("old.c"),
+        "int vf_old_a(void) { return 1; }\nint vf_old_b(void) { return 2; }\nint vf_old_c(void) { return 3; }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("old.map"),
+        "GLIBCXX_3.4 { global: vf_old_a; local: *; };\n\
+         GLIBCXX_3.4.9 { global: vf_old_b; } GLIBCXX_3.4;\n\
+         CXXABI_1.3 { global: vf_old_c; };\n",
+    )
+    .unwrap();
+    let out = Command::new("cc")
+        .current_dir(dir)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-o",
+            "libstdc++.so.6",
+            "-Wl,-soname,libstdc++.so.6",
+            "-Wl,--version-script,old.map",
+            "old.c",
+        ])
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "cc failed:\n{}", text(&out));
+}
+
+/// Issue 52: the same for a libstdc++ older than the binaries need: the one the loader would
+/// pick (here, an old one first on LD_LIBRARY_PATH) is read, and the run stops naming it.
+#[test]
+fn a_libstdcxx_older_than_the_binaries_need_stops_the_check_in_its_first_seconds() {
+    let m = Machine::new();
+    let old = m.path("old-libstdc++");
+    old_libstdcxx(&old);
+    let t0 = std::time::Instant::now();
+    let run = m.run_with(LEASE_1, None, &[("LD_LIBRARY_PATH", old.to_str().unwrap())]);
+    let took = t0.elapsed();
+    let lib = format!(
+        "this machine's libstdc++ ({}/libstdc++.so.6) provides GLIBCXX up to 3.4.9",
+        old.display()
+    );
+    stopped_before_any_step(
+        &m,
+        run,
+        took,
+        &[&lib, "the packed binaries need GLIBCXX_3.4.", "built on "],
+    );
+}
+
+/// The text of every log in `$OUT/logs.tar.gz`.
+fn all_logs(m: &Machine) -> String {
+    let out = Command::new("tar")
+        .arg("-xzOf")
+        .arg(m.path("out/logs.tar.gz"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 52: on a GPU in compute mode Exclusive_Process (one CUDA process at a time) the steps
+/// that put several workers on it SKIP, saying why, instead of failing; the others run. And
+/// the libnvidia-ml.so.1 the check's NVML process found (here only through the loader's path:
+/// no VRAMFORK_NVML_LIBRARY given) is the one every server is told to load.
+#[test]
+fn an_exclusive_process_gpu_skips_the_steps_with_several_workers() {
+    let m = Machine::with_gpus_as(1, |g| g.compute_mode(SimComputeMode::ExclusiveProcess));
+    let driver = m.path("driver");
+    std::fs::create_dir_all(&driver).unwrap();
+    std::os::unix::fs::symlink(nvml_sim::mock_library(), driver.join("libnvidia-ml.so.1")).unwrap();
+    let (steps, _) = lease_plan(1);
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let (status, log) = m.run_without(
+        LEASE_1,
+        None,
+        &[("LD_LIBRARY_PATH", driver.to_str().unwrap())],
+        &["VRAMFORK_NVML_LIBRARY"],
+    );
+    m.check_out(&steps, &log);
+    let r = m.results();
+    for s in ["kill9", "served", "production"] {
+        assert_eq!(r[s].0, "SKIP", "{s}: {}\n{log}", r[s].3);
+        assert!(
+            r[s].3
+                .contains("GPU 0 is in compute mode Exclusive_Process: one CUDA process at a time"),
+            "{s} must say why: {}",
+            r[s].3
+        );
+    }
+    for s in ["libs", "models", "plan", "footprint", "recycle"] {
+        assert_eq!(r[s].0, "PASS", "{s}: {}\n{log}", r[s].3);
+    }
+    assert_eq!(status, Some(0), "{log}");
+    // The path the loader opened it under (dladdr), as on a GPU machine.
+    let found = driver.join("libnvidia-ml.so.1");
+    let env = std::fs::read_to_string(m.path("out/environment.txt")).unwrap();
+    assert!(
+        env.contains(&format!(
+            "VRAMFORK_NVML_LIBRARY for every server: {}",
+            found.display()
+        )),
+        "{env}"
+    );
+    // Each server's own environment, read from /proc by the check, says so.
+    let logs = all_logs(&m);
+    let said: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("'s environment: VRAMFORK_NVML_LIBRARY="))
+        .collect();
+    assert!(!said.is_empty(), "{logs}");
+    for l in said {
+        assert!(
+            l.ends_with(&format!("VRAMFORK_NVML_LIBRARY={}", found.display())),
+            "{l}"
+        );
+    }
+    m.check_smi_queries();
+}
+
+/// Issue 52: where an MPS control daemon answers, workers would be its clients (NVML reports
+/// their memory under the MPS server): the steps with several workers on one GPU SKIP, saying
+/// so; the one-worker steps run.
+#[test]
+fn an_mps_daemon_skips_the_steps_with_several_workers() {
+    let m = Machine::new();
+    let mps = MpsDaemon::start();
+    let (status, log) = m.run_with(
+        "bash gpu-pack/gpu-check --only kill9",
+        None,
+        &[("CUDA_MPS_PIPE_DIRECTORY", &mps.pipe_dir())],
+    );
+    m.check_out(&["libs", "models", "footprint", "kill9"], &log);
+    let r = m.results();
+    assert_eq!(r["footprint"].0, "PASS", "{}\n{log}", r["footprint"].3);
+    assert_eq!(r["kill9"].0, "SKIP", "{}\n{log}", r["kill9"].3);
+    assert!(
+        r["kill9"].3.contains(&format!(
+            "an MPS control daemon answers at {}/control",
+            mps.pipe_dir()
+        )),
+        "{}",
+        r["kill9"].3
+    );
+    assert_eq!(status, Some(0), "{log}");
 }

@@ -134,6 +134,30 @@ def log_events(lines):
     return ready, loaded
 
 
+READY_MS = re.compile(r"\bready in (\d+(?:\.\d+)?) ms\b")
+
+
+def boot_seconds(lines):
+    """Each worker's boot, in seconds, from its worker_ready event (`ms`: started to ready):
+    a fresh CUDA process's start shows here (a GPU re-initialised for each one would add
+    seconds to every boot)."""
+    out = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if line.lstrip().startswith("{"):
+            try:
+                f = (json.loads(line).get("fields") or {})
+            except (ValueError, AttributeError):
+                continue
+            if f.get("event") == "worker_ready" and isinstance(f.get("ms"), (int, float)):
+                out.append(f["ms"] / 1e3)
+            continue
+        m = READY_MS.search(line)
+        if m and (READY_EVENT.search(line) or READY_MSG.search(line)):
+            out.append(float(m.group(1)) / 1e3)
+    return out
+
+
 def device_verdict(ready, loaded, simulated=False):
     """(ok, text) for workers placed on a GPU: each must report a cuda device (in a rehearsal
     on the simulated NVML, 'cpu (simulated GPU)'). worker_ready's device= is used where the
@@ -688,6 +712,45 @@ def cmd_kill9(master, uuid, mode, at_most, limit):
     return 0
 
 
+# What torch 2.11's C10_CUDA_CHECK raises for a failed CUDA call (c10_cuda_check_implementation,
+# read from its libc10_cuda.so with `strings`): "CUDA error: " + cudaGetErrorString, the
+# "Search for `<cudaGetErrorName>'" help, the asynchronous-report suffix, the
+# CUDA_LAUNCH_BLOCKING hint and, in a build without device-side assertions, the
+# TORCH_USE_CUDA_DSA line. Here for cudaErrorInvalidConfiguration, whose words are
+# libcudart.so.13's. A worker must answer with the first line (the error), not the last (a hint).
+CUDA_ERROR_NAME, CUDA_ERROR_WORDS = "cudaErrorInvalidConfiguration", "invalid configuration argument"
+CUDA_ERROR_TEXT = (
+    f"CUDA error: {CUDA_ERROR_WORDS}\n"
+    f"Search for `{CUDA_ERROR_NAME}' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html "
+    "for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+
+
+def error_names_cuda_error(resp_file):
+    """(ok, text): the 500's error names the CUDA error (its words), not only a hint line of
+    libtorch's text (TORCH_USE_CUDA_DSA, CUDA_LAUNCH_BLOCKING)."""
+    try:
+        body = json.load(open(resp_file))
+    except (OSError, ValueError) as e:
+        return False, f"no JSON answer: {e}"
+    e = body.get("error") if isinstance(body, dict) else None
+    e = e.get("message", json.dumps(e)) if isinstance(e, dict) else str(e)
+    if CUDA_ERROR_WORDS in e:
+        return True, f"the error names it ({CUDA_ERROR_WORDS!r})"
+    hint = next((h for h in ("TORCH_USE_CUDA_DSA", "CUDA_LAUNCH_BLOCKING", "asynchronously reported") if h in e), None)
+    return False, (f"the error does not name the CUDA error ({CUDA_ERROR_WORDS!r})"
+                   + (f"; it gives libtorch's hint line instead ({hint})" if hint else "") + f": {e[:200]!r}")
+
+
+def cmd_error_names(resp_file):
+    ok, text = error_names_cuda_error(resp_file)
+    print(text)
+    return 0 if ok else 1
+
+
 def make_models(work, width, layers):
     import torch
     cuda = torch.cuda.is_available()
@@ -747,17 +810,18 @@ def make_models(work, width, layers):
 
     class CudaErr(torch.nn.Module):
         """[-1, 4]: after work on the model's device, a row starting with 7 raises libtorch's
-        text for a CUDA error that leaves the context usable (cudaErrorInvalidConfiguration),
-        so the worker answers it alone and checks its device; else x * 2 + 1."""
+        whole text for a CUDA error that leaves the context usable (cudaErrorInvalidConfiguration;
+        CUDA_ERROR_TEXT), so the worker answers it alone and checks its device; else x * 2 + 1."""
 
         def __init__(self):
             super().__init__()
             self.register_buffer("anchor", torch.ones(1))
+            self.message = CUDA_ERROR_TEXT
 
         def forward(self, x):
             x = x.to(self.anchor.device) * self.anchor
             if bool((x[:, 0] == 7).any()):
-                raise RuntimeError("CUDA error: " + "invalid configuration " + "argument")
+                raise RuntimeError(self.message)
             return (x * 2 + 1).cpu()
 
     p = lambda f: os.path.join(work, f)
@@ -874,7 +938,8 @@ def cmd_hw_check(resp_file, smi_file, uuid, free_lo, free_hi, param_bytes, torch
 
 def cmd_log_check(simulated, *files):
     """Every server log of a step: 'could not cap' lines fail it; so does a worker that
-    reports a device other than cuda (or, rehearsing, a simulated GPU). Prints one figure."""
+    reports a device other than cuda (or, rehearsing, a simulated GPU). Prints one figure,
+    with each worker's boot in seconds."""
     lines = []
     for f in files:
         try:
@@ -888,6 +953,9 @@ def cmd_log_check(simulated, *files):
         parts.append(f"{len(caps)} 'could not cap' line(s): {caps[0].strip()[-160:]}")
     if dev:
         parts.append(("device: " if ok else "FAIL device: ") + dev)
+    boots = boot_seconds(lines)
+    if boots:
+        parts.append("worker boots " + ", ".join(f"{b:.2f}" for b in boots[:8]) + (" …" if len(boots) > 8 else "") + " s")
     print("; ".join(parts))
     return 0 if ok and not caps else 1
 
@@ -990,7 +1058,8 @@ COMMANDS = {"torch-info": cmd_torch_info, "version-check": cmd_version_check, "n
             "until": cmd_until, "kill9": cmd_kill9, "models": cmd_models, "metadata": cmd_metadata,
             "post": cmd_post, "field": cmd_field, "cap": cmd_cap, "plan-vs-smi": cmd_plan_vs_smi,
             "hw-check": cmd_hw_check, "log-check": cmd_log_check, "own-peak": cmd_own_peak,
-            "served": cmd_served, "profile-check": cmd_profile_check}
+            "served": cmd_served, "profile-check": cmd_profile_check,
+            "error-names": cmd_error_names}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
