@@ -219,11 +219,17 @@ fn a_footprint_larger_than_the_estimate_plans_fewer_workers() {
     assert_eq!(gauge(&text, "observed"), Some(mb(5000.0)), "{text}");
 }
 
-/// A profiling pass that fails (the declared shape is not one the model takes) leaves the
-/// estimate's plan in force, with a warning naming the reason; never zero workers.
+/// A profiling pass that fails (its `profile_input` shape is not one the model takes) leaves
+/// the estimate's plan in force, with a warning naming the reason; never zero workers. (The
+/// warm-up runs at a shape the model takes: one it refuses stops the start there,
+/// `tests/newcomer.rs`.)
 #[test]
 fn a_failed_profile_falls_back_to_the_estimate() {
-    let sim = Sim::new("[-1, 5]", 500, 2000, Some(5000));
+    let sim = Sim::new("[-1, 4]", 500, 2000, Some(5000));
+    sim.app.write_metadata(
+        "mlp.pt",
+        r#""input": {"shape": [-1, -1]}, "warmup_inputs": [1, 4], "profile_input": [1, 5], "est_gpu_mem_min": 500, "est_gpu_mem_typ": 2000"#,
+    );
     let s = sim.start(&["--production"]);
     let e = s.wait_event("memory_profile_failed", |_| true);
     assert!(

@@ -409,11 +409,14 @@ def cmd_nvml_hold():
 
 def cmd_mps():
     """Whether an MPS control daemon answers at $CUDA_MPS_PIPE_DIRECTORY/control (default
-    /tmp/nvidia-mps): where one does, CUDA processes become its clients. Prints the reason or
-    nothing; exit 0 when one answers, 1 when not."""
+    /tmp/nvidia-mps): where one does, CUDA processes become its clients. The daemon
+    (`nvidia-cuda-mps-control -d`) listens as a SOCK_SEQPACKET socket, so that is how it is
+    asked (a stream socket is refused with EPROTOTYPE), as the master asks
+    (src/master/resources/mps.rs). Prints the reason or nothing; exit 0 when one answers,
+    1 when not."""
     d = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     path = os.path.join(d, "control")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(2)
     try:
         s.connect(path)
