@@ -9,8 +9,10 @@
 //!
 //! So a per-pid NVML figure is believed only in the initial pid namespace, whose
 //! `/proc/self/ns/pid` is `pid:[4026531836]` (`PROC_PID_INIT_INO`, 0xEFFFFFFC, in Linux's
-//! `include/linux/proc_ns.h`); elsewhere the figures come from the device's free memory, as
-//! where NVML lists no figure for a pid (`master::footprint`, `master::profile`).
+//! `include/linux/proc_ns.h`). Asked by the two readers of per-process figures: the
+//! master's NVML probe (`master::resources::nvml`, for profiling, the footprint learner and
+//! `/metrics`) and a worker's hwFetch and heartbeat figures; elsewhere the figures come from
+//! the device's free memory, as where NVML lists no figure for a pid.
 
 use std::sync::OnceLock;
 

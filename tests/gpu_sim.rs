@@ -1113,18 +1113,24 @@ fn gpus_visible_but_no_estimate_warns_at_production_start() {
     assert_eq!(visible_devices(w[0]).as_deref(), Some(""));
 }
 
+/// An H100 in exclusive-process mode whose MPS server (pid 4242, 300 MB) runs on it: the
+/// GPU the MPS tests plan on.
+fn exclusive_h100_under_mps() -> SimGpu {
+    SimGpu::h100_80gb()
+        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300)
+}
+
 /// Issue 44, item 10: MPS is detected by its control daemon's socket (where
 /// `CUDA_MPS_PIPE_DIRECTORY` says), not assumed: with it, an exclusive-process GPU (its MPS
 /// server the one process there) is planned as a shared one, each worker with its share as
 /// its MPS memory limit; `--mps off`, or no daemon, plans one worker.
 #[test]
 fn mps_is_detected_and_an_exclusive_gpu_then_takes_as_many_as_a_shared_one() {
-    use nvml_sim::{MpsDaemon, SimComputeMode};
+    use nvml_sim::MpsDaemon;
     let daemon = MpsDaemon::start();
     let pipe = daemon.pipe_dir();
-    let h100 = SimGpu::h100_80gb()
-        .compute_mode(SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300);
+    let h100 = exclusive_h100_under_mps();
     let sim = Sim::new(SimGpus::new(vec![h100]), &meta(1000, 5000));
     let shared = Rule::new(1000, 5000).gpu(&SimGpu::h100_80gb());
     let p = sim.plan_env(&[], &[("CUDA_MPS_PIPE_DIRECTORY", &pipe)]);
@@ -1207,15 +1213,11 @@ fn two_compute_instances_of_one_gpu_instance_are_planned_on_its_memory_once() {
 /// starting there until all are gone.
 #[test]
 fn under_mps_workers_are_limited_measured_and_retired_together() {
-    use nvml_sim::{MpsDaemon, SimComputeMode};
+    use nvml_sim::MpsDaemon;
     let daemon = MpsDaemon::start();
     let pipe = daemon.pipe_dir();
     let uuid = format!("GPU-mps-{}-0000-0000-000000000000", std::process::id());
-    let gpu = SimGpu::h100_80gb()
-        .uuid(&uuid)
-        .compute_mode(SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300)
-        .workers_use(1_500);
+    let gpu = exclusive_h100_under_mps().uuid(&uuid).workers_use(1_500);
     let app = App::new(
         "cudaerr.pt",
         &format!(r#""input": {{"shape": [-1, 4]}}, {}"#, meta(1000, 5000)),
@@ -1315,12 +1317,10 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
 /// naming both figures.
 #[test]
 fn under_mps_the_inherited_client_limit_bounds_the_plan() {
-    use nvml_sim::{MpsDaemon, SimComputeMode};
+    use nvml_sim::MpsDaemon;
     let daemon = MpsDaemon::start();
     let pipe = daemon.pipe_dir();
-    let h100 = SimGpu::h100_80gb()
-        .compute_mode(SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300);
+    let h100 = exclusive_h100_under_mps();
     let sim = Sim::new(SimGpus::new(vec![h100]), &meta(1000, 5000));
     let env = |limit: &'static str| {
         [
@@ -1374,13 +1374,10 @@ fn under_mps_the_inherited_client_limit_bounds_the_plan() {
 /// can be measured.
 #[test]
 fn under_mps_the_profiling_worker_is_limited_to_the_usable_memory_only() {
-    use nvml_sim::{MpsDaemon, SimComputeMode};
+    use nvml_sim::MpsDaemon;
     let daemon = MpsDaemon::start();
     let pipe = daemon.pipe_dir();
-    let gpu = SimGpu::h100_80gb()
-        .compute_mode(SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300)
-        .workers_use(1_500);
+    let gpu = exclusive_h100_under_mps().workers_use(1_500);
     let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
     let s = sim.start(
         &["--production", "--workers", "1", "--profile-memory", "on"],
@@ -1397,12 +1394,10 @@ fn under_mps_the_profiling_worker_is_limited_to_the_usable_memory_only() {
 /// would crash at boot again and again); back, the workers start again.
 #[test]
 fn under_mps_a_daemon_that_goes_away_stops_starts_until_it_is_back() {
-    use nvml_sim::{MpsDaemon, SimComputeMode};
+    use nvml_sim::MpsDaemon;
     let mut daemon = MpsDaemon::start();
     let pipe = daemon.pipe_dir();
-    let gpu = SimGpu::h100_80gb()
-        .compute_mode(SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300);
+    let gpu = exclusive_h100_under_mps();
     let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
     let s = sim.start(
         &["--production", "--workers", "2", "--profile-memory", "off"],

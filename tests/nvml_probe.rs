@@ -281,3 +281,18 @@ fn a_process_list_that_grows_between_count_and_fill_is_read_again() {
     assert_eq!(p.process_used_bytes(0, 77).unwrap(), Some(1_500 * MB));
     assert_eq!(p.process_used_bytes(0, 4_242).unwrap(), Some(300 * MB));
 }
+
+/// Issue 52, item 7: in a container's pid namespace NVML lists host pids, and one may equal
+/// a worker's: the probe then reads no per-process figure as ours (the callers take the
+/// device's free memory, as for a pid NVML does not list), so a foreign process's 30 GB is
+/// never a worker's footprint, hwFetch figure or metric. In the host's namespace the same
+/// list is read.
+#[test]
+fn outside_the_hosts_pid_namespace_no_process_figure_is_ours() {
+    let sim = SimGpus::new(vec![SimGpu::h100_80gb().process(7, 30_000)]);
+    let s = Sim::new(&sim);
+    let p = s.open().with_pids_ours(false);
+    assert_eq!(p.process_used_bytes(0, 7).unwrap(), None);
+    let p = p.with_pids_ours(true);
+    assert_eq!(p.process_used_bytes(0, 7).unwrap(), Some(30_000 * MB));
+}

@@ -373,27 +373,23 @@ fn measured_plan(
         (Some(f), Some(model)) => Some(FootprintFile::new(f, model).map_err(file_error)?),
         _ => None,
     };
-    let (remembered, context_mb) = match &footprint_file {
-        Some(ff) => (
-            ff.recorded_mb().map_err(file_error)?,
-            ff.recorded_context_mb().map_err(file_error)?,
-        ),
-        None => (None, None),
+    let recorded = match &footprint_file {
+        Some(ff) => ff.recorded().map_err(file_error)?,
+        None => None,
     };
+    let remembered = recorded.map(|r| r.high_water_mb);
     let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
     let profiled = match measured::source(remembered, on_gpu, cfg.profile_memory, || {
         measured::wanted(cfg, &plan)
     }) {
-        Source::Remembered(mb) => Some(measured::remembered(cfg, res, &plan, mb, context_mb)),
+        Source::Remembered(mb) => {
+            let context_mb = recorded.and_then(|r| r.context_mb);
+            Some(measured::remembered(cfg, res, &plan, mb, context_mb))
+        }
         Source::Profile => match measured::measure_and_plan(cfg, res, &plan, gpus) {
             Ok(p) => {
                 if let Some(ff) = &footprint_file {
-                    let recorded = ff.record(p.measured.footprint_mb).and_then(|()| {
-                        p.measured
-                            .context_mb()
-                            .map_or(Ok(()), |c| ff.record_context(c))
-                    });
-                    if let Err(e) = recorded {
+                    if let Err(e) = ff.record(p.measured.footprint_mb, p.measured.context_mb()) {
                         tracing::warn!(target: "app", event = "footprint_file_error", "--footprint-file: {e}");
                     }
                 }

@@ -64,8 +64,6 @@ pub struct Learner {
     saved_at: Option<Instant>,
     file_warned: bool,
     context_warned: bool,
-    /// Whether NVML's pids are this namespace's (`crate::pid_namespace`; a test's own).
-    pids_are_ours: fn() -> bool,
 }
 
 impl Learner {
@@ -100,7 +98,6 @@ impl Learner {
             saved_at: None,
             file_warned: false,
             context_warned: false,
-            pids_are_ours: crate::pid_namespace::nvml_pids_are_ours,
         }
     }
 
@@ -130,7 +127,7 @@ impl Learner {
             // device (module docs).
             let bytes = match w.footprint {
                 Some(b) => Some(b),
-                None => match self.process_used(nvml, w) {
+                None => match nvml.process_used_bytes(w.gpu, w.pid).ok().flatten() {
                     Some(used) => {
                         let (peak, reserved) = w.allocator.unzip();
                         footprint(Some(used), peak, reserved)
@@ -153,16 +150,6 @@ impl Learner {
             self.save(now, false);
         }
         grew
-    }
-
-    /// NVML's figure for worker `w`'s pid, when NVML's pids are ours
-    /// (`crate::pid_namespace`: in a container's pid namespace they are the host's, and
-    /// ours may name a foreign process).
-    fn process_used(&self, nvml: &dyn GpuProbe, w: &Sample) -> Option<u64> {
-        if !(self.pids_are_ours)() {
-            return None;
-        }
-        nvml.process_used_bytes(w.gpu, w.pid).ok().flatten()
     }
 
     /// The footprint of a worker NVML lists no figure for (module docs), bytes.
@@ -239,7 +226,7 @@ impl Learner {
         {
             return;
         }
-        match file.record(hw) {
+        match file.record(hw, None) {
             Ok(()) => {
                 self.saved_mb = Some(hw);
                 self.saved_at = Some(now);
@@ -300,9 +287,7 @@ mod tests {
             &Policy::default(),
         )
         .unwrap();
-        let mut l = Learner::new(&p, None);
-        // As in the host's pid namespace, wherever the tests run.
-        l.pids_are_ours = || true;
+        let l = Learner::new(&p, None);
         (probe, l)
     }
 
@@ -345,26 +330,5 @@ mod tests {
         probe.set_process(0, 1, 2500 * MB);
         let ws = [worker(1, true, 1200, 1000)];
         assert_eq!(l.sample(now, &ws, &probe), Some(2700));
-    }
-
-    /// Issue 52, item 7: in a container's pid namespace NVML lists host pids, and one may
-    /// equal a worker's: that foreign process's 30 GB is never taken as the worker's
-    /// footprint; its device's free memory is read instead. In the host's namespace the
-    /// same figure is the worker's own.
-    #[test]
-    fn outside_the_hosts_pid_namespace_nvmls_pids_are_not_ours() {
-        let now = Instant::now();
-        let (probe, mut l) = setup();
-        l.pids_are_ours = || false;
-        probe.set_free_bytes(0, 40 * GB - 1700 * MB - 30 * GB);
-        probe.set_process(0, 1, 30 * GB);
-        // The device fell by the foreign process too: taken at its allocator's peak and
-        // the plan's context, not the 30 GB NVML lists under the worker's pid.
-        let ws = [worker(1, true, 1200, 1000), worker(2, false, 0, 0)];
-        assert_eq!(l.sample(now, &ws, &probe), Some(1700));
-        let (probe, mut l) = setup();
-        probe.set_process(0, 1, 30 * GB);
-        let ws = [worker(1, true, 1200, 1000)];
-        assert_eq!(l.sample(now, &ws, &probe), Some(30 * 1024 + 200));
     }
 }

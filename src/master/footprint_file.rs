@@ -16,8 +16,17 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+
+/// What the file holds for one model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// The highest footprint seen, MB.
+    pub high_water_mb: u64,
+    /// What a worker held beside its allocator when profiling measured it, MB.
+    pub context_mb: Option<u64>,
+}
 
 #[derive(Debug, Clone)]
 pub struct FootprintFile {
@@ -37,65 +46,55 @@ impl FootprintFile {
         })
     }
 
-    /// The high-water mark recorded for this model, if any. A file that does not exist is
-    /// no record; one that cannot be read or parsed is an error (so it is not overwritten
+    /// What is recorded for this model, if anything. A file that does not exist is no
+    /// record; one that cannot be read or parsed is an error (so it is not overwritten
     /// unnoticed).
-    pub fn recorded_mb(&self) -> Result<Option<u64>, String> {
-        let doc = match self.read()? {
-            Some(d) => d,
-            None => return Ok(None),
+    pub fn recorded(&self) -> Result<Option<Recorded>, String> {
+        let Some(doc) = self.read()? else {
+            return Ok(None);
         };
-        Ok(doc
-            .get(&self.key)
-            .and_then(|e| e.get("high_water_mb"))
-            .and_then(Value::as_u64))
-    }
-
-    /// The context recorded for this model with its footprint, if any.
-    pub fn recorded_context_mb(&self) -> Result<Option<u64>, String> {
-        Ok(self.read()?.and_then(|doc| {
-            doc.get(&self.key)
-                .and_then(|e| e.get("context_mb"))
-                .and_then(Value::as_u64)
+        let entry = doc.get(&self.key);
+        let field = |k: &str| entry.and_then(|e| e.get(k)).and_then(Value::as_u64);
+        Ok(field("high_water_mb").map(|high_water_mb| Recorded {
+            high_water_mb,
+            context_mb: field("context_mb"),
         }))
     }
 
-    /// Records the context profiling measured for this model (the latest measurement).
-    pub fn record_context(&self, context_mb: u64) -> Result<(), String> {
-        let _lock = self.lock()?;
-        let mut doc = self.read()?.unwrap_or_default();
-        let Some(Value::Object(entry)) = doc.get_mut(&self.key) else {
-            return Ok(());
-        };
-        entry.insert("context_mb".into(), context_mb.into());
-        self.write(doc)
+    /// The high-water mark recorded for this model, if any ([`FootprintFile::recorded`]).
+    pub fn recorded_mb(&self) -> Result<Option<u64>, String> {
+        Ok(self.recorded()?.map(|r| r.high_water_mb))
     }
 
-    /// Records `mb` for this model unless a higher figure is recorded already. Servers
-    /// sharing the file take turns (an exclusive `flock` on `FILE.lock`).
-    pub fn record(&self, mb: u64) -> Result<(), String> {
+    /// Records `mb` for this model unless a higher figure is recorded already, and the
+    /// context profiling measured with it (`context_mb`, the latest measurement), in one
+    /// write. Other fields of the entry are kept. Servers sharing the file take turns (an
+    /// exclusive `flock` on `FILE.lock`).
+    pub fn record(&self, mb: u64, context_mb: Option<u64>) -> Result<(), String> {
         let _lock = self.lock()?;
         let mut doc = self.read()?.unwrap_or_default();
-        let old = doc
-            .get(&self.key)
-            .and_then(|e| e.get("high_water_mb"))
-            .and_then(Value::as_u64);
-        if old.is_some_and(|o| o >= mb) {
+        let mut entry = match doc.remove(&self.key) {
+            Some(Value::Object(e)) => e,
+            _ => Map::new(),
+        };
+        let old = |k: &str| entry.get(k).and_then(Value::as_u64);
+        let higher = old("high_water_mb").is_none_or(|o| mb > o);
+        let context = context_mb.filter(|c| old("context_mb") != Some(*c));
+        if !higher && context.is_none() {
             return Ok(());
         }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut entry = match doc.remove(&self.key) {
-            Some(Value::Object(e)) => e,
-            _ => Map::new(),
-        };
-        let fresh =
-            json!({"high_water_mb": mb, "model": self.model.display().to_string(), "updated": now});
-        if let Value::Object(fresh) = fresh {
-            entry.extend(fresh);
+        if higher {
+            entry.insert("high_water_mb".into(), mb.into());
         }
+        if let Some(c) = context {
+            entry.insert("context_mb".into(), c.into());
+        }
+        entry.insert("model".into(), self.model.display().to_string().into());
+        entry.insert("updated".into(), now.into());
         doc.insert(self.key.clone(), Value::Object(entry));
         self.write(doc)
     }
@@ -180,21 +179,31 @@ mod tests {
         let fa = FootprintFile::new(&path, &a).unwrap();
         let fb = FootprintFile::new(&path, &b).unwrap();
         assert_eq!(fa.recorded_mb().unwrap(), None);
-        fa.record(3000).unwrap();
-        fa.record(2000).unwrap();
-        fb.record(700).unwrap();
+        fa.record(3000, None).unwrap();
+        fa.record(2000, None).unwrap();
+        fb.record(700, None).unwrap();
         assert_eq!(fa.recorded_mb().unwrap(), Some(3000));
         assert_eq!(fb.recorded_mb().unwrap(), Some(700));
-        fa.record(3500).unwrap();
+        fa.record(3500, None).unwrap();
         assert_eq!(fa.recorded_mb().unwrap(), Some(3500));
         // Issue 52, item 9: the context profiling measured is kept beside the footprint,
         // through later records of a higher footprint.
-        assert_eq!(fa.recorded_context_mb().unwrap(), None);
-        fa.record_context(610).unwrap();
-        fa.record(3600).unwrap();
-        assert_eq!(fa.recorded_context_mb().unwrap(), Some(610));
-        assert_eq!(fb.recorded_context_mb().unwrap(), None);
-        assert_eq!(fa.recorded_mb().unwrap(), Some(3600));
+        let context = |f: &FootprintFile| f.recorded().unwrap().and_then(|r| r.context_mb);
+        assert_eq!(context(&fa), None);
+        // A lower footprint with a context keeps the higher footprint, and the context.
+        fa.record(3000, Some(610)).unwrap();
+        assert_eq!(fa.recorded_mb().unwrap(), Some(3500));
+        assert_eq!(context(&fa), Some(610));
+        fa.record(3600, None).unwrap();
+        assert_eq!(context(&fa), Some(610));
+        assert_eq!(context(&fb), None);
+        assert_eq!(
+            fa.recorded().unwrap(),
+            Some(Recorded {
+                high_water_mb: 3600,
+                context_mb: Some(610)
+            })
+        );
         // The key is the content's SHA-256: the same bytes elsewhere share the record.
         let c = dir.path().join("c.pt");
         std::fs::write(&c, b"model a").unwrap();

@@ -238,7 +238,6 @@ impl MasterMetrics {
                 gpu_used: w
                     .gpu
                     .zip(nvml)
-                    .filter(|_| crate::pid_namespace::nvml_pids_are_ours())
                     .and_then(|(g, n)| n.process_used_bytes(g, pid).ok().flatten()),
                 allocator_peak: w.allocator_peak,
                 rss: crate::own_memory::resident(Some(pid)),

@@ -58,12 +58,11 @@ impl Measured {
     /// workspaces), MB: NVML's figure for it (or the fall of free memory) less the
     /// allocator's reserved bytes, when both were read.
     pub fn context_mb(&self) -> Option<u64> {
-        if self.recorded_context_mb.is_some() {
-            return self.recorded_context_mb;
-        }
-        let whole = self.nvml_used.or(self.device_delta)?;
-        let reserved = self.allocator_reserved?;
-        Some(whole.saturating_sub(reserved).div_ceil(MB))
+        self.recorded_context_mb.or_else(|| {
+            let whole = self.nvml_used.or(self.device_delta)?;
+            let reserved = self.allocator_reserved?;
+            Some(whole.saturating_sub(reserved).div_ceil(MB))
+        })
     }
 
     /// The per-worker figure a plan should assume: footprint × headroom, at least
@@ -126,11 +125,7 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout, &mut reaped);
     // Read NVML while the worker still holds its memory, then stop it (unless it is gone
     // and reaped already: its pid may belong to another process by now).
-    // Outside the host's pid namespace NVML's pids are not ours (`pid_namespace`): the
-    // fall of free memory measures the worker instead.
-    let nvml_used = crate::pid_namespace::nvml_pids_are_ours()
-        .then(|| gpus.process_used_bytes(index, pid).ok().flatten())
-        .flatten();
+    let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();
     let free_after = gpus.free_bytes(index).ok();
     if !reaped {
         stop(pid);

@@ -59,6 +59,14 @@ impl ComputeMode {
         }
     }
 
+    /// One process at a time may hold a CUDA context (exclusive-process or -thread).
+    pub fn is_exclusive(self) -> bool {
+        matches!(
+            self,
+            ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ComputeMode::Default => "default",

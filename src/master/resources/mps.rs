@@ -131,28 +131,30 @@ fn size_mb(s: &str) -> Option<u64> {
     n.checked_mul(unit).map(|b| b / MB)
 }
 
+/// A stand-in for the daemon in tests: a `SOCK_SEQPACKET` socket listening at
+/// `dir/control`, as `nvidia-cuda-mps-control -d` listens.
+#[cfg(test)]
+pub(crate) fn listen_as_daemon(dir: &Path) -> std::os::fd::OwnedFd {
+    use nix::sys::socket::{bind, listen, Backlog};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        fd.as_raw_fd(),
+        &UnixAddr::new(&dir.join("control")).unwrap(),
+    )
+    .unwrap();
+    listen(&fd, Backlog::new(8).unwrap()).unwrap();
+    fd
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::socket::{bind, listen, Backlog};
-
-    /// A stand-in for the daemon: a `SOCK_SEQPACKET` socket listening at `dir/control`.
-    fn seqpacket_daemon(dir: &Path) -> std::os::fd::OwnedFd {
-        let fd = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        bind(
-            fd.as_raw_fd(),
-            &UnixAddr::new(&dir.join("control")).unwrap(),
-        )
-        .unwrap();
-        listen(&fd, Backlog::new(8).unwrap()).unwrap();
-        fd
-    }
 
     /// Issue 52, item 1: the daemon listens as `SOCK_SEQPACKET`; a stream socket there is
     /// not it (the workers' CUDA could not connect), and a socket left behind is nothing.
@@ -161,7 +163,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let why = detect(dir.path()).unwrap_err();
         assert!(why.starts_with("no MPS control daemon at"), "{why}");
-        let l = seqpacket_daemon(dir.path());
+        let l = listen_as_daemon(dir.path());
         let how = detect(dir.path()).unwrap();
         assert!(how.contains("accepts connections"), "{how}");
         // A socket left behind by a daemon that is gone.

@@ -40,6 +40,9 @@ pub struct NvmlProbe {
     devices: Vec<(u32, (u32, Option<u32>))>,
     /// What listing left out, and why.
     notes: Vec<String>,
+    /// Whether the pids NVML lists are this process's namespace's
+    /// (`crate::pid_namespace`): if not, no per-process figure is read as ours.
+    pids_are_ours: bool,
 }
 
 impl std::fmt::Debug for NvmlProbe {
@@ -67,6 +70,7 @@ impl NvmlProbe {
             lib: name,
             devices: Vec::new(),
             notes: Vec::new(),
+            pids_are_ours: crate::pid_namespace::nvml_pids_are_ours(),
         };
         probe.list_devices();
         Ok(probe)
@@ -255,8 +259,15 @@ impl NvmlProbe {
     ///
     /// Both lists are read: the compute processes, and the MPS clients (under MPS the
     /// compute list shows the MPS server, its clients only the MPS list).
+    ///
+    /// Outside the host's pid namespace none is read: NVML lists host pids, and `pid` may
+    /// be a foreign process's there (`crate::pid_namespace`); callers then take the
+    /// device's free memory, as for a pid NVML does not list.
     pub fn process_used_bytes(&self, index: u32, pid: u32) -> Result<Option<u64>, ProbeError> {
         let dev = self.device(index)?;
+        if !self.pids_are_ours {
+            return Ok(None);
+        }
         let mut procs = match listed(|| dev.running_compute_processes()) {
             Ok(p) => p,
             Err(e) if not_there(&e) => Vec::new(),
@@ -286,6 +297,13 @@ impl NvmlProbe {
             return Ok(None);
         }
         Ok(procs.iter().find(|p| p.pid == pid).and_then(used))
+    }
+
+    /// The probe as in a pid namespace whose ids NVML's are (`true`) or are not: what
+    /// [`NvmlProbe::open`] decides from `/proc/self/ns/pid`, for tests to set either way.
+    pub fn with_pids_ours(mut self, ours: bool) -> NvmlProbe {
+        self.pids_are_ours = ours;
+        self
     }
 
     /// The driver's CUDA version (12040 = 12.4), when NVML says.

@@ -30,7 +30,7 @@ use nix::sys::signal::Signal;
 
 use super::Supervisor;
 use crate::master::plan::{GpuPlan, Plan};
-use crate::master::resources::{mps, ComputeMode};
+use crate::master::resources::mps;
 use crate::master::slot::{Phase, RetireAsk, WorkerState};
 use crate::protocol::worker_exit;
 
@@ -116,12 +116,7 @@ impl DaemonWatch {
     /// Whether no worker may start on `g`: the daemon is gone and `g`, exclusive without
     /// it, was planned with several clients.
     pub fn blocks(&self, g: &GpuPlan) -> bool {
-        self.gone.is_some()
-            && g.mps
-            && matches!(
-                g.compute_mode,
-                ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread
-            )
+        self.gone.is_some() && g.mps && g.compute_mode.is_exclusive()
     }
 
     /// Looks when due; `Some(Err(why))` it has just gone, `Some(Ok(how))` it has just come
@@ -212,12 +207,7 @@ impl Supervisor {
             .plan
             .gpus
             .iter()
-            .filter(|g| {
-                matches!(
-                    g.compute_mode,
-                    ComputeMode::ExclusiveProcess | ComputeMode::ExclusiveThread
-                )
-            })
+            .filter(|g| g.compute_mode.is_exclusive())
             .map(|g| g.label.clone())
             .collect();
         let pipe = d.pipe_dir.display().to_string();
@@ -242,6 +232,7 @@ impl Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::master::resources::ComputeMode;
 
     fn serving(gpus: &[u32]) -> MpsFaults {
         MpsFaults {
@@ -279,23 +270,9 @@ mod tests {
     /// second while gone; only exclusive-process MPS GPUs are blocked while it is gone.
     #[test]
     fn a_daemon_that_goes_blocks_exclusive_gpus_until_it_is_back() {
-        use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag};
-        use nix::sys::socket::{SockType, UnixAddr};
-        use std::os::fd::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let control = dir.path().join("control");
-        let daemon = || {
-            let fd = socket(
-                AddressFamily::Unix,
-                SockType::SeqPacket,
-                SockFlag::empty(),
-                None,
-            )
-            .unwrap();
-            bind(fd.as_raw_fd(), &UnixAddr::new(&control).unwrap()).unwrap();
-            listen(&fd, Backlog::new(4).unwrap()).unwrap();
-            fd
-        };
+        let daemon = || mps::listen_as_daemon(dir.path());
         let up = daemon();
         let t0 = Instant::now();
         let mut w = DaemonWatch::new(dir.path().to_path_buf(), t0);

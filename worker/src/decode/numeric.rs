@@ -266,9 +266,6 @@ impl Parser {
 
     /// A value that is neither an array nor an element of the dtype.
     fn wrong<E: de::Error>(&mut self, depth: usize, what: &str) -> Result<(), E> {
-        if depth == 0 && what == "an object" {
-            return Err(self.fail(INPUTS_IS_AN_OBJECT.into()));
-        }
         if depth == 0 {
             return Err(self.fail(format!(
                 "`inputs` must be a (nested) array of numbers, found {what}"
@@ -411,6 +408,9 @@ impl<'de> Visitor<'de> for Node<'_> {
         self.p.wrong(self.depth, "null")
     }
     fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        if self.depth == 0 {
+            return Err(self.p.fail(INPUTS_IS_AN_OBJECT.into()));
+        }
         self.p.wrong(self.depth, "an object")
     }
 }

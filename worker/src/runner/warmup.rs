@@ -229,7 +229,7 @@ fn check_max_lengths(
         }
         let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
         if matches!(
-            super::classify(&e.to_string()),
+            super::classify(e.message()),
             super::RunError::OutOfMemory(_)
         ) {
             tracing::warn!(
