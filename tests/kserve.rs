@@ -236,8 +236,7 @@ fn the_serving_runtime_serves_the_inference_service_name_to_kserve_and_triton_cl
     assert_eq!(ready.status, 200, "{ready:?}");
 
     // Both v2 clients, by the InferenceService's name.
-    let python = std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
+    let python = common::python();
     let script = root().join("tests/support/kserve_runtime.py");
     let cases = fixtures().join("mlp_expected.json");
     let mut client = match pid {

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{App, Server, PATIENCE};
+use common::{python, App, Server, PATIENCE};
 
 /// The README's fenced blocks in the section headed `section`, as (language, text).
 fn blocks(section: &str) -> Vec<(String, String)> {
@@ -35,11 +35,6 @@ fn blocks(section: &str) -> Vec<(String, String)> {
         }
     }
     out
-}
-
-fn python() -> String {
-    std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test")
 }
 
 /// Runs `script` with the test environment's Python in `dir`; its standard output.

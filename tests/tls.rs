@@ -245,8 +245,7 @@ fn a_certificate_swapped_by_hup_reaches_new_connections_while_a_keep_alive_clien
     let s = start(&app, &pki, &["--metrics-port", "0"]);
     s.wait_workers(1);
     let ca = pki.path("ca.pem");
-    let python = std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
+    let python = common::python();
     let mut client = Command::new(python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/tls_client.py"))
         .args([

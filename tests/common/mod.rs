@@ -636,12 +636,18 @@ pub fn parse_raw(raw: &[u8]) -> std::io::Result<(u16, Headers, &[u8])> {
     Ok((status, headers, &raw[end + 4..]))
 }
 
+/// The test environment's Python: the torch venv, where `scripts/setup-torch` installs the
+/// tests' packages (`scripts/test` sets `VRAMFORK_PYTHON`).
+pub fn python() -> String {
+    std::env::var("VRAMFORK_PYTHON")
+        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test")
+}
+
 /// Runs a Python script of `tests/support/` with the test environment's Python (the torch
 /// venv, where `scripts/setup-torch` installs the tests' packages), `stdin` on its standard
 /// input; its standard output is JSON. Fails the test with its standard error otherwise.
 pub fn python_json(script: &str, args: &[&str], stdin: &[u8]) -> serde_json::Value {
-    let python = std::env::var("VRAMFORK_PYTHON")
-        .expect("VRAMFORK_PYTHON is not set: run the tests through scripts/test");
+    let python = python();
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/support")
         .join(script);
