@@ -102,12 +102,18 @@ impl Server {
     }
 
     pub fn start_env(app: &App, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut s = Self::spawn(app, args, env);
+        Self::spawn(app, args, env).wait_listening()
+    }
+
+    /// Waits until the started `app` listens (its `listening` event: JSON logs), and
+    /// learns its port.
+    pub fn wait_listening(mut self) -> Server {
+        let s = &mut self;
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(port) = s.log_port() {
                 s.port = port;
-                return s;
+                return self;
             }
             if let Some(st) = s.try_exit() {
                 panic!("app exited ({st}) before listening:\n{}", s.log_text());
