@@ -346,6 +346,10 @@ pub enum ControlMsg {
         /// Its own host memory now ([`crate::own_memory`]), bytes.
         #[serde(default)]
         own_memory: Option<u64>,
+        /// Once a pass has answered a request: how far its passes took its resident set
+        /// since ready (what the master bounds the pool by when nothing was measured at start).
+        #[serde(default)]
+        passes_peak: Option<PassesPeak>,
     },
     /// What it has answered so far (cumulative), sent with a heartbeat when it changed
     /// and once more before it exits.
@@ -376,9 +380,20 @@ pub struct ReadyMemory {
     pub rss: u64,
     /// The template: how far its warm-up passes took its resident set above where it was
     /// before them (the peak of a pass's activations and scratch); `None` when it ran none
-    /// or the kernel could not reset the peak.
+    /// or the kernel could not reset the peak. A worker that warmed itself up (exec'd): how
+    /// far its load and warm-up took its resident set above where it is when ready.
     #[serde(default)]
     pub pass_peak: Option<u64>,
+}
+
+/// A serving worker's host memory as its passes took it (bytes): its own memory when it
+/// became ready, and how far the peak of its resident set rose above the resident set it
+/// had then, over the passes it has run since (activations, scratch, what the allocator
+/// kept). Their sum is what one more such worker costs at its peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassesPeak {
+    pub own_at_ready: u64,
+    pub rise: u64,
 }
 
 /// A worker's GPU footprint in bytes: the caching allocator's peak reserved bytes plus what
@@ -510,6 +525,10 @@ mod tests {
                 allocator_reserved: None,
                 footprint: Some(3 << 30),
                 own_memory: Some(40 << 20),
+                passes_peak: Some(PassesPeak {
+                    own_at_ready: 2 << 20,
+                    rise: 100 << 20,
+                }),
             },
             ControlMsg::Retiring {
                 reason: RetireReason::OutOfMemory,

@@ -1513,3 +1513,45 @@ fn max_worker_gpu_mb_counts_the_context_each_worker_is_told() {
         );
     }
 }
+
+/// Issue 52: with every worker on a GPU there is no template, so no warm-up pass was
+/// measured at start. The first worker's own warm-up (it declares its input) measures
+/// its host memory before the others start, and the plan takes the host-memory bound from
+/// it: no request is needed.
+#[test]
+fn workers_on_gpus_bound_host_memory_by_the_first_workers_own_warm_up() {
+    let gpus = SimGpus::new(vec![SimGpu::a100_40gb()]);
+    let sim = Sim::new(gpus, &meta(1000, 4000));
+    let cg = sim.app.dir.path().join("cgroup");
+    std::fs::create_dir_all(&cg).unwrap();
+    for (name, text) in [
+        ("memory.max", format!("{}", 8000u64 << 20)),
+        ("memory.current", format!("{}", 100u64 << 20)),
+        ("memory.stat", "anon 0\nfile 0\ninactive_file 0\n".into()),
+        ("memory.events", "oom_kill 0\n".into()),
+    ] {
+        std::fs::write(cg.join(name), text + "\n").unwrap();
+    }
+    let s = sim.start(
+        &["--production", "--memory-cgroup", cg.to_str().unwrap()],
+        &[],
+    );
+    let unmeasured = s.wait_event("host_memory_unmeasured", |_| true);
+    assert!(
+        unmeasured.message().contains("without a template"),
+        "{unmeasured:?}"
+    );
+    let e = s.wait_event("host_memory_planned", |_| true);
+    assert!(e.str("source").unwrap().contains("worker 0 holds"), "{e:?}");
+    let events = s.events();
+    let at = events
+        .iter()
+        .position(|e| e.name == "host_memory_planned")
+        .unwrap();
+    let before = events[..at].iter().filter(|e| e.name == "worker_started");
+    assert_eq!(before.count(), 1, "one worker until it was measured");
+    let n = Rule::new(1000, 4000).fits(&sim.gpus)[0].min(cpu_bound());
+    let n = n.min(e.u64("bound").unwrap() as u32);
+    s.wait_workers(n as usize);
+    assert_eq!(s.post("/", MLP_INPUT).status, 200);
+}

@@ -561,3 +561,126 @@ fn a_worker_oom_killed_under_a_real_cgroup_limit_is_logged_counted_and_replaced(
     let killed = metric(mport, r#"vramfork_worker_exits_total{reason="oom-kill"}"#);
     assert_eq!(killed, Some(1.0), "{}", s.log_text());
 }
+
+/// The master's `worker_started` events logged before its first `name` event.
+fn started_before(s: &Server, name: &str) -> usize {
+    let events = s.events();
+    let at = events.iter().position(|e| e.name == name).unwrap();
+    events[..at]
+        .iter()
+        .filter(|e| e.name == "worker_started")
+        .count()
+}
+
+/// The scratch model with no declared input (so no warm-up pass measures it at start).
+fn undeclared_scratch(app: &App, mb: &str) {
+    let model = memory_model(app, &["scratch", mb]);
+    let meta = format!(r#"{{"name": "scratch", "model": "{}"}}"#, model.display());
+    std::fs::write(app.metadata(), meta).unwrap();
+}
+
+/// Issue 52: nothing measured a pass at start (no declared input shape): one worker serves
+/// until its first answered request shows how far a pass takes its memory, then the pool
+/// opens within the host-memory bound, and TTIN is refused past it.
+#[test]
+fn with_nothing_measured_at_start_one_worker_serves_until_its_pass_bounds_the_pool() {
+    let app = App::new("mlp.pt", "");
+    undeclared_scratch(&app, "100");
+    let cg = app.dir.path().join("cgroup");
+    fake_v2(&cg, 400, 100);
+    let s = Server::start(
+        &app,
+        &["--production", "--memory-cgroup", cg.to_str().unwrap()],
+    );
+    let unmeasured = s.wait_event("host_memory_unmeasured", |_| true);
+    assert!(
+        unmeasured.message().contains("one worker serves"),
+        "{unmeasured:?}"
+    );
+    s.wait_workers(1);
+    let r = s.post("/", r#"{"inputs": [[1.0]]}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e = s.wait_event("host_memory_planned", |_| true);
+    assert!(
+        e.str("source").unwrap().contains("worker 0 holds"),
+        "measured from the serving worker: {e:?}"
+    );
+    let (room, per, bound) = (
+        e.u64("room_mb").unwrap(),
+        e.u64("per_worker_mb").unwrap(),
+        e.u64("bound").unwrap(),
+    );
+    // Its pass's 100 MB and what the worker holds, × 1.2 headroom.
+    assert!((120..260).contains(&per), "{e:?}");
+    assert_eq!(bound, room / per, "{e:?}");
+    assert!(
+        e.fields["bounded"] == true && (1..=2).contains(&bound),
+        "{e:?}"
+    );
+    assert_eq!(
+        started_before(&s, "host_memory_planned"),
+        1,
+        "one worker until the pass was measured:\n{}",
+        s.log_text()
+    );
+    let pids = s.wait_workers(bound as usize);
+    s.signal(libc::SIGTTIN);
+    let refused = s.wait_event("ttin_refused", |_| true);
+    assert!(refused.message().contains("host memory"), "{refused:?}");
+    assert_eq!(s.events_named("worker_started").len(), pids.len());
+}
+
+/// With an operator's worker count, nothing is held (the count is theirs): every worker
+/// starts at once, and the first pass measured warns when the count is past the bound.
+#[test]
+fn with_nothing_measured_an_operators_worker_count_starts_at_once_and_is_warned_of() {
+    let app = App::new("mlp.pt", "");
+    undeclared_scratch(&app, "100");
+    let cg = app.dir.path().join("cgroup");
+    fake_v2(&cg, 400, 100);
+    let cg = cg.to_str().unwrap();
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "3", "--memory-cgroup", cg],
+    );
+    s.wait_workers(3);
+    let r = s.post("/", r#"{"inputs": [[1.0]]}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e = s.wait_event("host_memory_planned", |_| true);
+    assert!(
+        e.fields["bounded"] == false && e.u64("bound").unwrap() < 3,
+        "{e:?}"
+    );
+    let w = s.wait_event("plan_warning", |w| {
+        w.message().contains("above the host-memory bound")
+    });
+    assert!(w.message().contains("--workers = 3"), "{w:?}");
+}
+
+/// The issue's case: a model writing 100 MB per pass, no declared input, a 486 MB memory
+/// cgroup. On the CPU plan's count (5 workers on 2 cores) a burst of first requests
+/// OOM-killed workers; with one worker serving first, every request is answered.
+#[test]
+fn a_burst_of_first_requests_with_nothing_measured_is_answered_without_an_oom_kill() {
+    let app = App::new("mlp.pt", "");
+    undeclared_scratch(&app, "100");
+    let Some(cg) = TestCgroup::create("burst", 486) else {
+        return;
+    };
+    let s = cg.start(&app, &["--production"]);
+    s.wait_workers(1);
+    let statuses = load(s.port, 5, 10, r#"{"inputs": [[1.0]]}"#);
+    assert!(
+        statuses.iter().all(|st| *st == 200),
+        "{statuses:?}\n{}",
+        s.log_text()
+    );
+    let e = s.wait_event("host_memory_planned", |_| true);
+    let cpu_bound = 2 * std::thread::available_parallelism().unwrap().get() as u64 + 1;
+    assert!(
+        e.fields["bounded"] == true && e.u64("workers").unwrap() < cpu_bound,
+        "{e:?}"
+    );
+    assert_eq!(cg.oom_kills(), 0, "{}", s.log_text());
+    assert!(s.events_named("worker_oom_killed").is_empty());
+}

@@ -43,6 +43,8 @@ pub struct App {
     pub max_host_bytes: Option<u64>,
     /// Its own host memory, read by the heartbeat and checked after requests.
     pub own_memory: crate::memory::OwnMemory,
+    /// How far its passes take its resident set once it serves (heartbeats carry it).
+    pub serving_peak: crate::memory::ServingPeak,
     /// What `/metrics` counts, when it is on.
     pub metrics: Option<Recorder>,
     /// The plan's footprint figures, when it was made from a measurement (`GET /`).
@@ -95,6 +97,7 @@ impl App {
                 .max_worker_memory_mb
                 .map(|mb| mb.saturating_mul(1 << 20)),
             own_memory: Default::default(),
+            serving_peak: Default::default(),
             metrics: cfg.metrics.is_some().then(Recorder::default),
             footprint: cfg.footprint,
             api_keys,

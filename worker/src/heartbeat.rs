@@ -52,5 +52,6 @@ pub fn send(app: &App) {
         allocator_reserved: reserved,
         footprint,
         own_memory: app.own_memory.read(),
+        passes_peak: app.serving_peak.read(),
     });
 }

@@ -61,11 +61,17 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         // Free on the idle board before the master (and a client waiting for readiness)
         // hears of it: siblings leave connections to this worker from now on.
         shared.show_state();
+        let mut memory = crate::memory::at_ready();
+        let rise = app.serving_peak.start(memory.map(|m| m.own));
+        // A worker that warmed itself up (exec'd): how far its load and warm-up took it.
+        if let Some(m) = memory.as_mut().filter(|_| plan.boot.warmup_ms > 0.0) {
+            m.pass_peak = rise;
+        }
         shared.control.send(&ControlMsg::Ready {
             pid: std::process::id(),
             boot_ms: plan.boot,
             device: plan.device.clone(),
-            memory: crate::memory::at_ready(),
+            memory,
         });
         tracing::info!(
             event = "ready",

@@ -89,6 +89,7 @@ pub fn boot(
     } else {
         // Forked from the template: the inter-op setting is inherited.
         process::set_intra_threads(cfg.torch_threads);
+        memory::forked();
     }
     let model = load(&cfg, &metadata, preloaded, &fds.control)?;
     serve(cfg, metadata, fds, model, process_ms)

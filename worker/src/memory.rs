@@ -6,7 +6,7 @@
 //! kernel's OOM killer take a worker before the master or the template.
 
 use vramfork::own_memory;
-use vramfork::protocol::ReadyMemory;
+use vramfork::protocol::{PassesPeak, ReadyMemory};
 
 /// This process's own memory and resident set now, for its `Ready` message.
 pub fn at_ready() -> Option<ReadyMemory> {
@@ -44,6 +44,51 @@ impl PassPeak {
         };
         Some(m)
     }
+}
+
+/// How far this worker's passes take its resident set once it serves (the master bounds
+/// the pool by it when nothing measured a pass at start: no declared input shape, or
+/// workers started without a template): its resident set's peak (`VmHWM`: since its start
+/// when exec'd, so its load counts too; since [`forked`] when forked) above the resident
+/// set it had when ready, read once a pass has answered a request.
+#[derive(Default)]
+pub struct ServingPeak {
+    /// Its own memory and resident set when ready, bytes.
+    at_ready: std::sync::Mutex<Option<(u64, u64)>>,
+    passed: std::sync::atomic::AtomicBool,
+}
+
+impl ServingPeak {
+    /// The worker is ready with `own` bytes of its own: measured from here. Returns how far
+    /// its resident set's peak is above its resident set now (its load and warm-up).
+    pub fn start(&self, own: Option<u64>) -> Option<u64> {
+        let resident = own_memory::resident(None);
+        *self.at_ready.lock().unwrap_or_else(|p| p.into_inner()) = own.zip(resident);
+        Some(own_memory::peak_resident()?.saturating_sub(resident?))
+    }
+
+    /// A pass answered a request.
+    pub fn passed(&self) {
+        self.passed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The figures once a pass has answered (`None` before, or when unreadable).
+    pub fn read(&self) -> Option<PassesPeak> {
+        if !self.passed.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let (own_at_ready, resident) = (*self.at_ready.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let rise = own_memory::peak_resident()?.saturating_sub(resident);
+        Some(PassesPeak { own_at_ready, rise })
+    }
+}
+
+/// In a worker the template forked: its resident set's peak was the template's (the
+/// kernel copies it at fork); from here it is this worker's own (hwFetch's CPU figure, and
+/// [`ServingPeak`]).
+pub fn forked() {
+    own_memory::reset_peak();
 }
 
 /// This worker's own memory between exact readings: `smaps_rollup` (0.9 ms) is read by the

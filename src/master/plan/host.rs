@@ -5,7 +5,8 @@
 //!   set, never above `MemAvailable`; else `MemAvailable`) is recorded, the cost of a worker
 //!   not yet known: `app plan` shows the row, and the bound is not applied.
 //! - [`apply`]: with the cost measured — the template's warm-up peak plus what a forked
-//!   worker holds of its own when ready, × `--memory-headroom`, and at least
+//!   worker holds of its own when ready, or else the first worker's own memory when ready
+//!   plus how far its resident set rose (`master::supervisor::host`), × `--memory-headroom`, and at least
 //!   `--max-worker-memory-mb` (a worker may grow that far before it is recycled) — the
 //!   bound is computed; below the worker count, it lowers it (rule 4 becomes min(CPU, GPU,
 //!   host memory)); 0 is [`PlanError::HostMemory`] unless an override insists (then a
@@ -66,7 +67,7 @@ impl WorkerCost {
 /// Records what the server may use; the cost of a worker is measured later.
 pub fn budget(plan: &mut Plan, budget: Budget) {
     plan.why.push(format!(
-        "host-memory bound: {} MB may be used ({}); one worker's peak is measured from the template's warm-up pass when the server starts",
+        "host-memory bound: {} MB may be used ({}); one worker's peak is measured from the template's warm-up pass when the server starts, else from the first worker's (one worker serves until then, unless the worker count is an override)",
         budget.room_mb, budget.source
     ));
     plan.host = Some(HostPlan {

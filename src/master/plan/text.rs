@@ -147,7 +147,7 @@ impl Plan {
             }
             _ => writeln!(
                 s,
-                "  per worker            measured from the template's warm-up pass when the server starts"
+                "  per worker            measured from the template's warm-up pass when the server starts, else from the first worker's"
             ),
         }
     }

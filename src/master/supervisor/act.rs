@@ -166,7 +166,7 @@ impl Supervisor {
             now,
             workers: &states,
             slots: &self.slots,
-            target: self.target,
+            target: self.host.hold(self.target),
             cfg_gen: self.reload.gen,
             stopping: self.stopping,
             ever_ready: self.boots.ever_ready,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::reload::Outcome;
 use super::{Live, Supervisor};
 use crate::master::slot::{Phase, WorkerState};
-use crate::protocol::{take_line, BootTimes, ControlMsg};
+use crate::protocol::{take_line, BootTimes, ControlMsg, PassesPeak};
 
 impl Supervisor {
     pub(super) fn read_control(&mut self) {
@@ -74,6 +74,14 @@ impl Supervisor {
                     memory,
                 } => {
                     self.host.own_memory(st, memory.map(|m| m.own));
+                    let warmed = memory.and_then(|m| {
+                        let rise = m.pass_peak?;
+                        Some(PassesPeak {
+                            own_at_ready: m.own,
+                            rise,
+                        })
+                    });
+                    self.serving_measured(st, warmed);
                     let simulated = self.cfg.simulated_gpus && device.contains("simulated");
                     let off_gpu = !device.starts_with("cuda") && !simulated;
                     if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
@@ -104,8 +112,10 @@ impl Supervisor {
                     allocator_reserved,
                     footprint,
                     own_memory,
+                    passes_peak,
                 } => {
                     self.host.own_memory(st, own_memory);
+                    self.serving_measured(st, passes_peak);
                     st.allocator = allocator_peak.zip(allocator_reserved);
                     st.footprint = footprint;
                     st.last_heartbeat = now;

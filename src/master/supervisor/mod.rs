@@ -203,7 +203,9 @@ impl Supervisor {
 
     /// Reports the pool (`pool` event) when it changed since the last report.
     fn report_pool(&mut self) {
-        let now = Pool::of(self.target, self.workers.iter().map(|w| &w.state));
+        // While one worker serves to be measured (`host.rs`), the pool wants one.
+        let wanted = self.host.hold(self.target);
+        let now = Pool::of(wanted, self.workers.iter().map(|w| &w.state));
         if now != self.reported {
             now.report();
             self.reported = now;

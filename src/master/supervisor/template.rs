@@ -51,6 +51,11 @@ impl Templates {
         self.off_gen = Some(u64::MAX);
     }
 
+    /// Whether no template is ever started (workers are started by exec).
+    pub fn never(&self) -> bool {
+        self.off_gen == Some(u64::MAX)
+    }
+
     /// Whether a template may be started for configuration `gen` (none when every worker
     /// is planned on a GPU: those are exec'd).
     pub fn wanted(&self, gen: u64, all_on_gpus: bool) -> bool {
@@ -76,7 +81,7 @@ impl Templates {
     /// are counted anew); one of `gen` that has not loaded within `boot_timeout` is given up
     /// (exec takes over).
     pub fn in_place(&mut self, gen: u64, boot_timeout: Duration) -> bool {
-        if self.off_gen == Some(u64::MAX) {
+        if self.never() {
             return true;
         }
         if let Some(t) = &self.current {
@@ -183,11 +188,18 @@ impl Supervisor {
     /// Starts the template for the current configuration when there should be one.
     pub(super) fn ensure_template(&mut self) {
         let gen = self.reload.gen;
-        if self.stopping.is_some() || self.templates.in_place(gen, self.cfg.boot_timeout) {
+        if self.stopping.is_some() {
+            return;
+        }
+        if self.templates.in_place(gen, self.cfg.boot_timeout) {
+            if self.templates.never() {
+                self.no_template_measures();
+            }
             return;
         }
         let all_on_gpus = self.plan.placement.iter().all(|p| p.gpu.is_some());
         if !self.templates.wanted(gen, all_on_gpus) {
+            self.no_template_measures();
             return;
         }
         let Some(listener) = &self.listener else {

@@ -413,6 +413,7 @@ fn finish(
             Err(ApiError::Run(e))
         }
         Some(Ok(out)) => {
+            app.serving_peak.passed();
             if let Some(m) = &app.metrics {
                 m.forward(out.forward);
             }
