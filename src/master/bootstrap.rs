@@ -17,6 +17,7 @@ use super::footprint_file::FootprintFile;
 use super::measured::{self, Profiled, Source};
 use super::metrics::MasterMetrics;
 use super::plan::{self, Demand, Plan};
+use super::reservation::Reservation;
 use super::resources::host_memory::{Budget, Cgroup};
 use super::resources::{self, NvmlProbe, Resources};
 use super::signals::Signals;
@@ -111,6 +112,8 @@ pub struct Server {
     gpus: Option<NvmlProbe>,
     plan: Plan,
     inherited: Option<Inherited>,
+    /// Read (its lock held) before planning; written once the plan is final.
+    reservation: Option<Reservation>,
 }
 
 impl Server {
@@ -123,7 +126,8 @@ impl Server {
         logging::init(cfg.log_json);
         let (res, gpus) = resources::probe(cfg.nvml_library.as_deref())
             .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
-        let res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
+        let mut res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
+        let reservation = Reservation::begin(&cfg, &mut res);
         let mut cfg = cfg;
         cfg.mps_on = mps_on(&cfg, &res);
         let plan = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy())
@@ -135,6 +139,7 @@ impl Server {
             gpus,
             plan,
             inherited,
+            reservation,
         })
     }
 
@@ -217,6 +222,7 @@ impl Server {
             addr,
             scheme,
             metrics_listener,
+            reservation: self.reservation,
         })
     }
 }
@@ -258,6 +264,7 @@ pub struct Bound {
     addr: String,
     scheme: &'static str,
     metrics_listener: Option<TcpListener>,
+    reservation: Option<Reservation>,
 }
 
 impl Bound {
@@ -314,12 +321,19 @@ impl Bound {
                 Err(e) => return fail(e),
             },
         };
+        // The final plan's reservation (the ledger's lock, held since before planning,
+        // through profiling, goes with it).
+        let mut reservation = self.reservation;
+        if let Some(r) = &mut reservation {
+            r.commit(&plan);
+        }
         // Learning needs something to compare with: GPU workers planned from a footprint.
         let learner =
             (plan.device == Device::Cuda && self.gpus.is_some() && plan.planned_typ_mb > 0)
                 .then(|| Learner::new(&plan, footprint_file));
         Supervisor::new(self.cfg, plan, self.listener, signals, self.gpus, metrics)
             .with_learner(learner)
+            .with_reservation(reservation)
             .run()
     }
 }

@@ -239,6 +239,12 @@ pub struct Cli {
     )]
     pub memory_cgroup: Option<OsString>,
 
+    /// The directory of the GPU-memory ledger the servers of this host share: each
+    /// reserves what its workers on GPUs take and plans around the others'
+    /// reservations; off plans alone. [default: /run/vramfork]
+    #[arg(long, global = true, env = "VRAMFORK_LEDGER", value_name = "DIR")]
+    pub ledger: Option<OsString>,
+
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
         long,

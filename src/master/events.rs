@@ -22,8 +22,13 @@
 //! | `footprint_file_error` | warn | | `--footprint-file` could not be read or written (once) |
 //! | `footprint_file_detached` | info | | a reload changed the model: `--footprint-file` is no longer updated |
 //! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
-//! | `host_memory_planned` | info | `room_mb`, `per_worker_mb`, `bound`, `workers`, `bounded` (the bound lowered the count), `source` (the cgroup's limit file, or `MemAvailable`) | the first template was ready: the host-memory bound from its warm-up's peak (`master::plan::host`) |
-//! | `host_memory_unmeasured` | info | | the template ran no warm-up pass: the host-memory bound is not applied |
+//! | `host_memory_planned` | info | `room_mb`, `per_worker_mb`, `bound`, `workers`, `bounded` (the bound lowered the count), `source` (the cgroup's limit file, or `MemAvailable`; with the measured worker's memory when one was) | the first template was ready: the host-memory bound from its warm-up's peak; or, when nothing was measured at start, from the first worker's own figures (`master::plan::host`, `master::supervisor::host`) |
+//! | `host_memory_unmeasured` | info | | no warm-up pass was measured at start (none declared, or no template): one worker serves until its own figures are in (unless the worker count is an override), or, with no host-memory figure at all, the bound is not applied |
+//! | `ledger_others` | info | `gpu`, `reserved_mb`, `servers` | other servers of the host reserved memory on this GPU in the GPU-memory ledger: the plan counts it as used (`master::reservation`) |
+//! | `ledger_reserved` | info | `reserved_mb`, `dir` | this server's reservation in the ledger was written (at start, and when its workers on GPUs change) |
+//! | `ledger_unavailable` | warn | | the ledger's directory cannot be used: this server plans alone |
+//! | `ledger_write_failed` | warn | | this server's reservation could not be written (tried again at its next renewal) |
+//! | `ledger_rebuilt` | warn | `file` | the ledger file was not a ledger: rebuilt empty (`master::ledger`) |
 //! | `host_memory_refused` | error | | not even one worker fits in the memory the server may use: the master exits 2 |
 //! | `host_memory_exceeded` | warn | `slot`, `pid`, `own_mb`, `planned_mb`, `capacity` | a worker reported more own host memory than the plan assumed per worker (once): TTIN is refused past `capacity` |
 //! | `oom_score_adj` | info, warn | `master`, `workers` | at start: the `oom_score_adj` workers take, above the master's and the template's (warn: the master's is 1000 already, workers cannot be above it) |

@@ -363,6 +363,7 @@ mod tests {
             mps_limit_mb: None,
             mps_client_limit_mb: None,
             gpu_instance: None,
+            ledger_mb: 0,
         }
     }
 

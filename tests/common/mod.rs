@@ -158,6 +158,9 @@ impl Server {
             .collect();
         vars.push(("VRAMFORK_LOG".into(), LOG_FILTER.into()));
         vars.push(("VRAMFORK_LOG_FORMAT".into(), "json".into()));
+        // A GPU-memory ledger of this test's own (tests that share one give theirs in `env`).
+        let ledger = app.dir.path().join("ledger");
+        vars.push(("VRAMFORK_LEDGER".into(), ledger.display().to_string()));
         vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut cmd = match launcher.split_first() {
             None => {

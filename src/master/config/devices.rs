@@ -1,5 +1,5 @@
 //! The device and GPU memory: `--device`, `--gpu-memory-utilization`,
-//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, NVML (`--nvml-library`,
+//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`), NVML (`--nvml-library`,
 //! `--simulated-gpus`), NVIDIA MPS (`--mps`, `CUDA_MPS_PIPE_DIRECTORY`), the operator's
 //! settings of PyTorch's CUDA allocator that bear on the cap ([`AllocatorEnv`]), and
 //! measuring a worker's footprint (`--profile-memory`, `--memory-headroom`).
@@ -52,6 +52,8 @@ pub(super) struct GpuMemory {
     pub gpu_memory_utilization: Option<f64>,
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
+    /// `--ledger`: the GPU-memory ledger's directory; `None`: off.
+    pub ledger: Option<PathBuf>,
 }
 
 impl GpuMemory {
@@ -74,10 +76,19 @@ impl GpuMemory {
             None => None,
             Some(v) => Some(c.uint("--max-worker-gpu-mb", Some(v), 0, 1)?),
         };
+        let ledger = match cli.ledger.as_deref().map(|v| v.to_string_lossy()) {
+            None => Some(PathBuf::from(crate::master::ledger::DEFAULT_DIR)),
+            Some(v) if v.trim() == "off" => None,
+            Some(v) if v.trim().is_empty() => {
+                return Err(c.bad("--ledger", &v, "expected a directory, or off"))
+            }
+            Some(v) => Some(absolute(Path::new(v.trim()))),
+        };
         Ok(GpuMemory {
             gpu_memory_utilization,
             gpu_reserve_mb,
             max_worker_gpu_mb,
+            ledger,
         })
     }
 }

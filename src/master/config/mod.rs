@@ -104,6 +104,8 @@ pub struct Config {
     /// `--memory-cgroup`: where the memory limit, usage and OOM kills are read (checked to
     /// be a cgroup's directory); `None`: this process's own cgroup.
     pub memory_cgroup: Option<PathBuf>,
+    /// The GPU-memory ledger's directory (`--ledger`); `None`: off.
+    pub ledger: Option<PathBuf>,
     pub nvml_library: Option<PathBuf>,
     /// `--mps`: `None` auto (detect the MPS control daemon), on or off.
     pub mps: Option<bool>,
@@ -281,11 +283,7 @@ impl Config {
         let nvml_library = devices::nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, &c)?;
         let mps = devices::mps(cli.mps.as_deref(), &c)?;
         let allocator = devices::AllocatorEnv::read(env)?;
-        let log_json = match cli.log_format.as_deref() {
-            None | Some("text") => false,
-            Some("json") => true,
-            Some(v) => return Err(c.bad("--log-format", v, "expected text or json")),
-        };
+        let log_json = log_json(cli.log_format.as_deref(), &c)?;
         let worker_binary = worker_binary(cli.worker_binary, exe_dir, mode)?;
         Ok(Config {
             mode,
@@ -319,6 +317,7 @@ impl Config {
             gpu_memory_utilization: gpu.gpu_memory_utilization,
             gpu_reserve_mb: gpu.gpu_reserve_mb,
             max_worker_gpu_mb: gpu.max_worker_gpu_mb,
+            ledger: gpu.ledger,
             max_worker_memory_mb: host_memory.max_worker_memory_mb,
             memory_cgroup: host_memory.memory_cgroup,
             nvml_library,
@@ -394,6 +393,15 @@ impl Config {
             allocator_fraction: self.allocator.fraction.map(|f| f.0),
             uncached_allocator: self.allocator.uncached,
         }
+    }
+}
+
+/// `--log-format`: JSON lines (`json`) or text.
+fn log_json(v: Option<&str>, c: &Checker<'_>) -> Result<bool, ConfigError> {
+    match v {
+        None | Some("text") => Ok(false),
+        Some("json") => Ok(true),
+        Some(v) => Err(c.bad("--log-format", v, "expected text or json")),
     }
 }
 

@@ -61,6 +61,14 @@ pub struct GpuPlan {
     /// memory, planned once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_instance: Option<u32>,
+    /// MB the other servers of this host reserved here in the ledger (`master::ledger`):
+    /// `free_mb` is at most `total × fraction` less them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ledger_mb: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl GpuPlan {
@@ -255,10 +263,20 @@ fn gpu_plan(
     mode: PlacementMode,
 ) -> GpuPlan {
     let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
-    let (total_mb, free_mb) = (g.total_mb(), g.free_mb());
+    let total_mb = g.total_mb();
     let fraction = policy
         .gpu_memory_utilization
         .unwrap_or_else(|| default_utilization(total_mb));
+    // The other servers' reservations are used memory, whether they show in NVML yet or not.
+    let shared = (total_mb as f64 * fraction).floor() as u64;
+    let free_mb = match g.ledger_mb {
+        0 => g.free_mb(),
+        others => g.free_mb().min(shared.saturating_sub(others)),
+    };
+    let ledger = match g.ledger_mb {
+        0 => String::new(),
+        others => format!(" (after {others} MB other servers reserved in the ledger)"),
+    };
     let client_limit = super::mps::client_limit(policy, ordinal);
     let usable_mb =
         usable_mb(total_mb, fraction, free_mb, reserve).min(client_limit.unwrap_or(u64::MAX));
@@ -277,7 +295,7 @@ fn gpu_plan(
         PlacementMode::GpuMemory if !admits(free_mb, min, reserve) => (
             0,
             Some(format!(
-                "{free_mb} MB free < est_gpu_mem_min {min} MB + reserve {reserve} MB"
+                "{free_mb} MB free{ledger} < est_gpu_mem_min {min} MB + reserve {reserve} MB"
             )),
         ),
         PlacementMode::GpuMemory => {
@@ -286,7 +304,7 @@ fn gpu_plan(
             let excluded = (fits == 0).then(|| {
                 super::mps::too_big(client_limit, per_worker).unwrap_or_else(|| {
                     format!(
-                    "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free) \
+                    "{usable_mb} MB usable (min({total_mb} MB × {fraction}, {free_mb} MB free{ledger}) \
                      − reserve {reserve} MB) < {per_worker} MB per worker"
                 )
                 })
@@ -314,6 +332,7 @@ fn gpu_plan(
         mps_limit_mb: None,
         mps_client_limit_mb: client_limit,
         gpu_instance: g.gpu_instance,
+        ledger_mb: g.ledger_mb,
     };
     if mode == PlacementMode::GpuMemory {
         (plan.cap_mb, plan.memory_fraction, plan.mps_limit_mb) =

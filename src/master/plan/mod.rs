@@ -324,6 +324,7 @@ mod tests {
             compute_mode: ComputeMode::Default,
             mig: None,
             gpu_instance: None,
+            ledger_mb: 0,
             index,
             uuid: format!("GPU-{index:08}"),
             name: name.into(),

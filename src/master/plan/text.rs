@@ -104,6 +104,9 @@ impl Plan {
                 "\n    total {} MB, free {} MB, fraction {}, usable {} MB",
                 g.total_mb, g.free_mb, g.fraction, g.usable_mb
             )?;
+            if g.ledger_mb > 0 {
+                write!(s, " (other servers reserved {} MB: ledger)", g.ledger_mb)?;
+            }
             if self.mode == PlacementMode::GpuMemory {
                 write!(s, ", fits {}, assigned {}", g.fits, g.assigned)?;
             } else if self.mode == PlacementMode::GpuSpread {

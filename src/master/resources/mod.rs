@@ -104,6 +104,14 @@ pub struct GpuInfo {
     /// reports all of it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_instance: Option<u32>,
+    /// MB the other servers of this host reserved on it in the GPU-memory ledger
+    /// (`master::ledger`): the plan counts them as used.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ledger_mb: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl GpuInfo {

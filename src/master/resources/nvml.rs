@@ -236,6 +236,7 @@ impl NvmlProbe {
                 slot,
             }),
             gpu_instance,
+            ledger_mb: 0,
         })
     }
 

@@ -213,6 +213,7 @@ mod tests {
                 compute_mode: ComputeMode::Default,
                 mig: None,
                 gpu_instance: None,
+                ledger_mb: 0,
             })
             .collect();
         let res = Resources {

@@ -31,6 +31,7 @@ mod mps;
 mod reload;
 mod template;
 
+use crate::master::reservation::Reservation;
 use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
@@ -98,6 +99,8 @@ pub struct Supervisor {
     metrics: Option<MasterMetrics>,
     /// What is learned of the workers' GPU memory while they serve (workers on GPUs).
     learner: Option<Learner>,
+    /// This server's reservation in the GPU-memory ledger.
+    reservation: Option<Reservation>,
     /// Host memory: the bound, what workers hold of their own, OOM kills (`host.rs`).
     host: HostWatch,
     /// Where workers show that they are free ([`crate::board`]); `None` if it could not be
@@ -154,6 +157,7 @@ impl Supervisor {
             templates: Templates::default(),
             metrics,
             learner: None,
+            reservation: None,
             mps_faults,
             mps_daemon,
             host: HostWatch::new(cgroup),
@@ -165,6 +169,12 @@ impl Supervisor {
                 })
                 .ok(),
         }
+    }
+
+    /// Keep this server's reservation in the GPU-memory ledger (`master::reservation`).
+    pub fn with_reservation(mut self, reservation: Option<Reservation>) -> Supervisor {
+        self.reservation = reservation;
+        self
     }
 
     /// Learn the workers' GPU footprint while serving (`footprint.rs`).
@@ -194,7 +204,13 @@ impl Supervisor {
                 if let Some(l) = &mut self.learner {
                     l.save(Instant::now(), true);
                 }
+                if let Some(r) = &mut self.reservation {
+                    r.release();
+                }
                 return code;
+            }
+            if let Some(r) = &mut self.reservation {
+                r.follow(&self.plan, self.target, Instant::now());
             }
             self.report_pool();
             self.notify.tick(Instant::now());

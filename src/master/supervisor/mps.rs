@@ -307,6 +307,7 @@ mod tests {
             mps_limit_mb: Some(100),
             mps_client_limit_mb: None,
             gpu_instance: None,
+            ledger_mb: 0,
         };
         assert!(w.blocks(&g));
         g.compute_mode = ComputeMode::Default;

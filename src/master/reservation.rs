@@ -1,0 +1,173 @@
+//! This server's reservation in the host's GPU-memory ledger ([`crate::master::ledger`]):
+//! the ledger is read, under its lock, before the plan is made (the other servers' live
+//! reservations become each GPU's `ledger_mb`, which the plan counts as used); the lock is
+//! held through profiling until the final plan is written ([`Reservation::commit`]); while
+//! serving, the reservation follows the workers wanted on GPUs and is renewed before its
+//! lease runs out ([`Reservation::follow`]); it is released when the master exits.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crate::master::config::Config;
+use crate::master::ledger::{Ledger, Locked, Others, DEFAULT_DIR, RENEW_EVERY};
+use crate::master::plan::{per_worker_mb, Plan};
+use crate::master::resources::Resources;
+use crate::protocol::Device;
+
+/// What this server holds in the ledger.
+pub struct Reservation {
+    ledger: Ledger,
+    /// Held from the first read until the plan is written.
+    locked: Option<Locked>,
+    /// What was last written, and when.
+    written: Option<(BTreeMap<String, u64>, Instant)>,
+    /// The others' live reservations read before planning, per device UUID.
+    pub others: BTreeMap<String, Others>,
+}
+
+/// MB per device UUID the first `workers` slots of `plan` hold on GPUs: each worker the
+/// figure the plan fitted workers by.
+pub fn reserved_by(plan: &Plan, workers: u32) -> BTreeMap<String, u64> {
+    let per = per_worker_mb(plan.planned_typ_mb);
+    let mut out = BTreeMap::new();
+    for p in plan.placement.iter().filter(|p| p.slot < workers) {
+        if let Some(g) = &p.gpu {
+            *out.entry(g.uuid.clone()).or_insert(0) += per;
+        }
+    }
+    out
+}
+
+impl Reservation {
+    /// Reads the ledger (taking its lock) when this server may plan workers on GPUs, and
+    /// marks each GPU of `res` with what the other servers reserved there. `None`: no
+    /// GPU, `--device cpu`, `--ledger off`, or a ledger that cannot be used (said).
+    pub fn begin(cfg: &Config, res: &mut Resources) -> Option<Reservation> {
+        let dir = cfg.ledger.as_ref()?;
+        if res.gpus.is_empty() || cfg.device == Device::Cpu {
+            return None;
+        }
+        let opened = Ledger::open(dir, &cfg.metadata.name).and_then(|l| {
+            let locked = l.lock()?;
+            Ok((l, locked))
+        });
+        let (ledger, locked) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                let default = if dir.as_os_str() == DEFAULT_DIR {
+                    " (the default; --ledger DIR names another, --ledger off plans alone without this warning)"
+                } else {
+                    ""
+                };
+                tracing::warn!(
+                    target: "app",
+                    event = "ledger_unavailable",
+                    "the GPU-memory ledger in {}{default} cannot be used ({e}): this server plans alone, as if no other server used these GPUs",
+                    dir.display()
+                );
+                return None;
+            }
+        };
+        let others = locked.others();
+        for g in &mut res.gpus {
+            if let Some(o) = others.get(&g.uuid) {
+                g.ledger_mb = o.mb;
+                tracing::info!(
+                    target: "app",
+                    event = "ledger_others",
+                    gpu = g.index,
+                    reserved_mb = o.mb,
+                    servers = o.servers,
+                    "{}: {} other server(s) reserved {} MB in the GPU-memory ledger ({}): planned as used",
+                    g.label(),
+                    o.servers,
+                    o.mb,
+                    dir.display()
+                );
+            }
+        }
+        Some(Reservation {
+            ledger,
+            locked: Some(locked),
+            written: None,
+            others,
+        })
+    }
+
+    /// The other servers' live entries (for `app plan`), read under the lock still held.
+    pub fn entries(&self) -> Vec<crate::master::ledger::Entry> {
+        self.locked
+            .as_ref()
+            .map(Locked::entries)
+            .unwrap_or_default()
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.ledger.dir()
+    }
+
+    /// Writes the final plan's reservation and lets the lock go.
+    pub fn commit(&mut self, plan: &Plan) {
+        let want = reserved_by(plan, plan.workers);
+        let written = match self.locked.take() {
+            Some(mut l) => l.reserve(&want),
+            None => self.ledger.reserve(&want),
+        };
+        self.said(written, want, Instant::now());
+    }
+
+    /// While serving: the reservation for the first `workers` slots of `plan`, written when
+    /// it changed or its lease is due for renewal.
+    pub fn follow(&mut self, plan: &Plan, workers: u32, now: Instant) {
+        let want = reserved_by(plan, workers);
+        let due = match &self.written {
+            None => true,
+            Some((w, at)) => *w != want || now.duration_since(*at) >= RENEW_EVERY,
+        };
+        if due {
+            let written = self.ledger.reserve(&want);
+            self.said(written, want, now);
+        }
+    }
+
+    fn said(&mut self, written: std::io::Result<()>, want: BTreeMap<String, u64>, now: Instant) {
+        match written {
+            Ok(()) => {
+                if self.written.as_ref().is_none_or(|(w, _)| *w != want) {
+                    let total: u64 = want.values().sum();
+                    tracing::info!(
+                        target: "app",
+                        event = "ledger_reserved",
+                        reserved_mb = total,
+                        dir = %self.ledger.dir().display(),
+                        "reserved {total} MB of GPU memory in the ledger ({}): {want:?}",
+                        self.ledger.dir().display()
+                    );
+                }
+                self.written = Some((want, now));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    target: "app",
+                    event = "ledger_write_failed",
+                    "cannot write this server's reservation in the GPU-memory ledger ({}): {e}; tried again in {} s",
+                    self.ledger.dir().display(),
+                    RENEW_EVERY.as_secs()
+                );
+                self.written = Some((want, now));
+            }
+        }
+    }
+
+    /// The master exits: its reservation goes.
+    pub fn release(&mut self) {
+        self.locked = None;
+        if let Err(e) = self.ledger.release() {
+            tracing::warn!(
+                target: "app",
+                "cannot remove this server's reservation from the GPU-memory ledger ({e}); it expires within {} s",
+                crate::master::ledger::LEASE.as_secs()
+            );
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Several servers on one GPU (issue 57): the host's GPU-memory ledger (`--ledger DIR`,
+//! `src/master/ledger.rs`), with real `app` processes against one simulated GPU (the NVML
+//! stand-in, `--simulated-gpus`: workers run on the CPU, so NVML's free memory never falls
+//! as they start — only the ledger keeps servers started together apart).
+
+mod common;
+#[path = "support/nvml_sim.rs"]
+mod nvml_sim;
+
+use std::path::PathBuf;
+
+use common::*;
+use nvml_sim::{SimGpu, SimGpus};
+use serde_json::Value;
+
+/// The per-worker figure every server here declares: the CPU bound (2 × cores + 1) caps
+/// the first server's plan, so the GPU's room is shared out among the next ones.
+const TYP_MB: u64 = 4000;
+
+/// One host: a simulated A100 40 GB and the ledger directory its servers share.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
+        Host { dir }
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.dir.path().join("ledger")
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                nvml_sim::ENV_FILE.to_string(),
+                self.dir.path().join("gpus.json").display().to_string(),
+            ),
+            (
+                "VRAMFORK_LEDGER".into(),
+                self.ledger().display().to_string(),
+            ),
+        ]
+    }
+
+    /// An app of this host (the MLP fixture declaring its input, `TYP_MB` per worker).
+    fn app(&self) -> App {
+        App::new(
+            "mlp.pt",
+            &format!(
+                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {TYP_MB}"#
+            ),
+        )
+    }
+
+    fn args<'a>(&self, lib: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["--nvml-library", lib, "--simulated-gpus"];
+        a.extend_from_slice(more);
+        a
+    }
+
+    fn spawn(&self, app: &App, more: &[&str]) -> Server {
+        let lib = nvml_sim::mock_library().display().to_string();
+        let env = self.env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Server::spawn(app, &self.args(&lib, more), &env)
+    }
+
+    /// `app plan --json` on this host, with the ledger as it is now.
+    fn plan(&self, more: &[&str]) -> Value {
+        let app = self.app();
+        let mut a = vec!["plan", "--json"];
+        a.extend_from_slice(more);
+        let mut s = self.spawn(&app, &a);
+        let st = s.wait_exit(PATIENCE);
+        let log = s.log_text();
+        assert_eq!(st.code(), Some(0), "app plan:\n{log}");
+        let start = log.find("\n{\n").map_or(0, |i| i + 1);
+        serde_json::Deserializer::from_str(&log[start..])
+            .into_iter::<Value>()
+            .next()
+            .unwrap()
+            .unwrap()
+    }
+}
+
+/// The live reservations in the ledger file (MB, every device), read as any tool would.
+fn reserved(host: &Host) -> u64 {
+    let Ok(text) = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")) else {
+        return 0;
+    };
+    let book: Value = serde_json::from_str(&text).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let servers = book["servers"].as_object().unwrap();
+    let live = servers
+        .values()
+        .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
+    live.flat_map(|e| e["gpus"].as_object().unwrap().values())
+        .map(|mb| mb.as_u64().unwrap())
+        .sum()
+}
+
+/// What a server started came to: its worker count once listening, or its exit status and
+/// log when it refused.
+enum Outcome {
+    Serves(Server, u64),
+    Refused(i32, String),
+}
+
+fn outcome(mut s: Server) -> Outcome {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let got = loop {
+        if let Some(e) = s.events().into_iter().find(|e| e.name == "listening") {
+            break Ok(e.u64("workers").unwrap());
+        }
+        if let Some(st) = s.try_exit() {
+            break Err(st);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "neither listening nor exited:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    match got {
+        Ok(n) => {
+            s.port = 0;
+            Outcome::Serves(s, n)
+        }
+        Err(st) => {
+            let log = s.log_text();
+            Outcome::Refused(st.code().unwrap_or(-1), log)
+        }
+    }
+}
+
+/// Servers started at the same moment on one GPU never plan on the same memory: the sum of
+/// what they reserve stays within what the GPU offers (`total × fraction`), and a server
+/// that finds no room left exits 2 naming the ledger. Without the ledger each would plan
+/// the whole GPU (`app plan --ledger off` shows it).
+#[test]
+fn servers_started_together_never_plan_on_the_same_memory() {
+    for n in [2usize, 4] {
+        let host = Host::new();
+        let alone = host.plan(&["--ledger", "off", "--production"]);
+        let g = &alone["gpus"][0];
+        let shared = (g["total_mb"].as_f64().unwrap() * g["fraction"].as_f64().unwrap()).floor();
+        let alone_workers = alone["workers"].as_u64().unwrap();
+        assert!(
+            alone_workers * TYP_MB * n as u64 > shared as u64,
+            "alone, {n} servers would over-commit the GPU: {alone}"
+        );
+        let apps: Vec<App> = (0..n).map(|_| host.app()).collect();
+        let started: Vec<Server> = apps
+            .iter()
+            .map(|a| host.spawn(a, &["--production"]))
+            .collect();
+        let outcomes: Vec<Outcome> = started.into_iter().map(outcome).collect();
+        let mut total = 0;
+        for o in &outcomes {
+            match o {
+                Outcome::Serves(s, workers) => {
+                    assert!(*workers >= 1);
+                    s.wait_workers(*workers as usize);
+                    total += workers * TYP_MB;
+                }
+                Outcome::Refused(code, log) => {
+                    assert_eq!(*code, 2, "{log}");
+                    assert!(log.contains("other servers reserved"), "{log}");
+                }
+            }
+        }
+        assert!(
+            total as f64 <= shared,
+            "{n} servers reserved {total} MB of {shared} MB"
+        );
+        // Each server's reservation is in the ledger while it serves.
+        assert_eq!(reserved(&host), total);
+    }
+}
+
+/// A master killed with SIGKILL leaves its reservation, which expires with its lease; a
+/// serving neighbour's reservation is renewed and stays. A server stopped with TERM takes
+/// its reservation with it at once.
+#[test]
+fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
+    let host = Host::new();
+    let (a, b) = (host.app(), host.app());
+    let Outcome::Serves(first, n_first) = outcome(host.spawn(&a, &["--production"])) else {
+        panic!("the first server refused");
+    };
+    first.wait_workers(n_first as usize);
+    let Outcome::Serves(second, n_second) = outcome(host.spawn(&b, &["--production"])) else {
+        panic!("the second server refused");
+    };
+    second.wait_workers(n_second as usize);
+    let both = (n_first + n_second) * TYP_MB;
+    assert_eq!(reserved(&host), both);
+    // SIGKILL the first master: nothing removes its entry but time.
+    // SAFETY: kill(2) on the first server's master, a child of this test.
+    unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
+    let left = first.poll("the killed server's reservation to expire", || {
+        let v = reserved(&host);
+        (v < both).then_some(v)
+    });
+    assert_eq!(
+        left,
+        n_second * TYP_MB,
+        "the live server's reservation was renewed"
+    );
+    drop(first);
+    // TERM: gone at once.
+    second.signal(libc::SIGTERM);
+    let mut second = second;
+    second.wait_exit(PATIENCE);
+    assert_eq!(
+        host.plan(&[])["gpus"][0]["ledger_mb"].as_u64().unwrap_or(0),
+        0
+    );
+}
+
+/// A ledger file that is no ledger is said and rebuilt; the server plans as if alone.
+#[test]
+fn a_ledger_file_that_is_no_ledger_is_rebuilt_not_a_crash() {
+    let host = Host::new();
+    std::fs::create_dir_all(host.ledger()).unwrap();
+    std::fs::write(
+        host.ledger().join("gpu-ledger.json"),
+        "{\"servers\": {\"x\"",
+    )
+    .unwrap();
+    let alone = host.plan(&["--ledger", "off"])["workers"].clone();
+    let app = host.app();
+    let Outcome::Serves(s, n) = outcome(host.spawn(&app, &["--production"])) else {
+        panic!("refused");
+    };
+    let e = s.wait_event("ledger_rebuilt", |_| true);
+    assert!(e.message().contains("rebuilt"), "{e:?}");
+    assert_eq!(Value::from(n), alone);
+    s.wait_workers(n as usize);
+}
+
+/// `--ledger` is checked: an empty value is exit 2; a ledger that cannot be used (its
+/// directory cannot be made) is a warning, and the server plans alone.
+#[test]
+fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
+    let host = Host::new();
+    let file = host.dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let app = host.app();
+    let under_a_file = file.join("ledger");
+    let mut s = host.spawn(
+        &app,
+        &["--production", "--ledger", under_a_file.to_str().unwrap()],
+    );
+    let e = s.wait_event("ledger_unavailable", |_| true);
+    assert!(e.message().contains("plans alone"), "{e:?}");
+    drop(s);
+    s = host.spawn(&app, &["plan", "--ledger", " "]);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(2), "{}", s.log_text());
+    assert!(s.log_text().contains("--ledger"), "{}", s.log_text());
+}
