@@ -267,3 +267,69 @@ fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     assert_eq!(s.wait_exit(PATIENCE).code(), Some(2), "{}", s.log_text());
     assert!(s.log_text().contains("--ledger"), "{}", s.log_text());
 }
+
+/// The ledger's live entries: (pid as its server sees it, expiry in ms since the epoch).
+fn entries(host: &Host) -> Vec<(u64, u64)> {
+    let text = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")).unwrap();
+    let book: Value = serde_json::from_str(&text).unwrap();
+    let servers = book["servers"].as_object().unwrap();
+    servers
+        .values()
+        .map(|e| {
+            (
+                e["pid"].as_u64().unwrap(),
+                e["expires_ms"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Servers in different pid namespaces (one started under `unshare --pid`, as in its own
+/// container: its master is pid 1 there) share the ledger without expiring each other's
+/// live entries: both are renewed past a whole lease.
+#[test]
+fn servers_in_different_pid_namespaces_keep_each_others_entries() {
+    let host = Host::new();
+    let (a, b) = (host.app(), host.app());
+    let lib = nvml_sim::mock_library().display().to_string();
+    let env = host.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // `--setenv=NAME=VALUE` arguments (how `spawn_under` hands a launcher the environment)
+    // become the environment of the `app` it executes.
+    let script = r#"while [ $# -gt 0 ]; do case "$1" in --setenv=*) export "${1#--setenv=}"; shift;; *) break;; esac; done
+exec "$@""#;
+    let launcher = ["unshare", "--pid", "--fork", "sh", "-c", script, "sh"];
+    let can = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status();
+    if !can.is_ok_and(|st| st.success()) {
+        eprintln!("SKIPPED: this machine does not let the test unshare a pid namespace");
+        return;
+    }
+    let args = host.args(&lib, &["--production", "--port", "0"]);
+    let inside = Server::spawn_under(&launcher, &a, &args, &env);
+    let n_inside = inside
+        .wait_event("listening", |_| true)
+        .u64("workers")
+        .unwrap();
+    inside.wait_workers(n_inside as usize);
+    let Outcome::Serves(outside, n_outside) = outcome(host.spawn(&b, &["--production"])) else {
+        panic!("the second server refused");
+    };
+    outside.wait_workers(n_outside as usize);
+    let pids: Vec<u64> = entries(&host).iter().map(|e| e.0).collect();
+    assert!(
+        pids.contains(&1),
+        "the contained master is pid 1 in its namespace: {pids:?}"
+    );
+    // Both entries are renewed past a whole lease: renewed after the moment the first
+    // lease seen now would have run out.
+    let first_expiry = entries(&host).iter().map(|e| e.1).max().unwrap();
+    let lease_ms = 15_000;
+    let renewed = outside.poll("both entries renewed past a lease", || {
+        let e = entries(&host);
+        (e.len() == 2 && e.iter().all(|x| x.1 > first_expiry + lease_ms)).then_some(e)
+    });
+    assert_eq!(renewed.len(), 2);
+    assert_eq!(reserved(&host), (n_inside + n_outside) * TYP_MB);
+}

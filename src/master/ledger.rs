@@ -44,6 +44,11 @@ pub struct Entry {
     pub expires_ms: u64,
     /// MB reserved per device UUID.
     pub gpus: BTreeMap<String, u64>,
+    /// Where it serves (host name, address and metadata), when that names one server:
+    /// a server started again there (after a crash, say) replaces its predecessor's entry
+    /// at once instead of waiting for its lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seat: Option<String>,
 }
 
 /// The file's contents: every server's entry by its id.
@@ -65,6 +70,7 @@ pub struct Ledger {
     dir: PathBuf,
     id: String,
     app: String,
+    seat: Option<String>,
 }
 
 /// The ledger read under its lock (held until this is dropped).
@@ -83,8 +89,9 @@ fn now_ms() -> u64 {
 
 impl Ledger {
     /// The ledger in `dir` (made when missing, writable by every user as `/tmp` is: servers
-    /// of several users share it), for a server of app `app`.
-    pub fn open(dir: &Path, app: &str) -> std::io::Result<Ledger> {
+    /// of several users share it), for a server of app `app` serving at `seat` (see
+    /// [`Entry::seat`]).
+    pub fn open(dir: &Path, app: &str, seat: Option<String>) -> std::io::Result<Ledger> {
         if !dir.is_dir() {
             std::fs::create_dir_all(dir)?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
@@ -94,6 +101,7 @@ impl Ledger {
             dir: dir.to_path_buf(),
             id,
             app: app.to_string(),
+            seat,
         })
     }
 
@@ -149,6 +157,13 @@ impl Ledger {
 }
 
 impl Locked {
+    /// Whether entry `id` is another live server's (not this one's, nor a predecessor's at
+    /// this server's seat, nor expired).
+    fn other(&self, id: &str, e: &Entry, now: u64) -> bool {
+        let predecessor = self.ledger.seat.is_some() && e.seat == self.ledger.seat;
+        id != self.ledger.id && !predecessor && e.expires_ms > now
+    }
+
     /// The live reservations of the other servers, per device UUID.
     pub fn others(&self) -> BTreeMap<String, Others> {
         let now = now_ms();
@@ -157,7 +172,7 @@ impl Locked {
             .book
             .servers
             .iter()
-            .filter(|(id, e)| **id != self.ledger.id && e.expires_ms > now);
+            .filter(|(id, e)| self.other(id, e, now));
         for (_, e) in live {
             for (uuid, mb) in &e.gpus {
                 let o = out.entry(uuid.clone()).or_default();
@@ -174,7 +189,7 @@ impl Locked {
         self.book
             .servers
             .iter()
-            .filter(|(id, e)| **id != self.ledger.id && e.expires_ms > now)
+            .filter(|(id, e)| self.other(id, e, now))
             .map(|(_, e)| e.clone())
             .collect()
     }
@@ -186,7 +201,12 @@ impl Locked {
             app: self.ledger.app.clone(),
             expires_ms: now_ms() + LEASE.as_millis() as u64,
             gpus: gpus.clone(),
+            seat: self.ledger.seat.clone(),
         };
+        if self.ledger.seat.is_some() {
+            let seat = &self.ledger.seat;
+            self.book.servers.retain(|_, e| e.seat != *seat);
+        }
         self.book.servers.insert(self.ledger.id.clone(), entry);
         self.write()
     }
@@ -234,9 +254,9 @@ mod tests {
     #[test]
     fn each_server_sees_the_others_reservations_not_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Ledger::open(dir.path(), "a").unwrap();
-        let b = Ledger::open(dir.path(), "b").unwrap();
-        let c = Ledger::open(dir.path(), "c").unwrap();
+        let a = Ledger::open(dir.path(), "a", None).unwrap();
+        let b = Ledger::open(dir.path(), "b", None).unwrap();
+        let c = Ledger::open(dir.path(), "c", None).unwrap();
         a.reserve(&gpus(&[("GPU-1", 3000), ("GPU-2", 1000)]))
             .unwrap();
         b.reserve(&gpus(&[("GPU-1", 2000)])).unwrap();
@@ -267,8 +287,8 @@ mod tests {
     #[test]
     fn an_expired_reservation_counts_for_nothing_and_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Ledger::open(dir.path(), "a").unwrap();
-        let b = Ledger::open(dir.path(), "b").unwrap();
+        let a = Ledger::open(dir.path(), "a", None).unwrap();
+        let b = Ledger::open(dir.path(), "b", None).unwrap();
         let mut l = a.lock().unwrap();
         l.reserve(&gpus(&[("GPU-1", 3000)])).unwrap();
         l.book.servers.get_mut(&a.id).unwrap().expires_ms = now_ms() - 1;
@@ -290,18 +310,41 @@ mod tests {
             "\u{0}\u{1}",
         ] {
             std::fs::write(dir.path().join(FILE_NAME), junk).unwrap();
-            let a = Ledger::open(dir.path(), "a").unwrap();
+            let a = Ledger::open(dir.path(), "a", None).unwrap();
             assert!(a.lock().unwrap().others().is_empty(), "{junk:?}");
             a.reserve(&gpus(&[("GPU-1", 7)])).unwrap();
-            let b = Ledger::open(dir.path(), "b").unwrap();
+            let b = Ledger::open(dir.path(), "b", None).unwrap();
             assert_eq!(b.lock().unwrap().others()["GPU-1"].mb, 7, "{junk:?}");
         }
     }
 
     #[test]
+    fn a_server_started_again_at_its_seat_replaces_its_predecessors_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let seat = || Some("host 0.0.0.0:5000 /srv/app.json".to_string());
+        let crashed = Ledger::open(dir.path(), "a", seat()).unwrap();
+        crashed.reserve(&gpus(&[("GPU-1", 3000)])).unwrap();
+        let neighbour = Ledger::open(dir.path(), "n", None).unwrap();
+        neighbour.reserve(&gpus(&[("GPU-1", 1000)])).unwrap();
+        let again = Ledger::open(dir.path(), "a", seat()).unwrap();
+        let mut l = again.lock().unwrap();
+        assert_eq!(
+            l.others()["GPU-1"].mb,
+            1000,
+            "the predecessor is not another server"
+        );
+        l.reserve(&gpus(&[("GPU-1", 2000)])).unwrap();
+        drop(l);
+        assert_eq!(neighbour.lock().unwrap().others()["GPU-1"].mb, 2000);
+        // Servers without a seat (port 0) never replace each other.
+        let other = Ledger::open(dir.path(), "x", None).unwrap();
+        assert_eq!(other.lock().unwrap().others()["GPU-1"].mb, 3000);
+    }
+
+    #[test]
     fn the_lock_is_exclusive_between_servers() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Ledger::open(dir.path(), "a").unwrap();
+        let a = Ledger::open(dir.path(), "a", None).unwrap();
         let held = a.lock().unwrap();
         let f = File::open(dir.path().join(LOCK_NAME)).unwrap();
         // SAFETY: flock(2) on a descriptor this test owns.

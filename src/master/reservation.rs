@@ -47,7 +47,13 @@ impl Reservation {
         if res.gpus.is_empty() || cfg.device == Device::Cpu {
             return None;
         }
-        let opened = Ledger::open(dir, &cfg.metadata.name).and_then(|l| {
+        // One server serves at a fixed address of this host (a port of 0 names none).
+        let seat = (cfg.port != 0).then(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            let meta = cfg.metadata.path.display();
+            format!("{} {}:{} {meta}", host.trim(), cfg.host, cfg.port)
+        });
+        let opened = Ledger::open(dir, &cfg.metadata.name, seat).and_then(|l| {
             let locked = l.lock()?;
             Ok((l, locked))
         });

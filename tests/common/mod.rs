@@ -158,8 +158,12 @@ impl Server {
             .collect();
         vars.push(("VRAMFORK_LOG".into(), LOG_FILTER.into()));
         vars.push(("VRAMFORK_LOG_FORMAT".into(), "json".into()));
-        // A GPU-memory ledger of this test's own (tests that share one give theirs in `env`).
-        let ledger = app.dir.path().join("ledger");
+        // A GPU-memory ledger of this server's own (tests that share one give theirs in
+        // `env`): a server the test killed keeps its reservation for its lease, which would
+        // shrink the plan of the next one the test starts.
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ledger = app.dir.path().join(format!("ledger-{n}"));
         vars.push(("VRAMFORK_LEDGER".into(), ledger.display().to_string()));
         vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let mut cmd = match launcher.split_first() {
