@@ -333,3 +333,35 @@ exec "$@""#;
     assert_eq!(renewed.len(), 2);
     assert_eq!(reserved(&host), (n_inside + n_outside) * TYP_MB);
 }
+
+/// A server that planned fewer workers because a neighbour held the memory grows into it
+/// once the neighbour gives it back: TTIN is refused while the neighbour's reservation
+/// stands, and takes the room once the neighbour stopped.
+#[test]
+fn a_server_grows_into_the_room_a_neighbour_gave_back() {
+    let host = Host::new();
+    let (a, b) = (host.app(), host.app());
+    let Outcome::Serves(first, n_first) = outcome(host.spawn(&a, &["--production"])) else {
+        panic!("the first server refused");
+    };
+    first.wait_workers(n_first as usize);
+    let Outcome::Serves(second, n_second) = outcome(host.spawn(&b, &["--production"])) else {
+        panic!("the second server refused");
+    };
+    second.wait_workers(n_second as usize);
+    second.signal(libc::SIGTTIN);
+    let refused = second.wait_event("ttin_refused", |_| true);
+    assert!(refused.message().contains("fill"), "{refused:?}");
+    first.signal(libc::SIGTERM);
+    let mut first = first;
+    first.wait_exit(PATIENCE);
+    second.signal(libc::SIGTTIN);
+    let grown = second.wait_event("ledger_grown", |_| true);
+    assert_eq!(grown.u64("gpu"), Some(0), "{grown:?}");
+    second.wait_workers(n_second as usize + 1);
+    let grown = second.poll("the grown reservation", || {
+        let r = reserved(&host);
+        (r == (n_second + 1) * TYP_MB).then_some(r)
+    });
+    assert_eq!(grown, (n_second + 1) * TYP_MB);
+}

@@ -165,6 +165,22 @@ impl Reservation {
         }
     }
 
+    /// What the ledger leaves now for one more worker of this server on each GPU of `plan`
+    /// (by index): `total × fraction` less the others' live reservations and this server's
+    /// own for its first `workers` slots. `None` when the ledger cannot be read (then NVML's
+    /// free memory alone decides, as without a ledger).
+    pub fn room(&self, plan: &Plan, workers: u32) -> Option<BTreeMap<u32, u64>> {
+        let others = self.ledger.lock().ok()?.others();
+        let own = reserved_by(plan, workers);
+        let room = plan.gpus.iter().map(|g| {
+            let shared = (g.total_mb as f64 * g.fraction).floor() as u64;
+            let taken =
+                others.get(&g.uuid).map_or(0, |o| o.mb) + own.get(&g.uuid).copied().unwrap_or(0);
+            (g.index, shared.saturating_sub(taken))
+        });
+        Some(room.collect())
+    }
+
     /// The master exits: its reservation goes.
     pub fn release(&mut self) {
         self.locked = None;

@@ -78,11 +78,21 @@ impl Supervisor {
         else {
             return;
         };
+        // Free memory as NVML shows it, and no more than the other servers' reservations in
+        // the ledger leave (a neighbour still loading has not taken its memory yet).
+        let room = self
+            .reservation
+            .as_ref()
+            .and_then(|r| r.room(&self.plan, self.target));
         let best = rules::place_unplaced(
             &self.plan.gpus,
             self.admission(),
             self.plan.planned_typ_mb,
-            |g| probe.free_bytes(g).ok().map(|b| b >> 20),
+            |g| {
+                let free = probe.free_bytes(g).ok().map(|b| b >> 20)?;
+                let left = room.as_ref().and_then(|r| r.get(&g).copied());
+                Some(left.map_or(free, |l| free.min(l)))
+            },
             |g| {
                 self.workers
                     .iter()

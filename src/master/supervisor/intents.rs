@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::Supervisor;
 use crate::master::decide::Stopping;
-use crate::master::plan::Placement;
+use crate::master::plan::{Placement, Target};
 use crate::master::rules::{self, Ttin};
 use crate::master::signals::Intent;
 use crate::master::slot::Slot;
@@ -108,6 +108,39 @@ impl Supervisor {
         }
     }
 
+    /// The plan's GPUs are full, but a GPU the other servers' reservations had made smaller
+    /// may have room now (a neighbour stopped or shrank): the one with the most room left
+    /// in the ledger, if one more worker fits there, takes one more (said).
+    fn grow_into_the_ledger(&mut self) {
+        let Some(room) = self
+            .reservation
+            .as_ref()
+            .and_then(|r| r.room(&self.plan, self.target))
+        else {
+            return;
+        };
+        let per = crate::master::plan::per_worker_mb(self.plan.planned_typ_mb);
+        let reserve = self.cfg.gpu_reserve_mb;
+        let best = self
+            .plan
+            .gpus
+            .iter_mut()
+            .filter(|g| g.excluded.is_none() && g.ledger_mb > 0)
+            .filter_map(|g| room.get(&g.index).map(|r| (g, *r)))
+            .filter(|(_, r)| r.saturating_sub(reserve) >= per)
+            .max_by_key(|(_, r)| *r);
+        if let Some((g, left)) = best {
+            g.fits += 1;
+            tracing::info!(
+                event = "ledger_grown",
+                gpu = g.index,
+                room_mb = left,
+                "{} has room for one more worker now: {left} MB left by the other servers' reservations in the ledger",
+                g.label
+            );
+        }
+    }
+
     pub(super) fn more_workers(&mut self) {
         if let Some(cap) = self.host.capacity().filter(|c| self.target >= *c) {
             tracing::warn!(
@@ -122,6 +155,12 @@ impl Supervisor {
             .as_ref()
             .filter(|l| l.exceeded())
             .map(|l| l.capacity(&self.plan).unwrap_or(0));
+        let slots = &self.slots;
+        let on_gpu = |i: u32| slots.iter().filter(|s| s.gpu == Some(i)).count() as u32;
+        let full = matches!(self.plan.next_target(on_gpu), Target::NoRoom);
+        if full && (self.target as usize) >= slots.len() {
+            self.grow_into_the_ledger();
+        }
         let slots = &self.slots;
         let on_gpu = |i: u32| slots.iter().filter(|s| s.gpu == Some(i)).count() as u32;
         let plan = &self.plan;
