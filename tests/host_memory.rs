@@ -396,7 +396,10 @@ impl TestCgroup {
     /// `None`, said on stderr, where the machine does not let this process make one.
     fn create(name: &str, limit_mb: u64) -> Option<TestCgroup> {
         let Some(own) = Cgroup::find() else {
-            eprintln!("SKIPPED: no memory cgroup found in /proc/self/cgroup");
+            skip(
+                &format!("host_memory ({name})"),
+                "no memory cgroup found in /proc/self/cgroup",
+            );
             return None;
         };
         let unique = format!("vftest-{name}-{}", std::process::id());
@@ -411,9 +414,9 @@ impl TestCgroup {
         let made = std::fs::create_dir(&dir)
             .and_then(|()| std::fs::write(dir.join(limit_file), (limit_mb * MB).to_string()));
         if let Err(e) = made {
-            eprintln!(
-                "SKIPPED: cannot make a memory cgroup at {}: {e}",
-                dir.display()
+            skip(
+                &format!("host_memory ({name})"),
+                &format!("cannot make a memory cgroup at {}: {e}", dir.display()),
             );
             let _ = std::fs::remove_dir(&dir);
             return None;

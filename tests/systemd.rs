@@ -391,7 +391,10 @@ fn unit_files_pass_systemd_analyze_verify() {
 fn the_installed_server_serves_as_an_unprivileged_user_with_the_units_environment() {
     // SAFETY: geteuid(2) has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: switching to an unprivileged user needs root");
+        skip(
+            "systemd::the_installed_server_serves_as_an_unprivileged_user_with_the_units_environment",
+            "switching to an unprivileged user needs root",
+        );
         return;
     }
     use std::os::unix::fs::PermissionsExt;
@@ -410,7 +413,10 @@ fn the_installed_server_serves_as_an_unprivileged_user_with_the_units_environmen
         let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
         if dev(root.path()) != dev(std::path::Path::new(&torch)) {
             // --link needs one filesystem; a copy is 3.6 GB, too much for a test.
-            eprintln!("skipped: the temporary folder and libtorch are on different filesystems");
+            skip(
+                "systemd::the_installed_server_serves_as_an_unprivileged_user_with_the_units_environment",
+                "the temporary folder and libtorch are on different filesystems (--link needs one)",
+            );
             return;
         }
     }

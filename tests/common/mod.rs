@@ -649,6 +649,25 @@ pub fn parse_raw(raw: &[u8]) -> std::io::Result<(u16, Headers, &[u8])> {
     Ok((status, headers, &raw[end + 4..]))
 }
 
+/// A test that cannot run on this machine says so and returns: `SKIPPED: TEST: WHY` on its
+/// standard error, and the same line appended to the file `VRAMFORK_SKIPS` names
+/// (`scripts/test` sets it, prints every skip in its summary, and in CI fails on a skip
+/// `.ci/allowed-skips` does not list).
+pub fn skip(test: &str, why: &str) {
+    let line = format!("SKIPPED: {test}: {why}\n");
+    eprint!("{line}");
+    if let Some(file) = std::env::var_os("VRAMFORK_SKIPS") {
+        let opened = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(file);
+        // One short write with O_APPEND: lines of tests running at once never interleave.
+        if let Ok(mut f) = opened {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
+
 /// The test environment's Python: the torch venv, where `scripts/setup-torch` installs the
 /// tests' packages (`scripts/test` sets `VRAMFORK_PYTHON`).
 pub fn python() -> String {
