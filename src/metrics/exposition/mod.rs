@@ -181,6 +181,45 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    /// docs/metrics.md's table names exactly the families a scrape declares (issue 54): a
+    /// family added, renamed or dropped without its row fails here.
+    #[test]
+    fn the_metrics_page_names_exactly_the_families_a_scrape_declares() {
+        // Every family, those declared only once they have something to say included.
+        let mut s = Snapshot::default();
+        s.traffic.preprocess.observe(0.01);
+        let scrape = encode(&s, Format::Prometheus).unwrap();
+        let declared: std::collections::BTreeSet<String> = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        assert!(declared.len() > 20, "{scrape}");
+        let page = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
+        )
+        .unwrap();
+        let documented: std::collections::BTreeSet<String> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `vramfork_"))
+            .filter_map(|l| l.split(" |").next())
+            .flat_map(|cell| {
+                format!("`vramfork_{cell}")
+                    .split(", ")
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .map(|name| name.trim_matches('`').to_string())
+            .collect();
+        let undocumented: Vec<_> = declared.difference(&documented).collect();
+        let stale: Vec<_> = documented.difference(&declared).collect();
+        assert!(
+            undocumented.is_empty() && stale.is_empty(),
+            "declared by a scrape but not in docs/metrics.md's table: {undocumented:?}; in the table but never declared: {stale:?}"
+        );
+    }
+
     #[test]
     fn batch_sizes_gather_into_power_of_two_ranges() {
         let batches: BTreeMap<u32, u64> =
