@@ -328,6 +328,9 @@ fn batching_a_program_whose_batch_was_fixed_at_export_is_refused_naming_dim() {
     refused(
         "mlp.pt2",
         r#""input": {"shape": [-1, 5], "dtype": "float32"}"#,
-        &["the export fixed dimension 1 at 4"],
+        &[
+            "declared [-1, 5], but the program takes [",
+            "4]: dimension 1 was fixed at 4 at export. Declare [-1, 4]",
+        ],
     );
 }

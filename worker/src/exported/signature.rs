@@ -229,9 +229,11 @@ impl Input {
             match dim {
                 Dim::Fixed(n) if want != *n => {
                     return Err(format!(
-                        "{who}: declared {shape:?}, but the export fixed dimension {i} at {n}{}",
+                        "{who}: declared {shape:?}, but the program takes [{}]: dimension {i} was fixed at {n} at export. Declare {:?}{}",
+                        self.shape_text(),
+                        self.declarable(),
                         if want == -1 {
-                            " (to take any size there, export with a torch.export.Dim for it)"
+                            ", or export with a torch.export.Dim for that dimension"
                         } else {
                             ""
                         }
@@ -242,6 +244,15 @@ impl Input {
             }
         }
         Ok(())
+    }
+
+    /// The program's shape as the metadata writes it: fixed sizes, `-1` for dynamic ones.
+    fn declarable(&self) -> Vec<i64> {
+        let size = |d: &Dim| match d {
+            Dim::Fixed(n) => *n,
+            _ => -1,
+        };
+        self.dims.iter().map(size).collect()
     }
 
     /// Batching stacks requests along dimension 0: the export must take any size there up
@@ -407,7 +418,10 @@ mod tests {
         let e = s
             .check_declared(Some(&[spec(&[-1, 5], Dtype::Float32)]), 0)
             .unwrap_err();
-        assert!(e.contains("the export fixed dimension 1 at 4"), "{e}");
+        assert!(
+            e.contains("declared [-1, 5], but the program takes [1..64, 4]: dimension 1 was fixed at 4 at export. Declare [-1, 4]"),
+            "{e}"
+        );
         let e = s
             .check_declared(Some(&[spec(&[-1, 4], Dtype::Int64)]), 0)
             .unwrap_err();

@@ -321,7 +321,7 @@ fn first_line(msg: &str) -> String {
         let detail = &line[i..];
         let detail = detail.split(". ").next().unwrap_or(detail);
         format!(
-            "not a TorchScript archive ({detail}); export the model with torch.jit.trace or torch.jit.script and save it with .save(path) (a state_dict, a pickled model or a torch.export file is not TorchScript)"
+            "not a TorchScript archive ({detail}); export the model with torch.jit.trace or torch.jit.script and save it with .save(path) (a state_dict or a pickled model is not TorchScript; a torch.export.save archive is served when its name ends in .pt2)"
         )
     } else {
         line
