@@ -5,8 +5,8 @@
 //! the export's bounds refused with 400 naming the bound (libtorch's Native Runtime does not
 //! check them); workers forked from the template answering with two intra-op threads; and
 //! the refusals at boot (exit 3): a file that is no archive, a TorchScript file named `.pt2`,
-//! `max_batch_size` on a program whose batch was fixed at export, declared inputs the
-//! program does not take.
+//! an AOTInductor package (not served yet), `max_batch_size` on a program whose batch was
+//! fixed at export, declared inputs the program does not take.
 
 mod common;
 
@@ -331,6 +331,32 @@ fn batching_a_program_whose_batch_was_fixed_at_export_is_refused_naming_dim() {
         &[
             "declared [-1, 5], but the program takes [",
             "4]: dimension 1 was fixed at 4 at export. Declare [-1, 4]",
+        ],
+    );
+}
+
+/// An AOTInductor package of mlp.pt's module, compiled once (about a minute) and cached in
+/// the build's temporary directory.
+fn aoti_package() -> std::path::PathBuf {
+    let cached = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("mlp_aoti.pt2");
+    if !cached.exists() {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let fresh = dir.path().join("mlp_aoti.pt2");
+        python_json("make_aoti_package.py", &[fresh.to_str().unwrap()], b"");
+        std::fs::rename(&fresh, &cached).unwrap();
+    }
+    cached
+}
+
+#[test]
+fn an_aotinductor_package_is_refused_at_boot_naming_what_to_serve_instead() {
+    let package = aoti_package();
+    refused(
+        package.to_str().unwrap(),
+        MLP_INPUT_DECL,
+        &[
+            "an AOTInductor package (data/aotinductor/): vramfork does not serve compiled packages yet",
+            "torch.export.save(ep, path)",
         ],
     );
 }
