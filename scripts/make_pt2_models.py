@@ -11,7 +11,9 @@ no Python at run time:
 - mlp.pt2: mlp.pt's module and weights, exported with torch.export.Dim("batch", max=64) for
   the rows of x ([-1, 4] float32 -> [-1, 3]);
 - mlp_fixed.pt2: the same, exported without a Dim (the batch is fixed at 2 rows);
-- pair.pt2: pair.pt's module (two inputs, a tuple of two outputs), rows dynamic and tied.
+- pair.pt2: pair.pt's module (two inputs, a tuple of two outputs), rows dynamic and tied;
+- mlp256.pt2: an MLP 64-256-256-16 (random weights, fixed seed), rows up to 1024: large
+  enough that a pass of many rows runs on an OpenMP team (the fork tests).
 """
 import os
 import sys
@@ -23,6 +25,21 @@ OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures")
 sys.path.insert(0, HERE)
 
 from make_models import Mlp, Pair  # noqa: E402
+
+
+class Mlp256(torch.nn.Module):
+    """[-1, 64] float32 -> [-1, 16]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 16),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
 
 
 def save(program: torch.export.ExportedProgram, name: str, written: list) -> None:
@@ -47,6 +64,12 @@ def main() -> None:
         dynamic_shapes={"features": {0: rows}, "scale": {0: rows}},
     )
     save(pair, "pair.pt2", written)
+
+    torch.manual_seed(0)
+    wide = Mlp256().eval()
+    rows = torch.export.Dim("rows", max=1024)
+    save(torch.export.export(wide, (torch.zeros(2, 64),), dynamic_shapes={"x": {0: rows}}),
+         "mlp256.pt2", written)
 
     for p in written:
         print(f"wrote {os.path.relpath(p, os.path.dirname(HERE))} ({os.path.getsize(p)} bytes)")

@@ -236,9 +236,36 @@ fn a_request_outside_the_exports_bounds_gets_400_naming_the_bound() {
     assert_eq!(r.pid(), pid);
 }
 
+/// The worker's OS threads named `name` (`/proc/<pid>/task/*/comm`): libgomp's helpers for
+/// the model thread's team are clones of it and carry its name, `vf-model`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
+            comm.unwrap_or_default().trim() == name
+        })
+        .count()
+}
+
+/// A `POST /` body of `rows` rows of 64 numbers.
+fn rows64(rows: usize) -> String {
+    let row: Vec<String> = (0..64).map(|i| format!("{:.3}", i as f64 / 64.0)).collect();
+    let row = format!("[{}]", row.join(","));
+    format!("{{\"inputs\": [{}]}}", vec![row; rows].join(","))
+}
+
+/// The template loads and warms the program on one thread and forks; each worker's passes
+/// then run on an OpenMP team of two (a team the template had started would not survive the
+/// fork, and the worker's first parallel pass would hang): one-row and 512-row requests,
+/// the latter large enough for ATen's `parallel_for`, are answered by every worker, whose
+/// model thread then has its team of two.
 #[test]
-fn forked_workers_of_a_program_answer_with_two_torch_threads() {
-    let app = App::new("mlp.pt2", MLP_INPUT_DECL);
+fn forked_workers_of_a_program_answer_on_teams_of_two_torch_threads() {
+    let app = App::new(
+        "mlp256.pt2",
+        r#""inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}]"#,
+    );
     let s = Server::start(
         &app,
         &["--production", "--workers", "2", "--torch-threads", "2"],
@@ -254,17 +281,40 @@ fn forked_workers_of_a_program_answer_with_two_torch_threads() {
         "workers should be forked from the template: {methods:?}\n{}",
         s.log_text()
     );
-    // Every worker answers (each pass on its two-thread team), as many times as it is asked.
-    let mut answered = std::collections::BTreeSet::new();
-    s.poll("an answer from each worker", || {
-        let r = s.post(
-            "/",
-            r#"{"inputs": [[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.5]]}"#,
-        );
-        assert_eq!(r.status, 200, "{r:?}");
-        answered.insert(r.pid());
-        pids.iter().all(|p| answered.contains(p)).then_some(())
+    let bodies = [rows64(1), rows64(512)];
+    let mut served = std::collections::BTreeSet::new();
+    let server = &s;
+    s.poll("every worker to answer both request sizes", || {
+        let answers: Vec<(usize, Response)> = thread::scope(|sc| {
+            let sent: Vec<_> = (0..2)
+                .flat_map(|_| 0..bodies.len())
+                .map(|k| {
+                    let b = &bodies[k];
+                    (k, sc.spawn(move || server.post("/", b)))
+                })
+                .collect();
+            sent.into_iter()
+                .map(|(k, h)| (k, h.join().unwrap()))
+                .collect()
+        });
+        for (k, r) in answers {
+            assert_eq!(r.status, 200, "{}", r.body);
+            let rows = r.json()["outputs"].as_array().map(Vec::len);
+            assert_eq!(rows, Some(if k == 0 { 1 } else { 512 }), "{}", r.body);
+            served.insert((r.pid(), k));
+        }
+        pids.iter()
+            .all(|p| served.contains(&(*p, 0)) && served.contains(&(*p, 1)))
+            .then_some(())
     });
+    for pid in pids {
+        assert_eq!(
+            threads_named(pid, "vf-model"),
+            2,
+            "worker {pid}: its model thread's team\n{}",
+            s.log_text()
+        );
+    }
 }
 
 /// Starts `app ARGS` on `model` with the metadata fields `extra`, expecting it to refuse:
