@@ -84,6 +84,10 @@ fn an_exported_mlp_answers_as_its_torchscript_export_on_post_and_v2() {
     assert_eq!(o2["shape"], json!([2, 3]), "{o2}");
     assert_eq!(o2["datatype"], "FP32", "{o2}");
     assert!(within_1e5(&o2["data"], &o["data"]), "{o2} vs {o}");
+    // Its v2 metadata names the format.
+    let meta = |s: &Server| s.get("/v2/models/test%20app").json()["platform"].clone();
+    assert_eq!(meta(&pt2), "pytorch_export");
+    assert_eq!(meta(&pt), "pytorch_torchscript");
 }
 
 #[test]

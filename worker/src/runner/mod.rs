@@ -40,7 +40,7 @@ pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use inline::Inline;
 pub use load::{configure_executor, load_cpu, Declared, LoadError};
 use model::Failure;
-pub use model::{Model, ModelInfo};
+pub use model::{platform, Model, ModelInfo};
 pub use ops::load_all as load_op_libraries;
 pub use warmup::{warm, Warmed, Warmup};
 

@@ -40,6 +40,16 @@ pub fn is_exported(path: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("pt2"))
 }
 
+/// The model's format as v2 metadata names it (`platform`): `pytorch_export` for a `.pt2`,
+/// `pytorch_torchscript` otherwise.
+pub fn platform(path: &str) -> &'static str {
+    if is_exported(path) {
+        "pytorch_export"
+    } else {
+        "pytorch_torchscript"
+    }
+}
+
 impl Model {
     /// One forward pass on `args` (the caller holds `no_grad`).
     pub fn forward(&self, args: &[IValue]) -> Result<IValue, Failure> {
