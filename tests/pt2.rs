@@ -90,6 +90,39 @@ fn an_exported_mlp_answers_as_its_torchscript_export_on_post_and_v2() {
     assert_eq!(meta(&pt), "pytorch_torchscript");
 }
 
+/// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`, as `tests/grpc.rs` drives
+/// the TorchScript MLP) gets torch's answers from the program, raw and typed.
+#[test]
+fn tritonclient_grpc_gets_torchs_answers_from_a_program() {
+    let app = App::new("mlp.pt2", MLP_INPUT_DECL);
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    s.wait_workers(1);
+    let cases = fixtures().join("mlp_expected.json");
+    let url = format!("127.0.0.1:{}", s.port);
+    let r = python_json(
+        "triton_grpc.py",
+        &["basics", &url, "test app", cases.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(r["model_metadata"]["platform"], "pytorch_export", "{r}");
+    let cases = r["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3, "{r}");
+    for c in cases {
+        assert!(
+            c["seen"]["raw"]["output"].is_array() && c["seen"]["typed"]["output"].is_array(),
+            "{c}"
+        );
+        for (how, got) in c["seen"].as_object().unwrap() {
+            assert!(
+                within_1e5(&got["output"], &c["expected"]),
+                "{how}: {} vs torch's {}",
+                got["output"],
+                c["expected"]
+            );
+        }
+    }
+}
+
 #[test]
 fn a_two_input_program_returns_its_tuple_as_named_outputs() {
     let meta = fixture_json("pair.json");
