@@ -403,6 +403,25 @@ mod tests {
         );
     }
 
+    /// A `.pt2` runs where it was exported: a CPU export on a worker placed on a GPU is
+    /// refused before anything touches CUDA, naming the way out.
+    #[test]
+    fn a_program_exported_on_the_cpu_is_refused_on_a_gpu_worker() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/mlp.pt2");
+        let declared = Declared::default();
+        let Err(e) = load(path, Device::Cuda(0), None, &declared) else {
+            panic!("a CPU export loaded for a GPU worker");
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("it was exported on the CPU")
+                && msg.contains("or serve it with --device cpu"),
+            "{msg}"
+        );
+        assert_eq!(e.exit_code(), vramfork::protocol::worker_exit::MODEL_LOAD);
+        assert!(load(path, Device::Cpu, None, &declared).is_ok());
+    }
+
     #[test]
     fn load_errors_are_one_short_line() {
         let e = first_line("Internal torch error: PytorchStreamReader failed reading zip archive: failed finding central directory. This is an internal miniz error. If you are seeing this error, …\nException raised from x");
