@@ -174,6 +174,9 @@ fn the_readmes_serve_your_own_model_runs_as_written() {
         }
         std::fs::write(resnet.metadata(), m.to_string()).unwrap();
         let s = start(&resnet, &readme_flags(&["--workers", "1"]));
+        // Its worker ready first: on a busy machine its warm-up (16 images on one thread)
+        // can outlast --max-queue-wait, which a request sent at once would wait through.
+        s.wait_workers(1);
         let r = s.post(
             "/",
             &format!("{{\"inputs\": {{\"image\": {}}}}}", zeros_image()),
