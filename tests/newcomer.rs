@@ -57,14 +57,18 @@ fn run_python(dir: &Path, script: &str) -> String {
 /// directory of its own with the README's metadata beside it: (ResNet-18, text encoder).
 fn readme_apps() -> (App, App) {
     let blocks = blocks("Serve your own model");
-    let export = blocks
-        .iter()
-        .find(|(l, t)| l == "python" && t.contains(".save("))
-        .expect("the README's export block");
     let dir = tempfile::tempdir().unwrap();
-    run_python(dir.path(), &export.1);
+    // Its export blocks: torch.export for the image model, TorchScript for the encoder.
+    let exports: Vec<_> = blocks
+        .iter()
+        .filter(|(l, t)| l == "python" && t.contains(".save("))
+        .collect();
+    assert_eq!(exports.len(), 2, "the README's export blocks: {exports:?}");
+    for export in exports {
+        run_python(dir.path(), &export.1);
+    }
     let mut apps = Vec::new();
-    for model in ["resnet18.pt", "encoder.pt"] {
+    for model in ["resnet18.pt2", "encoder.pt"] {
         let meta = blocks
             .iter()
             .find(|(l, t)| l == "json" && t.contains(&format!("\"model\": \"{model}\"")))
@@ -170,6 +174,9 @@ fn the_readmes_serve_your_own_model_runs_as_written() {
         }
         std::fs::write(resnet.metadata(), m.to_string()).unwrap();
         let s = start(&resnet, &readme_flags(&["--workers", "1"]));
+        // Its worker ready first: on a busy machine its warm-up (16 images on one thread)
+        // can outlast --max-queue-wait, which a request sent at once would wait through.
+        s.wait_workers(1);
         let r = s.post(
             "/",
             &format!("{{\"inputs\": {{\"image\": {}}}}}", zeros_image()),
@@ -187,9 +194,11 @@ fn zeros_image() -> String {
 }
 
 /// Issue 59, item 2: an image model declared channels-last (NHWC) for an NCHW model
-/// booted "ready" and answered 500 to every request; now the warm-up pass on the declared
-/// shape fails the start (exit 3), naming the shape, the model's message and the fix — in
-/// production (the template warms it) and in development mode (the worker does).
+/// booted "ready" and answered 500 to every request; now the start fails (exit 3), naming
+/// the shape, what the program takes and the fix — in production (the template loads it)
+/// and in development mode (the worker does). The README's image model is a `torch.export`
+/// program, whose signature is checked before any pass (a TorchScript model's is found by
+/// the warm-up pass: `tests/warmup.rs`).
 #[test]
 fn an_image_model_declared_channels_last_is_refused_at_start_naming_the_fix() {
     let (resnet, _) = readme_apps();
@@ -197,6 +206,38 @@ fn an_image_model_declared_channels_last_is_refused_at_start_naming_the_fix() {
         .unwrap()
         .replace("[-1, 3, 224, 224]", "[-1, 224, 224, 3]");
     std::fs::write(resnet.metadata(), text).unwrap();
+    for args in [&["--production", "--workers", "1"][..], &[][..]] {
+        let mut s = Server::spawn(&resnet, args, &[]);
+        let st = s.wait_exit(PATIENCE);
+        let log = s.log_text();
+        assert_eq!(st.code(), Some(3), "{args:?}: {log}");
+        for want in [
+            "input image (the program's x): declared [-1, 224, 224, 3], but the program takes [",
+            "3, 224, 224]: dimension 1 was fixed at 3 at export. Declare [-1, 3, 224, 224]",
+        ] {
+            assert!(log.contains(want), "{args:?}: missing {want:?} in:\n{log}");
+        }
+    }
+    // The TorchScript export the README gives for GPU machines, declared the same way: the
+    // warm-up pass on the declared shape finds it.
+    let export = blocks("Serve your own model")
+        .into_iter()
+        .find(|(l, t)| l == "python" && t.contains("torch.export.save"))
+        .expect("the README's torch.export block")
+        .1;
+    let trace = "torch.jit.trace(model, example[0]).save(\"resnet18.pt\")";
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+    assert!(
+        readme.unwrap().contains(trace),
+        "the README's TorchScript line for GPUs"
+    );
+    run_python(resnet.dir.path(), &format!("{export}\n{trace}\n"));
+    let text = std::fs::read_to_string(resnet.metadata()).unwrap();
+    std::fs::write(
+        resnet.metadata(),
+        text.replace("resnet18.pt2", "resnet18.pt"),
+    )
+    .unwrap();
     for args in [&["--production", "--workers", "1"][..], &[][..]] {
         let mut s = Server::spawn(&resnet, args, &[]);
         let st = s.wait_exit(PATIENCE);

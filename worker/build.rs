@@ -1,7 +1,7 @@
 //! Links the worker against libtorch: an rpath to `$LIBTORCH/lib` (so it runs without
 //! `LD_LIBRARY_PATH`), libtorch's CUDA libraries kept even though no Rust symbol needs them
-//! (so CUDA is available on GPU machines), and the small C++ allocator shim (`src/cuda/`);
-//! and the KServe v2 gRPC messages from `proto/inference.proto` (parsed by `protox`, written
+//! (so CUDA is available on GPU machines), the small C++ allocator shim (`src/cuda/`) and
+//! the `torch.export` shim (`src/exported/`); and the KServe v2 gRPC messages from `proto/inference.proto` (parsed by `protox`, written
 //! by `prost-build`: no system `protoc`), included by `src/grpc/pb.rs`.
 
 use std::env;
@@ -11,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=src/cuda/shim.cpp");
+    println!("cargo:rerun-if-changed=src/exported/shim.cpp");
 
     let libtorch = PathBuf::from(env::var("LIBTORCH").unwrap_or_else(|_| {
         panic!("LIBTORCH is not set: run `source scripts/env.sh` first (it installs libtorch)")
@@ -33,6 +34,7 @@ fn main() {
         }
     }
     build_shim(&libtorch, &abi, has_cuda);
+    build_export_shim(&libtorch, &abi);
     check_cuda_version(&libtorch);
     build_proto();
 }
@@ -75,17 +77,31 @@ fn check_cuda_version(libtorch: &Path) {
     }
 }
 
-fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
+/// A C++17 build of one shim file against libtorch's headers, with its ABI.
+fn shim_build(file: &str, libtorch: &Path, abi: &str) -> cc::Build {
     let mut b = cc::Build::new();
     b.cpp(true)
         .std("c++17")
-        .file("src/cuda/shim.cpp")
+        .file(file)
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", abi)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .warnings(false);
+    b
+}
+
+/// The `torch.export` shim (`src/exported/shim.cpp`): libtorch_cpu's archive reader and
+/// Native Runtime, which tch does not reach.
+fn build_export_shim(libtorch: &Path, abi: &str) {
+    shim_build("src/exported/shim.cpp", libtorch, abi).compile("vf_export_shim");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
+}
+
+fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
+    let mut b = shim_build("src/cuda/shim.cpp", libtorch, abi);
     let site = libtorch.parent().unwrap_or(libtorch);
     for dir in [
         site.join("nvidia/cu13/include"),

@@ -7,7 +7,8 @@ use std::ffi::OsString;
 
 use clap::{Parser, Subcommand};
 
-/// Serve a TorchScript model over HTTP with GPU-memory-aware pre-forked workers.
+/// Serve a PyTorch model (torch.export or TorchScript) over HTTP with GPU-memory-aware
+/// pre-forked workers.
 ///
 /// `app` serves in one process (development); `app --production` starts a master that plans,
 /// starts and supervises workers; `app plan` prints the plan and exits.
@@ -28,7 +29,8 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_METADATA", value_name = "FILE")]
     pub metadata: Option<OsString>,
 
-    /// TorchScript file; overrides the metadata's `model`.
+    /// Model file (a torch.export archive, `.pt2`, or TorchScript); overrides the metadata's
+    /// `model`.
     #[arg(long, global = true, env = "VRAMFORK_MODEL", value_name = "FILE")]
     pub model: Option<OsString>,
 

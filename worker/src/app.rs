@@ -27,6 +27,8 @@ pub struct App {
     pub metadata: AppMetadata,
     /// The model's name in the v2 protocol: `--model-name`, else the metadata's `name`.
     pub model_name: String,
+    /// Its format as v2 metadata names it (`platform`).
+    pub platform: &'static str,
     pub hw: Hw,
     pub max_body_bytes: u64,
     pub request_timeout: Duration,
@@ -85,6 +87,7 @@ impl App {
                 .model_name
                 .clone()
                 .unwrap_or_else(|| metadata.name.clone()),
+            platform: crate::runner::platform(&cfg.model_path),
             metadata,
             hw,
             max_body_bytes: cfg.max_body_bytes,

@@ -12,6 +12,7 @@ mod cuda;
 mod decode;
 mod documents;
 mod error;
+mod exported;
 mod grpc;
 mod heap;
 mod heartbeat;
@@ -70,7 +71,7 @@ pub fn boot(
     cfg: WorkerConfig,
     metadata: AppMetadata,
     process_ms: f64,
-    preloaded: Option<tch::CModule>,
+    preloaded: Option<runner::Model>,
 ) -> Result<i32, (i32, String)> {
     vramfork::logging::init(cfg.log_json);
     heap::configure();
@@ -170,7 +171,7 @@ struct Model {
 fn load(
     cfg: &WorkerConfig,
     metadata: &AppMetadata,
-    preloaded: Option<tch::CModule>,
+    preloaded: Option<runner::Model>,
     control: &control::Control,
 ) -> Result<Model, (i32, String)> {
     // The cap in bytes, which the worker turns into a fraction of CUDA's own total.
@@ -215,6 +216,7 @@ fn load(
         wanted,
         cap_bytes,
         preloaded,
+        declared: runner::Declared::of(metadata, cfg.max_batch_size),
         batching,
         profile,
         warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),

@@ -26,7 +26,8 @@ use vramfork::protocol::{
     SECRETS_FD,
 };
 
-use crate::{process, runner::Warmed};
+use crate::process;
+use crate::runner::{Model, Warmed};
 
 /// Runs the template until the master closes its channel; returns the exit status.
 pub fn run(process_ms: f64) -> i32 {
@@ -70,14 +71,14 @@ pub fn run(process_ms: f64) -> i32 {
 
 /// Loads the model on the CPU and warms it up on this thread alone (the load's ms, the warm-up
 /// with its memory peak); fails with the exit status if it cannot load or leaves a thread.
-fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64, Warmed), i32> {
+fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(Model, f64, Warmed), i32> {
     crate::runner::configure_executor();
     let start = Instant::now();
     if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
         vramfork::logging::say(&format!("app-worker (template): {e}"));
         return Err(worker_exit::MODEL_LOAD);
     }
-    let module = match crate::runner::load_cpu(&cfg.model_path) {
+    let module = match crate::runner::load_cpu(&cfg.model_path, metadata, cfg.max_batch_size) {
         Ok(m) => m,
         Err(e) => {
             vramfork::logging::say(&format!("app-worker (template): {e}"));
@@ -114,7 +115,7 @@ fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(tch::CModule, f64
 
 /// Answers the master's requests (a worker forked, from the spare kept ahead when there is
 /// one) until it closes the channel; the exit status.
-fn answer(mut control: UnixStream, module: &tch::CModule) -> i32 {
+fn answer(mut control: UnixStream, module: &Model) -> i32 {
     let mut spare = fork_spare(module);
     let mut pending = Vec::new();
     loop {
@@ -166,7 +167,7 @@ fn answer(mut control: UnixStream, module: &tch::CModule) -> i32 {
     }
 }
 
-fn fork_spare(module: &tch::CModule) -> Option<Spare> {
+fn fork_spare(module: &Model) -> Option<Spare> {
     Spare::fork(module)
         .map_err(|e| tracing::warn!("template: cannot fork a spare worker: {e}"))
         .ok()
@@ -248,7 +249,7 @@ struct Spare {
 
 impl Spare {
     /// Forks the next spare.
-    fn fork(module: &tch::CModule) -> std::io::Result<Spare> {
+    fn fork(module: &Model) -> std::io::Result<Spare> {
         let (ours, theirs) = UnixStream::pair()?;
         let master = std::os::unix::process::parent_id() as libc::pid_t;
         let theirs_fd = theirs.as_raw_fd();
@@ -284,9 +285,8 @@ fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()>
     };
     let mut cmsg = [0u64; 8];
     let size = std::mem::size_of_val(fds) as u32;
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below, and
-    // the control buffer (64 bytes) is large enough for MAX_FDS descriptors
-    // (CMSG_SPACE(16) = 32).
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below, and the
+    // control buffer (64 bytes) holds MAX_FDS descriptors (CMSG_SPACE(16) = 32).
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -314,7 +314,7 @@ fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()>
 }
 
 /// Forks a worker now (no spare at hand); returns its pid.
-fn fork_worker(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> std::io::Result<u32> {
+fn fork_worker(cfg: WorkerConfig, fds: Attached, module: &Model) -> std::io::Result<u32> {
     let master = std::os::unix::process::parent_id() as libc::pid_t;
     // In the template the closure is dropped unrun, closing the template's copy of
     // `control`; in the worker it runs and `control` becomes the worker's channel.
@@ -408,7 +408,7 @@ fn adopt(master: i32) -> Result<(), ()> {
 
 /// The spare's life: adopted by the master, it waits for its assignment (or for the
 /// template to go away, then exits) and becomes that worker.
-fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
+fn become_spare(sock: UnixStream, module: &Model, master: i32) -> i32 {
     // SAFETY: the template's control channel (fd 4) is not the spare's to read.
     unsafe { libc::close(CONTROL_FD) };
     if adopt(master).is_err() {
@@ -434,7 +434,7 @@ fn become_spare(sock: UnixStream, module: &tch::CModule, master: i32) -> i32 {
 /// In a forked, adopted process: take the first of `fds` as the control channel (fd 4)
 /// and the second, when the configuration says so, as the key and TLS material (fd 7),
 /// point CUDA at this worker's GPU, and boot with the preloaded model.
-fn serve_as(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> i32 {
+fn serve_as(cfg: WorkerConfig, fds: Attached, module: &Model) -> i32 {
     let mut fds = fds.into_iter();
     let Some(control) = fds.next() else {
         return worker_exit::CONFIG;
@@ -450,8 +450,7 @@ fn serve_as(cfg: WorkerConfig, fds: Attached, module: &tch::CModule) -> i32 {
     };
     // Each descriptor onto its number (control 4, material 7). The received ones may sit
     // on either number, so each is first moved above them, then placed: no dup2 can
-    // clobber the other. What fd 4 held before (the template's channel) this process never
-    // uses.
+    // clobber the other. What fd 4 held before (the template's channel) is never used here.
     let mut high = Vec::new();
     for (fd, at) in [(Some(control), CONTROL_FD), (secrets, SECRETS_FD)] {
         let Some(fd) = fd else { continue };

@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tch::{CModule, Device};
+use tch::Device;
+
+use super::model::Model;
 use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};
@@ -58,7 +60,7 @@ impl Queued {
 }
 
 pub fn serve(
-    module: CModule,
+    module: Model,
     device: Device,
     mut rx: mpsc::Receiver<Job>,
     b: Batching,
@@ -157,7 +159,7 @@ fn count(counts: &BatchCounts, rows: usize) {
 
 /// Runs claimed requests: as one pass when there are several, each answered. `false` when
 /// the model's output could not be cut into requests.
-fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
+fn run(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     match jobs.len() {
         0 => true,
         1 => {
@@ -170,7 +172,7 @@ fn run(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts)
 }
 
 /// One request on its own pass (its `--request-timeout` counts from now).
-fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
+fn one(module: &Model, device: Device, job: Taken, counts: &BatchCounts) {
     job.restart();
     count(counts, job.rows);
     job.run_alone(module, device);
@@ -178,7 +180,7 @@ fn one(module: &CModule, device: Device, job: Taken, counts: &BatchCounts) {
 
 /// Several requests stacked into one pass; run one by one when the pass fails or its
 /// output cannot be cut (then `false`).
-fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
+fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     let start = Instant::now();
     // The first few ids, space-separated (ids may hold commas), and how many in all.
     let ids: Vec<&str> = jobs.iter().take(8).map(|j| &*j.id).collect();
@@ -252,7 +254,7 @@ fn together(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCo
 
 /// The requests of a failed batch, each on its own pass: only the one that causes the
 /// error gets it.
-fn each(module: &CModule, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
+fn each(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) {
     for job in jobs {
         one(module, device, job, counts);
     }

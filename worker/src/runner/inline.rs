@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use tch::{CModule, Device};
+use tch::Device;
+
+use super::model::Model;
 
 use super::{forward, guarded, Encoding, RunError, RunOutput};
 use crate::args::{Arg, Inputs};
@@ -110,7 +112,7 @@ pub fn size(input: &Inputs) -> usize {
 
 /// The model, shared by the model thread and (for small passes) the event loop.
 pub struct Inline {
-    module: CModule,
+    module: Model,
     device: Device,
     /// Whether passes may ever run on the event loop (CPU, one intra-op thread, asked for).
     enabled: bool,
@@ -122,7 +124,7 @@ pub struct Inline {
 }
 
 impl Inline {
-    pub(super) fn new(module: CModule, device: Device, threads: usize, asked: bool) -> Arc<Inline> {
+    pub(super) fn new(module: Model, device: Device, threads: usize, asked: bool) -> Arc<Inline> {
         Arc::new(Inline {
             module,
             device,
@@ -133,7 +135,7 @@ impl Inline {
         })
     }
 
-    pub(super) fn module(&self) -> &CModule {
+    pub(super) fn module(&self) -> &Model {
         &self.module
     }
 
@@ -150,7 +152,7 @@ impl Inline {
 
     /// Runs `f` here and now when the rule allows an input of `size` and the model is idle;
     /// `None`: it did not run (submit it to the model thread).
-    pub(super) fn run<T>(&self, size: usize, f: impl FnOnce(&CModule, Device) -> T) -> Option<T> {
+    pub(super) fn run<T>(&self, size: usize, f: impl FnOnce(&Model, Device) -> T) -> Option<T> {
         let mut policy = match self.pass.try_lock() {
             Ok(p) => p,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),

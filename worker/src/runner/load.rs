@@ -1,16 +1,20 @@
-//! Loading the TorchScript model: picking the device (`auto` = CUDA when libtorch sees a
-//! GPU; a worker the plan placed on a GPU is told `cuda`, never `auto`), the allocator cap
-//! on CUDA (before the weights arrive, so they count against it), `CModule::load_on_device`,
-//! eval mode, and a check that the weights left room under the cap. Every failure is one
+//! Loading the model: picking the device (`auto` = CUDA when libtorch sees a GPU, and for a
+//! `torch.export` archive the device it was exported on; a worker the plan placed on a GPU is
+//! told `cuda`, never `auto`), the allocator cap on CUDA (before the weights arrive, so they
+//! count against it), the load itself (TorchScript: `CModule::load_on_device` and eval mode;
+//! a `.pt2`: the Native Runtime, after its signature is read and checked against the
+//! metadata), and a check that the weights left room under the cap. Every failure is one
 //! [`LoadError`] whose message names the file and the reason.
 
 use std::path::Path;
 use std::time::Instant;
 
 use tch::{CModule, Device};
+use vramfork::metadata::TensorSpec;
 use vramfork::protocol::Device as Wanted;
 
-use crate::cuda;
+use super::model::{is_exported, Model};
+use crate::{cuda, exported};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -90,8 +94,25 @@ impl LoadError {
 /// Weights past this share of the cap leave too little for any forward pass.
 const WEIGHTS_SHARE_LIMIT: f64 = 0.95;
 
+/// What the metadata says the model takes, checked at load where the format records what
+/// it takes (a `torch.export` program's signature).
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    pub inputs: Option<Vec<TensorSpec>>,
+    pub max_batch_size: u32,
+}
+
+impl Declared {
+    pub fn of(metadata: &vramfork::metadata::AppMetadata, max_batch_size: u32) -> Declared {
+        Declared {
+            inputs: metadata.inputs.clone(),
+            max_batch_size,
+        }
+    }
+}
+
 pub struct Loaded {
-    pub module: CModule,
+    pub module: Model,
     pub device: Device,
     pub model_ms: f64,
 }
@@ -106,6 +127,15 @@ pub fn configure_executor() {
 
 pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
     let cuda = cuda::is_available();
+    if matches!(wanted, Wanted::Auto) && is_exported(path) {
+        // A program runs where it was exported (an unreadable one fails its load below).
+        let on_gpu = exported::open(path).is_ok_and(|(_, s)| s.device == "cuda");
+        return Ok(if on_gpu && cuda {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        });
+    }
     match wanted {
         Wanted::Cpu => Ok(Device::Cpu),
         Wanted::Auto if cuda => Ok(Device::Cuda(0)),
@@ -116,12 +146,23 @@ pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
 }
 
 /// Loads the model on the CPU on the calling thread, for the template process.
-pub fn load_cpu(path: &str) -> Result<CModule, LoadError> {
-    load(path, Device::Cpu, None).map(|l| l.module)
+/// What the metadata declares is checked as [`load`] checks it.
+pub fn load_cpu(
+    path: &str,
+    metadata: &vramfork::metadata::AppMetadata,
+    max_batch_size: u32,
+) -> Result<Model, LoadError> {
+    let declared = Declared::of(metadata, max_batch_size);
+    load(path, Device::Cpu, None, &declared).map(|l| l.module)
 }
 
 /// Loads the model on `device`; on CUDA, first caps the caching allocator at `cap_bytes`.
-pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<Loaded, LoadError> {
+pub fn load(
+    path: &str,
+    device: Device,
+    cap_bytes: Option<u64>,
+    declared: &Declared,
+) -> Result<Loaded, LoadError> {
     let fail = |reason: String| LoadError::Model {
         path: path.into(),
         reason,
@@ -151,6 +192,39 @@ pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<Loaded
             set.total >> 20
         );
     }
+    let module = if is_exported(path) {
+        load_exported(path, device, declared)?
+    } else {
+        Model::TorchScript(load_torchscript(path, device, cap_bytes)?)
+    };
+    let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
+        let weights = cuda::memory_stats(i).map(|s| s.allocated).unwrap_or(0);
+        if too_big(weights, cap) {
+            return Err(LoadError::TooBig {
+                path: path.into(),
+                weights_mb: Some(weights >> 20),
+                cap_mb: cap >> 20,
+            });
+        }
+    }
+    Ok(Loaded {
+        module,
+        device,
+        model_ms,
+    })
+}
+
+/// A TorchScript file, in eval mode.
+fn load_torchscript(
+    path: &str,
+    device: Device,
+    cap_bytes: Option<u64>,
+) -> Result<CModule, LoadError> {
+    let fail = |reason: String| LoadError::Model {
+        path: path.into(),
+        reason,
+    };
     let mut module = CModule::load_on_device(path, device).map_err(|e| {
         let msg = e.to_string();
         match (device, cap_bytes) {
@@ -169,22 +243,47 @@ pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<Loaded
     module
         .f_set_eval()
         .map_err(|e| fail(first_line(&e.to_string())))?;
-    let model_ms = start.elapsed().as_secs_f64() * 1e3;
-    if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
-        let weights = cuda::memory_stats(i).map(|s| s.allocated).unwrap_or(0);
-        if too_big(weights, cap) {
-            return Err(LoadError::TooBig {
-                path: path.into(),
-                weights_mb: Some(weights >> 20),
-                cap_mb: cap >> 20,
-            });
-        }
+    Ok(module)
+}
+
+/// A `torch.export` archive: its signature read and checked against the metadata, then its
+/// program loaded with the Native Runtime, on the device it was exported on.
+fn load_exported(path: &str, device: Device, declared: &Declared) -> Result<Model, LoadError> {
+    let fail = |reason: String| LoadError::Model {
+        path: path.into(),
+        reason,
+    };
+    let (name, signature) = exported::open(path).map_err(|e| fail(exported_line(&e)))?;
+    let on_gpu = signature.device == "cuda";
+    match (device, on_gpu) {
+        (Device::Cuda(_), false) => return Err(fail(
+            "it was exported on the CPU (its inputs and weights are CPU tensors), but this worker runs on a GPU: export the model and its example inputs on the GPU to serve it there, or serve it with --device cpu".into(),
+        )),
+        (Device::Cpu, true) => return Err(fail(
+            "it was exported on a GPU (its inputs and weights are CUDA tensors), but this worker runs on the CPU: export it on the CPU to serve it there".into(),
+        )),
+        _ => {}
     }
-    Ok(Loaded {
-        module,
-        device,
-        model_ms,
-    })
+    signature
+        .check_declared(declared.inputs.as_deref(), declared.max_batch_size)
+        .map_err(fail)?;
+    exported::Program::load(path, &name, signature)
+        .map(Model::Exported)
+        .map_err(|e| fail(exported_line(&e)))
+}
+
+/// The archive reader's or the Native Runtime's message, on one line, with the way out for
+/// a file that is no archive at all.
+fn exported_line(msg: &str) -> String {
+    let line = first_line(msg);
+    if line.contains("PytorchStreamReader failed") || line.contains("not a TorchScript archive") {
+        let detail = msg.lines().next().unwrap_or(msg);
+        let detail = detail.split(". ").next().unwrap_or(detail);
+        return format!(
+            "not a torch.export archive ({detail}); save the model with torch.export.save(torch.export.export(model, example_inputs), path)"
+        );
+    }
+    line
 }
 
 /// Whether weights of `weights` bytes leave too little of a `cap`-byte allocator cap.
@@ -222,7 +321,7 @@ fn first_line(msg: &str) -> String {
         let detail = &line[i..];
         let detail = detail.split(". ").next().unwrap_or(detail);
         format!(
-            "not a TorchScript archive ({detail}); export the model with torch.jit.trace or torch.jit.script and save it with .save(path) (a state_dict, a pickled model or a torch.export file is not TorchScript)"
+            "not a TorchScript archive ({detail}); export the model with torch.jit.trace or torch.jit.script and save it with .save(path) (a state_dict or a pickled model is not TorchScript; a torch.export.save archive is served when its name ends in .pt2)"
         )
     } else {
         line
@@ -302,6 +401,25 @@ mod tests {
             doc.contains("A worker whose CUDA allocator cap cannot be set (the GPU busy or full as it starts) exits 3"),
             "docs/options.md says what a worker does with a cap it cannot set"
         );
+    }
+
+    /// A `.pt2` runs where it was exported: a CPU export on a worker placed on a GPU is
+    /// refused before anything touches CUDA, naming the way out.
+    #[test]
+    fn a_program_exported_on_the_cpu_is_refused_on_a_gpu_worker() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/mlp.pt2");
+        let declared = Declared::default();
+        let Err(e) = load(path, Device::Cuda(0), None, &declared) else {
+            panic!("a CPU export loaded for a GPU worker");
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("it was exported on the CPU")
+                && msg.contains("or serve it with --device cpu"),
+            "{msg}"
+        );
+        assert_eq!(e.exit_code(), vramfork::protocol::worker_exit::MODEL_LOAD);
+        assert!(load(path, Device::Cpu, None, &declared).is_ok());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The model on one dedicated thread. The `CModule` is loaded there and never leaves it;
+//! The model on one dedicated thread. The model ([`Model`]) is loaded there and never leaves it;
 //! requests arrive over a bounded channel, each with a oneshot reply; one forward pass at a
 //! time, under `no_grad`, with every error (and any panic) turned into a [`RunError`].
 //!
@@ -17,6 +17,7 @@ mod claim;
 mod failure;
 mod inline;
 mod load;
+mod model;
 mod ops;
 mod tensors;
 pub mod v2out;
@@ -28,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::{CModule, Device, IValue};
+use tch::{Device, IValue};
 use tokio::sync::{mpsc, oneshot};
 
 pub use batch::Batching;
@@ -37,7 +38,9 @@ pub use claim::{Claim, Ticket};
 use claim::{Queued, QUEUED};
 pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use inline::Inline;
-pub use load::{configure_executor, load_cpu, LoadError};
+pub use load::{configure_executor, load_cpu, Declared, LoadError};
+use model::Failure;
+pub use model::{platform, Model, ModelInfo};
 pub use ops::load_all as load_op_libraries;
 pub use warmup::{warm, Warmed, Warmup};
 
@@ -106,7 +109,7 @@ impl Taken {
     }
 
     /// Runs it on a pass of its own and answers it.
-    fn run_alone(self, module: &CModule, device: Device) {
+    fn run_alone(self, module: &Model, device: Device) {
         // The `request` span only when the one line logged inside it (`forward`, at debug)
         // is on: at the default level the span cost every request its fields formatted.
         let _span = tracing::enabled!(tracing::Level::DEBUG)
@@ -158,38 +161,6 @@ impl Job {
     }
 }
 
-/// What the loaded model looks like, for the rest of the worker.
-#[derive(Debug, Clone, Copy)]
-pub struct ModelInfo {
-    /// The CUDA device index, when the model runs on a GPU.
-    pub cuda: Option<usize>,
-    pub model_ms: f64,
-    /// The warm-up an exec'd worker ran (0: none).
-    pub warmup_ms: f64,
-    /// Its forward passes.
-    pub warmup_passes: u32,
-    /// Torch's intra-op threads as the model thread itself reads them
-    /// (`at::get_num_threads`: OpenMP's setting for that thread).
-    pub intra_threads: i32,
-}
-
-impl ModelInfo {
-    /// What the model thread tells of the model it loaded and warmed (on that thread: the
-    /// intra-op count is its own).
-    fn of(l: &load::Loaded, warmed: &Warmed) -> ModelInfo {
-        ModelInfo {
-            cuda: match l.device {
-                Device::Cuda(i) => Some(i),
-                _ => None,
-            },
-            model_ms: l.model_ms,
-            warmup_ms: warmed.ms,
-            warmup_passes: warmed.passes,
-            intra_threads: tch::get_num_threads(),
-        }
-    }
-}
-
 /// The profiling pass's outcome: its duration in ms, or the model's error.
 pub type Profiled = Option<Result<f64, String>>;
 
@@ -205,8 +176,10 @@ pub struct Setup {
     pub wanted: vramfork::protocol::Device,
     /// The CUDA allocator's cap in bytes.
     pub cap_bytes: Option<u64>,
-    /// The template's module (on the CPU), when forked from it.
-    pub preloaded: Option<CModule>,
+    /// The template's model (on the CPU), when forked from it.
+    pub preloaded: Option<Model>,
+    /// What the metadata says the model takes (checked at load where the format says).
+    pub declared: Declared,
     pub batching: Option<Batching>,
     pub profile: Option<Profile>,
     pub warm: Option<Warmup>,
@@ -239,6 +212,7 @@ impl Runner {
             wanted,
             cap_bytes,
             preloaded,
+            declared,
             batching,
             profile,
             warm,
@@ -265,7 +239,7 @@ impl Runner {
                         device: d,
                         model_ms: 0.0,
                     }),
-                    (d, _) => load::load(&path, d, cap_bytes),
+                    (d, _) => load::load(&path, d, cap_bytes, &declared),
                 });
                 match loaded {
                     Ok(l) => {
@@ -277,7 +251,7 @@ impl Runner {
                                     return;
                                 }
                             };
-                        let info = ModelInfo::of(&l, &warmed);
+                        let info = ModelInfo::of(l.device, l.model_ms, &warmed);
                         let profiled = profile
                             .map(|p| warmup::warm_up(&l.module, &p.specs, &p.shapes, l.device));
                         match batching {
@@ -389,13 +363,17 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
 }
 
 /// The input's move to the device and the forward pass, under `no_grad`.
-fn pass(module: &CModule, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
+fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
     let args = args
         .iter()
         .map(|a| tensors::to_ivalue(a, device))
         .collect::<Result<Vec<IValue>, _>>()
         .map_err(|e| classify(&e.to_string()))?;
-    let out = tch::no_grad(|| module.forward_is(&args)).map_err(|e| classify(&e.to_string()));
+    let out = tch::no_grad(|| module.forward(&args)).map_err(|e| match e {
+        // The request's tensors are not what the program takes: the request's fault (400).
+        Failure::Input(m) => RunError::Request(m),
+        Failure::Torch(m) => classify(&m),
+    });
     // Kernels run asynchronously: an error of this pass's (a device-side assert, an illegal
     // address) is known only once the device has finished; wait here so that it is this
     // pass's error, and the worker's last, not the next request's.
@@ -459,7 +437,7 @@ fn reserved(device: Device) -> Option<u64> {
 }
 
 fn forward(
-    module: &CModule,
+    module: &Model,
     device: Device,
     input: &Inputs,
     encoding: &Encoding,

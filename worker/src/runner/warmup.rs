@@ -16,7 +16,9 @@
 
 use std::time::Instant;
 
-use tch::{CModule, Device, IValue, Tensor};
+use tch::{Device, IValue, Tensor};
+
+use super::model::Model;
 use vramfork::documents::{Document, Feed, Padding, TextSpec};
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
@@ -63,7 +65,7 @@ pub struct Warmed {
 /// (a warning: the worker, or from the `template` every worker, starts cold, and such
 /// requests get 507).
 pub fn warm(
-    module: &CModule,
+    module: &Model,
     plan: Option<&Warmup>,
     path: &str,
     device: Device,
@@ -202,7 +204,7 @@ pub fn boot_refusal(
 /// failure is the length's: the boot ends naming the field (a pass out of GPU memory is a
 /// warning: such requests will get 507). Returns the passes it ran.
 fn check_max_lengths(
-    module: &CModule,
+    module: &Model,
     plan: &Warmup,
     path: &str,
     device: Device,
@@ -250,7 +252,7 @@ fn check_max_lengths(
 /// One forward pass on `device` with zeros of `shapes` (one per declared input); its
 /// duration in ms, or the model's message when it failed.
 pub fn warm_up(
-    module: &CModule,
+    module: &Model,
     specs: &[TensorSpec],
     shapes: &[Vec<i64>],
     device: Device,
@@ -261,7 +263,7 @@ pub fn warm_up(
 /// [`warm_up`], with the documents of text input `longest` (an index into `specs`), if any,
 /// `max_length` tokens long.
 fn pass(
-    module: &CModule,
+    module: &Model,
     specs: &[TensorSpec],
     shapes: &[Vec<i64>],
     device: Device,
@@ -289,7 +291,7 @@ fn pass(
     }
     let start = Instant::now();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tch::no_grad(|| module.forward_is(&args).map(drop))
+        tch::no_grad(|| module.forward(&args).map(drop))
     }));
     let run = match run {
         Ok(Ok(())) => Ok(()),

@@ -161,7 +161,7 @@ pub fn model_metadata(app: &App) -> Value {
     json!({
         "name": name,
         "versions": [version],
-        "platform": "pytorch_torchscript",
+        "platform": app.platform,
         "inputs": inputs,
         "outputs": outputs,
     })

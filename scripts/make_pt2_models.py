@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Builds the torch.export fixtures (.pt2) the process tests serve, from the same modules and
+weights as the TorchScript fixtures of make_models.py, so that a test can hold the two
+formats' answers side by side.
+
+Run with the project's torch venv, after make_models.py (it reads mlp.pt's weights):
+    source scripts/env.sh && $VRAMFORK_PYTHON scripts/make_pt2_models.py
+Writes into tests/fixtures/ and prints what it wrote. The outputs are committed so tests need
+no Python at run time:
+
+- mlp.pt2: mlp.pt's module and weights, exported with torch.export.Dim("batch", max=64) for
+  the rows of x ([-1, 4] float32 -> [-1, 3]);
+- mlp_fixed.pt2: the same, exported without a Dim (the batch is fixed at 2 rows);
+- pair.pt2: pair.pt's module (two inputs, a tuple of two outputs), rows dynamic and tied;
+- mlp256.pt2: an MLP 64-256-256-16 (random weights, fixed seed), rows up to 1024: large
+  enough that a pass of many rows runs on an OpenMP team (the fork tests).
+"""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures")
+sys.path.insert(0, HERE)
+
+from make_models import Mlp, Pair  # noqa: E402
+
+
+class Mlp256(torch.nn.Module):
+    """[-1, 64] float32 -> [-1, 16]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 16),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def save(program: torch.export.ExportedProgram, name: str, written: list) -> None:
+    path = os.path.join(OUT, name)
+    torch.export.save(program, path)
+    written.append(path)
+
+
+def main() -> None:
+    written: list = []
+    mlp = Mlp().eval()
+    mlp.load_state_dict(torch.jit.load(os.path.join(OUT, "mlp.pt")).state_dict())
+    x = torch.zeros(2, 4)
+    batch = torch.export.Dim("batch", max=64)
+    save(torch.export.export(mlp, (x,), dynamic_shapes={"x": {0: batch}}), "mlp.pt2", written)
+    save(torch.export.export(mlp, (x,)), "mlp_fixed.pt2", written)
+
+    rows = torch.export.Dim("rows", max=1024)
+    features, scale = torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)
+    pair = torch.export.export(
+        Pair(), (features, scale),
+        dynamic_shapes={"features": {0: rows}, "scale": {0: rows}},
+    )
+    save(pair, "pair.pt2", written)
+
+    torch.manual_seed(0)
+    wide = Mlp256().eval()
+    rows = torch.export.Dim("rows", max=1024)
+    save(torch.export.export(wide, (torch.zeros(2, 64),), dynamic_shapes={"x": {0: rows}}),
+         "mlp256.pt2", written)
+
+    for p in written:
+        print(f"wrote {os.path.relpath(p, os.path.dirname(HERE))} ({os.path.getsize(p)} bytes)")
+
+
+if __name__ == "__main__":
+    main()

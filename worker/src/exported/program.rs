@@ -1,0 +1,114 @@
+//! One ExportedProgram loaded with libtorch's Native Runtime
+//! (`torch::nativert::ModelRunnerHandle`, through `shim.cpp`): loaded from its archive, run
+//! on a list of tensors after [`Signature::check`], freed on drop.
+
+use std::ffi::{c_int, c_void, CString};
+use std::ptr::NonNull;
+
+use tch::{IValue, Tensor};
+
+use super::Signature;
+
+mod ffi {
+    use std::ffi::{c_char, c_int, c_void};
+
+    extern "C" {
+        pub fn vf_export_load(
+            path: *const c_char,
+            name: *const c_char,
+            out: *mut *mut c_void,
+        ) -> c_int;
+        pub fn vf_export_free(program: *mut c_void);
+        pub fn vf_export_run(
+            program: *mut c_void,
+            inputs: *const *const c_void,
+            n: usize,
+            outputs: *mut *mut *mut c_void,
+            n_out: *mut usize,
+            single: *mut c_int,
+        ) -> c_int;
+        pub fn vf_export_free_bytes(bytes: *mut c_void);
+    }
+}
+
+/// Why a pass did not run or failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PassError {
+    /// The request's tensors are not what the program takes (the request's fault: 400).
+    Input(String),
+    /// The runtime raised (libtorch's message).
+    Runtime(String),
+}
+
+/// A loaded program and its inputs' signature.
+pub struct Program {
+    handle: NonNull<c_void>,
+    pub signature: Signature,
+}
+
+// SAFETY: the handle is owned by this value alone; it moves to the model thread (from the
+// template, or from where it was loaded) as a tch `CModule` does.
+unsafe impl Send for Program {}
+// SAFETY: passes are never concurrent: the worker runs them on the model thread, or under
+// `runner::Inline`'s pass lock on the event loop, one at a time (as with a `CModule`).
+unsafe impl Sync for Program {}
+
+impl Program {
+    /// Loads the program `name` of the archive at `path`.
+    pub fn load(path: &str, name: &str, signature: Signature) -> Result<Program, String> {
+        let p = CString::new(path).map_err(|_| "a path with a NUL byte".to_string())?;
+        let n = CString::new(name).map_err(|_| "a name with a NUL byte".to_string())?;
+        let mut out: *mut c_void = std::ptr::null_mut();
+        // SAFETY: both strings are NUL-terminated and alive for the call; `out` is a valid
+        // out-pointer; the shim catches every C++ exception.
+        let rc = unsafe { ffi::vf_export_load(p.as_ptr(), n.as_ptr(), &mut out) };
+        match NonNull::new(out) {
+            Some(handle) if rc == 0 => Ok(Program { handle, signature }),
+            _ => Err(super::last_error()),
+        }
+    }
+
+    /// One pass: the tensors checked against the signature, then run; a tensor output as
+    /// itself, several as a tuple.
+    pub fn run(&self, args: &[Tensor]) -> Result<IValue, PassError> {
+        self.signature.check(args).map_err(PassError::Input)?;
+        let inputs: Vec<*const c_void> = args.iter().map(|t| t.as_ptr().cast()).collect();
+        let mut outputs: *mut *mut c_void = std::ptr::null_mut();
+        let (mut n_out, mut single) = (0usize, 0 as c_int);
+        // SAFETY: `handle` is a live program; `inputs` holds `args.len()` pointers to
+        // tensors (`at::Tensor*`, as tch holds them) borrowed for the call; the out-pointers
+        // are valid; the shim catches every C++ exception.
+        let rc = unsafe {
+            ffi::vf_export_run(
+                self.handle.as_ptr(),
+                inputs.as_ptr(),
+                inputs.len(),
+                &mut outputs,
+                &mut n_out,
+                &mut single,
+            )
+        };
+        if rc != 0 {
+            return Err(PassError::Runtime(super::last_error()));
+        }
+        // SAFETY: on success `outputs` is a malloc'ed array of `n_out` owned `at::Tensor*`
+        // (`new at::Tensor`), each taken over once by a tch `Tensor` (which deletes it).
+        let tensors: Vec<Tensor> = (0..n_out)
+            .map(|i| unsafe { Tensor::from_ptr((*outputs.add(i)).cast()) })
+            .collect();
+        // SAFETY: the array itself came from the shim's malloc and is freed once, here.
+        unsafe { ffi::vf_export_free_bytes(outputs.cast()) };
+        let mut tensors = tensors.into_iter();
+        Ok(match (single, tensors.len()) {
+            (1, 1) => IValue::Tensor(tensors.next().expect("one output")),
+            _ => IValue::Tuple(tensors.map(IValue::Tensor).collect()),
+        })
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from vf_export_load and is freed once, here.
+        unsafe { ffi::vf_export_free(self.handle.as_ptr()) };
+    }
+}

@@ -1,0 +1,173 @@
+// vramfork worker: a tiny C ABI over what tch does not reach for `torch.export` archives
+// (`.pt2`): reading the archive's records (caffe2::serialize::PyTorchStreamReader, the reader
+// libtorch itself opens them with) and running an ExportedProgram with libtorch's Native
+// Runtime (torch::nativert::ModelRunnerHandle). Tensors cross as `at::Tensor*`, the way tch's
+// own C API passes them: inputs are borrowed, outputs are `new at::Tensor` the caller owns.
+// Every function catches every C++ exception and reports it as a status code (message via
+// vf_export_last_error), so nothing unwinds into Rust and no error aborts the worker.
+//
+// Status codes: 0 ok, 2 an error.
+
+#include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/nativert/ModelRunnerHandle.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+constexpr int VF_OK = 0;
+constexpr int VF_ERROR = 2;
+
+template <typename F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    // what_without_backtrace(): the message without the C++ frames after it.
+    last_error = e.what_without_backtrace();
+    return VF_ERROR;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return VF_ERROR;
+  } catch (...) {
+    last_error = "unknown C++ exception";
+    return VF_ERROR;
+  }
+}
+
+// `s` copied into a malloc'ed buffer the caller frees with vf_export_free_bytes.
+void give(const std::string& s, char** out, size_t* len) {
+  char* buf = static_cast<char*>(std::malloc(s.size() + 1));
+  if (buf == nullptr) {
+    throw std::bad_alloc();
+  }
+  std::memcpy(buf, s.data(), s.size());
+  buf[s.size()] = '\0';
+  *out = buf;
+  *len = s.size();
+}
+
+// The output tensors of one pass: a tensor alone, or the tensors of a tuple or list.
+void flatten(const c10::IValue& v, std::vector<at::Tensor>& out, int* single) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+    *single = 1;
+    return;
+  }
+  *single = 0;
+  std::vector<c10::IValue> items;
+  if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      items.push_back(e);
+    }
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      items.push_back(e);
+    }
+  } else {
+    throw std::runtime_error("the program returned a " + v.tagKind() +
+                             ", which is not served (a tensor, or a tuple or list of tensors, is)");
+  }
+  for (const auto& e : items) {
+    if (!e.isTensor()) {
+      throw std::runtime_error("the program returned a " + e.tagKind() +
+                               " among its outputs, which is not served (only tensors are)");
+    }
+    out.push_back(e.toTensor());
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// The last error message of this thread, copied into buf (NUL-terminated, truncated).
+void vf_export_last_error(char* buf, size_t len) noexcept {
+  if (buf == nullptr || len == 0) {
+    return;
+  }
+  size_t n = last_error.size() < len - 1 ? last_error.size() : len - 1;
+  std::memcpy(buf, last_error.data(), n);
+  buf[n] = '\0';
+}
+
+// Frees a buffer this shim malloc'ed (record bytes, names, an output array).
+void vf_export_free_bytes(void* bytes) noexcept { std::free(bytes); }
+
+// The archive's record names (without the archive's top folder), one per line.
+int vf_archive_records(const char* path, char** out, size_t* len) noexcept {
+  return guarded([&] {
+    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
+    std::string names;
+    for (const auto& r : reader.getAllRecords()) {
+      names += r;
+      names += '\n';
+    }
+    give(names, out, len);
+    return VF_OK;
+  });
+}
+
+// One record of the archive, whole.
+int vf_archive_read(const char* path, const char* record, char** out, size_t* len) noexcept {
+  return guarded([&] {
+    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
+    auto [data, size] = reader.getRecord(std::string(record));
+    give(std::string(static_cast<const char*>(data.get()), size), out, len);
+    return VF_OK;
+  });
+}
+
+// Loads the archive's model `name` (models/<name>.json) with the Native Runtime.
+int vf_export_load(const char* path, const char* name, void** out) noexcept {
+  return guarded([&] {
+    *out = new torch::nativert::ModelRunnerHandle(std::string(path), std::string(name));
+    return VF_OK;
+  });
+}
+
+void vf_export_free(void* program) noexcept {
+  try {
+    delete static_cast<torch::nativert::ModelRunnerHandle*>(program);
+  } catch (...) {
+  }
+}
+
+// One pass: `n` borrowed input tensors in; `*n_out` owned output tensors out, in a malloc'ed
+// array the caller frees with vf_export_free_bytes (each tensor it takes over, as tch does).
+// `*single`: the program returned one tensor (1), or a tuple or list of them (0).
+int vf_export_run(void* program, const at::Tensor* const* inputs, size_t n, at::Tensor*** outputs,
+                  size_t* n_out, int* single) noexcept {
+  return guarded([&] {
+    auto* runner = static_cast<torch::nativert::ModelRunnerHandle*>(program);
+    std::vector<c10::IValue> args;
+    args.reserve(n);
+    for (size_t i = 0; i < n; i++) {
+      args.emplace_back(*inputs[i]);
+    }
+    c10::IValue result = runner->run(args, {});
+    std::vector<at::Tensor> flat;
+    flatten(result, flat, single);
+    auto** arr = static_cast<at::Tensor**>(std::malloc(sizeof(at::Tensor*) * (flat.size() + 1)));
+    if (arr == nullptr) {
+      throw std::bad_alloc();
+    }
+    for (size_t i = 0; i < flat.size(); i++) {
+      arr[i] = new at::Tensor(std::move(flat[i]));
+    }
+    *outputs = arr;
+    *n_out = flat.size();
+    return VF_OK;
+  });
+}
+
+}  // extern "C"
