@@ -378,6 +378,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
     ("--max-worker-memory-mb", "VRAMFORK_MAX_WORKER_MEMORY_MB"),
     ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
+    ("--ledger", "VRAMFORK_LEDGER"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
     ("--mps", "VRAMFORK_MPS"),
     ("--inline-passes", "VRAMFORK_INLINE_PASSES"),
