@@ -309,9 +309,7 @@ mod tests {
         assert_eq!(busy, -1, "another open file description cannot take it");
         drop(held);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(free, 0);
     }
 }
