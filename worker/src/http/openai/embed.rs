@@ -57,15 +57,20 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         trace: req.extensions().get::<Arc<Trace>>().cloned(),
         deadline: Deadline::from_header(req.headers(), arrived)?,
     };
-    let refused = meta.refusal(app);
+    // A model that makes no embeddings refuses before the request counts as a model request.
+    let admitted = declaration::of(&app.metadata)
+        .and_then(|decl| meta.refusal(app).map(OaiError::from).map_or(Ok(decl), Err));
     let taken_at = Instant::now();
-    if let Some(refused) = refused {
-        // Read the (small, usually) body so the refusal is not lost to a reset.
-        if let Ok(body) = read_body(req, app.max_body_bytes).await {
-            meta.count_body(app, body.len());
+    let decl = match admitted {
+        Ok(decl) => decl,
+        Err(refused) => {
+            // Read the (small, usually) body so the refusal is not lost to a reset.
+            if let Ok(body) = read_body(req, app.max_body_bytes).await {
+                meta.count_body(app, body.len());
+            }
+            return Err(refused);
         }
-        return Err(refused.into());
-    }
+    };
     let last = claim(app);
     let body = read_body(req, app.max_body_bytes).await?;
     meta.count_body(app, body.len());
@@ -73,7 +78,6 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     let asked = tokio::task::spawn_blocking(move || request::parse(&body))
         .await
         .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))??;
-    let decl = declaration::of(&app.metadata)?;
     if matches!(asked.input, Input::Ids(_)) && !decl.token_ids {
         return Err(OaiError::invalid(
             "input",
@@ -94,23 +98,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         last,
     )
     .await?;
-    let width = vectors.first().map_or(0, Vec::len);
-    if let Some(d) = asked.dimensions {
-        if d > width || (d < width && !decl.matryoshka) {
-            return Err(OaiError::invalid(
-                "dimensions",
-                "invalid_dimensions",
-                format!(
-                    "`dimensions` is {d}; this model's vectors have {width}{}",
-                    if decl.matryoshka {
-                        ", and it takes that many or fewer".to_string()
-                    } else {
-                        format!(", and it is not declared Matryoshka (`embeddings.matryoshka`): it takes {width} or no `dimensions`")
-                    }
-                ),
-            ));
-        }
-    }
+    check_dimensions(asked.dimensions, &decl, vectors.first().map_or(0, Vec::len))?;
     let data: Vec<Item> = vectors
         .into_iter()
         .enumerate()
@@ -139,6 +127,30 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         .headers
         .push((TRUNCATED, HeaderValue::from(tokens.truncated)));
     Ok(answer)
+}
+
+/// A 400 for `dimensions` other than the vectors' `width`, or fewer for a Matryoshka model.
+fn check_dimensions(
+    asked: Option<usize>,
+    decl: &Declaration,
+    width: usize,
+) -> Result<(), OaiError> {
+    let Some(d) = asked else { return Ok(()) };
+    if d == width || (d < width && decl.matryoshka) {
+        return Ok(());
+    }
+    Err(OaiError::invalid(
+        "dimensions",
+        "invalid_dimensions",
+        format!(
+            "`dimensions` is {d}; this model's vectors have {width}{}",
+            if decl.matryoshka {
+                ", and it takes that many or fewer".to_string()
+            } else {
+                format!(", and it is not declared Matryoshka (`embeddings.matryoshka`): it takes {width} or no `dimensions`")
+            }
+        ),
+    ))
 }
 
 /// The inputs as token rows, on the documents pool under `--request-timeout` and the

@@ -21,7 +21,7 @@ pub struct OaiError {
     param: Option<&'static str>,
     code: String,
     /// The server's own error it was, whose answer's headers it keeps.
-    api: Option<ApiError>,
+    api: Option<Box<ApiError>>,
 }
 
 impl OaiError {
@@ -74,7 +74,7 @@ impl OaiError {
         let body = json_bytes(&self.body());
         match self.api {
             Some(api) => {
-                let mut a = Answer::from(api);
+                let mut a = Answer::from(*api);
                 a.body = body;
                 a
             }
@@ -90,7 +90,7 @@ impl From<ApiError> for OaiError {
             message: e.to_string(),
             param: None,
             code: e.kind().into(),
-            api: Some(e),
+            api: Some(Box::new(e)),
         }
     }
 }
