@@ -272,7 +272,11 @@ fn cls_pooling_and_langchain_equal_torch_and_token_ids_are_refused_by_default() 
 
 #[test]
 fn two_thousand_and_forty_eight_inputs_in_one_request_and_each_refusal() {
-    let (s, _app, exp) = serve("bert.pt", json!({"embeddings": {"pooling": "cls"}}), &[]);
+    let (s, _app, exp) = serve(
+        "bert.pt",
+        json!({"embeddings": {"pooling": "cls"}}),
+        &["--max-body-mb", "1", "--metrics-port", "0", "--access-log"],
+    );
     let texts = sentences(&exp);
     let many: Vec<&String> = (0..2048).map(|i| &texts[i % texts.len()]).collect();
     let r = post(
@@ -339,6 +343,49 @@ fn two_thousand_and_forty_eight_inputs_in_one_request_and_each_refusal() {
     let r = s.post("/v1/embeddings", "{not json");
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "invalid_json");
+    // A body over --max-body-mb: 413 in OpenAI's shape, and the connection closes.
+    // (Its head alone, declaring 2 MB: refused on it, so no unread body resets the answer.)
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let head = "POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2000000\r\n\r\n";
+    std::io::Write::write_all(&mut c, head.as_bytes()).unwrap();
+    let mut all = Vec::new();
+    std::io::Read::read_to_end(&mut c, &mut all).unwrap();
+    let r = common::parse_response(&all).unwrap();
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(r.json()["error"]["code"], "body_too_large");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    assert!(
+        message(&r.json()["error"]).contains("--max-body-mb"),
+        "{}",
+        r.body
+    );
+    // The client's request id comes back, as on every endpoint.
+    let r = common::raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        "X-Request-Id: embed-0042\r\n",
+        json!({"input": "x", "model": "m"}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-request-id"), Some("embed-0042"));
+    // In the access log and /metrics as the other endpoints are.
+    let line = s.poll("the access line of embed-0042", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "access" && e.str("request_id") == Some("embed-0042"))
+    });
+    assert_eq!(line.str("path"), Some("/v1/embeddings"));
+    assert_eq!(line.u64("status"), Some(200));
+    let port = s.metrics_port();
+    s.poll("/v1/embeddings answers in /metrics", || {
+        let body = common::http(port, "GET", "/metrics", None).body;
+        (body.contains(r#"endpoint="embeddings",code="200""#)
+            && body.contains(r#"endpoint="embeddings",code="400""#)
+            && body.contains(r#"endpoint="embeddings",code="413""#))
+        .then_some(())
+    });
     // The same worker answers after every refusal.
     let r = post(&s, &json!({"input": "x", "model": "m"}));
     assert_eq!((r.status, r.pid()), (200, pid), "{}", r.body);
