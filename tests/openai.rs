@@ -457,3 +457,48 @@ fn models_are_listed_and_a_model_without_embeddings_is_a_404_naming_the_block() 
     assert!(body["error"]["message"].as_str().is_some(), "{body}");
     let _ = std::fs::remove_file(&keys);
 }
+
+#[test]
+fn a_bad_embeddings_block_stops_the_start_naming_the_field() {
+    let art = artefacts();
+    for (block, want) in [
+        (
+            json!({"pooling": "max"}),
+            "field `embeddings.pooling` is \"max\"",
+        ),
+        (
+            json!({"pooling": "cls", "normalise": true}),
+            "`embeddings.normalise` is so close to `embeddings.normalize`",
+        ),
+    ] {
+        let app = App {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        std::os::unix::fs::symlink(art.join("bert.pt"), app.dir.path().join("bert.pt")).unwrap();
+        std::os::unix::fs::symlink(
+            art.join("tokenizer.json"),
+            app.dir.path().join("tokenizer.json"),
+        )
+        .unwrap();
+        let metadata = json!({
+            "name": "text-embedder", "model": "bert.pt",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                        "tokenizer": {"file": "tokenizer.json", "max_length": 24}}],
+            "embeddings": block,
+        });
+        std::fs::write(app.metadata(), metadata.to_string()).unwrap();
+        let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &[]);
+        let status = s.wait_exit(std::time::Duration::from_secs(60));
+        assert_eq!(
+            status.code(),
+            Some(vramfork::master::exit::CONFIG),
+            "{}",
+            s.log_text()
+        );
+        assert!(
+            s.log_text().contains(want),
+            "{want:?} not in\n{}",
+            s.log_text()
+        );
+    }
+}

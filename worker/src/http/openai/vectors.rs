@@ -7,7 +7,7 @@
 use base64::Engine;
 use serde_json::Value;
 
-use super::declaration::Pooling;
+use vramfork::metadata::embeddings::Pooling;
 
 /// One pass's output: its shape and its elements.
 pub struct Output {
