@@ -370,6 +370,28 @@ fn two_thousand_and_forty_eight_inputs_in_one_request_and_each_refusal() {
     );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("embed-0042"));
+    // The client's deadline, as on every endpoint: one that passed before the request could
+    // start is refused unrun (503), and a malformed one is a 400.
+    let one = json!({"input": "x", "model": "m"}).to_string();
+    let r = common::raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        "X-Request-Timeout: 0.000001\r\n",
+        one.as_bytes(),
+    );
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["code"], "deadline_expired");
+    assert_eq!(r.json()["error"]["type"], "server_error");
+    let r = common::raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        "X-Request-Timeout: soon\r\n",
+        one.as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    assert!(message(&r.json()["error"]).contains("X-Request-Timeout"));
     // In the access log and /metrics as the other endpoints are.
     let line = s.poll("the access line of embed-0042", || {
         s.all_events()
