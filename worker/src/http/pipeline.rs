@@ -479,11 +479,12 @@ impl Drop for TrimAfter<'_> {
     }
 }
 
-/// Counts a request as work (`Counters::working`) while it lives.
-struct Working<'a>(&'a Shared);
+/// Counts a request as work (`Counters::working`) while it lives (`/v1/embeddings` holds one
+/// while it parses and tokenizes, before its passes count their own).
+pub struct Working<'a>(&'a Shared);
 
 impl<'a> Working<'a> {
-    fn enter(shared: &'a Shared) -> Working<'a> {
+    pub fn enter(shared: &'a Shared) -> Working<'a> {
         shared.update(|c| c.working += 1);
         Working(shared)
     }

@@ -26,7 +26,7 @@ use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::http::answer::Answer;
-use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Parsed, Ran};
+use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
 use crate::http::request::{arrival, endpoint_of, read_body, request_id_of};
 use crate::runner::v2out::Wanted;
 use crate::runner::Encoding;
@@ -74,6 +74,8 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     let last = claim(app);
     let body = read_body(req, app.max_body_bytes).await?;
     meta.count_body(app, body.len());
+    // Work from here, as a parsed request is: each pass then counts as its own.
+    let working = Working::enter(&app.shared);
     let size = body.len();
     let asked = tokio::task::spawn_blocking(move || request::parse(&body))
         .await
@@ -87,6 +89,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     }
     let tokens = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
+    drop(working);
     let vectors = passes(
         app,
         &meta,
