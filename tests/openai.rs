@@ -370,6 +370,11 @@ fn two_thousand_and_forty_eight_inputs_in_one_request_and_each_refusal() {
     );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("embed-0042"));
+    let timing = r.header("server-timing").unwrap_or_default();
+    assert!(
+        timing.starts_with("preprocess;dur=") && timing.contains(", forward;dur="),
+        "{timing}"
+    );
     // The client's deadline, as on every endpoint: one that passed before the request could
     // start is refused unrun (503), and a malformed one is a 400.
     let one = json!({"input": "x", "model": "m"}).to_string();

@@ -4,10 +4,11 @@
 //! (`tokens.rs`) under `--request-timeout` and the client's deadline; run in passes of at most
 //! `max_batch_size` inputs (without batching, the input's `max_documents`), each through the
 //! pipeline's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
-//! `usage` (tokens given to the model) and `X-Truncated-Inputs` (inputs cut to `max_length`).
+//! `usage` (tokens given to the model), `X-Truncated-Inputs` (inputs cut to `max_length`) and
+//! `Server-Timing` (the tokenizing, and the passes' forward time summed).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
@@ -87,10 +88,10 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
             "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
         ));
     }
-    let tokens = tokenized(app, &meta, asked.input).await?;
+    let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
     drop(working);
-    let vectors = passes(
+    let (vectors, forward) = passes(
         app,
         &meta,
         &decl,
@@ -126,6 +127,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     });
     let mut answer = Answer::ok(body);
     answer.close = last;
+    answer.timing = Some((preprocess, forward));
     answer
         .headers
         .push((TRUNCATED, HeaderValue::from(tokens.truncated)));
@@ -158,7 +160,11 @@ fn check_dimensions(
 
 /// The inputs as token rows, on the documents pool under `--request-timeout` and the
 /// client's deadline.
-async fn tokenized(app: &App, meta: &Meta, input: Input) -> Result<Tokenized, OaiError> {
+async fn tokenized(
+    app: &App,
+    meta: &Meta,
+    input: Input,
+) -> Result<(Tokenized, Duration), OaiError> {
     let docs = app.documents.clone().ok_or_else(|| {
         OaiError::new(
             StatusCode::NOT_FOUND,
@@ -177,7 +183,12 @@ async fn tokenized(app: &App, meta: &Meta, input: Input) -> Result<Tokenized, Oa
         },
     );
     match work.await {
-        Ok((t, _took)) => Ok(t),
+        Ok((t, took)) => {
+            if let Some(m) = &app.metrics {
+                m.preprocessed(took);
+            }
+            Ok((t, took))
+        }
         Err(DocError::Bad(m)) => Err(OaiError::invalid("input", "invalid_input", m)),
         Err(DocError::Stopped { client: true }) => Err(meta
             .deadline
@@ -203,7 +214,7 @@ async fn passes(
     size: usize,
     taken_at: Instant,
     last: bool,
-) -> Result<Vec<Vec<f32>>, OaiError> {
+) -> Result<(Vec<Vec<f32>>, Duration), OaiError> {
     let docs = app.documents.as_ref().expect("tokenized on the documents");
     let text = docs.text(0).expect("a text input");
     let per_pass = match app.metadata.max_batch_size {
@@ -212,6 +223,7 @@ async fn passes(
     }
     .max(1);
     let mut vectors = Vec::with_capacity(rows.len());
+    let mut forward = Duration::ZERO;
     let chunks = rows.chunks(per_pass).zip(lengths.chunks(per_pass));
     let count = rows.len().div_ceil(per_pass);
     for (k, (chunk, lengths)) in chunks.enumerate() {
@@ -257,6 +269,7 @@ async fn passes(
         let output = Output::read(&out.outputs, out.binary.as_deref().unwrap_or_default())
             .map_err(failed)?;
         vectors.extend(output.pool(decl.pooling, lengths).map_err(failed)?);
+        forward += out.forward;
     }
-    Ok(vectors)
+    Ok((vectors, forward))
 }
