@@ -1,5 +1,6 @@
 //! The hyper service: every request routed to its handler (`root.rs` for `/` and
-//! `/healthz`, `v2/` for the Open Inference Protocol), every outcome an HTTP answer with
+//! `/healthz`, `v2/` for the Open Inference Protocol, `openai/` for `/v1/`: its refusals of
+//! token auth in OpenAI's shape too), every outcome an HTTP answer with
 //! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
 //! `/metrics` and recorded in the access log when it is on.
 
