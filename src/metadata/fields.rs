@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::{kind, MAX_BATCH_SIZE_LIMIT};
 
 /// The fields vramfork reads from the metadata.
-pub(super) const KNOWN_FIELDS: [&str; 13] = [
+pub(super) const KNOWN_FIELDS: [&str; 14] = [
     "name",
     "description",
     "version",
@@ -24,6 +24,7 @@ pub(super) const KNOWN_FIELDS: [&str; 13] = [
     "max_batch_size",
     "profile_input",
     "warmup_inputs",
+    "embeddings",
 ];
 /// Fields other apps' metadata carries on purpose that are close to one vramfork reads
 /// (CLAMS app metadata's `output`, its versions and licences).

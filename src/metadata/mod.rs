@@ -8,9 +8,11 @@
 //! | `fields.rs` | the top-level fields: which there are, `name`, `model`, `op_libraries`, the GPU estimates, `max_batch_size` |
 //! | `signature.rs` | the model's declared inputs and outputs ([`TensorSpec`], [`Datatype`]), the older `input` ([`InputSpec`]) |
 //! | `blocks.rs` | an entry's `tokenizer`/`image` (inputs) and `labels` (outputs) blocks |
+//! | `embeddings.rs` | the `embeddings` block (OpenAI's `/v1/embeddings`) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
 
 mod blocks;
+pub mod embeddings;
 mod fields;
 mod shapes;
 mod signature;
@@ -58,6 +60,8 @@ pub struct AppMetadata {
     pub warmup_inputs: Option<BTreeMap<String, Vec<i64>>>,
     /// Class names of classification outputs (`outputs[i].labels`), by output index.
     pub labels: BTreeMap<usize, crate::labels::Labels>,
+    /// How the model makes vectors for `/v1/embeddings` (`embeddings`), when it declares it.
+    pub embeddings: Option<embeddings::Embeddings>,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -129,6 +133,8 @@ impl AppMetadata {
         blocks::documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
         let outputs = signature::declared(&raw, "outputs").map_err(field)?;
         let labels = blocks::labels(&raw, outputs.as_deref(), path).map_err(field)?;
+        let embeddings =
+            embeddings::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
@@ -159,6 +165,7 @@ impl AppMetadata {
             profile_input,
             warmup_inputs,
             labels,
+            embeddings,
         })
     }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 8] = [
+pub const ENDPOINTS: [&str; 9] = [
     "infer",
     "metadata",
     "health",
@@ -21,6 +21,7 @@ pub const ENDPOINTS: [&str; 8] = [
     "v2",
     "grpc-infer",
     "grpc",
+    "embeddings",
 ];
 
 /// One endpoint's answers.

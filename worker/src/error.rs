@@ -24,7 +24,7 @@ pub enum ApiError {
     /// A bad query parameter or header, a body that could not be read.
     #[error("{0}")]
     BadRequest(String),
-    #[error("no route for {0}; this server answers GET / (metadata), POST / (inference), GET /healthz and the v2 protocol under /v2")]
+    #[error("no route for {0}; this server answers GET / (metadata), POST / (inference), GET /healthz, the v2 protocol under /v2 and OpenAI's embeddings under /v1")]
     NotFound(String),
     /// A v2 path naming a model or version this server does not have (the message says
     /// what it has).

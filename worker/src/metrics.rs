@@ -27,6 +27,8 @@ pub enum Endpoint {
     GrpcInfer = 6,
     /// The other gRPC methods (health, metadata, the ones not served).
     Grpc = 7,
+    /// `POST /v1/embeddings`.
+    Embeddings = 8,
 }
 
 #[derive(Default)]

@@ -105,6 +105,23 @@ impl Documents {
         client: Option<Instant>,
         limit: Duration,
     ) -> Result<(Inputs, Duration), DocError> {
+        let specs = specs.clone();
+        self.on_pool(client, limit, move |me, until| {
+            me.prepare(&specs, input, Some(until))
+        })
+        .await
+    }
+
+    /// `work` on the pool as [`Documents::run`] runs a request's pre-processing (a slot
+    /// among `--torch-threads`, one intra-op thread, `limit` from its start and the
+    /// client's deadline `client`, both given to `work` as the instant to stop by between
+    /// documents), and how long it took.
+    pub async fn on_pool<T: Send + 'static>(
+        self: &Arc<Self>,
+        client: Option<Instant>,
+        limit: Duration,
+        work: impl FnOnce(&Documents, Instant) -> Result<T, DocError> + Send + 'static,
+    ) -> Result<(T, Duration), DocError> {
         let slot = self.permits.clone().acquire_owned();
         let permit = match client {
             Some(c) => tokio::time::timeout_at(c.into(), slot)
@@ -118,19 +135,26 @@ impl Documents {
             Some(c) if c <= own => (c, true),
             _ => (own, false),
         };
-        let (me, specs) = (self.clone(), specs.clone());
+        let me = self.clone();
         let work = off_thread(move || {
             let _permit = permit;
             crate::process::one_intra_thread_here();
             let start = Instant::now();
-            me.prepare(&specs, input, Some(until))
-                .map(|i| (i, start.elapsed()))
+            work(&me, until).map(|t| (t, start.elapsed()))
         });
         match tokio::time::timeout_at(until.into(), work).await {
             Ok(Err(DocError::Stopped { .. })) | Err(_) => {
                 Err(DocError::Stopped { client: by_client })
             }
             Ok(done) => done,
+        }
+    }
+
+    /// The tokenizer of input `i`, when it is a text input.
+    pub fn text(&self, i: usize) -> Option<&text::Text> {
+        match self.inputs.get(i) {
+            Some(Some(Prep::Text(t))) => Some(t),
+            _ => None,
         }
     }
 

@@ -136,13 +136,19 @@ impl Text {
             }
             rows.push(enc);
         }
+        Ok(self.feeds(&rows))
+    }
+
+    /// The `feeds` tensors of tokenized `rows` (int64, `[rows, length]`, padded to the
+    /// longest row or to `max_length`): with `"longest"` padding as [`Arg::Padded`] so a
+    /// batch can pad them further.
+    pub fn feeds<R: Row>(&self, rows: &[R]) -> Vec<Arg> {
         let width = match self.spec.padding {
             Padding::MaxLength => self.spec.max_length,
             Padding::Longest => rows.iter().map(|r| r.len()).max().unwrap_or(0),
         };
         let n = rows.len();
-        Ok(self
-            .spec
+        self.spec
             .feeds
             .iter()
             .map(|&feed| {
@@ -152,13 +158,8 @@ impl Text {
                     Feed::TokenTypeIds => self.pad_type_id,
                 };
                 let mut flat = vec![pad; n * width];
-                for (row, enc) in flat.chunks_mut(width.max(1)).zip(&rows) {
-                    let values: &[u32] = match feed {
-                        Feed::InputIds => enc.get_ids(),
-                        Feed::AttentionMask => enc.get_attention_mask(),
-                        Feed::TokenTypeIds => enc.get_type_ids(),
-                    };
-                    for (dst, v) in row.iter_mut().zip(values) {
+                for (row, enc) in flat.chunks_mut(width.max(1)).zip(rows) {
+                    for (dst, v) in row.iter_mut().zip(enc.values(feed)) {
                         *dst = i64::from(*v);
                     }
                 }
@@ -169,7 +170,33 @@ impl Text {
                     Padding::MaxLength => Arg::Tensor(t),
                 }
             })
-            .collect())
+            .collect()
+    }
+
+    /// The ids the tokenizer's vocabulary has (its added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+}
+
+/// One tokenized document as the `feeds` take it: its ids, attention mask and token type
+/// ids, all of one length.
+pub trait Row {
+    fn len(&self) -> usize;
+    fn values(&self, feed: Feed) -> &[u32];
+}
+
+impl Row for Encoding {
+    fn len(&self) -> usize {
+        Encoding::len(self)
+    }
+
+    fn values(&self, feed: Feed) -> &[u32] {
+        match feed {
+            Feed::InputIds => self.get_ids(),
+            Feed::AttentionMask => self.get_attention_mask(),
+            Feed::TokenTypeIds => self.get_type_ids(),
+        }
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Answer {
     /// `Server-Timing` of a model request whose documents were pre-processed: the
     /// pre-processing and the forward pass (W3C Server Timing, milliseconds).
     pub timing: Option<(std::time::Duration, std::time::Duration)>,
+    /// Headers of one endpoint's own (`X-Truncated-Inputs` of `/v1/embeddings`).
+    pub headers: Vec<(&'static str, hyper::header::HeaderValue)>,
 }
 
 impl Answer {
@@ -53,6 +55,7 @@ impl Answer {
             header_len: None,
             challenge: None,
             timing: None,
+            headers: Vec::new(),
         }
     }
 }
@@ -74,6 +77,7 @@ impl From<ApiError> for Answer {
                 _ => None,
             },
             timing: None,
+            headers: Vec::new(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The hyper service: every request routed to its handler (`root.rs` for `/` and
-//! `/healthz`, `v2/` for the Open Inference Protocol), every outcome an HTTP answer with
+//! `/healthz`, `v2/` for the Open Inference Protocol, `openai/` for `/v1/`: its refusals of
+//! token auth in OpenAI's shape too), every outcome an HTTP answer with
 //! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
 //! `/metrics` and recorded in the access log when it is on.
 
@@ -15,7 +16,7 @@ use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
 use super::request::{arrival, endpoint_of, key_given, Closer, INFERENCE_HEADER};
-use super::{root, v2};
+use super::{openai, root, v2};
 use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
@@ -47,6 +48,7 @@ pub async fn handle(
     });
     let answer = match authorized(&req, &app) {
         Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
+        Err(e) if openai::owns(req.uri().path()) => openai::refusal(e),
         Err(e) => Answer::from(e),
     };
     if let (Some(log), Some((method, target, trace))) = (&app.access_log, access) {
@@ -95,6 +97,9 @@ pub async fn handle(
             h.insert("server-timing", v);
         }
     }
+    for (name, value) in answer.headers {
+        h.insert(name, value);
+    }
     if let Some(s) = answer.retry_after {
         h.insert(RETRY_AFTER, HeaderValue::from(s));
     }
@@ -132,6 +137,7 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         ("/", &Method::POST) => root::infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(root::health(app)),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
+        (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
         ("/healthz", _) => Err(ApiError::not_allowed(&method, &path, "GET")),
         _ => Err(ApiError::NotFound(format!("{method} {path}"))),

@@ -16,7 +16,7 @@ pub use super::deadline::{Deadline, MAX_TIMEOUT_S};
 use super::request::{arrival, endpoint_of, read_body, request_id_of};
 use crate::access_log::Trace;
 use crate::app::App;
-use crate::args::Inputs;
+use crate::args::{Arg, Inputs};
 use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
@@ -218,13 +218,20 @@ async fn handed<H>(h: &mut Option<Handoff<'_, H>>) -> H {
 /// request's deadlines: `--request-timeout` from the start of the work, and the client's
 /// (`deadline`). Past either it stops between documents and the request is answered now.
 /// The inputs as the model takes them, and how long that took (`None`: no document input).
+/// Inputs holding no documents (no `Strings` or `Blobs` argument) pass as they are: their
+/// handler tokenized them itself (`/v1/embeddings`, which counts tokens and takes ids).
 async fn preprocess(
     app: &App,
     inputs: Inputs,
     deadline: Option<&Deadline>,
     arrived: Instant,
 ) -> Result<(Inputs, Option<Duration>), ApiError> {
-    let Some(docs) = &app.documents else {
+    let documents = |a: &Arg| matches!(a, Arg::Strings(_) | Arg::Blobs(_));
+    let Some(docs) = app
+        .documents
+        .as_ref()
+        .filter(|_| inputs.args.iter().any(documents))
+    else {
         return Ok((inputs, None));
     };
     let work = docs.run(
@@ -472,11 +479,12 @@ impl Drop for TrimAfter<'_> {
     }
 }
 
-/// Counts a request as work (`Counters::working`) while it lives.
-struct Working<'a>(&'a Shared);
+/// Counts a request as work (`Counters::working`) while it lives (`/v1/embeddings` holds one
+/// while it parses and tokenizes, before its passes count their own).
+pub struct Working<'a>(&'a Shared);
 
 impl<'a> Working<'a> {
-    fn enter(shared: &'a Shared) -> Working<'a> {
+    pub fn enter(shared: &'a Shared) -> Working<'a> {
         shared.update(|c| c.working += 1);
         Working(shared)
     }

@@ -52,6 +52,7 @@ pub fn endpoint_of(method: &Method, path: &str) -> Endpoint {
         ("/", &Method::POST) => Endpoint::Infer,
         ("/", &Method::GET) => Endpoint::Metadata,
         ("/healthz", &Method::GET) => Endpoint::Health,
+        ("/v1/embeddings", &Method::POST) => Endpoint::Embeddings,
         _ => Endpoint::Other,
     }
 }

@@ -1,0 +1,98 @@
+"""Makes the artefacts of tests/openai.rs in OUTDIR, on the spot, with the packages of the
+test venv, and the vectors Python gives for them:
+
+- tokenizer.json: a BERT-style WordPiece tokenizer trained on local text (the project's
+  README), with [CLS] ... [SEP] around each document, as tests/support/make_documents.py
+  makes it;
+- bert.pt: a BERT encoder (transformers' BertModel, random weights, 2 layers) traced with
+  forward(input_ids, attention_mask) -> last_hidden_state [batch, tokens, 64];
+- cls.pt: the same encoder returning its [CLS] vectors [batch, 64] (for pooling "none");
+- expected.json: per sentence, its token ids, and the vectors torch gives for it run alone
+  (no padding): the [CLS] vector, the mean over its tokens, that mean L2-normalised, and that
+  mean cut to 16 dimensions then L2-normalised.
+
+Usage: make_embeddings.py OUTDIR README
+"""
+import json
+import os
+import sys
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertModel
+
+out, readme = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+
+tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+with open(readme, encoding="utf-8") as f:
+    lines = [l for l in f.read().splitlines() if l.strip()]
+tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=800, special_tokens=special))
+cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+tok.post_processor = processors.TemplateProcessing(
+    single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+)
+tok.decoder = decoders.WordPiece()
+tok.save(os.path.join(out, "tokenizer.json"))
+
+MAX_LENGTH = 24
+sentences = [
+    "vramfork serves TorchScript models over HTTP.",
+    "Workers are recycled after a number of requests, without failing one.",
+    "GPU",
+    "Ünïcödé text, emoji 🚀 and 中文 are tokenized as Python does.",
+    "A very long document " + "that goes on and on " * 12 + "until it is cut.",
+]
+tok.enable_truncation(max_length=MAX_LENGTH)
+encs = [tok.encode(s) for s in sentences]
+
+cfg = BertConfig(
+    vocab_size=tok.get_vocab_size(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=128, max_position_embeddings=64, torchscript=True, attn_implementation="eager",
+)
+bert = BertModel(cfg, add_pooling_layer=False).eval()
+
+
+class Hidden(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
+class Cls(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        return self.m(input_ids=input_ids, attention_mask=attention_mask)[0][:, 0]
+
+
+with torch.no_grad():
+    ids = torch.tensor([encs[0].ids, encs[0].ids])
+    mask = torch.ones_like(ids)
+    torch.jit.trace(Hidden(bert), (ids, mask)).save(os.path.join(out, "bert.pt"))
+    torch.jit.trace(Cls(bert), (ids, mask)).save(os.path.join(out, "cls.pt"))
+    alone = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0] for e in encs]
+    mean = [h.mean(0) for h in alone]
+    expected = {
+        "max_length": MAX_LENGTH,
+        "sentences": sentences,
+        "ids": [e.ids for e in encs],
+        "truncated": [len(e.overflowing) > 0 for e in encs],
+        "cls": [h[0].tolist() for h in alone],
+        "mean": [m.tolist() for m in mean],
+        "mean_normalized": [torch.nn.functional.normalize(m, dim=0).tolist() for m in mean],
+        "mean_16": [torch.nn.functional.normalize(m[:16], dim=0).tolist() for m in mean],
+        "vocab": tok.get_vocab_size(),
+    }
+with open(os.path.join(out, "expected.json"), "w") as f:
+    json.dump(expected, f)
+print(json.dumps({"ok": True, "vocab": tok.get_vocab_size()}))

@@ -1,0 +1,54 @@
+"""The clients of tests/openai.rs against a server on PORT, as users call them; prints JSON.
+
+    openai_client.py PORT sdk        stdin {"texts": [...], "dimensions": N|null}: the openai
+                                     SDK's default call (it asks for base64) and with
+                                     encoding_format="float": {"default": [...], "float": [...],
+                                     "usage": {...}, "model": ...}
+    openai_client.py PORT langchain  stdin {"texts": [...]}: langchain-openai's
+                                     OpenAIEmbeddings with check_embedding_ctx_length=False
+                                     ({"vectors": [...]}) and as made by default
+                                     ({"default_error": {"status": ..., "message": ...}})
+
+LangChain's default tokenizes with tiktoken, whose encoding files come from the network; the
+tests run without it, so a byte-level stand-in encoding gives LangChain its token ids: what it
+sends is the same, arrays of ids.
+"""
+import json
+import sys
+
+import openai
+
+port, mode = sys.argv[1], sys.argv[2]
+req = json.load(sys.stdin)
+base = "http://127.0.0.1:%s/v1" % port
+texts = req["texts"]
+
+if mode == "sdk":
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    extra = {"dimensions": req["dimensions"]} if req.get("dimensions") else {}
+    default = client.embeddings.create(model="text-embedder", input=texts, **extra)
+    floats = client.embeddings.create(model="text-embedder", input=texts, encoding_format="float", **extra)
+    print(json.dumps({
+        "default": [d.embedding for d in default.data],
+        "float": [d.embedding for d in floats.data],
+        "indices": [d.index for d in default.data],
+        "usage": default.usage.model_dump(),
+        "model": default.model,
+    }))
+elif mode == "langchain":
+    import tiktoken
+    from langchain_openai import OpenAIEmbeddings
+
+    standin = tiktoken.Encoding(
+        name="bytes", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={}
+    )
+    tiktoken.encoding_for_model = lambda _name: standin
+    tiktoken.get_encoding = lambda _name: standin
+    common = dict(model="text-embedder", base_url=base, api_key="unused", max_retries=0)
+    vectors = OpenAIEmbeddings(check_embedding_ctx_length=False, **common).embed_documents(texts)
+    try:
+        OpenAIEmbeddings(**common).embed_documents(texts)
+        error = None
+    except openai.APIStatusError as e:
+        error = {"status": e.status_code, "message": e.body.get("message") if isinstance(e.body, dict) else str(e.body)}
+    print(json.dumps({"vectors": vectors, "default_error": error}))

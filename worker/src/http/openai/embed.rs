@@ -1,0 +1,275 @@
+//! `POST /v1/embeddings`: admitted, counted and bounded as every model request is (the
+//! pipeline's `--max-queue-wait`, client deadline, `--max-requests`, body limit); the body
+//! read as OpenAI's request (`request.rs`); its inputs tokenized on the documents pool
+//! (`tokens.rs`) under `--request-timeout` and the client's deadline; run in passes of at most
+//! `max_batch_size` inputs (without batching, the input's `max_documents`), each through the
+//! pipeline's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
+//! `usage` (tokens given to the model), `X-Truncated-Inputs` (inputs cut to `max_length`) and
+//! `Server-Timing` (the tokenizing, and the passes' forward time summed).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{Request, StatusCode};
+use serde::Serialize;
+
+use super::declaration::{self, Declaration};
+use super::error::OaiError;
+use super::request::{self, Format, Input};
+use super::tokens::{tokenize, Tokenized};
+use super::vectors::{base64, finish, Output};
+use crate::access_log::Trace;
+use crate::app::App;
+use crate::args::Inputs;
+use crate::documents::text::Row;
+use crate::documents::DocError;
+use crate::error::ApiError;
+use crate::http::answer::Answer;
+use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
+use crate::http::request::{arrival, endpoint_of, read_body, request_id_of};
+use crate::runner::v2out::Wanted;
+use crate::runner::Encoding;
+
+/// The header saying how many inputs were cut to the model's `max_length`.
+pub const TRUNCATED: &str = "x-truncated-inputs";
+
+#[derive(Serialize)]
+struct Item {
+    object: &'static str,
+    index: usize,
+    embedding: Vector,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, OaiError> {
+    let arrived = arrival(&req);
+    let meta = Meta {
+        arrived,
+        endpoint: endpoint_of(req.method(), req.uri().path()),
+        id: request_id_of(&req).into(),
+        trace: req.extensions().get::<Arc<Trace>>().cloned(),
+        deadline: Deadline::from_header(req.headers(), arrived)?,
+    };
+    // A model that makes no embeddings refuses before the request counts as a model request.
+    let admitted = declaration::of(&app.metadata)
+        .and_then(|decl| meta.refusal(app).map(OaiError::from).map_or(Ok(decl), Err));
+    let taken_at = Instant::now();
+    let decl = match admitted {
+        Ok(decl) => decl,
+        Err(refused) => {
+            // Read the (small, usually) body so the refusal is not lost to a reset.
+            if let Ok(body) = read_body(req, app.max_body_bytes).await {
+                meta.count_body(app, body.len());
+            }
+            return Err(refused);
+        }
+    };
+    let last = claim(app);
+    let body = read_body(req, app.max_body_bytes).await?;
+    meta.count_body(app, body.len());
+    // Work from here, as a parsed request is: each pass then counts as its own.
+    let working = Working::enter(&app.shared);
+    let size = body.len();
+    let asked = tokio::task::spawn_blocking(move || request::parse(&body))
+        .await
+        .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))??;
+    if matches!(asked.input, Input::Ids(_)) && !decl.token_ids {
+        return Err(OaiError::invalid(
+            "input",
+            "token_ids_not_accepted",
+            "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
+        ));
+    }
+    let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
+    let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
+    drop(working);
+    let (vectors, forward) = passes(
+        app,
+        &meta,
+        &decl,
+        tokens.rows,
+        &lengths,
+        size,
+        taken_at,
+        last,
+    )
+    .await?;
+    check_dimensions(asked.dimensions, &decl, vectors.first().map_or(0, Vec::len))?;
+    let data: Vec<Item> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let v = finish(v, asked.dimensions, decl.normalize);
+            Item {
+                object: "embedding",
+                index,
+                embedding: match asked.format {
+                    Format::Float => Vector::Float(v),
+                    Format::Base64 => Vector::Base64(base64(&v)),
+                },
+            }
+        })
+        .collect();
+    let n: usize = lengths.iter().sum();
+    let body = serde_json::json!({
+        "object": "list",
+        "data": data,
+        "model": asked.model,
+        "usage": {"prompt_tokens": n, "total_tokens": n},
+    });
+    let mut answer = Answer::ok(body);
+    answer.close = last;
+    answer.timing = Some((preprocess, forward));
+    answer
+        .headers
+        .push((TRUNCATED, HeaderValue::from(tokens.truncated)));
+    Ok(answer)
+}
+
+/// A 400 for `dimensions` other than the vectors' `width`, or fewer for a Matryoshka model.
+fn check_dimensions(
+    asked: Option<usize>,
+    decl: &Declaration,
+    width: usize,
+) -> Result<(), OaiError> {
+    let Some(d) = asked else { return Ok(()) };
+    if d == width || (d < width && decl.matryoshka) {
+        return Ok(());
+    }
+    Err(OaiError::invalid(
+        "dimensions",
+        "invalid_dimensions",
+        format!(
+            "`dimensions` is {d}; this model's vectors have {width}{}",
+            if decl.matryoshka {
+                ", and it takes that many or fewer".to_string()
+            } else {
+                format!(", and it is not declared Matryoshka (`embeddings.matryoshka`): it takes {width} or no `dimensions`")
+            }
+        ),
+    ))
+}
+
+/// The inputs as token rows, on the documents pool under `--request-timeout` and the
+/// client's deadline.
+async fn tokenized(
+    app: &App,
+    meta: &Meta,
+    input: Input,
+) -> Result<(Tokenized, Duration), OaiError> {
+    let docs = app.documents.clone().ok_or_else(|| {
+        OaiError::new(
+            StatusCode::NOT_FOUND,
+            "embeddings_not_declared",
+            "this model has no text input with a tokenizer",
+        )
+    })?;
+    let work = docs.on_pool(
+        meta.deadline.map(|d| d.at()),
+        app.request_timeout,
+        move |d, until| {
+            let text = d
+                .text(0)
+                .ok_or_else(|| DocError::Failed("the model's one input is not text".into()))?;
+            tokenize(text, input, until)
+        },
+    );
+    match work.await {
+        Ok((t, took)) => {
+            if let Some(m) = &app.metrics {
+                m.preprocessed(took);
+            }
+            Ok((t, took))
+        }
+        Err(DocError::Bad(m)) => Err(OaiError::invalid("input", "invalid_input", m)),
+        Err(DocError::Stopped { client: true }) => Err(meta
+            .deadline
+            .expect("a client deadline")
+            .expired(meta.arrived)
+            .into()),
+        Err(DocError::Stopped { client: false }) => {
+            Err(ApiError::PreprocessTimeout(app.request_timeout.as_millis() as u64).into())
+        }
+        Err(e) => Err(ApiError::from(e).into()),
+    }
+}
+
+/// The rows run in passes of at most `max_batch_size` (without batching, the text input's
+/// `max_documents`), each pooled into one vector per row.
+#[allow(clippy::too_many_arguments)]
+async fn passes(
+    app: &App,
+    meta: &Meta,
+    decl: &Declaration,
+    rows: Vec<super::tokens::Tokens>,
+    lengths: &[usize],
+    size: usize,
+    taken_at: Instant,
+    last: bool,
+) -> Result<(Vec<Vec<f32>>, Duration), OaiError> {
+    let docs = app.documents.as_ref().expect("tokenized on the documents");
+    let text = docs.text(0).expect("a text input");
+    let per_pass = match app.metadata.max_batch_size {
+        0 => text.spec().max_documents,
+        n => n as usize,
+    }
+    .max(1);
+    let mut vectors = Vec::with_capacity(rows.len());
+    let mut forward = Duration::ZERO;
+    let chunks = rows.chunks(per_pass).zip(lengths.chunks(per_pass));
+    let count = rows.len().div_ceil(per_pass);
+    for (k, (chunk, lengths)) in chunks.enumerate() {
+        let inputs = Inputs {
+            args: text.feeds(chunk),
+        };
+        let wanted = Wanted {
+            outputs: Some(vec![(decl.output.clone(), true)]),
+            binary_default: true,
+            declared: app.metadata.outputs.clone(),
+        };
+        // The body's size counts once, with the last pass (a large one trims the heap after).
+        let size = if k + 1 == count { size } else { 0 };
+        let parse = move |inputs| {
+            Ok(Parsed {
+                inputs,
+                encoding: Encoding::V2(wanted),
+                timeout: None,
+                extra: (),
+            })
+        };
+        let ran = work(
+            meta.clone(),
+            inputs,
+            size,
+            taken_at,
+            last,
+            app,
+            parse,
+            None::<Handoff<'_, ()>>,
+        )
+        .await?;
+        let Ran::Done(out, (), _) = ran else {
+            unreachable!("a request without a hand-off is never handed off")
+        };
+        let failed = |e: String| {
+            OaiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "output_error",
+                format!("{e}; see the `embeddings` block in docs/metadata.md"),
+            )
+        };
+        let output = Output::read(&out.outputs, out.binary.as_deref().unwrap_or_default())
+            .map_err(failed)?;
+        vectors.extend(output.pool(decl.pooling, lengths).map_err(failed)?);
+        forward += out.forward;
+    }
+    Ok((vectors, forward))
+}
