@@ -5,6 +5,7 @@
 mod access_log;
 mod app;
 mod args;
+mod closes;
 mod config;
 mod conn;
 mod control;
@@ -22,6 +23,7 @@ mod listen_queue;
 mod listener;
 mod memory;
 mod metrics;
+mod outgoing;
 mod process;
 mod report;
 mod request_id;

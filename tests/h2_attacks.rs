@@ -1,0 +1,134 @@
+//! Attacks on the serving port's HTTP/2 (and HTTP/1.1), as public h2 servers are attacked
+//! (issue 53), by clients written with the Python h2 library (`tests/support/h2_attacks.py`)
+//! against the real `app --production`: clients that never read their answers are dropped,
+//! counted in `/metrics` and logged at most once per interval, and their memory returned.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{App, Server, MLP_INPUT};
+use serde_json::Value;
+
+/// The resident memory of these processes together, in MB.
+fn rss_mb(pids: &[u32]) -> f64 {
+    pids.iter()
+        .map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+                / 1024.0
+        })
+        .sum()
+}
+
+/// A counter's value in the master's `/metrics` (0 while it has no row).
+fn counter(port: u16, row: &str) -> u64 {
+    let body = common::http(port, "GET", "/metrics", None).body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(row))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or(0)
+}
+
+/// 10 HTTP/2 connections with a zero window park 50 answers of about 90 kB each; 2 HTTP/1.1
+/// connections pipeline 200 such requests (16 MB of answers, more than the sockets'
+/// buffers hold) and read nothing. The worker drops all of them once
+/// they have taken nothing for the keep-alive idle limit (`UNREAD`), counts them, hands the
+/// memory back, and serves on.
+#[test]
+fn clients_that_read_nothing_are_dropped_and_their_memory_returned() {
+    let app = App::new("mlp.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "2", "--metrics-port", "0"],
+    );
+    let pids = s.wait_workers(2);
+    let rows = 2000;
+    let body = format!(
+        r#"{{"inputs": [{}]}}"#,
+        vec!["[1.5, 2.25, -3.125, 4.0625]"; rows].join(",")
+    );
+    // Each worker's working set for such requests, before the baseline.
+    for _ in 0..8 {
+        let r = s.post("/", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let baseline = rss_mb(&pids);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/h2_attacks.py");
+    let url = format!("127.0.0.1:{}", s.port);
+    let mut child = Command::new(common::python())
+        .arg(script)
+        .args([
+            "unread",
+            &url,
+            "10",
+            "2",
+            "50",
+            "200",
+            &rows.to_string(),
+            "240",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut line = || lines.next().expect("the attack's output").unwrap();
+    assert_eq!(line(), "parked");
+    let parked = rss_mb(&pids);
+    assert_eq!(line(), "h2 closed");
+    // The HTTP/1.1 connections, which it has not read yet, are closed too.
+    let port = s.metrics_port();
+    s.poll("12 unread closes in /metrics", || {
+        (counter(
+            port,
+            r#"vramfork_connections_closed_total{reason="unread"}"#,
+        ) >= 12)
+            .then_some(())
+    });
+    writeln!(child.stdin.take().unwrap(), "read").unwrap();
+    let last = line();
+    assert!(child.wait().unwrap().success());
+    let r: Value = serde_json::from_str(&last).unwrap();
+    for c in r["h2"].as_array().unwrap() {
+        assert_eq!(c["heads"], 50, "every answer was made and parked: {r}");
+        assert_eq!(c["data"], 0, "{r}");
+        assert_eq!(c["statuses"], serde_json::json!(["200"]), "{r}");
+        assert!(c["closed"].is_string(), "the worker closed it: {r}");
+    }
+    for c in r["h1"].as_array().unwrap() {
+        assert!(c["end"].is_string(), "{r}");
+        assert!(
+            c["answers"].as_u64().unwrap() < 200,
+            "cut off before its answers were all out: {r}"
+        );
+    }
+    // The answers were parked in the workers, and went back with their connections.
+    assert!(
+        parked > baseline + 20.0,
+        "the attack parked little: {baseline:.0} MB → {parked:.0} MB"
+    );
+    s.poll("the workers' memory back near its baseline", || {
+        (rss_mb(&pids) < baseline + 10.0).then_some(())
+    });
+    let e = s.poll("a worker's connections_closed line", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "connections_closed" && e.u64("unread") > Some(0))
+    });
+    assert_eq!(e.level, "WARN");
+    assert_eq!(s.ready_pids(), pids, "no worker died");
+    let ok = s.post("/", MLP_INPUT);
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    eprintln!(
+        "RSS of the 2 workers: {baseline:.0} MB before, {parked:.0} MB parked, {:.0} MB after; {r}",
+        rss_mb(&pids)
+    );
+}
