@@ -1,16 +1,24 @@
 //! Attacks on the serving port's HTTP/2 (and HTTP/1.1), as public h2 servers are attacked
 //! (issue 53), by clients written with the Python h2 library (`tests/support/h2_attacks.py`)
-//! against the real `app --production`: clients that never read their answers are dropped,
-//! counted in `/metrics` and logged at most once per interval, and their memory returned.
+//! against the real `app --production`: clients that never read their answers are dropped
+//! and their memory returned; a WINDOW_UPDATE flood gets GOAWAY `ENHANCE_YOUR_CALM` (the
+//! control-frame budget of the vendored h2) while a normal client is served; such closes
+//! are counted in `/metrics` and logged at most once per interval with their count.
 
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use common::{App, Server, MLP_INPUT};
+use common::{App, KeepAlive, Server, MLP_INPUT};
 use serde_json::Value;
+
+fn attacks(args: &[&str]) -> Value {
+    common::python_json("h2_attacks.py", args, b"")
+}
 
 /// The resident memory of these processes together, in MB.
 fn rss_mb(pids: &[u32]) -> f64 {
@@ -130,5 +138,73 @@ fn clients_that_read_nothing_are_dropped_and_their_memory_returned() {
     eprintln!(
         "RSS of the 2 workers: {baseline:.0} MB before, {parked:.0} MB parked, {:.0} MB after; {r}",
         rss_mb(&pids)
+    );
+}
+
+/// 20 connections flood WINDOW_UPDATE(+1) frames while a normal client posts on its own
+/// connection: each flooder gets GOAWAY `ENHANCE_YOUR_CALM` ("too_many_control_frames"),
+/// the normal client's requests all succeed, the closes are counted in `/metrics`, and the
+/// log has fewer lines about them than closes (one per worker at most per 10 s, with the
+/// counts), never one per connection.
+#[test]
+fn a_window_update_flood_gets_goaway_enhance_your_calm_and_the_log_one_line_per_interval() {
+    let app = App::new("mlp.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "2", "--metrics-port", "0"],
+    );
+    let pids = s.wait_workers(2);
+    let port = s.port;
+    let stop = Arc::new(AtomicBool::new(false));
+    let normal = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = KeepAlive::new(port);
+            let mut served = 0u64;
+            while !stop.load(Ordering::SeqCst) || served == 0 {
+                let r = c.post("/", MLP_INPUT).expect("the normal client's request");
+                assert_eq!(r.status, 200, "{}", r.body);
+                served += 1;
+            }
+            served
+        })
+    };
+    let url = format!("127.0.0.1:{port}");
+    let flooders = 20;
+    let r = attacks(&["window-flood", &url, &flooders.to_string(), "60"]);
+    stop.store(true, Ordering::SeqCst);
+    let served = normal.join().unwrap();
+    for c in r["conns"].as_array().unwrap() {
+        assert_eq!(c["goaway"]["name"], "ENHANCE_YOUR_CALM", "{r}");
+        assert_eq!(c["goaway"]["debug"], "too_many_control_frames", "{r}");
+    }
+    let metrics = s.metrics_port();
+    s.poll("the flood's closes in /metrics", || {
+        (counter(
+            metrics,
+            r#"vramfork_connections_closed_total{reason="abuse"}"#,
+        ) >= flooders)
+            .then_some(())
+    });
+    // Every close is in the log's counts, in fewer lines than closes.
+    let lines = s.poll("the log's count of every close", || {
+        let lines: Vec<_> = s
+            .all_events()
+            .into_iter()
+            .filter(|e| e.name == "connections_closed")
+            .collect();
+        let counted: u64 = lines.iter().filter_map(|e| e.u64("abuse")).sum();
+        (counted == flooders).then_some(lines)
+    });
+    assert!(
+        (lines.len() as u64) < flooders,
+        "{} log lines for {flooders} closes",
+        lines.len()
+    );
+    assert!(lines.iter().all(|e| e.level == "WARN"));
+    assert_eq!(s.ready_pids(), pids, "no worker died");
+    eprintln!(
+        "normal client: {served} requests beside the flood; log lines: {}; {r}",
+        lines.len()
     );
 }

