@@ -13,6 +13,8 @@ mod cuda;
 mod decode;
 mod documents;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod grpc;
 mod heap;
 mod heartbeat;
