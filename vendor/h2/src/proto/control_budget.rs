@@ -13,7 +13,7 @@
 use crate::frame::Frame;
 
 /// Control frames a connection may send beyond [`PER_USEFUL`] per useful frame.
-pub(crate) const INITIAL: u64 = 10_000;
+pub(crate) const INITIAL: u64 = 1_000;
 
 /// Control frames allowed per useful frame.
 pub(crate) const PER_USEFUL: u64 = 10;
