@@ -419,3 +419,42 @@ impl Drop for RequestGuard {
         self.conn.request_done(&self.app);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_on_writes_ends_with_real_progress_not_with_a_trickle() {
+        let c = ConnState::new(None);
+        assert_eq!(c.stalled_since(), None);
+        c.write_waits();
+        let since = c.stalled_since().expect("a write waits");
+        // The few bytes a full receive buffer lets through now and then do not end it.
+        for _ in 0..10 {
+            c.wrote(100);
+            c.write_waits();
+        }
+        assert_eq!(c.stalled_since(), Some(since));
+        c.wrote(WAITING_PROGRESS as usize);
+        assert_eq!(c.stalled_since(), None, "64 KiB went: the client reads");
+    }
+
+    #[test]
+    fn an_answer_waits_on_the_client_from_each_frame_it_gave_until_asked_for_the_next() {
+        let c = ConnState::new(None);
+        let (a, b) = (c.new_answer(), c.new_answer());
+        c.answer_waits(a);
+        let since = c.stalled_since().unwrap();
+        c.answer_waits(b);
+        c.answer_waits(a);
+        assert_eq!(c.stalled_since(), Some(since), "the oldest wait counts");
+        c.answer_moves(a);
+        assert!(c.stalled_since().unwrap() >= since);
+        c.answer_moves(b);
+        assert_eq!(c.stalled_since(), None);
+        // The earlier deadline wins: a new connection's head (10 s) before Unread (60 s).
+        c.answer_waits(a);
+        assert_eq!(c.deadline(false), (c.accepted + HEADER_READ, Expiry::Drop));
+    }
+}
