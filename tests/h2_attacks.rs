@@ -2,8 +2,9 @@
 //! (issue 53), by clients written with the Python h2 library (`tests/support/h2_attacks.py`)
 //! against the real `app --production`: clients that never read their answers are dropped
 //! and their memory returned; a WINDOW_UPDATE flood gets GOAWAY `ENHANCE_YOUR_CALM` (the
-//! control-frame budget of the vendored h2) while a normal client is served; such closes
-//! are counted in `/metrics` and logged at most once per interval with their count.
+//! control-frame budget of the vendored h2) while a normal client is served, and Rapid Reset
+//! too (h2's reset limit); such closes are counted in `/metrics` and logged at most once per
+//! interval with their count, never by h2 itself.
 
 mod common;
 
@@ -207,4 +208,39 @@ fn a_window_update_flood_gets_goaway_enhance_your_calm_and_the_log_one_line_per_
         "normal client: {served} requests beside the flood; log lines: {}; {r}",
         lines.len()
     );
+}
+
+/// Rapid Reset (CVE-2023-44487): streams opened and reset at once end with GOAWAY
+/// `ENHANCE_YOUR_CALM` from h2's limit on streams reset before they are answered, counted as
+/// abuse, with no WARN line of h2's own; the worker serves on.
+#[test]
+fn rapid_reset_gets_goaway_enhance_your_calm_counted_as_abuse() {
+    let app = App::new("mlp.pt", "");
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--metrics-port", "0"],
+    );
+    let pids = s.wait_workers(1);
+    let url = format!("127.0.0.1:{}", s.port);
+    let r = attacks(&["rapid-reset", &url, "100000", "60"]);
+    assert_eq!(r["goaway"]["name"], "ENHANCE_YOUR_CALM", "{r}");
+    let metrics = s.metrics_port();
+    s.poll("the close counted as abuse", || {
+        (counter(
+            metrics,
+            r#"vramfork_connections_closed_total{reason="abuse"}"#,
+        ) >= 1)
+            .then_some(())
+    });
+    // h2's own lines carry no `event`: look at the raw JSON lines.
+    let log = s.log_text();
+    let h2_warnings = log
+        .lines()
+        .filter(|l| l.contains(r#""level":"WARN""#) && l.contains(r#""target":"h2"#))
+        .count();
+    assert_eq!(h2_warnings, 0, "{log}");
+    eprintln!("{r}");
+    let ok = s.post("/", MLP_INPUT);
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(s.ready_pids(), pids);
 }

