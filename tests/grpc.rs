@@ -343,8 +343,13 @@ fn deadlines_reach_a_call_waiting_for_the_model() {
     s.wait_pool(|p| p.u64("in_flight") == Some(1));
     let url = format!("127.0.0.1:{}", s.port);
     let r = grpc(&["deadline", &url, "test app"]);
-    // parameters.timeout (100 ms) passed while it waited: refused, never run.
-    assert_eq!(status(&r["parameter"]), "StatusCode.UNAVAILABLE", "{r}");
+    // parameters.timeout (100 ms) passed while it waited: refused, never run; a deadline
+    // that passed is DEADLINE_EXCEEDED, which a client does not retry.
+    assert_eq!(
+        status(&r["parameter"]),
+        "StatusCode.DEADLINE_EXCEEDED",
+        "{r}"
+    );
     assert!(message(&r["parameter"]).contains("did not run"), "{r}");
     // grpc-timeout (200 ms): the client gave up.
     assert_eq!(
@@ -400,4 +405,72 @@ fn grpc_and_https_share_the_port_under_tls() {
         .expect("run curl");
     let body = String::from_utf8_lossy(&out.stdout);
     assert!(body.contains("outputs"), "{body}");
+}
+
+/// What grpcio never sends, answered as the gRPC HTTP/2 specification asks (issue 53), by a
+/// client that sends frames as given (`tests/support/grpc_raw.py`): an expired deadline is
+/// `DEADLINE_EXCEEDED` (a client does not retry it), a subtype other than protobuf and an
+/// encoding other than `identity` are `UNIMPLEMENTED`, a content type that is not gRPC's on
+/// the service's path is HTTP 415 (not REST's 404); the worker serves on.
+#[test]
+fn statuses_for_what_grpcio_never_sends_follow_the_grpc_specification() {
+    let app = mlp();
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    let pids = s.wait_workers(1);
+    let url = format!("127.0.0.1:{}", s.port);
+    let infer = "/inference.GRPCInferenceService/ModelInfer";
+    let live = "/inference.GRPCInferenceService/ServerLive";
+    let call = |path: &str, ct: &str, extra: &[&str]| {
+        let mut args = vec![url.as_str(), path, ct];
+        args.extend_from_slice(extra);
+        common::python_json("grpc_raw.py", &args, b"")
+    };
+    // The status of a Trailers-Only answer is in its head; of the others, in the trailers.
+    let grpc_status = |r: &Value| {
+        r["headers"]["grpc-status"]
+            .as_str()
+            .or(r["trailers"]["grpc-status"].as_str())
+            .unwrap_or_else(|| panic!("no grpc-status: {r}"))
+            .to_string()
+    };
+    let ok = call(live, "application/grpc", &[]);
+    assert_eq!(
+        (ok["status"].as_str(), grpc_status(&ok).as_str()),
+        (Some("200"), "0"),
+        "{ok}"
+    );
+    assert_eq!(ok["headers"]["grpc-accept-encoding"], "identity", "{ok}");
+    let plus_proto = call(live, "application/grpc+proto", &[]);
+    assert_eq!(grpc_status(&plus_proto), "0", "{plus_proto}");
+
+    let expired = call(infer, "application/grpc", &["grpc-timeout=0S"]);
+    assert_eq!(grpc_status(&expired), "4", "DEADLINE_EXCEEDED: {expired}");
+    assert_eq!(
+        expired["headers"]["x-error-type"], "deadline_expired",
+        "{expired}"
+    );
+
+    let json = call(live, "application/grpc+json", &[]);
+    assert_eq!(grpc_status(&json), "12", "UNIMPLEMENTED: {json}");
+    let m = json["headers"]["grpc-message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains("application/grpc+json") && m.contains("protobuf"),
+        "{json}"
+    );
+
+    let gzip = call(infer, "application/grpc", &["grpc-encoding=gzip"]);
+    assert_eq!(grpc_status(&gzip), "12", "UNIMPLEMENTED: {gzip}");
+    let m = gzip["headers"]["grpc-message"].as_str().unwrap_or_default();
+    assert!(m.contains("gzip") && m.contains("identity"), "{gzip}");
+
+    for ct in ["text/plain", "-"] {
+        let plain = call(live, ct, &[]);
+        assert_eq!(plain["status"], "415", "{ct}: {plain}");
+        assert_eq!(grpc_status(&plain), "13", "INTERNAL: {plain}");
+        assert_eq!(plain["headers"]["x-error-type"], "unsupported_media_type");
+    }
+    // REST over HTTP/2 elsewhere is REST's still.
+    let rest = call("/nope", "text/plain", &[]);
+    assert_eq!(rest["status"], "404", "{rest}");
+    assert_eq!(s.ready_pids(), pids);
 }

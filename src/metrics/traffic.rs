@@ -82,6 +82,10 @@ pub struct Traffic {
     /// `metrics/invalid`…).
     #[serde(default)]
     pub auth_failures: BTreeMap<String, u64>,
+    /// Connections a worker closed on their client's account, by reason (`abuse`,
+    /// `protocol_error`, `unread`).
+    #[serde(default)]
+    pub connections_closed: BTreeMap<String, u64>,
 }
 
 impl Traffic {
@@ -99,6 +103,9 @@ impl Traffic {
         self.log_lines_dropped += o.log_lines_dropped;
         for (k, n) in &o.auth_failures {
             *self.auth_failures.entry(k.clone()).or_default() += n;
+        }
+        for (k, n) in &o.connections_closed {
+            *self.connections_closed.entry(k.clone()).or_default() += n;
         }
     }
 

@@ -75,6 +75,10 @@ pub enum ApiError {
     /// memory… RPCs).
     #[error("{0}")]
     NotImplemented(String),
+    /// A request on a gRPC path whose content type is not gRPC's (HTTP 415, as the gRPC
+    /// HTTP/2 specification asks, so that a client that is not gRPC's sees no success).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// A gRPC request handed to a sibling worker whose connection broke before it answered
     /// (the sibling died): it may have run.
     #[error("the worker this request was handed to (on seat {0}) went away before answering; the request may have run")]
@@ -168,6 +172,9 @@ impl ApiError {
             ApiError::NotImplemented(_) => (S::NOT_IMPLEMENTED, "not_implemented"),
             ApiError::SiblingLost(_) => (S::BAD_GATEWAY, "sibling_lost"),
             ApiError::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "body_timeout"),
+            ApiError::UnsupportedMediaType(_) => {
+                (S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             ApiError::TooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "body_too_large"),
             ApiError::DocumentsTooLarge(_) => (S::PAYLOAD_TOO_LARGE, "documents_too_large"),
             ApiError::Run(RunError::CudaFatal(_)) => (S::INTERNAL_SERVER_ERROR, "cuda_error"),
@@ -199,7 +206,9 @@ impl ApiError {
 
     /// The gRPC status of the error (`grpc-status` of a gRPC call it ends), from its row:
     /// by its HTTP status, and where gRPC has a closer code, by its type (an unknown method
-    /// is `UNIMPLEMENTED`, an unknown model `NOT_FOUND`). docs/grpc.md lists the mapping.
+    /// is `UNIMPLEMENTED`, an unknown model `NOT_FOUND`, a deadline that passed before the
+    /// call ran `DEADLINE_EXCEEDED`, which a client does not retry, where REST's 503 says
+    /// it did not run). docs/grpc.md lists the mapping.
     pub fn grpc_code(&self) -> GrpcCode {
         use GrpcCode as G;
         let (status, kind) = self.row();
@@ -207,6 +216,7 @@ impl ApiError {
             (400, _) => G::InvalidArgument,
             (401, _) => G::Unauthenticated,
             (404, "model_not_found") => G::NotFound,
+            (_, "deadline_expired") => G::DeadlineExceeded,
             (404 | 405 | 501, _) => G::Unimplemented,
             (502 | 503, _) => G::Unavailable,
             (408 | 504, _) => G::DeadlineExceeded,
@@ -251,7 +261,7 @@ mod tests {
     use super::*;
 
     /// Every error type the table gives, in the order docs/api.md lists them.
-    const TYPES: [&str; 24] = [
+    const TYPES: [&str; 25] = [
         "invalid_input",
         "bad_request",
         "unauthorized",
@@ -259,6 +269,7 @@ mod tests {
         "model_not_found",
         "method_not_allowed",
         "not_implemented",
+        "unsupported_media_type",
         "body_timeout",
         "body_too_large",
         "documents_too_large",
@@ -418,6 +429,7 @@ mod tests {
             ApiError::NoSuchModel("x".into()),
             ApiError::not_allowed(&hyper::Method::PUT, "/", "GET"),
             ApiError::NotImplemented("x".into()),
+            ApiError::UnsupportedMediaType("x".into()),
             ApiError::BodyTimeout(1),
             ApiError::TooLarge { limit: 1 },
             ApiError::DocumentsTooLarge("x".into()),

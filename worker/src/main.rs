@@ -5,6 +5,7 @@
 mod access_log;
 mod app;
 mod args;
+mod closes;
 mod config;
 mod conn;
 mod control;
@@ -13,6 +14,8 @@ mod decode;
 mod documents;
 mod error;
 mod exported;
+#[cfg(test)]
+mod fuzz;
 mod grpc;
 mod heap;
 mod heartbeat;
@@ -23,6 +26,7 @@ mod listen_queue;
 mod listener;
 mod memory;
 mod metrics;
+mod outgoing;
 mod process;
 mod report;
 mod request_id;

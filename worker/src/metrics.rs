@@ -31,6 +31,30 @@ pub enum Endpoint {
     Embeddings = 8,
 }
 
+/// Why the worker closed a connection on its client's account (`closes.rs`): the `reason`
+/// label of `vramfork_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// h2 sent GOAWAY `ENHANCE_YOUR_CALM`: the client passed one of its limits.
+    Abuse = 0,
+    /// h2 sent GOAWAY for another protocol error of the client's.
+    ProtocolError = 1,
+    /// The client read nothing of its answers for `timeouts::UNREAD`.
+    Unread = 2,
+}
+
+impl Closed {
+    pub const ALL: [Closed; 3] = [Closed::Abuse, Closed::ProtocolError, Closed::Unread];
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            Closed::Abuse => "abuse",
+            Closed::ProtocolError => "protocol_error",
+            Closed::Unread => "unread",
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counts {
     /// `(status, answers)`; a handful of statuses, so a short vector.
@@ -48,6 +72,8 @@ pub struct Recorder {
     queue_wait: AtomicHist,
     /// Token-auth refusals by [`AuthFailure`] (missing, malformed, invalid).
     auth: [AtomicU64; 3],
+    /// Connections closed on their client's account, by [`Closed`].
+    closed: [AtomicU64; Closed::ALL.len()],
 }
 
 impl Recorder {
@@ -75,6 +101,11 @@ impl Recorder {
     /// A request token auth refused.
     pub fn auth_failure(&self, f: AuthFailure) {
         self.auth[f as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection closed on its client's account.
+    pub fn connection_closed(&self, why: Closed) {
+        self.closed[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// A forward pass that produced an answer.
@@ -111,6 +142,12 @@ impl Recorder {
                 t.auth_failures.insert(format!("serving/{}", f.reason()), n);
             }
         }
+        for why in Closed::ALL {
+            let n = self.closed[why as usize].load(Ordering::Relaxed);
+            if n > 0 {
+                t.connections_closed.insert(why.reason().to_string(), n);
+            }
+        }
         for (name, c) in ENDPOINTS.iter().zip(&self.endpoints) {
             let codes = c.codes.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if codes.is_empty() {
@@ -145,7 +182,13 @@ mod tests {
         r.answered(Endpoint::Health, 200, 2, ms);
         r.forward(ms);
         r.waited(ms);
+        r.connection_closed(Closed::Unread);
+        r.connection_closed(Closed::Abuse);
+        r.connection_closed(Closed::Abuse);
         let t = r.traffic();
+        assert_eq!(t.connections_closed["abuse"], 2);
+        assert_eq!(t.connections_closed["unread"], 1);
+        assert!(!t.connections_closed.contains_key("protocol_error"));
         assert_eq!(t.endpoints["infer"].codes[&200], 2);
         assert_eq!(t.endpoints["infer"].codes[&400], 1);
         assert_eq!(t.endpoints["infer"].bytes_out, 25);

@@ -40,6 +40,7 @@ use crate::conn::{ConnState, Expiry, RequestGuard, Watched};
 use crate::grpc;
 use crate::http::dispatch;
 use crate::http::request::{Arrived, Closer};
+use crate::outgoing::Outgoing;
 use crate::siblings::link::{CONNECTION_WINDOW, STREAM_WINDOW};
 use crate::state::FRESH_FOR;
 use crate::timeouts::HEADER_READ;
@@ -50,6 +51,11 @@ use crate::timeouts::HEADER_READ;
 /// the bodies one connection holds at once (each at most `--max-body-mb`). 100 is what RFC
 /// 9113 recommends as the least, and what grpcio and Go servers take in stride.
 pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// How often a connection that has asked to close (GOAWAY, or `Connection: close` on an
+/// idle HTTP/1.1 one) looks again whether its client has stopped reading, and one whose
+/// deadline passed with bytes not read yet looks again at it.
+const CLOSING_RECHECK: Duration = Duration::from_secs(1);
 
 /// How often a worker that leaves a waiting connection to a free sibling looks again.
 const DEFER_RECHECK: Duration = Duration::from_millis(1);
@@ -229,6 +235,7 @@ where
             let guard = RequestGuard::enter(app.clone(), state.clone(), h2);
             req.extensions_mut().insert(Arrived(guard.arrived));
             req.extensions_mut().insert(closer.clone());
+            let conn = state.clone();
             async move {
                 let resp = if grpc::is_grpc(&req) {
                     grpc::handle(req, guard.app.clone())
@@ -240,49 +247,43 @@ where
                         .map(|r| r.map(Either::Left))
                 };
                 drop(guard);
-                resp
+                resp.map(|r| r.map(|b| Outgoing::new(b, conn)))
             }
         })
     };
-    // Our own deadlines (above) replace hyper's header timer, which would also close an
-    // idle kept-alive connection after the header deadline.
-    // A client may shut its sending side once its request is out (half-close) and still
-    // wait for the answer: without `half_close` hyper drops such a request unanswered.
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().keep_alive(true).half_close(true);
-    builder
-        .http2()
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW);
+    let builder = protocols();
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut stop_rx = shared.subscribe_stop();
     let mut retiring = false;
     let mut closing = false;
+    let mut held: Option<Instant> = None;
     loop {
-        let (at, expiry) = state.deadline(retiring);
+        // Once closing, only a deadline that drops the connection still matters.
+        let (due, expiry) = match state.deadline(retiring) {
+            (_, Expiry::Close) if closing => (Instant::now() + CLOSING_RECHECK, Expiry::Recheck),
+            d => d,
+        };
+        // A deadline held back by bytes not read yet is looked at again a little later.
+        let at = held.map_or(due, |h| due.max(h));
         tokio::select! {
             res = conn.as_mut() => {
                 if let Err(e) = res {
+                    if let Some(why) = crate::closes::of_error(&*e) {
+                        crate::closes::closed(&app_for_state, why);
+                    }
                     tracing::debug!("connection ended: {e}");
                 }
                 break;
             }
-            _ = tokio::time::sleep_until(at.into()), if !closing => {
-                // Deadlines only move later with activity: act on this one if it still
-                // stands, and never close under a request whose bytes have arrived but are
-                // not read yet.
-                if state.deadline(retiring) != (at, expiry) || crate::listen_queue::readable(fd) {
-                    continue;
-                }
-                match expiry {
-                    Expiry::Recheck => {}
-                    Expiry::Close => {
+            _ = tokio::time::sleep_until(at.into()) => {
+                match at_deadline(&state, &app_for_state, fd, retiring, (due, expiry), &mut held) {
+                    AtDeadline::Nothing => {}
+                    AtDeadline::Close => {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }
-                    Expiry::Drop => break,
+                    AtDeadline::Drop => break,
                 }
             }
             // Retiring shortens the idle deadline: look again. An HTTP/2 connection says
@@ -305,4 +306,63 @@ where
         }
     }
     state.closed(&app_for_state);
+}
+
+/// What a connection does when its deadline comes.
+enum AtDeadline {
+    Nothing,
+    /// Close gracefully (GOAWAY, or `Connection: close`).
+    Close,
+    Drop,
+}
+
+/// The connection's deadline `due` came: act on it if it still stands (deadlines only move
+/// later with activity). A client that read nothing of what waits for it is dropped
+/// whatever it sends; otherwise nothing closes under a request whose bytes have arrived but
+/// are not read yet: that deadline is `held` back and looked at again a little later.
+fn at_deadline(
+    state: &ConnState,
+    app: &App,
+    fd: std::os::fd::RawFd,
+    retiring: bool,
+    due: (Instant, Expiry),
+    held: &mut Option<Instant>,
+) -> AtDeadline {
+    if state.deadline(retiring) != due {
+        return AtDeadline::Nothing;
+    }
+    if due.1 == Expiry::Unread {
+        // Writes that waited but whose bytes have all gone since: look again.
+        if state.writes_drained(fd) {
+            return AtDeadline::Nothing;
+        }
+        state.unread(app);
+        return AtDeadline::Drop;
+    }
+    if crate::listen_queue::readable(fd) {
+        *held = Some(Instant::now() + CLOSING_RECHECK);
+        return AtDeadline::Nothing;
+    }
+    *held = None;
+    match due.1 {
+        Expiry::Recheck => AtDeadline::Nothing,
+        Expiry::Close => AtDeadline::Close,
+        Expiry::Drop | Expiry::Unread => AtDeadline::Drop,
+    }
+}
+
+/// HTTP/1.1 and HTTP/2 as the serving port speaks them. Our own deadlines (`conn.rs`)
+/// replace hyper's header timer, which would also close an idle kept-alive connection
+/// after the header deadline. A client may shut its sending side once its request is out
+/// (half-close) and still wait for the answer: without `half_close` hyper drops such a
+/// request unanswered.
+fn protocols() -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().keep_alive(true).half_close(true);
+    builder
+        .http2()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW);
+    builder
 }

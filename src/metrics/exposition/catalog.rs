@@ -107,6 +107,14 @@ pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
             .collect(),
     );
     f.counter(
+        "connections_closed",
+        "Connections the workers closed on their client's account, by reason: abuse (HTTP/2 GOAWAY ENHANCE_YOUR_CALM: too many reset streams, too many control frames), protocol_error (GOAWAY for another HTTP/2 protocol error), unread (the client read nothing of its answers for the keep-alive idle limit).",
+        t.connections_closed
+            .iter()
+            .map(|(reason, n)| (l(&[("reason", reason)]), *n))
+            .collect(),
+    );
+    f.counter(
         "access_log_dropped",
         "Access-log lines dropped because stderr could not keep up (--access-log); the requests were answered.",
         vec![(vec![], t.access_log_dropped)],

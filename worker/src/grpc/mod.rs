@@ -31,7 +31,7 @@ use std::time::{Instant, SystemTime};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use hyper::{Request, Response, Version};
+use hyper::{Request, Response, StatusCode, Version};
 use prost::Message;
 use tokio::sync::mpsc;
 
@@ -70,13 +70,16 @@ const OPEN: [&str; 2] = ["ServerLive", "ServerReady"];
 #[derive(Debug, Clone, Copy)]
 pub struct HandedIn;
 
-/// Whether a request is a gRPC call: HTTP/2 and `application/grpc…`.
+/// Whether a request is a gRPC call: HTTP/2, and `application/grpc…` or the service's path
+/// (whatever its content type: one that is not gRPC's is answered as gRPC asks,
+/// [`wire::check_request`]).
 pub fn is_grpc<B>(req: &Request<B>) -> bool {
     req.version() == Version::HTTP_2
-        && req
-            .headers()
-            .get(CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(wire::CONTENT_TYPE.as_bytes()))
+        && (req.uri().path().starts_with(SERVICE)
+            || req
+                .headers()
+                .get(CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(wire::CONTENT_TYPE.as_bytes())))
 }
 
 /// One call, as its answer needs it.
@@ -119,7 +122,8 @@ pub async fn handle(
         app,
     };
     let closer = req.extensions().get::<Closer>().cloned();
-    let outcome = match authorized(&req, &call) {
+    let checked = wire::check_request(req.headers()).and_then(|()| authorized(&req, &call));
+    let outcome = match checked {
         Ok(()) => route(req, &call).await.unwrap_or_else(Outcome::Failed),
         Err(e) => Outcome::Failed(e),
     };
@@ -342,8 +346,12 @@ impl Call {
         h.insert(CONTENT_TYPE, HeaderValue::from_static(wire::CONTENT_TYPE));
         h.insert("x-worker-pid", self.app.pid.clone());
         h.insert(request_id::HEADER.clone(), self.id.0.clone());
+        h.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
         if let Some(e) = failed {
             status_headers(h, e);
+            if e.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+                *resp.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            }
         }
         resp
     }

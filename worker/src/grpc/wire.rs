@@ -22,6 +22,45 @@ use crate::error::ApiError;
 /// The content type of gRPC requests and answers (`application/grpc+proto` and such too).
 pub const CONTENT_TYPE: &str = "application/grpc";
 
+/// What a call must be for this server to read it, before anything else: a gRPC content
+/// type (else HTTP 415, as the specification asks of a request that is not gRPC's), with
+/// protobuf messages (`application/grpc` or `application/grpc+proto`: another subtype, such
+/// as `+json`, is `UNIMPLEMENTED`), uncompressed (a `grpc-encoding` other than `identity`
+/// is `UNIMPLEMENTED`, as the specification says of an encoding the server does not
+/// support; answers say `grpc-accept-encoding: identity`).
+pub fn check_request(h: &HeaderMap) -> Result<(), ApiError> {
+    let ct = h
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let Some(rest) = ct.as_deref().and_then(|c| {
+        c.to_ascii_lowercase()
+            .strip_prefix(CONTENT_TYPE)
+            .map(str::to_string)
+    }) else {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "a gRPC method was called with content-type {}: gRPC calls are application/grpc (or application/grpc+proto)",
+            ct.as_deref().map_or("(none)".into(), |c| format!("{c:?}"))
+        )));
+    };
+    let subtype = rest.split(';').next().unwrap_or_default().trim();
+    if !(subtype.is_empty() || subtype == "+proto") {
+        return Err(ApiError::NotImplemented(format!(
+            "content-type {:?}: this server reads gRPC messages as protobuf only (application/grpc or application/grpc+proto)",
+            ct.unwrap_or_default()
+        )));
+    }
+    if let Some(enc) = h
+        .get("grpc-encoding")
+        .filter(|e| e.as_bytes() != b"identity")
+    {
+        return Err(ApiError::NotImplemented(format!(
+            "grpc-encoding {:?} is not supported: this server takes uncompressed messages only (grpc-accept-encoding: identity)",
+            String::from_utf8_lossy(enc.as_bytes())
+        )));
+    }
+    Ok(())
+}
+
 /// A message framed for the wire.
 pub fn frame(msg: &impl prost::Message) -> Bytes {
     let len = msg.encoded_len();
@@ -247,6 +286,55 @@ mod tests {
             Duration::from_secs(86_400)
         );
         assert_eq!(back(Duration::ZERO), Duration::from_micros(1));
+    }
+
+    #[test]
+    fn content_types_and_encodings_are_checked_as_the_specification_asks() {
+        let check = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_str(v).unwrap());
+            }
+            check_request(&h).map_err(|e| (e.status().as_u16(), e.grpc_code()))
+        };
+        use crate::error::GrpcCode as G;
+        for ok in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC+Proto",
+        ] {
+            assert_eq!(check(&[("content-type", ok)]), Ok(()), "{ok}");
+        }
+        assert_eq!(
+            check(&[
+                ("content-type", "application/grpc"),
+                ("grpc-encoding", "identity")
+            ]),
+            Ok(())
+        );
+        for sub in [
+            "application/grpc+json",
+            "application/grpc-web",
+            "application/grpc+x",
+        ] {
+            assert_eq!(
+                check(&[("content-type", sub)]),
+                Err((501, G::Unimplemented)),
+                "{sub}"
+            );
+        }
+        assert_eq!(
+            check(&[
+                ("content-type", "application/grpc"),
+                ("grpc-encoding", "gzip")
+            ]),
+            Err((501, G::Unimplemented))
+        );
+        assert_eq!(
+            check(&[("content-type", "text/plain")]),
+            Err((415, G::Internal))
+        );
+        assert_eq!(check(&[]), Err((415, G::Internal)));
     }
 
     #[test]

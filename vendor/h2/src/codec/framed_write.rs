@@ -52,6 +52,9 @@ struct Encoder<B> {
 
     /// Min buffer required to attempt to write a frame
     min_buffer_capacity: usize,
+
+    /// DATA frames buffered to send so far (for the peer's control-frame budget).
+    data_frames: u64,
 }
 
 #[derive(Debug)]
@@ -99,6 +102,7 @@ where
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
                 chain_threshold,
                 min_buffer_capacity: chain_threshold + frame::HEADER_LEN,
+                data_frames: 0,
             },
         }
     }
@@ -132,6 +136,11 @@ where
     /// accepted.
     pub fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         self.encoder.buffer(item)
+    }
+
+    /// DATA frames buffered to send so far.
+    pub(crate) fn data_frames_sent(&self) -> u64 {
+        self.encoder.data_frames
     }
 
     /// Flush buffered data to the wire
@@ -230,6 +239,7 @@ where
 
         match item {
             Frame::Data(mut v) => {
+                self.data_frames += 1;
                 // Ensure that the payload is not greater than the max frame.
                 let len = v.payload().remaining();
 

@@ -152,6 +152,11 @@ where
         self.framed_write().buffer(item)
     }
 
+    /// DATA frames sent so far (for the peer's control-frame budget).
+    pub(crate) fn data_frames_sent(&mut self) -> u64 {
+        self.framed_write().data_frames_sent()
+    }
+
     /// Flush buffered data to the wire
     pub fn flush(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
         self.framed_write().flush(cx)

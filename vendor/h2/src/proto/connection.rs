@@ -5,6 +5,8 @@ use crate::{client, server};
 use crate::frame::DEFAULT_INITIAL_WINDOW_SIZE;
 use crate::proto::*;
 
+use super::control_budget::ControlBudget;
+
 use bytes::Bytes;
 use futures_core::Stream;
 use std::io;
@@ -24,6 +26,9 @@ where
     codec: Codec<T, Prioritized<B>>,
 
     inner: ConnectionInner<P, B>,
+
+    /// The peer's control frames, counted against useful work.
+    control_budget: ControlBudget,
 }
 
 // Extracted part of `Connection` which does not depend on `T`. Reduces the amount of duplicated
@@ -170,6 +175,7 @@ where
                 span,
                 _phantom: PhantomData,
             },
+            control_budget: ControlBudget::default(),
         }
     }
 
@@ -384,11 +390,18 @@ where
             }
             ready!(self.poll_ready(cx))?;
 
-            match self
-                .inner
-                .as_dyn()
-                .recv_frame(ready!(Pin::new(&mut self.codec).poll_next(cx)?))?
-            {
+            let frame = ready!(Pin::new(&mut self.codec).poll_next(cx)?);
+            if let Some(f) = &frame {
+                let sent = self.codec.data_frames_sent();
+                if !self.control_budget.recv(f, sent) {
+                    tracing::debug!("control frames past their budget; GOAWAY ENHANCE_YOUR_CALM");
+                    return Poll::Ready(Err(Error::library_go_away_data(
+                        Reason::ENHANCE_YOUR_CALM,
+                        "too_many_control_frames",
+                    )));
+                }
+            }
+            match self.inner.as_dyn().recv_frame(frame)? {
                 ReceivedFrame::Settings(frame) => {
                     self.inner.settings.recv_settings(
                         frame,

@@ -1,4 +1,5 @@
 mod connection;
+mod control_budget;
 mod error;
 mod go_away;
 mod peer;

@@ -1762,7 +1762,7 @@ impl Actions {
                 if counts.can_inc_num_local_error_resets() {
                     counts.inc_num_local_error_resets();
                 } else {
-                    tracing::warn!(
+                    tracing::debug!(
                         "locally-reset streams reached limit ({:?})",
                         counts.max_local_error_resets().unwrap(),
                     );
@@ -1825,7 +1825,7 @@ impl Actions {
                 stream.notify_recv();
                 Ok(())
             } else {
-                tracing::warn!(
+                tracing::debug!(
                     "reset_on_recv_stream_err; locally-reset streams reached limit ({:?})",
                     counts.max_local_error_resets().unwrap(),
                 );
