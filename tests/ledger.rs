@@ -69,6 +69,16 @@ impl Host {
         Server::spawn(app, &self.args(&lib, more), &env)
     }
 
+    /// `app --production` of `app` on this host, serving with all its workers ready; the
+    /// worker count it planned.
+    fn serving(&self, app: &App) -> (Server, u64) {
+        let Outcome::Serves(s, n) = outcome(self.spawn(app, &["--production"])) else {
+            panic!("the server refused to start");
+        };
+        s.wait_workers(n as usize);
+        (s, n)
+    }
+
     /// `app plan --json` on this host, with the ledger as it is now.
     fn plan(&self, more: &[&str]) -> Value {
         let app = self.app();
@@ -193,14 +203,8 @@ fn servers_started_together_never_plan_on_the_same_memory() {
 fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     let host = Host::new();
     let (a, b) = (host.app(), host.app());
-    let Outcome::Serves(first, n_first) = outcome(host.spawn(&a, &["--production"])) else {
-        panic!("the first server refused");
-    };
-    first.wait_workers(n_first as usize);
-    let Outcome::Serves(second, n_second) = outcome(host.spawn(&b, &["--production"])) else {
-        panic!("the second server refused");
-    };
-    second.wait_workers(n_second as usize);
+    let (first, n_first) = host.serving(&a);
+    let (second, n_second) = host.serving(&b);
     let both = (n_first + n_second) * TYP_MB;
     assert_eq!(reserved(&host), both);
     // SIGKILL the first master: nothing removes its entry but time.
@@ -316,10 +320,7 @@ exec "$@""#;
         .u64("workers")
         .unwrap();
     inside.wait_workers(n_inside as usize);
-    let Outcome::Serves(outside, n_outside) = outcome(host.spawn(&b, &["--production"])) else {
-        panic!("the second server refused");
-    };
-    outside.wait_workers(n_outside as usize);
+    let (outside, n_outside) = host.serving(&b);
     let pids: Vec<u64> = entries(&host).iter().map(|e| e.0).collect();
     assert!(
         pids.contains(&1),
@@ -344,14 +345,8 @@ exec "$@""#;
 fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     let host = Host::new();
     let (a, b) = (host.app(), host.app());
-    let Outcome::Serves(first, n_first) = outcome(host.spawn(&a, &["--production"])) else {
-        panic!("the first server refused");
-    };
-    first.wait_workers(n_first as usize);
-    let Outcome::Serves(second, n_second) = outcome(host.spawn(&b, &["--production"])) else {
-        panic!("the second server refused");
-    };
-    second.wait_workers(n_second as usize);
+    let (first, n_first) = host.serving(&a);
+    let (second, n_second) = host.serving(&b);
     second.signal(libc::SIGTTIN);
     let refused = second.wait_event("ttin_refused", |_| true);
     assert!(refused.message().contains("fill"), "{refused:?}");
