@@ -345,7 +345,7 @@ exec "$@""#;
 fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     let host = Host::new();
     let (a, b) = (host.app(), host.app());
-    let (first, n_first) = host.serving(&a);
+    let (first, _) = host.serving(&a);
     let (second, n_second) = host.serving(&b);
     second.signal(libc::SIGTTIN);
     let refused = second.wait_event("ttin_refused", |_| true);
