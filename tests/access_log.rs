@@ -278,3 +278,59 @@ fn scrape(port: u16) -> String {
     s.read_to_end(&mut raw).unwrap();
     common::parse_response(&raw).unwrap().body
 }
+
+/// W3C Trace Context (issue 58, its first part): a request's `traceparent` is continued on
+/// its answer (the same trace id and flags, this worker's own span id) and its trace id
+/// written in its access line — on HTTP and gRPC alike; a request without one, or with one
+/// that is not valid, gets a new unsampled trace, never a refusal.
+#[test]
+fn a_traceparent_is_continued_on_the_answer_and_written_in_the_access_line() {
+    let app = App::new(
+        "mlp.pt",
+        r#""input": {"shape": [-1, 4], "dtype": "float32"}"#,
+    );
+    let s = Server::start(&app, &["--production", "--workers", "1", "--access-log"]);
+    s.wait_workers(1);
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = format!("00-{trace}-00f067aa0ba902b7-01");
+    let extra = format!("{}traceparent: {caller}\r\n", with_id("traced-1"));
+    let r = raw(s.port, "POST", "/", &extra, INPUT.as_bytes());
+    assert_eq!(r.status, 200);
+    let back = r.header("traceparent").expect("a traceparent on the answer");
+    assert!(
+        back.starts_with(&format!("00-{trace}-")) && back.ends_with("-01") && back != caller,
+        "{back}"
+    );
+    assert_eq!(line_of(&s, "traced-1").str("trace_id"), Some(trace));
+    // None, or one that is not valid: a new trace, not sampled, in the line too.
+    for (id, header) in [
+        ("untraced-2", String::new()),
+        ("bad-trace-3", "traceparent: 00-not-a-trace-01\r\n".to_string()),
+    ] {
+        let r = raw(s.port, "POST", "/", &(with_id(id) + &header), INPUT.as_bytes());
+        assert_eq!(r.status, 200, "{id}");
+        let back = r.header("traceparent").expect("a traceparent on the answer");
+        let fields: Vec<&str> = back.split('-').collect();
+        assert_eq!((fields.len(), fields[3]), (4, "00"), "{back}");
+        assert_eq!(fields[1].len(), 32, "{back}");
+        assert_ne!(fields[1], trace);
+        assert_eq!(line_of(&s, id).str("trace_id"), Some(fields[1]));
+    }
+    // gRPC: the same in its metadata (a call the server answers with an error still carries
+    // it).
+    let url = format!("127.0.0.1:{}", s.port);
+    let got = common::python_json(
+        "grpc_raw.py",
+        &[
+            &url,
+            "/inference.GRPCInferenceService/ModelInfer",
+            "application/grpc",
+            &format!("traceparent={caller}"),
+            "x-request-id=grpc-traced-4",
+        ],
+        b"",
+    );
+    let back = got["headers"]["traceparent"].as_str().unwrap_or_default();
+    assert!(back.starts_with(&format!("00-{trace}-")), "{got}");
+    assert_eq!(line_of(&s, "grpc-traced-4").str("trace_id"), Some(trace));
+}

@@ -73,6 +73,8 @@ impl Trace {
 pub struct Record {
     pub time: SystemTime,
     pub request_id: String,
+    /// The W3C trace it belongs to (`crate::trace_context`): 32 hex digits.
+    pub trace_id: String,
     pub method: String,
     /// Path and query, as sent.
     pub target: String,
@@ -177,8 +179,9 @@ impl AccessLog {
             let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| format!("{:.3}", ms(v)));
             let _ = writeln!(
                 out,
-                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
+                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"trace_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
                 s(&r.request_id),
+                s(&r.trace_id),
                 s(&r.method),
                 s(&r.target),
                 r.status,
@@ -198,10 +201,11 @@ impl AccessLog {
             let rest = |target: &str, out: &mut String| {
                 let _ = writeln!(
                     out,
-                    "{time}  INFO access: {} {target} {} request_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} inline={inline} slot={} pid={}",
+                    "{time}  INFO access: {} {target} {} request_id={} trace_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} inline={inline} slot={} pid={}",
                     r.method,
                     r.status,
                     r.request_id,
+                    r.trace_id,
                     r.bytes_out,
                     opt(wait),
                     opt(model),
@@ -289,6 +293,7 @@ mod tests {
         Record {
             time: UNIX_EPOCH,
             request_id: "id-1".into(),
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
             method: "POST".into(),
             target: target.into(),
             status: 200,

@@ -36,6 +36,7 @@ mod siblings;
 mod state;
 mod template;
 mod timeouts;
+mod trace_context;
 mod watchdog;
 
 use std::sync::Arc;

@@ -46,6 +46,7 @@ use crate::metrics::Endpoint;
 use crate::request_id::{self, RequestId};
 use crate::siblings::{Handed, Handing, Reserved, Siblings};
 use crate::timeouts::BODY_READ;
+use crate::trace_context::{self, TraceContext};
 use wire::{GrpcBody, Reader};
 
 /// The service's path prefix.
@@ -87,6 +88,8 @@ pub fn is_grpc<B>(req: &Request<B>) -> bool {
 pub struct Call {
     pub app: Arc<App>,
     pub id: RequestId,
+    /// Its W3C trace (`traceparent` metadata, else a new one).
+    pub trace_ctx: TraceContext,
     pub arrived: Instant,
     /// The method's path, and its name (empty when not the service's).
     pub path: String,
@@ -114,6 +117,7 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let call = Call {
         id: RequestId::of(req.headers()),
+        trace_ctx: TraceContext::of(req.headers()),
         arrived: arrival(&req),
         method: path.strip_prefix(SERVICE).unwrap_or_default().to_string(),
         path,
@@ -346,6 +350,7 @@ impl Call {
         h.insert(CONTENT_TYPE, HeaderValue::from_static(wire::CONTENT_TYPE));
         h.insert("x-worker-pid", self.app.pid.clone());
         h.insert(request_id::HEADER.clone(), self.id.0.clone());
+        h.insert(trace_context::HEADER.clone(), self.trace_ctx.header());
         h.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
         if let Some(e) = failed {
             status_headers(h, e);
@@ -369,6 +374,7 @@ impl Call {
             log.push(Record {
                 time: SystemTime::now(),
                 request_id: id.unwrap_or(self.id.as_str()).to_string(),
+                trace_id: self.trace_ctx.trace_id().to_string(),
                 method: "POST".into(),
                 target: self.path.clone(),
                 status,

@@ -21,6 +21,7 @@ use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::request_id::{self, RequestId};
+use crate::trace_context::{self, TraceContext};
 
 /// The hyper service: never fails, every outcome is an HTTP answer.
 pub async fn handle(
@@ -36,6 +37,7 @@ pub async fn handle(
         .flatten();
     let id = RequestId::of(req.headers());
     req.extensions_mut().insert(id.clone());
+    let trace_ctx = TraceContext::of(req.headers());
     // The access log's record, started before the request is handed on.
     let access = app.access_log.as_ref().map(|_| {
         let trace = Arc::new(Trace::default());
@@ -55,6 +57,7 @@ pub async fn handle(
         log.push(Record {
             time: SystemTime::now(),
             request_id: id.as_str().to_string(),
+            trace_id: trace_ctx.trace_id().to_string(),
             method,
             target,
             status: answer.status.as_u16(),
@@ -86,6 +89,7 @@ pub async fn handle(
     };
     h.insert("x-worker-pid", app.pid.clone());
     h.insert(request_id::HEADER.clone(), id.0);
+    h.insert(trace_context::HEADER.clone(), trace_ctx.header());
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }

@@ -1,0 +1,163 @@
+//! W3C Trace Context (`traceparent`, <https://www.w3.org/TR/trace-context/>): the trace a
+//! request belongs to, read from its `traceparent` header (HTTP) or metadata (gRPC), or a
+//! new one when it has none (or one that is not valid: a request is never refused for it);
+//! the worker's answer carries `traceparent` with the same trace id, this worker's own span
+//! id and the caller's flags, and the access log writes the trace id — so that a request a
+//! gateway traced can be found here. The worker exports no spans: it records nothing, so a
+//! trace it starts is not sampled (flags `00`), and a caller's sampled flag is passed on.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// The header, both ways.
+pub static HEADER: HeaderName = HeaderName::from_static("traceparent");
+
+/// A request's place in its trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// 32 lower-case hex digits, not all zero.
+    trace_id: String,
+    /// This worker's span: 16 lower-case hex digits, not all zero.
+    span_id: String,
+    /// The caller's trace flags (bit 0: sampled); `00` for a trace started here.
+    flags: u8,
+}
+
+impl TraceContext {
+    /// The caller's trace when its `traceparent` is valid, else a new one.
+    pub fn of(headers: &HeaderMap) -> TraceContext {
+        let parsed = headers
+            .get(&HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse);
+        let (trace_id, flags) =
+            parsed.unwrap_or_else(|| (format!("{:016x}{:016x}", next(), next()), 0));
+        TraceContext {
+            trace_id,
+            span_id: format!("{:016x}", next()),
+            flags,
+        }
+    }
+
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    /// `traceparent` for the answer: the trace, this worker's span, the flags.
+    pub fn header(&self) -> HeaderValue {
+        let v = format!("00-{}-{}-{:02x}", self.trace_id, self.span_id, self.flags);
+        HeaderValue::from_str(&v).expect("hex digits and dashes")
+    }
+}
+
+/// `version-traceid-parentid-flags` (version 00 exactly 55 characters; a later version at
+/// least that, its fields the same, whatever follows a `-`): the trace id and flags.
+fn parse(v: &str) -> Option<(String, u8)> {
+    let v = v.trim();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let version = v.get(0..2)?;
+    if !hex(version, 2) || version == "ff" || (version == "00" && v.len() != 55) {
+        return None;
+    }
+    if v.len() > 55 && v.as_bytes()[55] != b'-' {
+        return None;
+    }
+    let mut fields = v.get(..55)?.split('-');
+    let (_, trace, parent, flags) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let zero = |s: &str| s.bytes().all(|b| b == b'0');
+    if !hex(trace, 32) || zero(trace) || !hex(parent, 16) || zero(parent) || !hex(flags, 2) {
+        return None;
+    }
+    Some((trace.to_string(), u8::from_str_radix(flags, 16).ok()?))
+}
+
+/// 64 random-looking bits: a counter mixed by SplitMix64 from a seed drawn once per process
+/// (never zero, so never an all-zero id).
+fn next() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut b = [0u8; 8];
+        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+            let _ = std::io::Read::read_exact(&mut f, &mut b);
+        }
+        u64::from_le_bytes(b) ^ u64::from(std::process::id()) << 32
+    });
+    let mut z = seed.wrapping_add(
+        COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(&HEADER, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    const CALLER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_is_continued_with_a_span_of_this_worker() {
+        let t = TraceContext::of(&with(CALLER));
+        assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let h = t.header();
+        let h = h.to_str().unwrap();
+        assert!(h.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"), "{h}");
+        assert!(
+            h.ends_with("-01"),
+            "the caller's sampled flag passed on: {h}"
+        );
+        assert!(!h.contains("00f067aa0ba902b7"), "a span of its own: {h}");
+        assert_eq!(parse(h), Some((t.trace_id().to_string(), 1)));
+        // A later version's extra fields are ignored, its four read.
+        let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-what-follows";
+        assert_eq!(
+            TraceContext::of(&with(later)).trace_id(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+    }
+
+    #[test]
+    fn an_invalid_or_missing_traceparent_starts_a_new_unsampled_trace() {
+        for bad in [
+            "",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        let a = TraceContext::of(&HeaderMap::new());
+        let b = TraceContext::of(&with("nonsense"));
+        assert_ne!(a.trace_id(), b.trace_id());
+        for t in [a, b] {
+            let h = t.header();
+            let (id, flags) = parse(h.to_str().unwrap()).expect("a valid header");
+            assert_eq!((id.as_str(), flags), (t.trace_id(), 0));
+        }
+    }
+}
