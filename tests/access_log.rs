@@ -296,7 +296,9 @@ fn a_traceparent_is_continued_on_the_answer_and_written_in_the_access_line() {
     let extra = format!("{}traceparent: {caller}\r\n", with_id("traced-1"));
     let r = raw(s.port, "POST", "/", &extra, INPUT.as_bytes());
     assert_eq!(r.status, 200);
-    let back = r.header("traceparent").expect("a traceparent on the answer");
+    let back = r
+        .header("traceparent")
+        .expect("a traceparent on the answer");
     assert!(
         back.starts_with(&format!("00-{trace}-")) && back.ends_with("-01") && back != caller,
         "{back}"
@@ -305,11 +307,22 @@ fn a_traceparent_is_continued_on_the_answer_and_written_in_the_access_line() {
     // None, or one that is not valid: a new trace, not sampled, in the line too.
     for (id, header) in [
         ("untraced-2", String::new()),
-        ("bad-trace-3", "traceparent: 00-not-a-trace-01\r\n".to_string()),
+        (
+            "bad-trace-3",
+            "traceparent: 00-not-a-trace-01\r\n".to_string(),
+        ),
     ] {
-        let r = raw(s.port, "POST", "/", &(with_id(id) + &header), INPUT.as_bytes());
+        let r = raw(
+            s.port,
+            "POST",
+            "/",
+            &(with_id(id) + &header),
+            INPUT.as_bytes(),
+        );
         assert_eq!(r.status, 200, "{id}");
-        let back = r.header("traceparent").expect("a traceparent on the answer");
+        let back = r
+            .header("traceparent")
+            .expect("a traceparent on the answer");
         let fields: Vec<&str> = back.split('-').collect();
         assert_eq!((fields.len(), fields[3]), (4, "00"), "{back}");
         assert_eq!(fields[1].len(), 32, "{back}");
