@@ -23,8 +23,8 @@ import sys
 
 import numpy as np
 import torch
+import wordpiece
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from torchvision import models as tv_models
 from torchvision import transforms as T
 from transformers import BertConfig, BertForSequenceClassification
@@ -49,28 +49,9 @@ torch.manual_seed(0)
 np.random.seed(0)
 
 # --- the tokenizer, trained on local text
-tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-with open(readme, encoding="utf-8") as f:
-    lines = [l for l in f.read().splitlines() if l.strip()]
-tok.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=800, special_tokens=special))
-cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-tok.post_processor = processors.TemplateProcessing(
-    single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-)
-tok.decoder = decoders.WordPiece()
+tok = wordpiece.train(readme)
 tok.save(os.path.join(out, "tokenizer.json"))
-
-MAX_LENGTH = 24
-sentences = [
-    "vramfork serves TorchScript models over HTTP.",
-    "Workers are recycled after a number of requests, without failing one.",
-    "GPU",
-    "Ünïcödé text, emoji 🚀 and 中文 are tokenized as Python does.",
-    "A very long document " + "that goes on and on " * 12 + "until it is cut.",
-]
+MAX_LENGTH, sentences = wordpiece.MAX_LENGTH, list(wordpiece.SENTENCES)
 tok.enable_truncation(max_length=MAX_LENGTH)
 encs = [tok.encode(s) for s in sentences]
 with open(readme, encoding="utf-8") as f:
