@@ -11,7 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{app_bin, raw, App, Event, KeepAlive, Server, PATIENCE};
+use common::{app_bin, free_port, raw, App, Event, KeepAlive, Server, PATIENCE};
 
 const INPUT: &str = r#"{"inputs": [[0.5, -1.0, 2.0, 0.25]]}"#;
 
@@ -256,14 +256,6 @@ fn a_stderr_nobody_reads_never_holds_a_request() {
 /// The buffer's capacity (`worker/src/access_log.rs`).
 fn vramfork_access_log_capacity() -> usize {
     16_384
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn scrape(port: u16) -> String {

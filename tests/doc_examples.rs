@@ -23,11 +23,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{app_bin, fixtures, python, App, Server};
+use common::{app_bin, fixtures, free_port, python, App, Server};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -225,14 +224,6 @@ fn commands(ex: &Example) -> String {
     }
     let lines = ex.text.lines().filter_map(|l| l.strip_prefix("$ "));
     lines.map(|l| format!("{l}\n")).collect()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs a block that starts `app` itself: the lines before each `app` line run, then that

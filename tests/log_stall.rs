@@ -27,7 +27,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{app_bin, children, try_http, App, Response, MLP_INPUT, PATIENCE};
+use common::{app_bin, children, free_port, try_http, App, Response, MLP_INPUT, PATIENCE};
 
 /// The app with a stderr this test holds: `read` (its read end, never read unless a test
 /// takes it) and `fill` (a write end of the test's own, non-blocking).
@@ -230,14 +230,6 @@ impl Drop for Stalled {
             let _ = child.wait();
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The SPEC's invariant: "nothing outside a request can stop serving: a log reader that

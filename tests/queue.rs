@@ -9,10 +9,9 @@ mod common;
 #[path = "support/queue.rs"]
 mod queue;
 
-use std::net::TcpListener;
 use std::time::Instant;
 
-use common::{skip, App, Server};
+use common::{free_port, skip, App, Server};
 use queue::{busy, clients, sum, wait_scrape, waiting};
 
 /// Clients held waiting.
@@ -115,15 +114,6 @@ fn requests_a_busy_worker_took_but_has_not_started_wait_in_its_model_queue() {
         model + 1.0,
         "in flight: the running pass and the queued requests"
     );
-}
-
-/// A port nobody listens on now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::net::{TcpListener, UdpSocket};
+use std::net::UdpSocket;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -16,15 +16,6 @@ use common::*;
 
 fn mlp() -> App {
     App::new("mlp.pt", r#""version": "1""#)
-}
-
-/// A port nobody listens on now (the kernel's pick, released at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn activate(port: u16, datagram: bool) -> Vec<String> {

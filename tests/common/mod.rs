@@ -649,6 +649,15 @@ pub fn parse_raw(raw: &[u8]) -> std::io::Result<(u16, Headers, &[u8])> {
     Ok((status, headers, &raw[end + 4..]))
 }
 
+/// A port nobody listens on now (the kernel's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A test that cannot run on this machine says so and returns: `SKIPPED: TEST: WHY` on its
 /// standard error, and the same line appended to the file `VRAMFORK_SKIPS` names
 /// (`scripts/test` sets it, prints every skip in its summary, and in CI fails on a skip
