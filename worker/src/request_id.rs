@@ -46,19 +46,29 @@ fn usable(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_LEN && id.iter().all(|b| (b'!'..=b'~').contains(b))
 }
 
-/// A new id: 32 hex digits.
+/// A new id: 32 hex digits (this process's seed, then [`unique`]).
 fn made() -> HeaderValue {
+    let id = format!("{:016x}{:016x}", seed(), unique());
+    HeaderValue::from_str(&id).expect("hex digits are a valid header value")
+}
+
+/// This process's seed: its start time and pid, mixed.
+fn seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
+    *SEED.get_or_init(|| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         mix(nanos ^ (u64::from(std::process::id()) << 32))
-    });
-    let n = COUNT.fetch_add(1, Ordering::Relaxed);
-    let id = format!("{:016x}{:016x}", seed, mix(seed ^ n));
-    HeaderValue::from_str(&id).expect("hex digits are a valid header value")
+    })
+}
+
+/// 64 bits no other call in this process gets (nor, but by chance, another worker's or
+/// restart's): the process's seed and a counter, mixed. Made request ids and W3C trace and
+/// span ids (`crate::trace_context`) draw from it.
+pub fn unique() -> u64 {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    mix(seed() ^ COUNT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// SplitMix64's finaliser: spreads nearby inputs over all 64 bits.

@@ -6,9 +6,6 @@
 //! gateway traced can be found here. The worker exports no spans: it records nothing, so a
 //! trace it starts is not sampled (flags `00`), and a caller's sampled flag is passed on.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header, both ways.
@@ -82,26 +79,9 @@ fn parse(v: &str) -> Option<(String, u8)> {
     Some((trace.to_string(), u8::from_str_radix(flags, 16).ok()?))
 }
 
-/// 64 random-looking bits: a counter mixed by SplitMix64 from a seed drawn once per process
-/// (never zero, so never an all-zero id).
+/// 64 bits for an id, never zero (an all-zero id is not valid).
 fn next() -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let seed = *SEED.get_or_init(|| {
-        let mut b = [0u8; 8];
-        if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-            let _ = std::io::Read::read_exact(&mut f, &mut b);
-        }
-        u64::from_le_bytes(b) ^ u64::from(std::process::id()) << 32
-    });
-    let mut z = seed.wrapping_add(
-        COUNTER
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    );
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)).max(1)
+    crate::request_id::unique().max(1)
 }
 
 #[cfg(test)]
