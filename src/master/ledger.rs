@@ -183,17 +183,6 @@ impl Locked {
         out
     }
 
-    /// The live entries of the other servers, for `app plan`.
-    pub fn entries(&self) -> Vec<Entry> {
-        let now = now_ms();
-        self.book
-            .servers
-            .iter()
-            .filter(|(id, e)| self.other(id, e, now))
-            .map(|(_, e)| e.clone())
-            .collect()
-    }
-
     /// Writes this server's reservation with a fresh lease (dropping expired entries).
     pub fn reserve(&mut self, gpus: &BTreeMap<String, u64>) -> std::io::Result<()> {
         let entry = Entry {
@@ -281,7 +270,7 @@ mod tests {
         assert_eq!(c.lock().unwrap().others()["GPU-1"].mb, 2500);
         b.release().unwrap();
         assert_eq!(c.lock().unwrap().others()["GPU-1"].mb, 500);
-        assert_eq!(c.lock().unwrap().entries().len(), 1);
+        assert_eq!(c.lock().unwrap().others()["GPU-1"].servers, 1);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::master::config::Config;
-use crate::master::ledger::{Ledger, Locked, Others, DEFAULT_DIR, RENEW_EVERY};
-use crate::master::plan::{per_worker_mb, Plan};
+use crate::master::ledger::{Ledger, Locked, DEFAULT_DIR, RENEW_EVERY};
+use crate::master::plan::{per_worker_mb, share_mb, Plan};
 use crate::master::resources::Resources;
 use crate::protocol::Device;
 
@@ -21,8 +21,6 @@ pub struct Reservation {
     locked: Option<Locked>,
     /// What was last written, and when.
     written: Option<(BTreeMap<String, u64>, Instant)>,
-    /// The others' live reservations read before planning, per device UUID.
-    pub others: BTreeMap<String, Others>,
 }
 
 /// MB per device UUID the first `workers` slots of `plan` hold on GPUs: each worker the
@@ -96,20 +94,7 @@ impl Reservation {
             ledger,
             locked: Some(locked),
             written: None,
-            others,
         })
-    }
-
-    /// The other servers' live entries (for `app plan`), read under the lock still held.
-    pub fn entries(&self) -> Vec<crate::master::ledger::Entry> {
-        self.locked
-            .as_ref()
-            .map(Locked::entries)
-            .unwrap_or_default()
-    }
-
-    pub fn dir(&self) -> &std::path::Path {
-        self.ledger.dir()
     }
 
     /// Writes the final plan's reservation and lets the lock go.
@@ -173,7 +158,7 @@ impl Reservation {
         let others = self.ledger.lock().ok()?.others();
         let own = reserved_by(plan, workers);
         let room = plan.gpus.iter().map(|g| {
-            let shared = (g.total_mb as f64 * g.fraction).floor() as u64;
+            let shared = share_mb(g.total_mb, g.fraction);
             let taken =
                 others.get(&g.uuid).map_or(0, |o| o.mb) + own.get(&g.uuid).copied().unwrap_or(0);
             (g.index, shared.saturating_sub(taken))

@@ -54,8 +54,16 @@ pub fn default_utilization(total_mb: u64) -> f64 {
 /// free) − reserve`, saturating at 0 (rule 3). The plan and the placement of slots beyond
 /// it ([`crate::master::rules::place_unplaced`]) both ask it.
 pub fn usable_mb(total_mb: u64, fraction: f64, free_mb: u64, reserve_mb: u64) -> u64 {
-    let share = (total_mb as f64 * fraction).floor() as u64;
-    share.min(free_mb).saturating_sub(reserve_mb)
+    share_mb(total_mb, fraction)
+        .min(free_mb)
+        .saturating_sub(reserve_mb)
+}
+
+/// The share of a GPU of `total_mb` the servers may plan for: `floor(total × fraction)`
+/// (what [`usable_mb`] takes at most, and what the GPU-memory ledger's reservations of all
+/// servers together stay within).
+pub fn share_mb(total_mb: u64, fraction: f64) -> u64 {
+    (total_mb as f64 * fraction).floor() as u64
 }
 
 /// **The one rule of fitting**: how many workers of `per_worker_mb` fit in `usable_mb`

@@ -6,7 +6,8 @@
 use serde::Serialize;
 
 use super::fit::{
-    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, MIN_ALLOCATOR_MB,
+    admits, default_utilization, per_worker_mb, share_mb, usable_mb, workers_fitting,
+    MIN_ALLOCATOR_MB,
 };
 use super::{Demand, Notes, PlacementMode, PlanError, Policy};
 use crate::master::resources::{ComputeMode, GpuInfo, MigInstance, Resources};
@@ -268,7 +269,7 @@ fn gpu_plan(
         .gpu_memory_utilization
         .unwrap_or_else(|| default_utilization(total_mb));
     // The other servers' reservations are used memory, whether they show in NVML yet or not.
-    let shared = (total_mb as f64 * fraction).floor() as u64;
+    let shared = share_mb(total_mb, fraction);
     let free_mb = match g.ledger_mb {
         0 => g.free_mb(),
         others => g.free_mb().min(shared.saturating_sub(others)),

@@ -90,8 +90,8 @@ use serde::Serialize;
 
 pub use demand::Demand;
 pub use fit::{
-    admits, default_utilization, per_worker_mb, usable_mb, workers_fitting, CUDA_CONTEXT_FLOOR_MB,
-    CUDA_CONTEXT_MB, MIN_ALLOCATOR_MB, UTILIZATION_BY_GPU_SIZE,
+    admits, default_utilization, per_worker_mb, share_mb, usable_mb, workers_fitting,
+    CUDA_CONTEXT_FLOOR_MB, CUDA_CONTEXT_MB, MIN_ALLOCATOR_MB, UTILIZATION_BY_GPU_SIZE,
 };
 pub use gpus::{capacity, GpuPlan};
 pub use host::{HostPlan, WorkerCost};

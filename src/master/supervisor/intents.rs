@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::Supervisor;
 use crate::master::decide::Stopping;
-use crate::master::plan::{Placement, Target};
+use crate::master::plan::{workers_fitting, Placement, Target};
 use crate::master::rules::{self, Ttin};
 use crate::master::signals::Intent;
 use crate::master::slot::Slot;
@@ -127,7 +127,7 @@ impl Supervisor {
             .iter_mut()
             .filter(|g| g.excluded.is_none() && g.ledger_mb > 0)
             .filter_map(|g| room.get(&g.index).map(|r| (g, *r)))
-            .filter(|(_, r)| r.saturating_sub(reserve) >= per)
+            .filter(|(_, r)| workers_fitting(r.saturating_sub(reserve), per) >= 1)
             .max_by_key(|(_, r)| *r);
         if let Some((g, left)) = best {
             g.fits += 1;
