@@ -1543,13 +1543,8 @@ fn workers_on_gpus_bound_host_memory_by_the_first_workers_own_warm_up() {
     );
     let e = s.wait_event("host_memory_planned", |_| true);
     assert!(e.str("source").unwrap().contains("worker 0 holds"), "{e:?}");
-    let events = s.events();
-    let at = events
-        .iter()
-        .position(|e| e.name == "host_memory_planned")
-        .unwrap();
-    let before = events[..at].iter().filter(|e| e.name == "worker_started");
-    assert_eq!(before.count(), 1, "one worker until it was measured");
+    let before = s.count_before("worker_started", "host_memory_planned");
+    assert_eq!(before, 1, "one worker until it was measured");
     let n = Rule::new(1000, 4000).fits(&sim.gpus)[0].min(cpu_bound());
     let n = n.min(e.u64("bound").unwrap() as u32);
     s.wait_workers(n as usize);

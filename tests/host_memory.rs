@@ -565,16 +565,6 @@ fn a_worker_oom_killed_under_a_real_cgroup_limit_is_logged_counted_and_replaced(
     assert_eq!(killed, Some(1.0), "{}", s.log_text());
 }
 
-/// The master's `worker_started` events logged before its first `name` event.
-fn started_before(s: &Server, name: &str) -> usize {
-    let events = s.events();
-    let at = events.iter().position(|e| e.name == name).unwrap();
-    events[..at]
-        .iter()
-        .filter(|e| e.name == "worker_started")
-        .count()
-}
-
 /// The scratch model with no declared input (so no warm-up pass measures it at start).
 fn undeclared_scratch(app: &App, mb: &str) {
     let model = memory_model(app, &["scratch", mb]);
@@ -621,7 +611,7 @@ fn with_nothing_measured_at_start_one_worker_serves_until_its_pass_bounds_the_po
         "{e:?}"
     );
     assert_eq!(
-        started_before(&s, "host_memory_planned"),
+        s.count_before("worker_started", "host_memory_planned"),
         1,
         "one worker until the pass was measured:\n{}",
         s.log_text()

@@ -301,6 +301,13 @@ impl Server {
         )
     }
 
+    /// How many master events named `name` came before the first one named `mark`.
+    pub fn count_before(&self, name: &str, mark: &str) -> usize {
+        let events = self.events();
+        let at = events.iter().position(|e| e.name == mark).unwrap();
+        events[..at].iter().filter(|e| e.name == name).count()
+    }
+
     /// Waits for the first master event named `name` for which `pred` holds.
     pub fn wait_event(&self, name: &str, pred: impl Fn(&Event) -> bool) -> Event {
         self.wait_event_after(0, name, pred).1
