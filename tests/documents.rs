@@ -10,36 +10,14 @@
 
 mod common;
 
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use common::{binary, python_json, raw, Raw, Server};
+use common::{binary, made_once, python_json, raw, Raw, Server};
 use serde_json::{json, Value};
 
-/// The artefacts, made once per version of the script (kept in the target's temporary
-/// directory; tests running at once may each make them, the first rename wins).
+/// The artefacts of `tests/support/make_documents.py` (made once per version).
 fn artefacts() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/make_documents.py");
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::fs::read(&script).unwrap().hash(&mut h);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("documents-{:x}", h.finish()));
-    if dir.join("expected.json").is_file() {
-        return dir;
-    }
-    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let made = python_json(
-        "make_documents.py",
-        &[tmp.path().to_str().unwrap(), readme.to_str().unwrap()],
-        b"",
-    );
-    assert_eq!(made["ok"], true, "{made}");
-    let tmp = tmp.keep();
-    if std::fs::rename(&tmp, &dir).is_err() {
-        // Another test made them first.
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    dir
+    made_once("make_documents.py", &["wordpiece.py"], "documents")
 }
 
 fn expected(dir: &Path) -> Value {

@@ -656,6 +656,38 @@ pub fn parse_raw(raw: &[u8]) -> std::io::Result<(u16, Headers, &[u8])> {
     Ok((status, headers, &raw[end + 4..]))
 }
 
+/// What a `tests/support` script makes in a folder (its arguments: the folder, then the
+/// README it trains on), made once per version of the script and of the support modules
+/// it imports (`imports`) and kept in the target's temporary directory as `NAME-HASH`;
+/// tests running at once may each make them, the first rename wins. The script must print
+/// `{"ok": true}` and write `expected.json`.
+pub fn made_once(script: &str, imports: &[&str], name: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for file in std::iter::once(&script).chain(imports) {
+        std::fs::read(support.join(file)).unwrap().hash(&mut h);
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{:x}", h.finish()));
+    if dir.join("expected.json").is_file() {
+        return dir;
+    }
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let made = python_json(
+        script,
+        &[tmp.path().to_str().unwrap(), readme.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(made["ok"], true, "{made}");
+    let tmp = tmp.keep();
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another test made them first.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    dir
+}
+
 /// A port nobody listens on now (the kernel's pick, released at once).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
