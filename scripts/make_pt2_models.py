@@ -43,6 +43,10 @@ class Mlp256(torch.nn.Module):
 
 
 def save(program: torch.export.ExportedProgram, name: str, written: list) -> None:
+    # Each node's stack trace names the file that defined its module by its path on the
+    # machine that exported it: dropped, so that a committed archive names no machine's path.
+    for node in program.graph.nodes:
+        node.meta.pop("stack_trace", None)
     path = os.path.join(OUT, name)
     torch.export.save(program, path)
     written.append(path)
