@@ -6,16 +6,17 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 
 use vramfork::logging;
 use vramfork::master::bootstrap;
 use vramfork::master::cli::Cli;
-use vramfork::master::config::Config;
+use vramfork::master::config::{self, Config};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let cli = Cli::parse();
+    // The command line with each option's default rendered into its help.
+    let cli = Cli::from_arg_matches(&config::command().get_matches()).unwrap_or_else(|e| e.exit());
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.to_path_buf()));

@@ -243,6 +243,80 @@ fn the_options_table_is_exactly_what_app_help_lists() {
     );
 }
 
+/// Each option's default in docs/options.md is the one the code renders into `app --help`
+/// (from the one place it is written, the option's group in src/master/config/): a value
+/// shown there in backticks must be the value `app` uses, `off` must be off, and a default
+/// that is a rule in the code (planned, by GPU size) must not be a value in the docs.
+#[test]
+fn the_options_tables_defaults_are_what_app_help_says() {
+    let out = std::process::Command::new(common::app_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut from_help: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for line in help.lines() {
+        let line = line.trim_start();
+        let Some(rest) = line.strip_prefix("--") else {
+            continue;
+        };
+        let flag: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        let default = line.find("[default: ").map(|i| {
+            let d = &line[i + "[default: ".len()..];
+            d[..d.find(']').unwrap()].to_string()
+        });
+        from_help.insert(format!("--{flag}"), default);
+    }
+    let options = std::fs::read_to_string(root().join("docs/options.md")).unwrap();
+    let literal = |cell: &str| -> Option<String> {
+        // `value`, optionally followed by a parenthetical: "`0` (never)".
+        let rest = cell.strip_prefix('`')?;
+        let end = rest.find('`')?;
+        let after = rest[end + 1..].trim();
+        (after.is_empty() || after.starts_with('(') && after.ends_with(')'))
+            .then(|| rest[..end].to_string())
+    };
+    let mut checked = 0;
+    for row in prose(&options)
+        .into_iter()
+        .filter(|l| l.starts_with("| `--"))
+    {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let flag = cells[1].trim_matches('`');
+        let flag = flag.split(' ').next().unwrap();
+        let documented = cells[3];
+        let Some(code) = from_help.get(flag) else {
+            panic!("{flag} is in docs/options.md but not in app --help")
+        };
+        match code.as_deref() {
+            Some("off") => assert_eq!(documented, "off", "{flag}: app --help says off"),
+            Some(v) if !v.contains(' ') => assert_eq!(
+                literal(documented).as_deref(),
+                Some(v),
+                "{flag}: docs/options.md says {documented:?}, app --help [default: {v}]"
+            ),
+            _ => assert_eq!(
+                literal(documented),
+                None,
+                "{flag}: docs/options.md gives a value ({documented:?}); app --help has {code:?}"
+            ),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked} rows checked");
+    // The defaults written once in the code are values --help renders.
+    for (flag, v) in [
+        ("--port", "5000"),
+        ("--timeout", "30"),
+        ("--ledger", "/run/vramfork"),
+    ] {
+        assert_eq!(from_help[flag].as_deref(), Some(v), "{flag}");
+    }
+}
+
 #[test]
 fn every_app_metadata_example_is_accepted_by_the_parser() {
     let dir = tempfile::tempdir().unwrap();

@@ -58,15 +58,15 @@ pub fn fail(e: ConfigError) -> i32 {
 /// GPUs to serve on, whether its control daemon accepts connections where the workers'
 /// CUDA will look for it (`resources::mps`).
 fn mps_on(cfg: &Config, res: &Resources) -> bool {
-    match cfg.mps {
+    match cfg.mps.setting {
         Some(on) => on,
-        None if res.gpus.is_empty() || cfg.device == Device::Cpu => false,
-        None => match resources::mps::detect(&cfg.mps_pipe_directory) {
+        None if res.gpus.is_empty() || cfg.gpu.device == Device::Cpu => false,
+        None => match resources::mps::detect(&cfg.mps.pipe_directory) {
             Ok(how) => {
                 tracing::info!(
                     target: "app",
                     event = "mps_detected",
-                    pipe_directory = %cfg.mps_pipe_directory.display(),
+                    pipe_directory = %cfg.mps.pipe_directory.display(),
                     "NVIDIA MPS: {how}; the workers will be its clients: a GPU in exclusive-process mode takes as many as a shared one, each worker gets its share as its MPS memory limit, and a fatal CUDA error retires that GPU's workers together (--mps off plans without MPS)"
                 );
                 true
@@ -123,14 +123,14 @@ impl Server {
         // Before anything else (no thread exists yet): it takes LISTEN_* out of the
         // environment.
         let inherited = activation::inherited().map_err(fail)?;
-        logging::init(cfg.log_json);
-        let (res, gpus) = resources::probe(cfg.nvml_library.as_deref())
+        logging::init(cfg.log.json);
+        let (res, gpus) = resources::probe(cfg.gpu.nvml_library.as_deref())
             .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
-        let mut res = resources::visible::restrict(res, cfg.cuda_visible_devices.as_deref());
+        let mut res = resources::visible::restrict(res, cfg.gpu.cuda_visible_devices.as_deref());
         let reservation = Reservation::begin(&cfg, &mut res);
         let mut cfg = cfg;
-        cfg.mps_on = mps_on(&cfg, &res);
-        let plan = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy())
+        cfg.mps.on = mps_on(&cfg, &res);
+        let plan = plan::plan(&res, &Demand::declared(&cfg.app.metadata), &cfg.policy())
             .map_err(|e| fail(ConfigError(e.to_string())))?;
         let plan = with_budget(plan, &cfg);
         Ok(Server {
@@ -181,7 +181,7 @@ impl Server {
         for w in &self.plan.warnings {
             tracing::warn!(target: "app", event = "plan_warning", "{w}");
         }
-        if cfg.simulated_gpus {
+        if cfg.gpu.simulated_gpus {
             tracing::warn!(
                 target: "app",
                 event = "plan_warning",
@@ -191,17 +191,25 @@ impl Server {
         listen::raise_open_files_limit();
         let (listener, socket) = match self.inherited {
             Some(i) => (activated(i, cfg), "systemd"),
-            None => (listen::bind(&cfg.host, cfg.port).map_err(fail)?, "bound"),
+            None => (
+                listen::bind(&cfg.address.host, cfg.address.port).map_err(fail)?,
+                "bound",
+            ),
         };
         let addr = listener
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-        let metrics_listener = match cfg.metrics_port {
+        let scheme = if cfg.access.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let metrics_listener = match cfg.address.metrics_port {
             None => None,
             Some(port) => {
-                let l = listen::bind_plain(&cfg.host, port, "--metrics-port").map_err(fail)?;
+                let l =
+                    listen::bind_plain(&cfg.address.host, port, "--metrics-port").map_err(fail)?;
                 let maddr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
                 tracing::info!(
                     target: "app",
@@ -238,15 +246,15 @@ fn activated(i: Inherited, cfg: &Config) -> TcpListener {
         i.fd,
         i.name
     );
-    if cfg.address_given {
+    if cfg.address.address_given {
         tracing::warn!(
             target: "app",
             event = "address_unused",
-            host = cfg.host,
-            port = cfg.port,
+            host = cfg.address.host,
+            port = cfg.address.port,
             "--host/--port ({}:{}) are unused: the socket handed over by systemd decides the address",
-            cfg.host,
-            cfg.port
+            cfg.address.host,
+            cfg.address.port
         );
     }
     i.listener
@@ -283,7 +291,7 @@ impl Bound {
         let e = develop::exec_worker(&self.cfg, &self.plan, self.listener, self.metrics_listener);
         fail(ConfigError(format!(
             "cannot run the worker {}: {e}",
-            self.cfg.worker_binary.display()
+            self.cfg.workers.binary.display()
         )))
     }
 
@@ -341,7 +349,7 @@ impl Bound {
 /// The plan with the host memory the server may use now (rule 13's row; the bound comes
 /// once a worker's cost is measured).
 fn with_budget(mut plan: Plan, cfg: &Config) -> Plan {
-    let cgroup = Cgroup::of(cfg.memory_cgroup.as_deref());
+    let cgroup = Cgroup::of(cfg.host_memory.memory_cgroup.as_deref());
     if let Some(b) = Budget::now(cgroup.as_ref()) {
         plan::host::budget(&mut plan, b);
     }
@@ -354,11 +362,11 @@ fn metrics_endpoint(
     plan: &Plan,
     l: TcpListener,
 ) -> Result<MasterMetrics, ConfigError> {
-    let m = MasterMetrics::new(plan, cfg.nvml_library.clone());
+    let m = MasterMetrics::new(plan, cfg.gpu.nvml_library.clone());
     // From what the configuration read and checked (`vramfork::secrets`).
     let (tls, keys) = match (
-        cfg.secrets.tls(cfg.tls.as_ref()),
-        cfg.secrets.metrics_keys(),
+        cfg.access.secrets.tls(cfg.access.tls.as_ref()),
+        cfg.access.secrets.metrics_keys(),
     ) {
         (Ok(t), Ok(k)) => (t.map(Arc::new), k),
         (Err(e), _) | (_, Err(e)) => return Err(ConfigError(format!("TLS: {e}"))),
@@ -366,7 +374,7 @@ fn metrics_endpoint(
     metrics::endpoint::spawn_thread(
         l,
         m.source(),
-        metrics::endpoint::MetricsAuth::new(cfg.metrics_api_key_file.clone(), keys),
+        metrics::endpoint::MetricsAuth::new(cfg.access.metrics_api_key_file.clone(), keys),
         tls,
     )
     .map_err(|e| ConfigError(format!("cannot start the metrics listener: {e}")))?;
@@ -383,7 +391,7 @@ fn measured_plan(
     gpus: Option<&NvmlProbe>,
 ) -> Result<(Plan, Option<FootprintFile>), ConfigError> {
     let file_error = |e: String| ConfigError(format!("--footprint-file: {e}"));
-    let footprint_file = match (&cfg.footprint_file, &cfg.model_path) {
+    let footprint_file = match (&cfg.footprint.footprint_file, &cfg.app.model_path) {
         (Some(f), Some(model)) => Some(FootprintFile::new(f, model).map_err(file_error)?),
         _ => None,
     };
@@ -393,7 +401,7 @@ fn measured_plan(
     };
     let remembered = recorded.map(|r| r.high_water_mb);
     let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
-    let profiled = match measured::source(remembered, on_gpu, cfg.profile_memory, || {
+    let profiled = match measured::source(remembered, on_gpu, cfg.footprint.profile_memory, || {
         measured::wanted(cfg, &plan)
     }) {
         Source::Remembered(mb) => {
@@ -414,7 +422,7 @@ fn measured_plan(
                     target: "app",
                     event = "memory_profile_failed",
                     "could not measure a worker's GPU memory ({e}); planning from est_gpu_mem_typ ({} MB) as declared",
-                    cfg.metadata.est_gpu_mem_typ
+                    cfg.app.metadata.est_gpu_mem_typ
                 );
                 None
             }

@@ -1,7 +1,9 @@
 //! The command line: every option is a long flag and an environment variable
 //! `VRAMFORK_<NAME>` (a flag beats the variable). Values arrive here as text and are
 //! validated in `config/`, so that every bad value gets one message naming the option,
-//! the value and what is allowed.
+//! the value and what is allowed. An option's default is written once, beside its check in
+//! `config/<group>.rs` (`DEFAULTS`), and `config::command` renders it into `--help`; the
+//! `[default: …]` written here are those that are not a value (off, planned, by GPU size).
 
 use std::ffi::OsString;
 
@@ -39,11 +41,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_MODEL_NAME", value_name = "NAME")]
     pub model_name: Option<String>,
 
-    /// Address to listen on (use 0.0.0.0 in containers). [default: 127.0.0.1]
+    /// Address to listen on (use 0.0.0.0 in containers).
     #[arg(long, global = true, env = "VRAMFORK_HOST")]
     pub host: Option<String>,
 
-    /// Port to listen on; 0 picks a free one. [default: 5000]
+    /// Port to listen on; 0 picks a free one.
     #[arg(long, global = true, env = "VRAMFORK_PORT")]
     pub port: Option<String>,
 
@@ -64,12 +66,10 @@ pub struct Cli {
 
     /// Recycle a worker after N model requests (POST / and v2 inferences); 0 = never, 1 =
     /// after every request.
-    /// [default: 0]
     #[arg(long, global = true, env = "VRAMFORK_MAX_REQUESTS", value_name = "N")]
     pub max_requests: Option<String>,
 
     /// Add 0..N requests at random to each worker's limit so workers do not recycle together.
-    /// [default: 0]
     #[arg(
         long,
         global = true,
@@ -78,16 +78,16 @@ pub struct Cli {
     )]
     pub max_requests_jitter: Option<String>,
 
-    /// Kill and replace a worker silent (no heartbeat) for S seconds. [default: 30]
+    /// Kill and replace a worker silent (no heartbeat) for S seconds.
     #[arg(long, global = true, env = "VRAMFORK_TIMEOUT", value_name = "S")]
     pub timeout: Option<String>,
 
     /// Kill a worker that has not loaded its model in S seconds; exit when none has been
-    /// ready for S seconds. [default: 300]
+    /// ready for S seconds.
     #[arg(long, global = true, env = "VRAMFORK_BOOT_TIMEOUT", value_name = "S")]
     pub boot_timeout: Option<String>,
 
-    /// On stop, recycle and reload, in-flight requests get S seconds. [default: 30]
+    /// On stop, recycle and reload, in-flight requests get S seconds.
     #[arg(
         long,
         global = true,
@@ -97,7 +97,6 @@ pub struct Cli {
     pub graceful_timeout: Option<String>,
 
     /// A request still running after S seconds gets 504 and its worker is replaced.
-    /// [default: 120]
     #[arg(
         long,
         global = true,
@@ -108,7 +107,7 @@ pub struct Cli {
 
     /// A request that waited more than S seconds before a worker could take it (in the
     /// listen queue, then for the model) gets 503 with Retry-After instead of being served;
-    /// 0 = wait without bound. [default: 10]
+    /// 0 = wait without bound.
     #[arg(long, global = true, env = "VRAMFORK_MAX_QUEUE_WAIT", value_name = "S")]
     pub max_queue_wait: Option<String>,
 
@@ -118,7 +117,7 @@ pub struct Cli {
     pub max_batch_size: Option<String>,
 
     /// With batching, how long (ms) the model thread may wait for more requests to fill a
-    /// batch; 0 = run what is queued now. [default: 0]
+    /// batch; 0 = run what is queued now.
     #[arg(
         long,
         global = true,
@@ -130,14 +129,14 @@ pub struct Cli {
     /// Forward passes on zeros a process that loads the model runs before it serves (the
     /// template, and workers that are exec'd), at the metadata's `warmup_inputs` or declared
     /// input shapes, and with batching at max_batch_size rows too; 0 = none (and no check of
-    /// the declared inputs at boot). [default: 2]
+    /// the declared inputs at boot).
     #[arg(long, global = true, env = "VRAMFORK_WARMUP_PASSES", value_name = "N")]
     pub warmup_passes: Option<String>,
 
     /// Small CPU passes on the worker's event loop: auto (on the CPU with --torch-threads 1
     /// and no batching, once a worker's last 8 passes each took under 1 ms, for inputs no
     /// larger than theirs; no hop to the model thread), off (every pass on the model
-    /// thread). [default: auto]
+    /// thread).
     #[arg(
         long,
         global = true,
@@ -147,7 +146,7 @@ pub struct Cli {
     pub inline_passes: Option<String>,
 
     /// Measure a worker's GPU memory before planning: auto (on when the workers go on a GPU
-    /// and the metadata declares an input shape), on or off. [default: auto]
+    /// and the metadata declares an input shape), on or off.
     #[arg(
         long,
         global = true,
@@ -156,7 +155,7 @@ pub struct Cli {
     )]
     pub profile_memory: Option<String>,
 
-    /// Plan from the measured footprint × F (at least est_gpu_mem_min). [default: 1.2]
+    /// Plan from the measured footprint × F (at least est_gpu_mem_min).
     #[arg(
         long,
         global = true,
@@ -181,11 +180,11 @@ pub struct Cli {
     )]
     pub footprint_file: Option<OsString>,
 
-    /// Where the model runs: auto, cpu or cuda. [default: auto]
+    /// Where the model runs: auto, cpu or cuda.
     #[arg(long, global = true, env = "VRAMFORK_DEVICE")]
     pub device: Option<String>,
 
-    /// Request bodies larger than N MB get 413. [default: 64]
+    /// Request bodies larger than N MB get 413.
     #[arg(long, global = true, env = "VRAMFORK_MAX_BODY_MB", value_name = "N")]
     pub max_body_mb: Option<String>,
 
@@ -198,7 +197,7 @@ pub struct Cli {
     )]
     pub gpu_memory_utilization: Option<String>,
 
-    /// Per GPU, memory (MB) kept free for CUDA contexts and transients. [default: 500]
+    /// Per GPU, memory (MB) kept free for CUDA contexts and transients.
     #[arg(long, global = true, env = "VRAMFORK_GPU_RESERVE_MB", value_name = "N")]
     pub gpu_reserve_mb: Option<String>,
 
@@ -216,7 +215,7 @@ pub struct Cli {
     /// /tmp/nvidia-mps: workers are MPS clients, an exclusive-process GPU takes as many as
     /// a shared one, each gets a per-client memory limit, and a fatal CUDA error retires
     /// that GPU's workers together), on (as if detected), off (plan without MPS: one
-    /// worker per exclusive-process GPU). [default: auto]
+    /// worker per exclusive-process GPU).
     #[arg(long, global = true, env = "VRAMFORK_MPS", value_name = "auto|on|off")]
     pub mps: Option<String>,
     /// Recycle a worker (after its current request) whose own host memory — what it alone
@@ -243,7 +242,7 @@ pub struct Cli {
 
     /// The directory of the GPU-memory ledger the servers of this host share: each
     /// reserves what its workers on GPUs take and plans around the others'
-    /// reservations; off plans alone. [default: /run/vramfork]
+    /// reservations; off plans alone.
     #[arg(long, global = true, env = "VRAMFORK_LEDGER", value_name = "DIR")]
     pub ledger: Option<OsString>,
 
@@ -277,7 +276,6 @@ pub struct Cli {
     pub worker_binary: Option<OsString>,
 
     /// Log format: text or json. The filter is VRAMFORK_LOG (e.g. `info`, `debug`).
-    /// [default: text]
     #[arg(long, global = true, env = "VRAMFORK_LOG_FORMAT")]
     pub log_format: Option<String>,
 
@@ -343,55 +341,18 @@ pub enum Command {
     },
 }
 
-/// The environment variable of each option, for the check of set-but-empty values.
-pub const OPTION_ENV: &[(&str, &str)] = &[
-    ("--production", "VRAMFORK_PRODUCTION"),
-    ("--metadata", "VRAMFORK_METADATA"),
-    ("--model", "VRAMFORK_MODEL"),
-    ("--model-name", "VRAMFORK_MODEL_NAME"),
-    ("--host", "VRAMFORK_HOST"),
-    ("--port", "VRAMFORK_PORT"),
-    ("--metrics-port", "VRAMFORK_METRICS_PORT"),
-    ("--workers", "VRAMFORK_WORKERS"),
-    ("--max-requests", "VRAMFORK_MAX_REQUESTS"),
-    ("--max-requests-jitter", "VRAMFORK_MAX_REQUESTS_JITTER"),
-    ("--timeout", "VRAMFORK_TIMEOUT"),
-    ("--boot-timeout", "VRAMFORK_BOOT_TIMEOUT"),
-    ("--graceful-timeout", "VRAMFORK_GRACEFUL_TIMEOUT"),
-    ("--request-timeout", "VRAMFORK_REQUEST_TIMEOUT"),
-    ("--max-queue-wait", "VRAMFORK_MAX_QUEUE_WAIT"),
-    ("--max-batch-size", "VRAMFORK_MAX_BATCH_SIZE"),
-    ("--batch-timeout-ms", "VRAMFORK_BATCH_TIMEOUT_MS"),
-    ("--warmup-passes", "VRAMFORK_WARMUP_PASSES"),
-    ("--profile-memory", "VRAMFORK_PROFILE_MEMORY"),
-    ("--memory-headroom", "VRAMFORK_MEMORY_HEADROOM"),
-    ("--adapt-workers", "VRAMFORK_ADAPT_WORKERS"),
-    ("--simulated-gpus", "VRAMFORK_SIMULATED_GPUS"),
-    ("--footprint-file", "VRAMFORK_FOOTPRINT_FILE"),
-    ("--device", "VRAMFORK_DEVICE"),
-    ("--max-body-mb", "VRAMFORK_MAX_BODY_MB"),
-    (
-        "--gpu-memory-utilization",
-        "VRAMFORK_GPU_MEMORY_UTILIZATION",
-    ),
-    ("--gpu-reserve-mb", "VRAMFORK_GPU_RESERVE_MB"),
-    ("--max-worker-gpu-mb", "VRAMFORK_MAX_WORKER_GPU_MB"),
-    ("--max-worker-memory-mb", "VRAMFORK_MAX_WORKER_MEMORY_MB"),
-    ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
-    ("--ledger", "VRAMFORK_LEDGER"),
-    ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
-    ("--mps", "VRAMFORK_MPS"),
-    ("--inline-passes", "VRAMFORK_INLINE_PASSES"),
-    ("--torch-threads", "VRAMFORK_TORCH_THREADS"),
-    ("--worker-binary", "VRAMFORK_WORKER_BINARY"),
-    ("--log-format", "VRAMFORK_LOG_FORMAT"),
-    ("--api-key-file", "VRAMFORK_API_KEY_FILE"),
-    ("--metrics-api-key-file", "VRAMFORK_METRICS_API_KEY_FILE"),
-    ("--access-log", "VRAMFORK_ACCESS_LOG"),
-    ("--tls-cert", "VRAMFORK_TLS_CERT"),
-    ("--tls-key", "VRAMFORK_TLS_KEY"),
-    ("--tls-client-ca", "VRAMFORK_TLS_CLIENT_CA"),
-];
+/// Each option's flag and environment variable, as the command line above declares them
+/// (for the check of set-but-empty values, and to name a value's origin in messages).
+pub fn option_env() -> Vec<(String, String)> {
+    use clap::CommandFactory;
+    Cli::command()
+        .get_arguments()
+        .filter_map(|a| {
+            let env = a.get_env()?.to_str()?.to_string();
+            Some((format!("--{}", a.get_long()?), env))
+        })
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {
@@ -404,23 +365,19 @@ mod tests {
     }
 
     #[test]
-    fn every_option_has_its_env_var_listed() {
+    fn every_option_has_its_variable_named_after_it() {
         let cmd = Cli::command();
-        let mut flags: Vec<String> = cmd
+        let flags: Vec<String> = cmd
             .get_arguments()
             .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
             .filter(|l| l != "--help" && l != "--version")
             .collect();
-        flags.sort();
-        let mut listed: Vec<String> = OPTION_ENV.iter().map(|(f, _)| f.to_string()).collect();
-        listed.sort();
-        assert_eq!(flags, listed);
-        for (flag, env) in OPTION_ENV {
-            let arg = cmd
-                .get_arguments()
-                .find(|a| a.get_long() == Some(&flag[2..]))
-                .unwrap();
-            assert_eq!(arg.get_env().and_then(|e| e.to_str()), Some(*env), "{flag}");
+        let listed = option_env();
+        assert!(listed.len() >= 40, "{listed:?}");
+        assert_eq!(flags.len(), listed.len(), "an option without a variable");
+        for (flag, env) in listed {
+            let want = format!("VRAMFORK_{}", flag[2..].replace('-', "_").to_uppercase());
+            assert_eq!(env, want, "{flag}");
         }
     }
 }

@@ -25,7 +25,7 @@ pub fn exec_worker(
     // One process is the whole server: nothing to recycle into, nobody to protect.
     wc.max_worker_memory_mb = None;
     wc.oom_score_adj = None;
-    let secrets_fd = cfg.secrets.fd();
+    let secrets_fd = cfg.access.secrets.fd();
     wc.secrets = secrets_fd.is_some();
     if let Some(m) = wc.metrics.as_mut() {
         m.serve = metrics.is_some();
@@ -33,7 +33,7 @@ pub fn exec_worker(
     let metrics_fd = metrics.as_ref().map(|m| m.as_raw_fd());
     let json = serde_json::to_string(&wc).expect("worker config serializes");
     let fd = listener.as_raw_fd();
-    let mut cmd = Command::new(&cfg.worker_binary);
+    let mut cmd = Command::new(&cfg.workers.binary);
     cmd.env(ENV_WORKER_CONFIG, json)
         .env(ENV_LISTEN_FDS, "1")
         .env_remove("LISTEN_PID");

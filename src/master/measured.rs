@@ -20,8 +20,12 @@ use crate::master::resources::{NvmlProbe, Resources};
 /// pass can be made from.
 pub fn wanted(cfg: &Config, plan: &Plan) -> bool {
     let on_gpu = plan.placement.iter().any(|p| p.gpu.is_some());
-    let shapes = cfg.metadata.profile_shapes(cfg.max_batch_size).is_some();
-    match cfg.profile_memory {
+    let shapes = cfg
+        .app
+        .metadata
+        .profile_shapes(cfg.batch.max_batch_size)
+        .is_some();
+    match cfg.footprint.profile_memory {
         Some(false) => false,
         Some(true) => {
             if !on_gpu {
@@ -126,8 +130,8 @@ fn plan_from(
     measured: Measured,
     source: &'static str,
 ) -> Profiled {
-    let meta = &cfg.metadata;
-    let planned_mb = measured.planned_mb(cfg.memory_headroom, meta.est_gpu_mem_min);
+    let meta = &cfg.app.metadata;
+    let planned_mb = measured.planned_mb(cfg.footprint.memory_headroom, meta.est_gpu_mem_min);
     let demand =
         Demand::declared(meta).measured(measured.footprint_mb, planned_mb, measured.context_mb());
     let (new_plan, kept_estimate) = match plan::plan(res, &demand, &cfg.policy()) {
@@ -138,7 +142,7 @@ fn plan_from(
         source,
         measured,
         planned_mb,
-        headroom: cfg.memory_headroom,
+        headroom: cfg.footprint.memory_headroom,
         declared_min: meta.est_gpu_mem_min,
         declared_typ: meta.est_gpu_mem_typ,
         estimate_workers: plan.workers,
@@ -339,7 +343,8 @@ mod tests {
                 ..Default::default()
             }]);
         let res = Resources::from_probe(8, &probe);
-        let estimate = plan::plan(&res, &Demand::declared(&cfg.metadata), &cfg.policy()).unwrap();
+        let estimate =
+            plan::plan(&res, &Demand::declared(&cfg.app.metadata), &cfg.policy()).unwrap();
         // The worker: 1500 MB reserved by its allocator, 2300 MB as NVML shows it.
         let measured = Measured {
             gpu: 0,

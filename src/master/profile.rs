@@ -95,10 +95,10 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     let free_before = gpus.free_bytes(index).ok();
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| format!("cannot open a loopback listener for the profiling worker: {e}"))?;
-    let secrets = cfg.secrets.fd();
+    let secrets = cfg.access.secrets.fd();
     config.secrets = secrets.is_some();
     let mut w = launch(
-        &cfg.worker_binary,
+        &cfg.workers.binary,
         &WorkerSpec {
             config,
             board: None,
@@ -109,7 +109,7 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
     .map_err(|e| {
         format!(
             "cannot start the profiling worker {}: {e}",
-            cfg.worker_binary.display()
+            cfg.workers.binary.display()
         )
     })?;
     let pid = w.pid;
@@ -122,7 +122,7 @@ pub fn measure(cfg: &Config, plan: &Plan, gpus: Option<&NvmlProbe>) -> Result<Me
         mps_limit_mb.map_or(String::new(), |l| format!(", MPS limit {l} MB"))
     );
     let mut reaped = false;
-    let outcome = wait_for_pass(&mut w.control, pid, cfg.boot_timeout, &mut reaped);
+    let outcome = wait_for_pass(&mut w.control, pid, cfg.limits.boot_timeout, &mut reaped);
     // Read NVML while the worker still holds its memory, then stop it (unless it is gone
     // and reaped already: its pid may belong to another process by now).
     let nvml_used = gpus.process_used_bytes(index, pid).ok().flatten();

@@ -41,17 +41,22 @@ impl Reservation {
     /// marks each GPU of `res` with what the other servers reserved there. `None`: no
     /// GPU, `--device cpu`, `--ledger off`, or a ledger that cannot be used (said).
     pub fn begin(cfg: &Config, res: &mut Resources) -> Option<Reservation> {
-        let dir = cfg.ledger.as_ref()?;
-        if res.gpus.is_empty() || cfg.device == Device::Cpu {
+        let dir = cfg.gpu.ledger.as_ref()?;
+        if res.gpus.is_empty() || cfg.gpu.device == Device::Cpu {
             return None;
         }
         // One server serves at a fixed address of this host (a port of 0 names none).
-        let seat = (cfg.port != 0).then(|| {
+        let seat = (cfg.address.port != 0).then(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            let meta = cfg.metadata.path.display();
-            format!("{} {}:{} {meta}", host.trim(), cfg.host, cfg.port)
+            let meta = cfg.app.metadata.path.display();
+            format!(
+                "{} {}:{} {meta}",
+                host.trim(),
+                cfg.address.host,
+                cfg.address.port
+            )
         });
-        let opened = Ledger::open(dir, &cfg.metadata.name, seat).and_then(|l| {
+        let opened = Ledger::open(dir, &cfg.app.metadata.name, seat).and_then(|l| {
             let locked = l.lock()?;
             Ok((l, locked))
         });

@@ -37,8 +37,8 @@ impl Admission {
     /// Admission for workers started with `cfg` (see the type's doc for reloads).
     pub fn of(cfg: &Config) -> Admission {
         Admission {
-            est_gpu_mem_min: cfg.metadata.est_gpu_mem_min,
-            reserve_mb: cfg.gpu_reserve_mb,
+            est_gpu_mem_min: cfg.app.metadata.est_gpu_mem_min,
+            reserve_mb: cfg.gpu.gpu_reserve_mb,
         }
     }
 

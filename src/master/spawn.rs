@@ -50,60 +50,70 @@ pub fn worker_config(
         .iter()
         .find(|p| p.slot == slot)
         .and_then(|p| p.gpu.clone());
-    let device = match (cfg.device, &gpu) {
+    let device = match (cfg.gpu.device, &gpu) {
         (Device::Cpu, _) => Device::Cpu,
         // The plan put it on a GPU: CUDA it must be (`auto` would fall back to the CPU).
         (_, Some(_)) => Device::Cuda,
         // No GPU placed for this worker (no GPU seen, or the app needs none): CPU.
-        (_, None) if plan.planned_typ_mb == 0 && cfg.device == Device::Auto => Device::Cpu,
+        (_, None) if plan.planned_typ_mb == 0 && cfg.gpu.device == Device::Auto => Device::Cpu,
         (d, None) => d,
     };
     WorkerConfig {
-        simulated_gpu: cfg.simulated_gpus && gpu.is_some(),
+        simulated_gpu: cfg.gpu.simulated_gpus && gpu.is_some(),
         slot,
         generation,
-        metadata_json: cfg.metadata.to_json(),
-        metadata_path: cfg.metadata.path.display().to_string(),
+        metadata_json: cfg.app.metadata.to_json(),
+        metadata_path: cfg.app.metadata.path.display().to_string(),
         model_path: cfg.model_display(),
-        model_name: cfg.model_name.clone(),
+        model_name: cfg.app.model_name.clone(),
         device,
         gpu,
         max_requests,
-        max_worker_gpu_mb: cfg.max_worker_gpu_mb,
+        max_worker_gpu_mb: cfg.gpu.max_worker_gpu_mb,
         gpu_context_mb: plan.cuda_context_mb,
-        max_worker_memory_mb: cfg.max_worker_memory_mb,
+        max_worker_memory_mb: cfg.host_memory.max_worker_memory_mb,
         oom_score_adj: crate::master::oom::worker_score_adj(),
-        max_body_bytes: cfg.max_body_bytes,
-        request_timeout_ms: cfg.request_timeout.as_millis() as u64,
+        max_body_bytes: cfg.limits.max_body_bytes,
+        request_timeout_ms: cfg.limits.request_timeout.as_millis() as u64,
         max_queue_wait_ms: cfg
+            .limits
             .max_queue_wait
             .map_or(0, |d| d.as_millis().max(1) as u64),
-        max_batch_size: cfg.max_batch_size,
+        max_batch_size: cfg.batch.max_batch_size,
         profile: false,
-        batch_timeout_ms: cfg.batch_timeout.as_millis() as u64,
-        warmup_passes: cfg.warmup_passes,
-        inline_passes: cfg.inline_passes,
+        batch_timeout_ms: cfg.batch.batch_timeout.as_millis() as u64,
+        warmup_passes: cfg.batch.warmup_passes,
+        inline_passes: cfg.batch.inline_passes,
         heartbeat_ms: HEARTBEAT_MS,
-        graceful_timeout_ms: cfg.graceful_timeout.as_millis() as u64,
+        graceful_timeout_ms: cfg.limits.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,
-        nvml_library: cfg.nvml_library.as_ref().map(|p| p.display().to_string()),
+        nvml_library: cfg
+            .gpu
+            .nvml_library
+            .as_ref()
+            .map(|p| p.display().to_string()),
         has_control: true,
         board_seat: None,
-        log_json: cfg.log_json,
-        access_log: cfg.access_log,
-        api_key_file: cfg.api_key_file.as_ref().map(|p| p.display().to_string()),
+        log_json: cfg.log.json,
+        access_log: cfg.log.access_log,
+        api_key_file: cfg
+            .access
+            .api_key_file
+            .as_ref()
+            .map(|p| p.display().to_string()),
         metrics_api_key_file: cfg
+            .access
             .metrics_api_key_file
             .as_ref()
             .map(|p| p.display().to_string()),
-        tls: cfg.tls.clone(),
+        tls: cfg.access.tls.clone(),
         secrets: false,
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
             measured_mb: m,
             planned_mb: plan.planned_typ_mb,
         }),
-        metrics: cfg.metrics_port.map(|_| WorkerMetrics {
+        metrics: cfg.address.metrics_port.map(|_| WorkerMetrics {
             serve: false,
             cpu_bound: plan.cpu_bound,
             gpu_bound: plan.gpu_bound,

@@ -10,11 +10,18 @@ use super::ConfigError;
 use crate::master::cli::Cli;
 
 /// The key and TLS files as given, and what they held when checked.
-pub(super) struct Access {
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// `--api-key-file` (absolute), checked: the serving port requires a key from it.
     pub api_key_file: Option<PathBuf>,
+    /// `--metrics-api-key-file` (absolute), checked: `/metrics` requires a key from it.
     pub metrics_api_key_file: Option<PathBuf>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca` (absolute), checked: both ports serve
+    /// HTTPS.
     pub tls: Option<crate::tls::TlsFiles>,
-    pub secrets: crate::secrets::Secrets,
+    /// The key and TLS files as read and checked for this configuration: what its workers
+    /// get (`crate::secrets`), never the files as they are later.
+    pub secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 
 impl Access {
@@ -43,7 +50,17 @@ impl Access {
             api_key_file,
             metrics_api_key_file,
             tls,
-            secrets,
+            secrets: std::sync::Arc::new(secrets),
+        })
+    }
+
+    /// The same files read again (SIGHUP): a HUP is how new keys are rolled out, and what
+    /// it accepts is what the workers it starts get (`crate::secrets`).
+    pub(super) fn reloaded(&self, c: &Checker<'_>) -> Result<Access, ConfigError> {
+        let secrets = read_secrets(c, &self.api_key_file, &self.metrics_api_key_file, &self.tls)?;
+        Ok(Access {
+            secrets: std::sync::Arc::new(secrets),
+            ..self.clone()
         })
     }
 }
@@ -56,7 +73,7 @@ fn key_file(v: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
 /// Reads the key and TLS files once and checks them: the keys must be valid and the TLS
 /// files make a working server configuration. What this returns is what the workers of
 /// this configuration serve with (`crate::secrets`), whatever the files become later.
-pub(super) fn read_secrets(
+fn read_secrets(
     c: &Checker,
     api_key_file: &Option<PathBuf>,
     metrics_api_key_file: &Option<PathBuf>,

@@ -8,7 +8,13 @@ use super::checker::Checker;
 use super::ConfigError;
 use crate::master::cli::Cli;
 use crate::metadata::{AppMetadata, MAX_BATCH_SIZE_LIMIT};
-use crate::protocol::DEFAULT_WARMUP_PASSES;
+
+/// This group's defaults (rendered into `--help` by `config::command`).
+pub(super) const DEFAULTS: &[(&str, &str)] = &[
+    ("--batch-timeout-ms", "0"),
+    ("--warmup-passes", "2"),
+    ("--inline-passes", "auto"),
+];
 
 /// The most `--warmup-passes` accepted: more passes than this buy nothing and delay every
 /// worker's boot.
@@ -16,12 +22,17 @@ const MAX_WARMUP_PASSES: u32 = 100;
 
 /// `--max-batch-size`, `--batch-timeout-ms` and the rows per pass they give;
 /// `--warmup-passes` and `--inline-passes`.
-pub(super) struct Batch {
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Rows per forward pass (`--max-batch-size`, else the metadata's); 0 = no batching.
     pub max_batch_size: u32,
+    /// `--max-batch-size`, when given: a reload keeps it instead of the metadata's.
     pub max_batch_size_override: Option<u32>,
+    /// How long the model thread may wait to fill a batch.
     pub batch_timeout: Duration,
+    /// `--warmup-passes`: forward passes before a process that loads the model serves.
     pub warmup_passes: u32,
-    /// `true`: auto.
+    /// `--inline-passes`: `true` (auto) lets small CPU passes run on the event loop.
     pub inline_passes: bool,
 }
 
@@ -46,8 +57,7 @@ impl Batch {
                 }
             },
         };
-        let batch_timeout_ms =
-            c.uint("--batch-timeout-ms", cli.batch_timeout_ms.as_deref(), 0, 0)?;
+        let batch_timeout_ms = c.uint("--batch-timeout-ms", cli.batch_timeout_ms.as_deref(), 0)?;
         if batch_timeout_ms > 60_000 {
             return Err(c.bad(
                 "--batch-timeout-ms",
@@ -89,30 +99,23 @@ impl Batch {
 
 /// `--warmup-passes`.
 fn warmup_passes(v: Option<&str>, c: &Checker<'_>) -> Result<u32, ConfigError> {
-    let warmup_passes = match v {
-        None => DEFAULT_WARMUP_PASSES,
-        Some(v) => match v.trim().parse::<u32>() {
-            Ok(n) if n <= MAX_WARMUP_PASSES => n,
-            _ => {
-                return Err(c.bad(
-                    "--warmup-passes",
-                    v,
-                    &format!(
-                        "expected a whole number 0..={MAX_WARMUP_PASSES} (0 = no warm-up pass)"
-                    ),
-                ))
-            }
-        },
-    };
-    Ok(warmup_passes)
+    let v = c.value("--warmup-passes", v);
+    match v.trim().parse::<u32>() {
+        Ok(n) if n <= MAX_WARMUP_PASSES => Ok(n),
+        _ => Err(c.bad(
+            "--warmup-passes",
+            v,
+            &format!("expected a whole number 0..={MAX_WARMUP_PASSES} (0 = no warm-up pass)"),
+        )),
+    }
 }
 
 /// `--inline-passes`: `true` auto, `false` off.
 fn inline_passes(v: Option<&str>, c: &Checker<'_>) -> Result<bool, ConfigError> {
-    match v.map(str::trim) {
-        None | Some("auto") => Ok(true),
-        Some("off") => Ok(false),
-        Some(v) => Err(c.bad("--inline-passes", v, "expected auto or off")),
+    match c.value("--inline-passes", v).trim() {
+        "auto" => Ok(true),
+        "off" => Ok(false),
+        v => Err(c.bad("--inline-passes", v, "expected auto or off")),
     }
 }
 

@@ -1,20 +1,21 @@
-//! [`Checker`]: how a value of an option is read and how an error names it (the flag, or
-//! the environment variable it came from), the value and what is allowed.
+//! [`Checker`]: how a value of an option is read (what was given, else the option's
+//! default from its group's `DEFAULTS`) and how an error names it (the flag, or the
+//! environment variable it came from), the value and what is allowed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::ConfigError;
-use crate::master::cli::OPTION_ENV;
+use super::{default_of, ConfigError};
+use crate::master::cli::option_env;
 
 /// Where a value came from, for messages: `--port` or `VRAMFORK_PORT`.
 fn origin(flag: &str, env: &dyn Fn(&str) -> Option<String>, from_cli_args: bool) -> String {
-    let var = OPTION_ENV
-        .iter()
-        .find(|(f, _)| *f == flag)
-        .map(|(_, v)| *v)
-        .unwrap_or("");
-    if !from_cli_args && env(var).is_some() {
+    let var = option_env()
+        .into_iter()
+        .find(|(f, _)| f == flag)
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    if !from_cli_args && env(&var).is_some() {
         format!("{var} (for {flag})")
     } else {
         flag.to_string()
@@ -44,29 +45,31 @@ impl Checker<'_> {
         ))
     }
 
-    pub(super) fn uint(
-        &self,
-        flag: &str,
-        v: Option<&str>,
-        default: u64,
-        min: u64,
-    ) -> Result<u64, ConfigError> {
-        let Some(v) = v else { return Ok(default) };
+    /// The value given, else the option's default (its group's `DEFAULTS`; an option read
+    /// through this without one is a defect the defaults test finds).
+    pub(super) fn value<'v>(&self, flag: &str, v: Option<&'v str>) -> &'v str {
+        match v {
+            Some(v) => v,
+            None => default_of(flag).unwrap_or_else(|| panic!("{flag} has no default")),
+        }
+    }
+
+    /// A whole number ≥ `min`: the value given, else the option's default.
+    pub(super) fn uint(&self, flag: &str, v: Option<&str>, min: u64) -> Result<u64, ConfigError> {
+        self.uint_given(flag, self.value(flag, v), min)
+    }
+
+    /// A whole number ≥ `min` (an option without a default, given).
+    pub(super) fn uint_given(&self, flag: &str, v: &str, min: u64) -> Result<u64, ConfigError> {
         match v.trim().parse::<u64>() {
             Ok(n) if n >= min => Ok(n),
             _ => Err(self.bad(flag, v, &format!("expected a whole number ≥ {min}"))),
         }
     }
 
-    pub(super) fn seconds(
-        &self,
-        flag: &str,
-        v: Option<&str>,
-        default: f64,
-    ) -> Result<Duration, ConfigError> {
-        let Some(v) = v else {
-            return Ok(Duration::from_secs_f64(default));
-        };
+    /// Seconds > 0: the value given, else the option's default.
+    pub(super) fn seconds(&self, flag: &str, v: Option<&str>) -> Result<Duration, ConfigError> {
+        let v = self.value(flag, v);
         match v.trim().parse::<f64>() {
             Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
             _ => Err(self.bad(flag, v, "expected a number of seconds > 0 (e.g. 30 or 0.5)")),
@@ -80,15 +83,15 @@ impl Checker<'_> {
         &self,
         flag: &str,
         v: Option<&str>,
-        default: f64,
     ) -> Result<Option<Duration>, ConfigError> {
-        match v.map(str::trim) {
-            Some("0") => Ok(None),
-            Some(s) if s.parse::<f64>() == Ok(0.0) => Ok(None),
-            _ => self.seconds(flag, v, default).map(Some).map_err(|_| {
+        let v = self.value(flag, v);
+        match v.trim() {
+            "0" => Ok(None),
+            s if s.parse::<f64>() == Ok(0.0) => Ok(None),
+            _ => self.seconds(flag, Some(v)).map(Some).map_err(|_| {
                 self.bad(
                     flag,
-                    v.unwrap_or_default(),
+                    v,
                     "expected a number of seconds ≥ 0 (e.g. 10 or 0.5; 0 = no limit)",
                 )
             }),

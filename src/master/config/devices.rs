@@ -1,63 +1,50 @@
 //! The device and GPU memory: `--device`, `--gpu-memory-utilization`,
-//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`), NVML (`--nvml-library`,
-//! `--simulated-gpus`), NVIDIA MPS (`--mps`, `CUDA_MPS_PIPE_DIRECTORY`), the operator's
-//! settings of PyTorch's CUDA allocator that bear on the cap ([`AllocatorEnv`]), and
-//! measuring a worker's footprint (`--profile-memory`, `--memory-headroom`).
+//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`), NVML
+//! (`--nvml-library`, `--simulated-gpus`), the GPUs the operator made visible
+//! (`CUDA_VISIBLE_DEVICES`) and the operator's settings of PyTorch's CUDA allocator that
+//! bear on the cap ([`AllocatorEnv`]).
 
 use std::path::{Path, PathBuf};
 
 use super::checker::{absolute, Checker};
 use super::ConfigError;
 use crate::master::cli::Cli;
-use crate::master::resources::mps::ClientLimit;
 use crate::protocol::Device;
 
-/// `--profile-memory` (`None`: auto) and `--memory-headroom`.
-pub(super) fn profiling(cli: &Cli, c: &Checker<'_>) -> Result<(Option<bool>, f64), ConfigError> {
-    let profile_memory = match cli.profile_memory.as_deref().map(str::trim) {
-        None | Some("auto") => None,
-        Some("on") => Some(true),
-        Some("off") => Some(false),
-        Some(v) => return Err(c.bad("--profile-memory", v, "expected auto, on or off")),
-    };
-    let memory_headroom = match cli.memory_headroom.as_deref() {
-        None => 1.2,
-        Some(v) => match v.trim().parse::<f64>() {
-            Ok(f) if (1.0..=10.0).contains(&f) => f,
-            _ => {
-                return Err(c.bad(
-                    "--memory-headroom",
-                    v,
-                    "expected a factor from 1 to 10 (e.g. 1.2)",
-                ))
-            }
-        },
-    };
-    Ok((profile_memory, memory_headroom))
-}
+/// This group's defaults (rendered into `--help` by `config::command`).
+pub(super) const DEFAULTS: &[(&str, &str)] = &[
+    ("--device", "auto"),
+    ("--gpu-reserve-mb", "500"),
+    ("--ledger", crate::master::ledger::DEFAULT_DIR),
+];
 
-/// `--device`.
-pub(super) fn device(v: Option<&str>, c: &Checker<'_>) -> Result<Device, ConfigError> {
-    let device = match v {
-        None | Some("auto") => Device::Auto,
-        Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda,
-        Some(d) => return Err(c.bad("--device", d, "expected auto, cpu or cuda")),
-    };
-    Ok(device)
-}
-
-/// `--gpu-memory-utilization`, `--gpu-reserve-mb`, `--max-worker-gpu-mb`.
-pub(super) struct GpuMemory {
+/// Where the model runs and how much of each GPU the plan may take.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub device: Device,
     pub gpu_memory_utilization: Option<f64>,
     pub gpu_reserve_mb: u64,
     pub max_worker_gpu_mb: Option<u64>,
     /// `--ledger`: the GPU-memory ledger's directory; `None`: off.
     pub ledger: Option<PathBuf>,
+    pub nvml_library: Option<PathBuf>,
+    /// `--simulated-gpus`: GPU workers run on the CPU (tests with tests/nvml-mock).
+    pub simulated_gpus: bool,
+    /// The operator's `CUDA_VISIBLE_DEVICES`, when set: only those GPUs are planned
+    /// (`resources::visible`).
+    pub cuda_visible_devices: Option<String>,
+    /// The operator's allocator settings that bear on the cap.
+    pub allocator: AllocatorEnv,
 }
 
-impl GpuMemory {
-    pub(super) fn check(cli: &Cli, c: &Checker<'_>) -> Result<GpuMemory, ConfigError> {
+impl Gpu {
+    pub(super) fn check(cli: &Cli, c: &Checker<'_>) -> Result<Gpu, ConfigError> {
+        let device = match c.value("--device", cli.device.as_deref()) {
+            "auto" => Device::Auto,
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda,
+            d => return Err(c.bad("--device", d, "expected auto, cpu or cuda")),
+        };
         let gpu_memory_utilization = match cli.gpu_memory_utilization.as_deref() {
             None => None,
             Some(v) => match v.trim().parse::<f64>() {
@@ -71,30 +58,39 @@ impl GpuMemory {
                 }
             },
         };
-        let gpu_reserve_mb = c.uint("--gpu-reserve-mb", cli.gpu_reserve_mb.as_deref(), 500, 0)?;
         let max_worker_gpu_mb = match cli.max_worker_gpu_mb.as_deref() {
             None => None,
-            Some(v) => Some(c.uint("--max-worker-gpu-mb", Some(v), 0, 1)?),
+            Some(v) => Some(c.uint_given("--max-worker-gpu-mb", v, 1)?),
         };
-        let ledger = match cli.ledger.as_deref().map(|v| v.to_string_lossy()) {
-            None => Some(PathBuf::from(crate::master::ledger::DEFAULT_DIR)),
-            Some(v) if v.trim() == "off" => None,
-            Some(v) if v.trim().is_empty() => {
-                return Err(c.bad("--ledger", &v, "expected a directory, or off"))
-            }
-            Some(v) => Some(absolute(Path::new(v.trim()))),
-        };
-        Ok(GpuMemory {
+        Ok(Gpu {
+            device,
             gpu_memory_utilization,
-            gpu_reserve_mb,
+            gpu_reserve_mb: c.uint("--gpu-reserve-mb", cli.gpu_reserve_mb.as_deref(), 0)?,
             max_worker_gpu_mb,
-            ledger,
+            ledger: ledger(cli, c)?,
+            nvml_library: nvml_library(cli.nvml_library.clone(), cli.simulated_gpus, c)?,
+            simulated_gpus: cli.simulated_gpus,
+            cuda_visible_devices: (c.env)("CUDA_VISIBLE_DEVICES"),
+            allocator: AllocatorEnv::read(c.env)?,
         })
     }
 }
 
+/// `--ledger`: a directory, or `off` (`None`).
+fn ledger(cli: &Cli, c: &Checker<'_>) -> Result<Option<PathBuf>, ConfigError> {
+    let v = match &cli.ledger {
+        Some(v) => v.to_string_lossy().into_owned(),
+        None => c.value("--ledger", None).to_string(),
+    };
+    match v.trim() {
+        "off" => Ok(None),
+        "" => Err(c.bad("--ledger", &v, "expected a directory, or off")),
+        d => Ok(Some(absolute(Path::new(d)))),
+    }
+}
+
 /// `--nvml-library` (an existing file), and `--simulated-gpus` only with it.
-pub(super) fn nvml_library(
+fn nvml_library(
     v: Option<std::ffi::OsString>,
     simulated_gpus: bool,
     c: &Checker<'_>,
@@ -117,40 +113,6 @@ pub(super) fn nvml_library(
             ));
     }
     Ok(nvml_library)
-}
-
-/// `--mps`: `None` auto (detected), `Some(true)` on, `Some(false)` off.
-pub(super) fn mps(v: Option<&str>, c: &Checker<'_>) -> Result<Option<bool>, ConfigError> {
-    match v.map(str::trim) {
-        None | Some("auto") => Ok(None),
-        Some("on") => Ok(Some(true)),
-        Some("off") => Ok(Some(false)),
-        Some(v) => Err(c.bad("--mps", v, "expected auto, on or off")),
-    }
-}
-
-/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` as the server inherits it: each MPS client's limit,
-/// which bounds the plan under MPS (`resources::mps::ClientLimit`). A value MPS would not
-/// read is refused, naming the variable and its forms.
-pub(super) fn mps_client_limit(
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<ClientLimit>, ConfigError> {
-    let var = crate::protocol::ENV_MPS_MEM_LIMIT;
-    env(var)
-        .map(|v| {
-            ClientLimit::parse(&v).map_err(|e| {
-                ConfigError(format!(
-                    "invalid value '{v}' for {var} (each MPS client's device memory limit): {e}"
-                ))
-            })
-        })
-        .transpose()
-}
-
-/// Where the MPS control daemon's socket would be: `CUDA_MPS_PIPE_DIRECTORY`, else
-/// `/tmp/nvidia-mps` (NVIDIA's MPS documentation), as the CUDA driver looks for it.
-pub(super) fn mps_pipe_directory(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    env("CUDA_MPS_PIPE_DIRECTORY").map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
 }
 
 /// The operator's settings of PyTorch's CUDA allocator that bear on the per-worker cap

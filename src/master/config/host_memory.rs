@@ -9,8 +9,12 @@ use crate::master::cli::Cli;
 use crate::master::resources::host_memory::Cgroup;
 
 /// `--max-worker-memory-mb` and `--memory-cgroup`, checked.
-pub(super) struct HostMemory {
+#[derive(Debug, Clone)]
+pub struct HostMemory {
+    /// `--max-worker-memory-mb`: recycle a worker whose own host memory grew past this.
     pub max_worker_memory_mb: Option<u64>,
+    /// `--memory-cgroup`: where the memory limit, usage and OOM kills are read (checked to
+    /// be a cgroup's directory); `None`: this process's own cgroup.
     pub memory_cgroup: Option<PathBuf>,
 }
 
@@ -18,7 +22,7 @@ impl HostMemory {
     pub(super) fn check(cli: &Cli, c: &Checker<'_>) -> Result<HostMemory, ConfigError> {
         let max_worker_memory_mb = match cli.max_worker_memory_mb.as_deref() {
             None => None,
-            Some(v) => Some(c.uint("--max-worker-memory-mb", Some(v), 0, 1)?),
+            Some(v) => Some(c.uint_given("--max-worker-memory-mb", v, 1)?),
         };
         let memory_cgroup = match &cli.memory_cgroup {
             None => None,

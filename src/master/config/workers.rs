@@ -1,15 +1,66 @@
-//! How many workers and how many threads each: the worker-count override (`--workers` >
-//! `VRAMFORK_WORKERS` > `CLAMS_GUNICORN_WORKERS`) and torch's intra-op threads
-//! (`--torch-threads` > `VRAMFORK_TORCH_THREADS` > `MKL_NUM_THREADS` > `OMP_NUM_THREADS`),
-//! the two settings whose precedence runs through other programs' variables.
+//! The workers: how many (the override `--workers` > `VRAMFORK_WORKERS` >
+//! `CLAMS_GUNICORN_WORKERS`), how many torch threads each (`--torch-threads` >
+//! `VRAMFORK_TORCH_THREADS` > `MKL_NUM_THREADS` > `OMP_NUM_THREADS`: the two settings whose
+//! precedence runs through other programs' variables), and which binary
+//! (`--worker-binary`).
 
-use super::checker::Checker;
-use super::ConfigError;
+use std::path::{Path, PathBuf};
+
+use super::checker::{absolute, Checker};
+use super::{ConfigError, Mode};
+use crate::master::cli::Cli;
 use crate::master::plan::{TorchThreads, WorkerOverride};
+
+/// How many workers, their threads and their binary.
+#[derive(Debug, Clone)]
+pub struct Workers {
+    /// A fixed worker count instead of the plan's.
+    pub count: Option<WorkerOverride>,
+    pub torch_threads: Option<TorchThreads>,
+    pub binary: PathBuf,
+}
+
+impl Workers {
+    /// `exe_dir`: where `app` is (its `app-worker` is the default binary).
+    pub(super) fn check(
+        cli: &Cli,
+        mode: Mode,
+        exe_dir: Option<&Path>,
+        c: &Checker<'_>,
+    ) -> Result<Workers, ConfigError> {
+        Ok(Workers {
+            count: worker_override(&cli.workers, c.env, c)?,
+            torch_threads: torch_threads(&cli.torch_threads, c.env, c)?,
+            binary: worker_binary(cli.worker_binary.as_deref(), exe_dir, mode)?,
+        })
+    }
+}
+
+/// The worker binary: `--worker-binary`, else `app-worker` beside `app`; it must exist
+/// unless only the plan is printed.
+fn worker_binary(
+    flag: Option<&std::ffi::OsStr>,
+    exe_dir: Option<&Path>,
+    mode: Mode,
+) -> Result<PathBuf, ConfigError> {
+    let worker_binary = match flag {
+        Some(p) => absolute(Path::new(p)),
+        None => exe_dir
+            .map(|d| d.join("app-worker"))
+            .unwrap_or_else(|| PathBuf::from("app-worker")),
+    };
+    if !matches!(mode, Mode::Plan { measure: false, .. }) && !worker_binary.is_file() {
+        return Err(ConfigError(format!(
+            "worker binary {} not found: build it (cargo build --workspace) or pass --worker-binary FILE",
+            worker_binary.display()
+        )));
+    }
+    Ok(worker_binary)
+}
 
 /// `--workers` > `VRAMFORK_WORKERS` > `CLAMS_GUNICORN_WORKERS` > the plan. Zero, negative,
 /// empty or non-numeric values are errors, whichever form they came in.
-pub(super) fn worker_override(
+fn worker_override(
     cli_value: &Option<String>,
     env: &dyn Fn(&str) -> Option<String>,
     c: &Checker<'_>,
@@ -51,7 +102,7 @@ pub(super) fn worker_override(
 /// lets `MKL_NUM_THREADS` override `OMP_NUM_THREADS`), so an operator who set them for torch
 /// gets what torch would have done; libgomp's list form (`4,2`: per nesting level) gives its
 /// first number. Anything else in them is an error naming the variable, as for our own.
-pub(super) fn torch_threads(
+fn torch_threads(
     cli_value: &Option<String>,
     env: &dyn Fn(&str) -> Option<String>,
     c: &Checker<'_>,
@@ -66,7 +117,7 @@ pub(super) fn torch_threads(
         } else {
             "VRAMFORK_TORCH_THREADS"
         };
-        let count = c.uint("--torch-threads", Some(v), 0, 1)? as usize;
+        let count = c.uint_given("--torch-threads", v, 1)? as usize;
         return Ok(Some(TorchThreads { count, source }));
     }
     for source in ["MKL_NUM_THREADS", "OMP_NUM_THREADS"] {

@@ -186,9 +186,9 @@ impl Supervisor {
             gpu_capacity: &capacity,
             gpu_admits: &admits,
             limits: Limits {
-                timeout: self.cfg.timeout,
-                boot_timeout: self.cfg.boot_timeout,
-                graceful_timeout: self.cfg.graceful_timeout,
+                timeout: self.cfg.limits.timeout,
+                boot_timeout: self.cfg.limits.boot_timeout,
+                graceful_timeout: self.cfg.limits.graceful_timeout,
             },
         });
         for action in actions {
@@ -280,11 +280,11 @@ impl Supervisor {
         let generation = s.next_generation;
         s.next_generation += 1;
         let gpu = s.gpu;
-        let jitter = self.jitter.next(self.cfg.max_requests_jitter);
-        let max_requests = if self.cfg.max_requests == 0 {
+        let jitter = self.jitter.next(self.cfg.limits.max_requests_jitter);
+        let max_requests = if self.cfg.limits.max_requests == 0 {
             0
         } else {
-            self.cfg.max_requests + jitter
+            self.cfg.limits.max_requests + jitter
         };
         if self.listener.is_none() {
             return;
@@ -325,7 +325,7 @@ impl Supervisor {
                 self.boot_failed(&st, code, now);
                 tracing::error!(
                     "cannot start worker {slot} from {}: {e}",
-                    self.cfg.worker_binary.display()
+                    self.cfg.workers.binary.display()
                 );
             }
         }

@@ -54,12 +54,12 @@ impl Supervisor {
                     planned_mb = l.assumed_mb,
                     capacity = cap,
                     workers = self.target,
-                    adapt = self.cfg.adapt_workers,
+                    adapt = self.cfg.footprint.adapt_workers,
                     slots = ?l.slot_marks(),
                     "a worker reached {hw} MB of GPU memory, more than the {} MB the plan assumed per worker: at that footprint the GPUs hold {cap} workers, {} run; {}",
                     l.assumed_mb,
                     self.target,
-                    if self.cfg.adapt_workers {
+                    if self.cfg.footprint.adapt_workers {
                         "retiring workers one at a time down to that (--adapt-workers)"
                     } else {
                         "no more are added (TTIN refused); --adapt-workers would retire the surplus"
@@ -68,7 +68,7 @@ impl Supervisor {
             }
         }
         let adapted = rules::adapt(AdaptView {
-            enabled: self.cfg.adapt_workers,
+            enabled: self.cfg.footprint.adapt_workers,
             exceeded: l.exceeded(),
             busy: self.stopping.is_some() || self.reload.under_way,
             settling: rules::settling(self.workers.iter().map(|w| &w.state)),

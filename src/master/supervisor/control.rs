@@ -40,7 +40,7 @@ impl Supervisor {
             .iter()
             .any(|w| w.state.occupies_slot() && w.state.cfg_gen < gen);
         if let Some(done) = self.reload.settle(settled) {
-            let metadata = self.cfg.metadata.path.display().to_string();
+            let metadata = self.cfg.app.metadata.path.display().to_string();
             let model = self.cfg.model_display();
             let (outcome, what) = match done {
                 Outcome::RolledBack => (
@@ -82,7 +82,7 @@ impl Supervisor {
                         })
                     });
                     self.serving_measured(st, warmed);
-                    let simulated = self.cfg.simulated_gpus && device.contains("simulated");
+                    let simulated = self.cfg.gpu.simulated_gpus && device.contains("simulated");
                     let off_gpu = !device.starts_with("cuda") && !simulated;
                     if let Some(gpu) = st.gpu.filter(|_| off_gpu && self.stopping.is_none()) {
                         self.boots.no_cuda = Some(format!(
@@ -135,7 +135,7 @@ impl Supervisor {
                     st.served = served;
                     st.in_flight = in_flight;
                     self.host
-                        .retiring(st, reason, self.cfg.max_worker_memory_mb);
+                        .retiring(st, reason, self.cfg.host_memory.max_worker_memory_mb);
                     tracing::debug!(
                         event = "worker_retiring",
                         slot = st.slot,

@@ -166,8 +166,8 @@ impl Supervisor {
             budget,
             WorkerCost {
                 measured_mb: peak_mb + FORKED_WORKER_MB,
-                headroom: self.cfg.memory_headroom,
-                recycle_mb: self.cfg.max_worker_memory_mb,
+                headroom: self.cfg.footprint.memory_headroom,
+                recycle_mb: self.cfg.host_memory.max_worker_memory_mb,
                 from: format!(
                     "the template's warm-up peak {peak_mb} MB + {FORKED_WORKER_MB} MB a forked worker holds of its own"
                 ),
@@ -228,8 +228,8 @@ impl Supervisor {
             budget,
             WorkerCost {
                 measured_mb: own_mb + rise_mb,
-                headroom: self.cfg.memory_headroom,
-                recycle_mb: self.cfg.max_worker_memory_mb,
+                headroom: self.cfg.footprint.memory_headroom,
+                recycle_mb: self.cfg.host_memory.max_worker_memory_mb,
                 from: format!(
                     "worker {} (pid {}): {own_mb} MB of its own when ready + {rise_mb} MB its resident set rose above that since it started (load, warm-up, passes)",
                     st.slot, st.pid

@@ -23,7 +23,7 @@ impl Supervisor {
                         event = "stopping",
                         how = "graceful",
                         "TERM: stopping gracefully (in-flight requests get {:?})",
-                        self.cfg.graceful_timeout
+                        self.cfg.limits.graceful_timeout
                     );
                     self.stopping = Some(Stopping::Graceful(now));
                     self.notify.stopping(&self.reported);
@@ -76,7 +76,7 @@ impl Supervisor {
                 // A reload does not plan again: the pool, its caps and the figure per worker
                 // stay the plan's (`Plan::planned_typ_mb`); admission reads the new
                 // metadata's `est_gpu_mem_min` (`rules::Admission`).
-                if new.model_path != self.cfg.model_path {
+                if new.app.model_path != self.cfg.app.model_path {
                     if let Some(l) = &mut self.learner {
                         l.model_changed();
                     }
@@ -84,7 +84,7 @@ impl Supervisor {
                 tracing::info!(
                     event = "reload_started",
                     "HUP: reloading {} (model {}), replacing workers one at a time",
-                    new.metadata.path.display(),
+                    new.app.metadata.path.display(),
                     new.model_display()
                 );
                 let old = std::mem::replace(&mut self.cfg, new);
@@ -120,7 +120,7 @@ impl Supervisor {
             return;
         };
         let per = crate::master::plan::per_worker_mb(self.plan.planned_typ_mb);
-        let reserve = self.cfg.gpu_reserve_mb;
+        let reserve = self.cfg.gpu.gpu_reserve_mb;
         let best = self
             .plan
             .gpus
@@ -262,7 +262,7 @@ mod tests {
             driver_version: None,
             cuda_driver_version: None,
         };
-        let demand = crate::master::plan::Demand::declared(&cfg.metadata);
+        let demand = crate::master::plan::Demand::declared(&cfg.app.metadata);
         let plan = crate::master::plan::plan(&res, &demand, &cfg.policy()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let signals = Signals::detached().unwrap();
@@ -394,6 +394,6 @@ mod tests {
         assert_eq!(s.plan.admission_mb(), 1000 + old.reserve_mb);
         // The old configuration is the one to go back to.
         let (fallback, gen) = s.reload.fallback().unwrap();
-        assert_eq!((fallback.metadata.est_gpu_mem_min, *gen), (1000, 0));
+        assert_eq!((fallback.app.metadata.est_gpu_mem_min, *gen), (1000, 0));
     }
 }

@@ -134,10 +134,11 @@ impl Supervisor {
         let target = plan.workers;
         let mps_faults = MpsFaults::serving(&plan);
         // Only a daemon found (`--mps auto`): `--mps on` assumes one the master cannot see.
-        let mps_daemon = (cfg.mps.is_none() && cfg.mps_on)
-            .then(|| DaemonWatch::new(cfg.mps_pipe_directory.clone(), Instant::now()));
-        let cgroup =
-            crate::master::resources::host_memory::Cgroup::of(cfg.memory_cgroup.as_deref());
+        let mps_daemon = (cfg.mps.setting.is_none() && cfg.mps.on)
+            .then(|| DaemonWatch::new(cfg.mps.pipe_directory.clone(), Instant::now()));
+        let cgroup = crate::master::resources::host_memory::Cgroup::of(
+            cfg.host_memory.memory_cgroup.as_deref(),
+        );
         Supervisor {
             cfg,
             plan,

@@ -191,7 +191,7 @@ impl Supervisor {
         if self.stopping.is_some() {
             return;
         }
-        if self.templates.in_place(gen, self.cfg.boot_timeout) {
+        if self.templates.in_place(gen, self.cfg.limits.boot_timeout) {
             if self.templates.never() {
                 self.no_template_measures();
             }
@@ -207,7 +207,7 @@ impl Supervisor {
         };
         let config = worker_config(&self.cfg, &self.plan, 0, 0, 0);
         let board = self.board.as_ref().and_then(Board::fd);
-        match Template::start(&self.cfg.worker_binary, &config, listener, board, gen) {
+        match Template::start(&self.cfg.workers.binary, &config, listener, board, gen) {
             Ok(t) => self.templates.current = Some(t),
             Err(e) => {
                 tracing::warn!(
@@ -235,9 +235,9 @@ impl Supervisor {
     ) -> std::io::Result<(Launched, &'static str)> {
         // The key and TLS material this configuration accepted, never the files as they are
         // now (`crate::secrets`).
-        let secrets = self.cfg.secrets.fd();
+        let secrets = self.cfg.access.secrets.fd();
         config.secrets = secrets.is_some();
-        for (flag, file, loads) in self.cfg.secrets.changed_key_files() {
+        for (flag, file, loads) in self.cfg.access.secrets.changed_key_files() {
             match loads {
                 Ok(()) => tracing::warn!(
                     event = "key_file_changed",
@@ -284,7 +284,7 @@ impl Supervisor {
             board: self.board.as_ref().and_then(Board::fd),
             secrets,
         };
-        launch(&self.cfg.worker_binary, &spec, listener).map(|l| (l, "exec"))
+        launch(&self.cfg.workers.binary, &spec, listener).map(|l| (l, "exec"))
     }
 }
 
