@@ -6,13 +6,11 @@ Run after `scripts/bench --only real` (which builds the models and the release b
 
     python3 scripts/bench.d/c16_diag.py
 """
-import os, re, subprocess, time, socket, urllib.request
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+import os, re, subprocess, sys, time, urllib.request
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BIN, ROOT, free_port  # noqa: E402
 REAL = f"{ROOT}/bench/tmp/real"
-BIN = f"{ROOT}/target/release"
-def free():
-    s=socket.socket(); s.bind(("127.0.0.1",0)); p=s.getsockname()[1]; s.close(); return p
-port, mport = free(), free()
+port, mport = free_port(), free_port()
 log=open(f"{ROOT}/bench/tmp/c16-diag.log","w")
 env=dict(os.environ, VRAMFORK_LOG="info", VRAMFORK_LOG_FORMAT="json")
 p=subprocess.Popen([f"{BIN}/app","--production","--metadata",f"{REAL}/cnn.json","--workers","2","--port",str(port),"--metrics-port",str(mport)],stdout=log,stderr=log,env=env,start_new_session=True)

@@ -16,8 +16,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -25,47 +23,26 @@ import sys
 import time
 from datetime import datetime, timezone
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release")
-TMP = os.path.join(ROOT, "bench", "tmp", "documents")
-OUT = os.path.join(ROOT, "bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import OUT, ROOT, App, free_port  # noqa: E402
+
+TMP = os.path.join(OUT, "tmp", "documents")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Served:
+    """`app --production` serving one metadata file with 1-thread workers."""
 
-
-class App:
     def __init__(self, metadata, workers, tag):
         self.port = free_port()
-        self.log = open(os.path.join(TMP, f"log-{tag}.txt"), "w")
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "app"), "--production", "--metadata", metadata,
-             "--port", str(self.port), "--workers", str(workers), "--torch-threads", "1"],
-            stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        self.app = App([
+            "--metadata", metadata, "--port", str(self.port), "--workers", str(workers),
+            "--torch-threads", "1"], os.path.join(TMP, f"log-{tag}.txt"))
 
     def wait_ready(self, probe):
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log.name}")
-            try:
-                if probe(self.port)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("app not ready")
+        self.app.wait(lambda: probe(self.port)[0] == 200)
 
     def stop(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
+        self.app.stop()
 
 
 def post(conn, path, body, headers):
@@ -218,7 +195,7 @@ def main():
         runs = {"worker": [], "client": []}
         for _ in range(rounds):
             for mode in ("worker", "client"):
-                app = App(metadata(kind, mode), 2, f"{kind}-{mode}")
+                app = Served(metadata(kind, mode), 2, f"{kind}-{mode}")
                 try:
                     app.wait_ready(probe_for(kind, mode))
                     runs[mode].append(load(kind, mode, app.port, conc, seconds))

@@ -18,23 +18,16 @@ import multiprocessing as mp
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BIN, OUT, ROOT, App, free_port  # noqa: E402
 BODY = '{"inputs": [[1.0, 2.0, 3.0, 4.0]]}'
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 WINDOW_UPDATE = b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x00\x00\x00\x01"
 FLOODERS = 4
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def normal(port, seconds, out):
@@ -88,25 +81,16 @@ def phase(port, seconds, flooders, reconnect=False):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--command", required=True)
-    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--bin", default=BIN)
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     port = free_port()
     meta = os.path.join(ROOT, "tests", "fixtures", "mlp.json")
-    os.makedirs(os.path.join(OUT, "tmp"), exist_ok=True)
-    log = open(os.path.join(OUT, "tmp", "h2flood.log"), "w")
-    srv = subprocess.Popen([os.path.join(a.bin, "app"), "--production", "--workers", "2",
-                            "--metadata", meta, "--port", str(port)],
-                           stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    srv = App(["--workers", "2", "--metadata", meta, "--port", str(port)],
+              os.path.join(OUT, "tmp", "h2flood.log"), binary_dir=a.bin)
     try:
-        for _ in range(600):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        time.sleep(2)  # the workers' boot, past the listening socket
+        srv.wait_ready(port)
         rounds = []
         for i in range(a.rounds):
             alone, _ = phase(port, a.seconds, 0)
@@ -124,8 +108,7 @@ def main():
                   f"({again / max(alone, 1e-9):.2f}, {ended_again} ended)",
                   file=sys.stderr, flush=True)
     finally:
-        srv.terminate()
-        srv.wait(30)
+        srv.stop()
     result = {
         "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": a.command, "bin": os.path.relpath(a.bin, ROOT), "seconds": a.seconds,

@@ -20,8 +20,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,11 +27,12 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HERE = os.path.join(ROOT, "scripts", "bench.d")
-BIN = os.path.join(ROOT, "target", "release")
-TMP = os.path.join(ROOT, "bench", "tmp", "memory")
-OUT = os.path.join(ROOT, "bench")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+from common import OUT, ROOT, App, free_port  # noqa: E402
+
+TMP = os.path.join(OUT, "tmp", "memory")
 LEAK_MB = 24
 LIMIT_MB = 2048
 RECYCLE_MB = 240
@@ -43,13 +42,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def log(msg):
-    print(f"[bench memory] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    common.log(msg, "bench memory")
 
 
 class Cgroup:
@@ -126,27 +119,14 @@ def sample(text, name):
 def run(cg, metadata, tag, extra, seconds):
     port, mport = free_port(), free_port()
     logf = os.path.join(TMP, f"log-{tag}.txt")
-    cmd = [os.path.join(BIN, "app"), "--production", "--metadata", metadata, "--port", str(port),
-           "--metrics-port", str(mport), "--workers", str(WORKERS)] + extra
     env = dict(os.environ, VRAMFORK_LOG_FORMAT="json")
     procs = os.path.join(cg.dir, "cgroup.procs")
-    with open(logf, "w") as lf:
-        proc = subprocess.Popen(["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh"] + cmd,
-                                stdout=subprocess.DEVNULL, stderr=lf, env=env,
-                                start_new_session=True)
+    # Started by a shell that joins the cgroup first, so the master and all it starts are in.
+    app = App(["--metadata", metadata, "--port", str(port), "--metrics-port", str(mport),
+               "--workers", str(WORKERS)] + extra, logf, env=env,
+              wrap=["sh", "-c", f'echo $$ > "{procs}" && exec "$@"', "sh"])
     try:
-        end = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited {proc.returncode}; see {logf}")
-            try:
-                if sample(scrape(mport), 'vramfork_workers{state="ready"}') >= WORKERS:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > end:
-                raise RuntimeError(f"app not ready; see {logf}")
-            time.sleep(0.2)
+        app.wait(lambda: sample(scrape(mport), 'vramfork_workers{state="ready"}') >= WORKERS, 180)
         oom_before = cg.oom_kills()
         series, done = [], threading.Event()
 
@@ -186,12 +166,7 @@ def run(cg, metadata, tag, extra, seconds):
             "series": series,
         }
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        app.stop()
 
 
 def wrk(port, seconds):

@@ -16,21 +16,15 @@ import http.client
 import json
 import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BIN, OUT, App, free_port  # noqa: E402
 
 CNN = "the CIFAR-style CNN (scripts/bench.d/make_real.py; 1×3×32×32)"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(port, path):
@@ -105,7 +99,7 @@ def level(port, mport, body, clients, seconds):
 
 def main():
     a = argparse.ArgumentParser()
-    a.add_argument("--app", default="target/release/app")
+    a.add_argument("--bin", default=BIN, help="where app is")
     a.add_argument("--dir", default="bench/tmp/real")
     a.add_argument("--model", default="cnn")
     a.add_argument("--workers", type=int, default=2)
@@ -116,18 +110,12 @@ def main():
     o = a.parse_args()
     port, mport = free_port(), free_port()
     env = dict(os.environ, VRAMFORK_LOG_FORMAT="json")
-    server = subprocess.Popen(
-        [o.app, "--production", "--metadata", os.path.join(o.dir, o.model + ".json"), "--port", str(port),
-         "--metrics-port", str(mport), "--workers", str(o.workers), "--torch-threads", "1",
-         "--max-queue-wait", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = App(["--metadata", os.path.join(o.dir, o.model + ".json"), "--port", str(port),
+                  "--metrics-port", str(mport), "--workers", str(o.workers), "--torch-threads", "1",
+                  "--max-queue-wait", "0"], os.path.join(OUT, "tmp", "queue.log"), env=env,
+                 binary_dir=o.bin)
     try:
-        for _ in range(600):
-            try:
-                if get(mport, "/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        server.wait(lambda: get(mport, "/health/ready")[0] == 200)
         with open(os.path.join(o.dir, o.model + ".body"), "rb") as f:
             body = f.read()
         rows = []
@@ -137,8 +125,7 @@ def main():
             print(f"c={c}: {r['req_s']:.1f} req/s, p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms, "
                   f"waiting {r['waiting_mean']:.2f} (max {r['waiting_max']:.0f})", file=sys.stderr)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop()
     cpus = os.cpu_count()
     label = CNN if o.model == "cnn" else f"`{o.model}`"
     result = {"command": o.command, "workers": o.workers, "cpus": cpus, "seconds": o.seconds,

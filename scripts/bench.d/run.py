@@ -21,10 +21,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release")
 HERE = os.path.dirname(os.path.abspath(__file__))
-TMP = os.path.join(ROOT, "bench", "tmp")
+sys.path.insert(0, HERE)
+from common import BIN, ROOT, TMP, App, free_port, log, median  # noqa: E402
 
 MODELS = {
     "mlp": {
@@ -60,23 +59,6 @@ BATCH_MODELS = {
 }
 BATCH_CONCURRENCY = [1, 4, 16, 64]
 BATCH_MAX = 16  # --max-batch-size for "batching on"
-
-
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def post_once(port, body, timeout=5.0, tls=False):
@@ -520,13 +502,11 @@ class Server:
         self.model = model
         self.workers = workers
         self.log_path = os.path.join(TMP, f"log-{tag}.jsonl")
-        self.logf = open(self.log_path, "w")
         env = dict(os.environ)
         # Master debug lines (worker started / retiring) without the worker's per-request ones.
         env["VRAMFORK_LOG"] = "info,vramfork::master=debug"
         meta = metadata or MODELS[model]["metadata"]
         cmd = [
-            os.path.join(BIN, "app"), "--production",
             "--metadata", meta,
             "--port", str(self.port), "--workers", str(workers),
             "--max-requests", str(max_requests), "--log-format", "json",
@@ -534,26 +514,20 @@ class Server:
         if metrics:
             cmd += ["--metrics-port", str(self.metrics_port)]
         cmd += list(extra)
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=ROOT, env=env,
-        )
+        self.app = App(cmd, self.log_path, env=env)
+        self.t0 = self.app.t0
+        self.proc = self.app.proc
 
     def wait_ready(self, deadline_s=60, body=None):
         """Until every worker has logged ready and a POST (of `body`, else the model's)
         answers 200."""
         body = body or MODELS[self.model]["body"]
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log_path}")
-            ready = sum(1 for e in read_log(self.log_path) if " ready in " in e["msg"]
-                        and e["msg"].startswith("worker "))
-            if ready >= self.workers and post_once(self.port, body, tls=self.tls) == 200:
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"app not ready in {deadline_s} s; see {self.log_path}")
+
+        def ready():
+            n = sum(1 for e in read_log(self.log_path) if " ready in " in e["msg"]
+                    and e["msg"].startswith("worker "))
+            return n >= self.workers and post_once(self.port, body, tls=self.tls) == 200
+        self.app.wait(ready, deadline_s)
 
     def pids(self):
         """{pid: comm} of the master and its children (template, workers)."""
@@ -573,21 +547,7 @@ class Server:
         return out
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.logf.close()
+        self.app.stop()
 
 
 TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z$")

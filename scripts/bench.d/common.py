@@ -1,0 +1,106 @@
+"""What every part of the bench shares (written once here): where things are, the log line,
+the median, a free port, one HTTP GET, and `app --production` started in its own process
+group, waited for on a state it reports, and stopped.
+
+Stdlib only: every part imports it (`sys.path` holds this folder when a part runs as a
+script).
+"""
+import http.client
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The release binaries `scripts/bench` builds; VRAMFORK_BENCH_BIN points elsewhere (a smoke
+# run of a part on the debug build, whose figures mean nothing).
+BIN = os.environ.get("VRAMFORK_BENCH_BIN") or os.path.join(ROOT, "target", "release")
+OUT = os.path.join(ROOT, "bench")
+TMP = os.path.join(OUT, "tmp")
+
+
+def log(msg, part="bench"):
+    print(f"[{part} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, path, timeout=5.0):
+    """GET `path` on 127.0.0.1:`port`: (status, body bytes)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+class App:
+    """`app --production ARGS` in its own process group, stderr to `log_path`."""
+
+    def __init__(self, args, log_path, env=None, wrap=(), binary_dir=None):
+        """`wrap`: a command that execs `app` (joining a cgroup first, say); `binary_dir`:
+        where `app` is, instead of BIN."""
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        self.log_path = log_path
+        self.logf = open(log_path, "w")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [*wrap, os.path.join(binary_dir or BIN, "app"), "--production", *args],
+            stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=ROOT, env=env if env is not None else dict(os.environ),
+        )
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def wait(self, ready, deadline_s=120):
+        """Until `ready()` is true (an exception in it counts as not yet); fails when `app`
+        exits first or the deadline passes."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app exited {self.proc.returncode}; see {self.log_path}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"app not ready in {deadline_s} s; see {self.log_path}")
+
+    def wait_ready(self, port, deadline_s=120):
+        """Until the serving port's readiness check (`GET /v2/health/ready`) answers 200."""
+        self.wait(lambda: get(port, "/v2/health/ready", timeout=2)[0] == 200, deadline_s)
+
+    def stop(self):
+        """TERM (a clean stop, 15 s), then SIGKILL to the whole process group."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.logf.close()
