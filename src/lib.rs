@@ -22,6 +22,7 @@ pub mod master;
 pub mod metadata;
 pub mod metrics;
 pub mod near_miss;
+pub mod otel;
 pub mod own_memory;
 pub mod pid_namespace;
 pub mod protocol;

@@ -124,6 +124,7 @@ impl Server {
         // environment.
         let inherited = activation::inherited().map_err(fail)?;
         logging::init(cfg.log.json);
+        cfg.tracing.log();
         let (res, gpus) = resources::probe(cfg.gpu.nvml_library.as_deref())
             .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
         let mut res = resources::visible::restrict(res, cfg.gpu.cuda_visible_devices.as_deref());

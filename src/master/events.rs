@@ -30,6 +30,8 @@
 //! | `ledger_write_failed` | warn | | this server's reservation could not be written (tried again at its next renewal) |
 //! | `ledger_rebuilt` | warn | `file` | the ledger file was not a ledger: rebuilt empty (`master::ledger`) |
 //! | `ledger_grown` | info | `gpu`, `room_mb` | TTIN with the plan's GPUs full: a GPU the other servers' reservations had made smaller has room for one more worker now (a neighbour stopped or shrank) |
+//! | `trace_export` | info | `endpoint`, `service_name`, `sampler` | the workers export their spans over OTLP/HTTP (the `OTEL_*` variables; `crate::otel`) |
+//! | `trace_export_setting_ignored` | warn | | an `OTEL_*` value the standard makes a warning (an unknown sampler, a bad ratio or timeout): the default is taken |
 //! | `host_memory_refused` | error | | not even one worker fits in the memory the server may use: the master exits 2 |
 //! | `host_memory_exceeded` | warn | `slot`, `pid`, `own_mb`, `planned_mb`, `capacity` | a worker reported more own host memory than the plan assumed per worker (once): TTIN is refused past `capacity` |
 //! | `oom_score_adj` | info, warn | `master`, `workers` | at start: the `oom_score_adj` workers take, above the master's and the template's (warn: the master's is 1000 already, workers cannot be above it) |

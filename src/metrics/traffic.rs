@@ -78,6 +78,9 @@ pub struct Traffic {
     /// Log lines (not access-log lines) dropped because stderr could not keep up.
     #[serde(default)]
     pub log_lines_dropped: u64,
+    /// Spans dropped because the collector could not keep up or did not take them.
+    #[serde(default)]
+    pub trace_spans_dropped: u64,
     /// Requests refused by token auth, by `<port>/<reason>` (`serving/missing`,
     /// `metrics/invalid`…).
     #[serde(default)]
@@ -101,6 +104,7 @@ impl Traffic {
         }
         self.access_log_dropped += o.access_log_dropped;
         self.log_lines_dropped += o.log_lines_dropped;
+        self.trace_spans_dropped += o.trace_spans_dropped;
         for (k, n) in &o.auth_failures {
             *self.auth_failures.entry(k.clone()).or_default() += n;
         }

@@ -59,6 +59,20 @@ impl Trace {
             .store(waited.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Its wait, its pass and the pass's size, once its pass ran (for its spans).
+    pub fn timing(&self) -> Option<Timing> {
+        let (wait, model) = (
+            self.wait_us.load(Ordering::Relaxed),
+            self.model_us.load(Ordering::Relaxed),
+        );
+        (wait != u64::MAX && model != u64::MAX).then(|| Timing {
+            waited: Duration::from_micros(wait),
+            took: Duration::from_micros(model),
+            batch: self.batch.load(Ordering::Relaxed),
+            inline: self.inline.load(Ordering::Relaxed),
+        })
+    }
+
     /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`.
     pub fn ran(&self, took: Duration, batch: u32, inline: bool) {
         self.inline.store(inline, Ordering::Relaxed);
@@ -68,13 +82,25 @@ impl Trace {
     }
 }
 
+/// What the pipeline learnt of a model request's time (`Trace::timing`), for its spans.
+pub struct Timing {
+    /// From arrival to the start of its pass.
+    pub waited: Duration,
+    /// Its pass.
+    pub took: Duration,
+    /// Requests in its pass.
+    pub batch: u32,
+    /// The pass ran on the event loop's thread.
+    pub inline: bool,
+}
+
 /// One answered request.
 #[derive(Debug)]
 pub struct Record {
     pub time: SystemTime,
     pub request_id: String,
-    /// The W3C trace it belongs to (`crate::trace_context`): 32 hex digits.
-    pub trace_id: String,
+    /// The W3C trace it belongs to (`crate::trace_context`): its trace id is logged.
+    pub context: crate::trace_context::TraceContext,
     pub method: String,
     /// Path and query, as sent.
     pub target: String,
@@ -181,7 +207,7 @@ impl AccessLog {
                 out,
                 "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"trace_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
                 s(&r.request_id),
-                s(&r.trace_id),
+                s(r.context.trace_id()),
                 s(&r.method),
                 s(&r.target),
                 r.status,
@@ -205,7 +231,7 @@ impl AccessLog {
                     r.method,
                     r.status,
                     r.request_id,
-                    r.trace_id,
+                    r.context.trace_id(),
                     r.bytes_out,
                     opt(wait),
                     opt(model),
@@ -293,7 +319,16 @@ mod tests {
         Record {
             time: UNIX_EPOCH,
             request_id: "id-1".into(),
-            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            context: {
+                let mut h = hyper::header::HeaderMap::new();
+                h.insert(
+                    &crate::trace_context::HEADER,
+                    hyper::header::HeaderValue::from_static(
+                        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                    ),
+                );
+                crate::trace_context::TraceContext::of(&h)
+            },
             method: "POST".into(),
             target: target.into(),
             status: 200,

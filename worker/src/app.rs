@@ -57,6 +57,8 @@ pub struct App {
     pub tls: Option<Arc<vramfork::tls::Reloading>>,
     /// The access log (`--access-log`), when it is on.
     pub access_log: Option<Arc<AccessLog>>,
+    /// The trace export (the `OTEL_*` variables), when it is on.
+    pub spans: Option<crate::spans::Spans>,
     /// The body sizes seen, to hand memory back after an unusually large one.
     pub body_sizes: crate::heap::BodySizes,
     /// `X-Worker-Pid`, ready to send.
@@ -108,6 +110,7 @@ impl App {
             access_log: cfg
                 .access_log
                 .then(|| AccessLog::start(cfg.log_json, cfg.slot)),
+            spans: crate::spans::Spans::from_env(cfg.slot),
             body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
             documents: documents.map(Arc::new),
@@ -146,6 +149,30 @@ impl App {
 }
 
 impl App {
+    /// Whether an answered request is recorded (the access log, spans): what the pipeline
+    /// learns of its time is kept then.
+    pub fn records(&self) -> bool {
+        self.access_log.is_some() || self.spans.is_some()
+    }
+
+    /// A request's trace context (sampled when spans are exported).
+    pub fn trace_context(
+        &self,
+        headers: &hyper::header::HeaderMap,
+    ) -> crate::trace_context::TraceContext {
+        crate::spans::Spans::context(self.spans.as_ref(), headers)
+    }
+
+    /// An answered request: its spans, when sampled, and its access-log line.
+    pub fn record(&self, r: crate::access_log::Record) {
+        if let Some(s) = &self.spans {
+            s.record(&r);
+        }
+        if let Some(log) = &self.access_log {
+            log.push(r);
+        }
+    }
+
     /// What this worker counted: its answers, and its batches from the model thread.
     pub fn traffic(&self) -> Traffic {
         let mut t = self
@@ -155,6 +182,7 @@ impl App {
             .unwrap_or_default();
         t.batches = self.runner.batches();
         t.access_log_dropped = self.access_log.as_ref().map_or(0, |l| l.dropped());
+        t.trace_spans_dropped = self.spans.as_ref().map_or(0, |s| s.dropped());
         t.log_lines_dropped = vramfork::logging::dropped(vramfork::logging::Kind::Log);
         t
     }

@@ -33,6 +33,7 @@ mod request_id;
 mod runner;
 mod server;
 mod siblings;
+mod spans;
 mod state;
 mod template;
 mod timeouts;

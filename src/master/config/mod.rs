@@ -19,6 +19,7 @@
 //! | `host_memory.rs` | `host_memory`: recycling on a worker's own memory, the memory cgroup | `--max-worker-memory-mb`, `--memory-cgroup` |
 //! | `access.rs` | `access`: API key files and TLS, read once into the workers' secrets | `--api-key-file`, `--metrics-api-key-file`, `--tls-*` |
 //! | `logging.rs` | `log`: the log format and the access log | `--log-format`, `--access-log` |
+//! | `tracing.rs` | `tracing`: the trace export (`crate::otel`) | `OTEL_*` variables |
 //!
 //! Adding an option touches three files: its flag in `cli.rs` (the variable comes with it),
 //! its check, default and field in the group's file here, and its row in docs/options.md
@@ -34,6 +35,7 @@ mod host_memory;
 mod logging;
 mod mps;
 mod serving;
+mod tracing;
 mod workers;
 
 use std::path::Path;
@@ -48,6 +50,7 @@ pub use host_memory::HostMemory;
 pub use logging::Log;
 pub use mps::Mps;
 pub use serving::{Address, Limits};
+pub use tracing::Tracing;
 pub use workers::Workers;
 
 use crate::master::cli::{option_env, Cli, Command};
@@ -79,6 +82,7 @@ pub struct Config {
     pub host_memory: HostMemory,
     pub access: Access,
     pub log: Log,
+    pub tracing: Tracing,
 }
 
 /// A configuration error: printed as one line, exit status 2.
@@ -171,6 +175,7 @@ impl Config {
         let mps = Mps::check(&cli, &c)?;
         let log = Log::check(&cli, &c)?;
         let workers = Workers::check(&cli, mode, exe_dir, &c)?;
+        let tracing = Tracing::check(&c)?;
         Ok(Config {
             mode,
             app,
@@ -184,6 +189,7 @@ impl Config {
             host_memory,
             access,
             log,
+            tracing,
         })
     }
 

@@ -120,6 +120,11 @@ pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
         vec![(vec![], t.access_log_dropped)],
     );
     f.counter(
+        "trace_spans_dropped",
+        "Spans the workers dropped because the collector was slow, down or refused them (the OTEL_* trace export); no request waited for it.",
+        vec![(vec![], t.trace_spans_dropped)],
+    );
+    f.counter(
         "log_lines_dropped",
         "Log lines (access-log lines apart) the master and the workers dropped because stderr could not keep up (a pipe nobody reads, a stalled journal); nothing waited for them.",
         vec![(vec![], t.log_lines_dropped)],

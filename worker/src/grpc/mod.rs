@@ -117,11 +117,11 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let call = Call {
         id: RequestId::of(req.headers()),
-        trace_ctx: TraceContext::of(req.headers()),
+        trace_ctx: app.trace_context(req.headers()),
         arrived: arrival(&req),
         method: path.strip_prefix(SERVICE).unwrap_or_default().to_string(),
         path,
-        trace: app.access_log.as_ref().map(|_| Arc::new(Trace::default())),
+        trace: app.records().then(|| Arc::new(Trace::default())),
         handed_in: req.extensions().get::<HandedIn>().is_some(),
         app,
     };
@@ -351,6 +351,9 @@ impl Call {
         h.insert("x-worker-pid", self.app.pid.clone());
         h.insert(request_id::HEADER.clone(), self.id.0.clone());
         h.insert(trace_context::HEADER.clone(), self.trace_ctx.header());
+        if let Some(state) = self.trace_ctx.state() {
+            h.insert(trace_context::STATE.clone(), state.clone());
+        }
         h.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
         if let Some(e) = failed {
             status_headers(h, e);
@@ -370,11 +373,11 @@ impl Call {
         trace: Option<Arc<Trace>>,
         id: Option<&str>,
     ) {
-        if let Some(log) = &self.app.access_log {
-            log.push(Record {
+        if self.app.records() {
+            self.app.record(Record {
                 time: SystemTime::now(),
                 request_id: id.unwrap_or(self.id.as_str()).to_string(),
-                trace_id: self.trace_ctx.trace_id().to_string(),
+                context: self.trace_ctx.clone(),
                 method: "POST".into(),
                 target: self.path.clone(),
                 status,

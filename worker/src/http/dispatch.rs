@@ -21,7 +21,7 @@ use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::request_id::{self, RequestId};
-use crate::trace_context::{self, TraceContext};
+use crate::trace_context;
 
 /// The hyper service: never fails, every outcome is an HTTP answer.
 pub async fn handle(
@@ -37,9 +37,9 @@ pub async fn handle(
         .flatten();
     let id = RequestId::of(req.headers());
     req.extensions_mut().insert(id.clone());
-    let trace_ctx = TraceContext::of(req.headers());
-    // The access log's record, started before the request is handed on.
-    let access = app.access_log.as_ref().map(|_| {
+    let trace_ctx = app.trace_context(req.headers());
+    // The record (access log, spans), started before the request is handed on.
+    let access = app.records().then(|| {
         let trace = Arc::new(Trace::default());
         req.extensions_mut().insert(trace.clone());
         let target = req
@@ -53,11 +53,11 @@ pub async fn handle(
         Err(e) if openai::owns(req.uri().path()) => openai::refusal(e),
         Err(e) => Answer::from(e),
     };
-    if let (Some(log), Some((method, target, trace))) = (&app.access_log, access) {
-        log.push(Record {
+    if let Some((method, target, trace)) = access {
+        app.record(Record {
             time: SystemTime::now(),
             request_id: id.as_str().to_string(),
-            trace_id: trace_ctx.trace_id().to_string(),
+            context: trace_ctx.clone(),
             method,
             target,
             status: answer.status.as_u16(),
@@ -90,6 +90,9 @@ pub async fn handle(
     h.insert("x-worker-pid", app.pid.clone());
     h.insert(request_id::HEADER.clone(), id.0);
     h.insert(trace_context::HEADER.clone(), trace_ctx.header());
+    if let Some(state) = trace_ctx.state() {
+        h.insert(trace_context::STATE.clone(), state.clone());
+    }
     if let Some(allow) = answer.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }

@@ -1,0 +1,40 @@
+//! The trace export (issue 58): the standard `OTEL_*` variables, read by `crate::otel`
+//! (which each worker reads again: they inherit the variables). An error stops the start
+//! (exit 2); the standard's warnings are logged at start (`Tracing::warn`).
+
+use super::checker::Checker;
+use super::ConfigError;
+use crate::otel::OtelConfig;
+
+/// Whether and where the workers export spans.
+#[derive(Debug, Clone)]
+pub struct Tracing {
+    /// `None`: export off (the default).
+    pub export: Option<OtelConfig>,
+    /// What the variables said that the standard makes a warning, not an error.
+    pub warnings: Vec<String>,
+}
+
+impl Tracing {
+    pub(super) fn check(c: &Checker<'_>) -> Result<Tracing, ConfigError> {
+        let (export, warnings) = crate::otel::from_env(c.env).map_err(ConfigError)?;
+        Ok(Tracing { export, warnings })
+    }
+
+    /// Logs the warnings and where spans go (once logging is set up).
+    pub fn log(&self) {
+        for w in &self.warnings {
+            tracing::warn!(event = "trace_export_setting_ignored", "{w}");
+        }
+        if let Some(e) = &self.export {
+            tracing::info!(
+                event = "trace_export",
+                endpoint = %e.endpoint,
+                service_name = %e.service_name,
+                sampler = ?e.sampler,
+                "workers export their spans over OTLP/HTTP to {}",
+                e.endpoint
+            );
+        }
+    }
+}

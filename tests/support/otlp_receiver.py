@@ -1,0 +1,87 @@
+"""An OTLP/HTTP trace receiver for the tests (tests/tracing.rs): decodes each POST's body
+with the official protobuf definitions (the opentelemetry-proto package) and prints one JSON
+line per span on stdout: ids as hex, name, kind, times, attributes, status, its resource's
+attributes. Its first line is `{"listening": PORT}`.
+
+    otlp_receiver.py ok      answer 200 (as a collector that takes them)
+    otlp_receiver.py 503     answer 503 to every export (one line {"refused": N} each)
+    otlp_receiver.py hang    accept and read every export, answer nothing, ever
+"""
+import http.server
+import json
+import sys
+import threading
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+MODE = sys.argv[1]
+OUT = threading.Lock()
+REFUSED = [0]
+
+
+def say(obj):
+    with OUT:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+def value(v):
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def attributes(kvs):
+    return {kv.key: value(kv.value) for kv in kvs}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if MODE == "hang":
+            threading.Event().wait()  # never answers
+        if MODE == "503":
+            REFUSED[0] += 1
+            say({"refused": REFUSED[0]})
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        for rs in req.resource_spans:
+            resource = attributes(rs.resource.attributes)
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    say({
+                        "path": self.path,
+                        "content_type": self.headers.get("Content-Type"),
+                        "header_x_tenant": self.headers.get("x-tenant"),
+                        "scope": ss.scope.name,
+                        "resource": resource,
+                        "trace_id": s.trace_id.hex(),
+                        "span_id": s.span_id.hex(),
+                        "parent_span_id": s.parent_span_id.hex(),
+                        "name": s.name,
+                        "kind": s.kind,
+                        "start": s.start_time_unix_nano,
+                        "end": s.end_time_unix_nano,
+                        "attributes": attributes(s.attributes),
+                        "status_code": s.status.code,
+                        "links": [{"trace_id": l.trace_id.hex(), "span_id": l.span_id.hex()}
+                                  for l in s.links],
+                    })
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+say({"listening": server.server_address[1]})
+server.serve_forever()

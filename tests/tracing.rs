@@ -1,0 +1,403 @@
+//! Traces (issue 58): the real `app` exporting its workers' spans over OTLP/HTTP to a
+//! receiver that decodes them with the official protobuf definitions
+//! (`tests/support/otlp_receiver.py`, opentelemetry-proto). A traced request shows up as
+//! one trace with its queue, forward and answer time under the caller's span; the sampled
+//! flag is honoured both ways; a collector that never answers, or answers 503, costs no
+//! request (the spans are dropped and counted); no span carries the payload; a
+//! configuration that cannot export is a start-up error.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{raw, App, Server, PATIENCE};
+use serde_json::Value;
+
+const INPUT: &str = r#"{"inputs": [[0.5, -1.0, 2.0, 0.25]]}"#;
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// The receiver: its port and every line it printed (spans, refusals).
+struct Receiver {
+    child: Child,
+    port: u16,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start(mode: &str) -> Receiver {
+        let script = common::fixtures()
+            .parent()
+            .unwrap()
+            .join("support/otlp_receiver.py");
+        let mut child = Command::new(common::python())
+            .arg(script)
+            .arg(mode)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let hello: Value = serde_json::from_str(&first)
+            .unwrap_or_else(|e| panic!("the receiver's first line {first:?}: {e}"));
+        let port = hello["listening"].as_u64().expect("listening PORT") as u16;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        Receiver { child, port, lines }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The spans of `trace` once `n` have arrived.
+    fn spans_of(&self, trace: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let got: Vec<Value> = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l["trace_id"] == trace)
+                .cloned()
+                .collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} spans of {trace}: {got:#?}",
+                got.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn all(&self) -> Vec<Value> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mlp() -> App {
+    App::new(
+        "mlp.pt",
+        r#""input": {"shape": [-1, 4], "dtype": "float32"}"#,
+    )
+}
+
+fn traceparent(trace: &str, flags: &str) -> String {
+    format!("traceparent: 00-{trace}-{CALLER_SPAN}-{flags}\r\n")
+}
+
+fn by_name<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+    spans
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no span {name}: {spans:#?}"))
+}
+
+fn hex_span(answer_traceparent: &str) -> &str {
+    answer_traceparent.split('-').nth(2).unwrap()
+}
+
+#[test]
+fn a_traced_request_is_one_trace_with_its_queue_forward_and_answer_time() {
+    let rx = Receiver::start("ok");
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint()),
+            ("OTEL_SERVICE_NAME", "mlp-under-test"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=t%201"),
+        ],
+    );
+    s.wait_workers(1);
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let extra = format!("X-Request-Id: traced-1\r\n{}", traceparent(trace, "01"));
+    let r = raw(s.port, "POST", "/", &extra, INPUT.as_bytes());
+    assert_eq!(r.status, 200);
+    let back = r.header("traceparent").unwrap().to_string();
+    let spans = rx.spans_of(trace, 4);
+    assert_eq!(
+        spans.len(),
+        4,
+        "one SERVER span and its three children: {spans:#?}"
+    );
+    let server = by_name(&spans, "POST /");
+    assert_eq!(server["kind"], 2, "SERVER");
+    assert_eq!(
+        server["span_id"],
+        hex_span(&back),
+        "the answer names the SERVER span"
+    );
+    assert_eq!(
+        server["parent_span_id"], CALLER_SPAN,
+        "a child of the caller's span"
+    );
+    let a = &server["attributes"];
+    assert_eq!(a["http.request.method"], "POST");
+    assert_eq!(a["http.route"], "/");
+    assert_eq!(a["http.response.status_code"], 200);
+    assert_eq!(a["vramfork.request_id"], "traced-1");
+    assert_eq!(a["vramfork.batch.size"], 1);
+    assert_eq!(
+        a["process.pid"],
+        u64::from(r.header("X-Worker-Pid").unwrap().parse::<u32>().unwrap())
+    );
+    assert_eq!(server["resource"]["service.name"], "mlp-under-test");
+    assert_eq!(server["path"], "/v1/traces");
+    assert_eq!(server["content_type"], "application/x-protobuf");
+    assert_eq!(
+        server["header_x_tenant"], "t 1",
+        "OTEL_EXPORTER_OTLP_HEADERS, decoded"
+    );
+    assert_eq!(server["scope"], "vramfork");
+    // The children, in order, inside the SERVER span.
+    let (start, end) = (
+        server["start"].as_u64().unwrap(),
+        server["end"].as_u64().unwrap(),
+    );
+    let mut at = start;
+    for name in ["queue", "forward", "answer"] {
+        let c = by_name(&spans, name);
+        assert_eq!(c["parent_span_id"], server["span_id"], "{name}");
+        assert_eq!(c["kind"], 1, "{name}: INTERNAL");
+        let (cs, ce) = (c["start"].as_u64().unwrap(), c["end"].as_u64().unwrap());
+        assert!(
+            cs >= at && ce >= cs && ce <= end,
+            "{name}: {cs}..{ce} after {at}, within {start}..{end}"
+        );
+        at = ce;
+    }
+    assert_eq!(
+        by_name(&spans, "forward")["attributes"]["vramfork.batch.size"],
+        1
+    );
+    // A v2 request: its route names no model.
+    let v2 = r#"{"inputs": [{"name": "input__0", "shape": [1, 4], "datatype": "FP32", "data": [0.5, -1.0, 2.0, 0.25]}]}"#;
+    let trace2 = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let r = raw(
+        s.port,
+        "POST",
+        "/v2/models/test%20app/infer",
+        &traceparent(trace2, "01"),
+        v2.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let spans = rx.spans_of(trace2, 4);
+    let server = by_name(&spans, "POST /v2/models/{model_name}/infer");
+    assert_eq!(
+        server["attributes"]["http.route"],
+        "/v2/models/{model_name}/infer"
+    );
+    // A refusal: a span with the ERROR status and its error type.
+    let trace3 = "6bf92f3577b34da6a3ce929d0e0e4738";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(trace3, "01"),
+        br#"{"inputs": [[1, 2]]}"#,
+    );
+    assert_eq!(r.status, 400);
+    let spans = rx.spans_of(trace3, 1);
+    let server = by_name(&spans, "POST /");
+    assert_eq!(server["status_code"], 2, "ERROR");
+    assert_eq!(server["attributes"]["error.type"], "400");
+    // No payload in any attribute: none of the inputs' values, no body.
+    for span in rx.all() {
+        let text = span["attributes"].to_string();
+        for payload in ["0.25", "-1.0", "inputs", "input__0"] {
+            assert!(!text.contains(payload), "{payload} in {text}");
+        }
+    }
+}
+
+#[test]
+fn the_sampled_flag_is_honoured_both_ways() {
+    let rx = Receiver::start("ok");
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    // The caller did not sample: nothing exported, and the answer says not sampled.
+    let unsampled = "7bf92f3577b34da6a3ce929d0e0e4739";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(unsampled, "00"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.header("traceparent").unwrap().ends_with("-00"));
+    // No caller: the root sampler (always on by default) samples it, and says so.
+    let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+    assert_eq!(r.status, 200);
+    let back = r.header("traceparent").unwrap();
+    assert!(back.ends_with("-01"), "{back}");
+    let started_here = back.split('-').nth(1).unwrap();
+    let spans = rx.spans_of(started_here, 4);
+    assert_eq!(
+        by_name(&spans, "POST /")["parent_span_id"],
+        "",
+        "a root span"
+    );
+    // The sampled trace's spans came after the unsampled request was answered, in the
+    // worker's queue order: the unsampled one would have been exported before them.
+    assert!(
+        rx.all().iter().all(|l| l["trace_id"] != unsampled),
+        "spans of a trace its caller did not sample were exported"
+    );
+    // OTEL_TRACES_SAMPLER=always_off: nothing, whatever the caller says.
+    let rx2 = Receiver::start("ok");
+    let s2 = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &rx2.endpoint()),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+        ],
+    );
+    s2.wait_workers(1);
+    let r = raw(
+        s2.port,
+        "POST",
+        "/",
+        &traceparent(unsampled, "01"),
+        INPUT.as_bytes(),
+    );
+    assert!(r.status == 200 && r.header("traceparent").unwrap().ends_with("-00"));
+}
+
+fn scrape(port: u16) -> String {
+    common::http(port, "GET", "/metrics", None).body
+}
+
+fn dropped(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("vramfork_trace_spans_dropped_total "))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// A collector that never answers, and one that answers 503: every request is answered
+/// 200 as before, and the spans are dropped and counted.
+#[test]
+fn a_dead_or_refusing_collector_costs_no_request() {
+    for mode in ["hang", "503"] {
+        let rx = Receiver::start(mode);
+        let app = mlp();
+        let s = Server::start_env(
+            &app,
+            &["--production", "--workers", "1", "--metrics-port", "0"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint()),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "300"),
+            ],
+        );
+        s.wait_workers(1);
+        let mport = s.metrics_port();
+        for i in 0..40 {
+            let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+            assert_eq!(r.status, 200, "{mode}: request {i}");
+        }
+        let n = s.poll(&format!("{mode}: spans dropped and counted"), || {
+            let d = dropped(&scrape(mport));
+            (d > 0).then_some(d)
+        });
+        assert!(n <= 160, "{mode}: {n} dropped of 160 spans");
+        if mode == "503" {
+            assert!(
+                rx.all().iter().any(|l| l["refused"].is_u64()),
+                "the receiver was asked"
+            );
+        }
+        let warned = s.poll(&format!("{mode}: the warning"), || {
+            s.all_events()
+                .into_iter()
+                .find(|e| e.name == "trace_export_failing")
+        });
+        assert!(
+            warned.message().contains("dropped and counted"),
+            "{:?}",
+            warned.fields
+        );
+    }
+}
+
+/// What cannot be exported to stops the start (exit 2) naming the variable; what the
+/// standard makes a warning is logged, and the server starts.
+#[test]
+fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() {
+    let app = mlp();
+    for (var, value, want) in [
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://collector:4318",
+            "https is not supported",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "grpc",
+            "OTLP/HTTP with protobuf only",
+        ),
+    ] {
+        let mut env = vec![(var, value)];
+        if var != "OTEL_EXPORTER_OTLP_ENDPOINT" {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"));
+        }
+        let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &env);
+        let st = s.wait_exit(PATIENCE);
+        assert_eq!(st.code(), Some(2), "{var}={value}: {}", s.log_text());
+        assert!(
+            s.log_text().contains(want),
+            "{var}={value}: {}",
+            s.log_text()
+        );
+    }
+    let rx = Receiver::start("ok");
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint()),
+            ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ],
+    );
+    let w = s.wait_event("trace_export_setting_ignored", |_| true);
+    assert!(
+        w.message().contains("OTEL_TRACES_SAMPLER=sometimes"),
+        "{:?}",
+        w.fields
+    );
+    s.wait_workers(1);
+    let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+    assert!(
+        r.status == 200 && r.header("traceparent").unwrap().ends_with("-01"),
+        "the default sampler"
+    );
+}

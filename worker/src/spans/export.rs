@@ -1,0 +1,205 @@
+//! The export: a bounded queue the request path pushes finished spans into (one
+//! uncontended lock, never a wait), drained by a thread of its own that POSTs them to the
+//! collector as OTLP/HTTP protobuf. A collector that is slow, down or answering errors
+//! costs spans, never a request: when the queue is full a span is dropped and counted, and
+//! a batch the collector did not take is dropped and counted (no retry: the next batch is
+//! newer). The counter is `vramfork_trace_spans_dropped_total`; a warning is logged when
+//! exports start failing and an event (`trace_export_recovered`, with what was dropped) when
+//! they work again.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use prost::Message;
+
+use super::otlp;
+use vramfork::otel::OtelConfig;
+
+/// Spans held at most while the exporter is behind (the specification's
+/// `OTEL_BSP_MAX_QUEUE_SIZE` default).
+pub const QUEUE: usize = 2048;
+/// Spans in one POST at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`'s default).
+const BATCH: usize = 512;
+/// How long the exporter waits for more spans before it sends what it has
+/// (`OTEL_BSP_SCHEDULE_DELAY` is 5 s by default; spans of a served request are wanted sooner).
+const DELAY: Duration = Duration::from_millis(500);
+
+/// The queue and its counters, shared by the request path and the exporter thread.
+pub struct Exporter {
+    queue: Mutex<VecDeque<otlp::Span>>,
+    more: Condvar,
+    dropped: AtomicU64,
+}
+
+impl Exporter {
+    /// Starts the exporter thread for `config`; `resource`: the attributes of this worker.
+    pub fn start(config: OtelConfig, resource: Vec<otlp::KeyValue>) -> Arc<Exporter> {
+        let e = Arc::new(Exporter {
+            queue: Mutex::new(VecDeque::with_capacity(256)),
+            more: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        });
+        let worker = e.clone();
+        let spawned = std::thread::Builder::new()
+            .name("vf-span-export".into())
+            .spawn(move || worker.run(&config, resource));
+        if let Err(err) = spawned {
+            tracing::warn!(
+                event = "trace_export_failing",
+                "the span exporter thread could not start ({err}); spans are dropped and counted"
+            );
+        }
+        e
+    }
+
+    /// Takes finished spans (the request path: never waits on the collector).
+    pub fn push(&self, spans: Vec<otlp::Span>) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let room = QUEUE.saturating_sub(q.len());
+        let n = spans.len();
+        q.extend(spans.into_iter().take(room));
+        let full = q.len() >= BATCH;
+        drop(q);
+        if n > room {
+            self.dropped.fetch_add((n - room) as u64, Ordering::Relaxed);
+        }
+        if full {
+            self.more.notify_one();
+        }
+    }
+
+    /// Spans dropped so far (queue full, or not taken by the collector).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The exporter thread: a batch when BATCH spans are waiting or DELAY passed.
+    fn run(&self, config: &OtelConfig, resource: Vec<otlp::KeyValue>) {
+        let mut failing: Option<u64> = None; // dropped when the failures began
+        loop {
+            let batch: Vec<otlp::Span> = {
+                let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                let (mut q, _) = self
+                    .more
+                    .wait_timeout_while(q, DELAY, |q| q.len() < BATCH)
+                    .unwrap_or_else(|p| p.into_inner());
+                let n = q.len().min(BATCH);
+                q.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let n = batch.len() as u64;
+            match post(config, &request(config, &resource, batch)) {
+                Ok(()) => {
+                    if let Some(before) = failing.take() {
+                        tracing::info!(
+                            event = "trace_export_recovered",
+                            dropped = self.dropped() - before,
+                            "the collector at {} takes spans again; {} were dropped meanwhile",
+                            config.endpoint,
+                            self.dropped() - before
+                        );
+                    }
+                }
+                Err(why) => {
+                    if failing.is_none() {
+                        failing = Some(self.dropped());
+                        tracing::warn!(
+                            event = "trace_export_failing",
+                            endpoint = %config.endpoint,
+                            "spans could not be exported ({why}); they are dropped and counted (vramfork_trace_spans_dropped_total) until the collector takes them again"
+                        );
+                    }
+                    self.dropped.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// One export request of `spans`, with this worker's resource.
+fn request(config: &OtelConfig, resource: &[otlp::KeyValue], spans: Vec<otlp::Span>) -> Vec<u8> {
+    let mut attributes = vec![otlp::kv(
+        "service.name",
+        otlp::Value::String(config.service_name.clone()),
+    )];
+    attributes.extend(
+        config
+            .resource
+            .iter()
+            .map(|(k, v)| otlp::kv(k, otlp::Value::String(v.clone()))),
+    );
+    attributes.extend_from_slice(resource);
+    otlp::ExportTraceServiceRequest {
+        resource_spans: vec![otlp::ResourceSpans {
+            resource: Some(otlp::Resource { attributes }),
+            scope_spans: vec![otlp::ScopeSpans {
+                scope: Some(otlp::InstrumentationScope {
+                    name: "vramfork".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                }),
+                spans,
+            }],
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// POSTs `body` to the collector (HTTP/1.1, a connection per export, the configured
+/// timeout for each step); Ok on a 2xx answer.
+fn post(config: &OtelConfig, body: &[u8]) -> Result<(), String> {
+    let timeout = Duration::from_millis(config.timeout_ms);
+    let addr = config
+        .host_port
+        .to_socket_addrs()
+        .map_err(|e| format!("{}: {e}", config.host_port))?
+        .next()
+        .ok_or_else(|| format!("{}: no address", config.host_port))?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    s.set_write_timeout(Some(timeout)).ok();
+    s.set_read_timeout(Some(timeout)).ok();
+    let mut head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n",
+        config.path,
+        config.host_port,
+        body.len()
+    );
+    for (k, v) in &config.headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body))
+        .map_err(|e| format!("sending to {addr}: {e}"))?;
+    // The status line is all that is needed.
+    let mut answer = Vec::with_capacity(256);
+    let mut buf = [0u8; 256];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        let n = s
+            .read(&mut buf)
+            .map_err(|e| format!("the answer of {addr}: {e}"))?;
+        if n == 0 {
+            return Err(format!("{addr} closed the connection without an answer"));
+        }
+        answer.extend_from_slice(&buf[..n]);
+        if answer.len() > 8192 {
+            break;
+        }
+    }
+    let line = String::from_utf8_lossy(&answer);
+    let status = line.split(' ').nth(1).unwrap_or("");
+    if status.starts_with('2') {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} answered {}",
+            config.endpoint,
+            line.lines().next().unwrap_or("")
+        ))
+    }
+}
