@@ -247,6 +247,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_LEDGER", value_name = "DIR")]
     pub ledger: Option<OsString>,
 
+    /// A server on GPUs whose workers got no request for this many seconds retires them
+    /// and gives its reservation in the ledger back; the next request starts them again
+    /// (or is answered 503 with Retry-After when the GPU has no room). 0 or off: never.
+    /// [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_IDLE_RELEASE",
+        value_name = "SECONDS"
+    )]
+    pub idle_release: Option<String>,
+
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
         long,
@@ -379,6 +391,7 @@ pub const OPTION_ENV: &[(&str, &str)] = &[
     ("--max-worker-memory-mb", "VRAMFORK_MAX_WORKER_MEMORY_MB"),
     ("--memory-cgroup", "VRAMFORK_MEMORY_CGROUP"),
     ("--ledger", "VRAMFORK_LEDGER"),
+    ("--idle-release", "VRAMFORK_IDLE_RELEASE"),
     ("--nvml-library", "VRAMFORK_NVML_LIBRARY"),
     ("--mps", "VRAMFORK_MPS"),
     ("--inline-passes", "VRAMFORK_INLINE_PASSES"),

@@ -36,6 +36,36 @@ pub fn reserved_by(plan: &Plan, workers: u32) -> BTreeMap<String, u64> {
     out
 }
 
+/// How many of the first `want` slots of `plan` fit, in order, where each GPU offers
+/// `room(gpu)` MB (`None`: unknown, no limit) less `reserve_mb`.
+pub fn fitting(
+    plan: &Plan,
+    want: u32,
+    reserve_mb: u64,
+    room: impl Fn(&crate::master::plan::GpuPlan) -> Option<u64>,
+) -> u32 {
+    let per = per_worker_mb(plan.planned_typ_mb);
+    let mut left: BTreeMap<u32, Option<u64>> = plan
+        .gpus
+        .iter()
+        .map(|g| (g.index, room(g).map(|r| r.saturating_sub(reserve_mb))))
+        .collect();
+    let mut slots: Vec<_> = plan.placement.iter().filter(|p| p.slot < want).collect();
+    slots.sort_by_key(|p| p.slot);
+    let mut n = 0;
+    for p in slots {
+        if let Some(g) = &p.gpu {
+            match left.get_mut(&g.index) {
+                Some(Some(l)) if *l >= per => *l -= per,
+                Some(None) | None => {}
+                Some(Some(_)) => break,
+            }
+        }
+        n += 1;
+    }
+    n
+}
+
 impl Reservation {
     /// Reads the ledger (taking its lock) when this server may plan workers on GPUs, and
     /// marks each GPU of `res` with what the other servers reserved there. `None`: no
@@ -164,6 +194,38 @@ impl Reservation {
             (g.index, shared.saturating_sub(taken))
         });
         Some(room.collect())
+    }
+
+    /// Re-admission after `--idle-release`, under one hold of the ledger's lock: how many
+    /// of the first `want` slots of `plan` fit in what the other servers' live reservations
+    /// leave on their GPUs (each GPU also no more than `free(index)` MB, NVML's free memory,
+    /// when known), less `reserve_mb` per GPU; that many are reserved before the lock goes.
+    /// Slots are taken in order and the count stops at the first that does not fit (slots
+    /// `0..n` are what a target of `n` starts). A ledger that cannot be read admits them all
+    /// (NVML's free memory alone decides, as without a ledger).
+    pub fn admit(
+        &mut self,
+        plan: &Plan,
+        want: u32,
+        reserve_mb: u64,
+        free: impl Fn(u32) -> Option<u64>,
+    ) -> u32 {
+        let Ok(mut locked) = self.ledger.lock() else {
+            return fitting(plan, want, reserve_mb, |g| free(g.index));
+        };
+        let others = locked.others();
+        let n = fitting(plan, want, reserve_mb, |g| {
+            let shared = share_mb(g.total_mb, g.fraction);
+            let room = shared.saturating_sub(others.get(&g.uuid).map_or(0, |o| o.mb));
+            Some(free(g.index).map_or(room, |f| f.min(room)))
+        });
+        if n > 0 {
+            let want = reserved_by(plan, n);
+            let written = locked.reserve(&want);
+            drop(locked);
+            self.said(written, want, Instant::now());
+        }
+        n
     }
 
     /// The master exits: its reservation goes.

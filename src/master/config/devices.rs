@@ -1,5 +1,5 @@
 //! The device and GPU memory: `--device`, `--gpu-memory-utilization`,
-//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`), NVML (`--nvml-library`,
+//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`, `--idle-release`), NVML (`--nvml-library`,
 //! `--simulated-gpus`), NVIDIA MPS (`--mps`, `CUDA_MPS_PIPE_DIRECTORY`), the operator's
 //! settings of PyTorch's CUDA allocator that bear on the cap ([`AllocatorEnv`]), and
 //! measuring a worker's footprint (`--profile-memory`, `--memory-headroom`).
@@ -54,6 +54,9 @@ pub(super) struct GpuMemory {
     pub max_worker_gpu_mb: Option<u64>,
     /// `--ledger`: the GPU-memory ledger's directory; `None`: off.
     pub ledger: Option<PathBuf>,
+    /// `--idle-release`: how long workers on GPUs may go without a request before they
+    /// are retired and the reservation given back; `None`: never.
+    pub idle_release: Option<std::time::Duration>,
 }
 
 impl GpuMemory {
@@ -84,11 +87,16 @@ impl GpuMemory {
             }
             Some(v) => Some(absolute(Path::new(v.trim()))),
         };
+        let idle_release = match cli.idle_release.as_deref().map(str::trim) {
+            None | Some("off") => None,
+            v => c.seconds_or_off("--idle-release", v, 0.0)?,
+        };
         Ok(GpuMemory {
             gpu_memory_utilization,
             gpu_reserve_mb,
             max_worker_gpu_mb,
             ledger,
+            idle_release,
         })
     }
 }

@@ -106,6 +106,9 @@ pub struct Config {
     pub memory_cgroup: Option<PathBuf>,
     /// The GPU-memory ledger's directory (`--ledger`); `None`: off.
     pub ledger: Option<PathBuf>,
+    /// `--idle-release`: retire the workers on GPUs after this long without a request
+    /// (`master::supervisor::idle`); `None`: never.
+    pub idle_release: Option<std::time::Duration>,
     pub nvml_library: Option<PathBuf>,
     /// `--mps`: `None` auto (detect the MPS control daemon), on or off.
     pub mps: Option<bool>,
@@ -318,6 +321,7 @@ impl Config {
             gpu_reserve_mb: gpu.gpu_reserve_mb,
             max_worker_gpu_mb: gpu.max_worker_gpu_mb,
             ledger: gpu.ledger,
+            idle_release: gpu.idle_release,
             max_worker_memory_mb: host_memory.max_worker_memory_mb,
             memory_cgroup: host_memory.memory_cgroup,
             nvml_library,
