@@ -156,6 +156,8 @@ fn an_idle_server_gives_its_memory_to_a_busy_neighbour_and_answers_its_next_requ
     let back = e.u64("workers").unwrap();
     assert!(back >= 1 && back <= n_idle, "{e:?}");
     idle.wait_event("idle_readmitted", |_| true);
+    // One worker starts first; the others admitted follow once it is ready.
+    idle.wait_workers(back as usize);
     let total = idle.poll("both reservations in the ledger", || {
         let r = host.reserved();
         (r == (back + n_busy + 1) * TYP_MB).then_some(r)
@@ -208,4 +210,45 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
         let scrape = http(idle.metrics_port(), "GET", "/metrics", None).body;
         lines.iter().all(|l| scrape.contains(l)).then_some(())
     });
+}
+
+/// `--idle-release` is checked (a bad value is exit 2 naming the flag), and on a plan with
+/// no worker on a GPU it is said to do nothing: only GPU memory is given back.
+#[test]
+fn idle_release_is_checked_and_does_nothing_on_the_cpu() {
+    let app = App::new("mlp.pt", r#""input": {"shape": [-1, 4]}"#);
+    let mut bad = Server::spawn(&app, &["--idle-release", "soon"], &[]);
+    assert_eq!(
+        bad.wait_exit(PATIENCE).code(),
+        Some(2),
+        "{}",
+        bad.log_text()
+    );
+    assert!(
+        bad.log_text().contains("--idle-release"),
+        "{}",
+        bad.log_text()
+    );
+    let cpu = Server::spawn(
+        &app,
+        &[
+            "--production",
+            "--device",
+            "cpu",
+            "--workers",
+            "1",
+            "--idle-release",
+            "1",
+        ],
+        &[],
+    )
+    .wait_listening();
+    let off = cpu.wait_event("idle_release_off", |_| true);
+    assert!(
+        off.message().contains("no worker is planned on a GPU"),
+        "{off:?}"
+    );
+    cpu.wait_workers(1);
+    let r = cpu.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
 }

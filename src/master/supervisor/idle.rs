@@ -3,8 +3,10 @@
 //! holding the listening socket. While released it polls that socket: a connection waiting
 //! there (with `TCP_DEFER_ACCEPT`, one whose client has sent its request) re-admits the
 //! server through the ledger — as many of its workers as the other servers' live
-//! reservations and NVML's free memory leave room for, at least one — and the connection
-//! stays in the kernel's accept queue until the first worker takes it. When not even one
+//! reservations and NVML's free memory leave room for, at least one; all are reserved at
+//! once, one starts, and the others once it is ready (so that the request waits for one
+//! boot, not for several sharing the CPUs) — and the connection stays in the kernel's
+//! accept queue until that first worker takes it. When not even one
 //! fits, the master takes the connection itself and answers `503` with `Retry-After`,
 //! never starting a worker that would meet a CUDA out-of-memory error.
 //!
@@ -40,8 +42,10 @@ pub(super) struct Idle {
     served: u64,
     /// While released: the workers to start again, and whether the reservation is back.
     released: Option<Released>,
-    /// Re-admitted at this moment, until its first worker is ready.
-    readmitted_at: Option<Instant>,
+    /// Re-admitted at this moment with this many workers reserved, until its first worker
+    /// is ready: one starts first (the request waits for one boot, not for several sharing
+    /// the CPUs), the others once it is ready.
+    readmitted: Option<(Instant, u32)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +63,7 @@ impl Idle {
             last_request: now,
             served: 0,
             released: None,
-            readmitted_at: None,
+            readmitted: None,
         }
     }
 
@@ -118,10 +122,11 @@ impl Supervisor {
             }
             return;
         }
-        if let Some(at) = idle.readmitted_at {
+        if let Some((at, workers)) = idle.readmitted {
             if self.workers.iter().any(|w| w.state.phase == Phase::Ready) {
                 let secs = now.duration_since(at).as_secs_f64();
-                idle.readmitted_at = None;
+                idle.readmitted = None;
+                self.target = workers;
                 tracing::info!(
                     event = "idle_readmitted",
                     ms = secs * 1e3,
@@ -189,11 +194,16 @@ impl Supervisor {
     }
 
     /// How many workers the ledger is reserved for now: while released, those still
-    /// exiting (their memory is not free until they are gone).
+    /// exiting (their memory is not free until they are gone); while re-admitted, all
+    /// those admitted, the first of which is starting.
     pub(super) fn reserved_workers(&self) -> u32 {
-        match self.idle.as_ref().and_then(|i| i.released) {
-            Some(_) => (self.workers.len() as u32).min(self.slots.len() as u32),
-            None => self.target,
+        let Some(idle) = self.idle.as_ref() else {
+            return self.target;
+        };
+        match (idle.released, idle.readmitted) {
+            (Some(_), _) => (self.workers.len() as u32).min(self.slots.len() as u32),
+            (None, Some((_, n))) => n.max(self.target),
+            (None, None) => self.target,
         }
     }
 
@@ -202,13 +212,21 @@ impl Supervisor {
         self.idle.as_ref().is_some_and(Idle::released)
     }
 
-    /// TTIN and TTOU while released: ignored (said); the next request re-admits the
-    /// workers released, as many as the ledger has room for.
+    /// Whether `--idle-release` sets the target now: released, or re-admitted with its
+    /// first worker still starting.
+    pub(super) fn idle_owns_target(&self) -> bool {
+        self.idle
+            .as_ref()
+            .is_some_and(|i| i.released.is_some() || i.readmitted.is_some())
+    }
+
+    /// TTIN and TTOU while released or re-admitting: ignored (said); the next request
+    /// re-admits the workers released, as many as the ledger has room for.
     pub(super) fn idle_ignores_ttin_ttou(&self) {
         tracing::warn!(
             event = "ttin_refused",
             workers = 0,
-            "TTIN/TTOU ignored: this server has released its workers for being idle (--idle-release); the next request starts them again"
+            "TTIN/TTOU ignored: this server has released its workers for being idle (--idle-release), or is starting them again; send it again once they serve"
         );
     }
 
@@ -253,7 +271,7 @@ impl Supervisor {
             event = "idle_readmission",
             outcome = "admitted",
             workers = n,
-            "a request arrived: starting {n} of the {} workers released (the ledger has room for {n}); the request waits in the listen queue for the first",
+            "a request arrived: {n} of the {} workers released reserved again (the ledger has room for {n}); one starts now and the request waits in the listen queue for it, the others start once it is ready",
             r.workers
         );
         if let Some(m) = &self.metrics {
@@ -262,10 +280,10 @@ impl Supervisor {
         }
         if let Some(idle) = self.idle.as_mut() {
             idle.released = None;
-            idle.readmitted_at = Some(now);
+            idle.readmitted = Some((now, n));
             idle.last_request = now;
         }
-        self.target = n;
+        self.target = 1;
     }
 
     /// Takes one connection from the accept queue and answers it 503 with `Retry-After`

@@ -43,7 +43,7 @@ impl Supervisor {
                     }
                 }
             }
-            Intent::MoreWorkers | Intent::FewerWorkers if self.idle_released() => {
+            Intent::MoreWorkers | Intent::FewerWorkers if self.idle_owns_target() => {
                 self.idle_ignores_ttin_ttou()
             }
             Intent::Reload if self.stopping.is_none() => self.reload(),
