@@ -189,7 +189,7 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
     let r = idle.post("/", INPUT);
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.header("retry-after"), Some("5"), "{:?}", r.headers);
-    assert!(r.body.contains("idle"), "{}", r.body);
+    assert_eq!(r.json()["type"], "idle_no_room", "{}", r.body);
     let e = idle.wait_event("idle_readmission", |_| true);
     assert_eq!(e.str("outcome"), Some("no_room"), "{e:?}");
     assert!(worker_pids(idle.pid()).is_empty(), "no worker was started");

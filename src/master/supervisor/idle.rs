@@ -319,7 +319,7 @@ fn answer_503(mut conn: TcpStream) {
         }
     }
     let body = format!(
-        "{{\"error\": \"this server released its GPU memory for being idle (--idle-release) and the GPUs have no room to start a worker again now; retry in {RETRY_AFTER_S} s\"}}"
+        "{{\"error\": \"this server released its GPU memory for being idle (--idle-release) and the GPUs have no room to start a worker again now; retry in {RETRY_AFTER_S} s\", \"type\": \"idle_no_room\"}}"
     );
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n{body}",
