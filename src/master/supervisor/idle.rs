@@ -147,7 +147,7 @@ impl Supervisor {
         let queued = fd
             .and_then(crate::metrics::listen_queue::read)
             .is_some_and(|b| b.waiting > 0);
-        // A reload, a pool of none (TTOU cannot make one), or one worker held to be measured.
+        // A reload under way, or one worker held while its host memory is measured.
         let pending = self.reload.under_way || self.host.hold(self.target) != self.target;
         idle.busy(served, working || queued || pending, now);
         if now.duration_since(idle.last_request) >= idle.after {
