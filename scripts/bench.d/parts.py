@@ -114,6 +114,11 @@ PARTS = [
          "WINDOW_UPDATE(+1) frames on HTTP/2 connections, and beside 4 that reconnect whenever "
          "one is ended; to bench/h2flood.{json,md}", ["python3", f"{D}/h2_flood.py"], 600,
          quick=False),
+    Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
+         "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
+         "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
+         "reservation written; to bench/ledger.{json,md}", ["python3", f"{D}/ledger.py"], 900,
+         quick=False),
 ]
 BY_NAME = {p.name: p for p in PARTS}
 

@@ -246,6 +246,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "VRAMFORK_LEDGER", value_name = "DIR")]
     pub ledger: Option<OsString>,
 
+    /// A server on GPUs whose workers got no request for this many seconds retires them
+    /// and gives its reservation in the ledger back; the next request starts them again
+    /// (or is answered 503 with Retry-After when the GPU has no room). 0 or off: never.
+    /// [default: off]
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_IDLE_RELEASE",
+        value_name = "SECONDS"
+    )]
+    pub idle_release: Option<String>,
+
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
         long,

@@ -30,6 +30,11 @@
 //! | `ledger_write_failed` | warn | | this server's reservation could not be written (tried again at its next renewal) |
 //! | `ledger_rebuilt` | warn | `file` | the ledger file was not a ledger: rebuilt empty (`master::ledger`) |
 //! | `ledger_grown` | info | `gpu`, `room_mb` | TTIN with the plan's GPUs full: a GPU the other servers' reservations had made smaller has room for one more worker now (a neighbour stopped or shrank) |
+//! | `idle_release_off` | warn | | `--idle-release` on a plan with no worker on a GPU: it does nothing (`master::supervisor::idle`) |
+//! | `idle_release` | info | `workers`, `idle_s` | no model request for `--idle-release`: every worker is asked to retire (`fewer_workers`) |
+//! | `idle_released` | info | `ms` | the released workers have all exited: this server reserves nothing in the ledger |
+//! | `idle_readmission` | info, warn | `outcome` (`admitted`, `no_room`), `workers` | a connection arrived while released: `workers` reserved again (one starts now, the rest once it is ready); or none fits, and the master answered it 503 with `Retry-After` |
+//! | `idle_readmitted` | info | `ms` | the first worker of a re-admission is ready, `ms` after the master saw the request |
 //! | `trace_export` | info | `endpoint`, `service_name`, `sampler` | the workers export their spans over OTLP/HTTP (the `OTEL_*` variables; `crate::otel`) |
 //! | `trace_export_setting_ignored` | warn | | an `OTEL_*` value the standard makes a warning (an unknown sampler, a bad ratio or timeout): the default is taken |
 //! | `host_memory_refused` | error | | not even one worker fits in the memory the server may use: the master exits 2 |

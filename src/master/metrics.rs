@@ -21,7 +21,7 @@ use super::slot::{KillReason, Phase, WorkerState};
 use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use crate::metrics::endpoint::{SharedSource, Source};
-use crate::metrics::exposition::{GpuRow, PlanGauges, Snapshot, Waiting, WorkerRow};
+use crate::metrics::exposition::{GpuRow, IdleFigures, PlanGauges, Snapshot, Waiting, WorkerRow};
 use crate::metrics::histogram::Hist;
 use crate::metrics::listen_queue::Backlog;
 use crate::metrics::traffic::Traffic;
@@ -58,6 +58,8 @@ struct State {
     /// When a worker was last seen ready.
     last_ready: Option<Instant>,
     stopping: bool,
+    /// `--idle-release`'s figures.
+    idle: IdleFigures,
 }
 
 /// Shared between the supervisor (writes) and the metrics thread (reads).
@@ -178,6 +180,27 @@ impl MasterMetrics {
         });
     }
 
+    /// `--idle-release`: released now (`Some(true)`), serving (`Some(false)`); a release
+    /// is counted when it begins.
+    pub fn idle_state(&self, released: Option<bool>) {
+        self.with(|s| {
+            if released == Some(true) && s.idle.released != Some(true) {
+                s.idle.releases += 1;
+            }
+            s.idle.released = released;
+        });
+    }
+
+    /// A request arrived while released, with this outcome (`admitted`, `no_room`).
+    pub fn readmission(&self, outcome: &str) {
+        self.with(|s| *s.idle.readmissions.entry(outcome.into()).or_default() += 1);
+    }
+
+    /// A re-admitted server's first worker was ready `secs` after the request.
+    pub fn readmitted(&self, secs: f64) {
+        self.with(|s| s.idle.readmission.observe(secs));
+    }
+
     /// The listening socket's accept queue, read now (`None`: the master has closed its
     /// socket).
     pub fn backlog(&self, b: Option<Backlog>) {
@@ -214,6 +237,7 @@ impl MasterMetrics {
                 boot: s.boot.clone(),
                 exits: s.exits.clone(),
                 plan: s.plan,
+                idle: s.idle.clone(),
                 ..Snapshot::default()
             };
             let live: Vec<(u32, LiveWorker)> =
@@ -299,13 +323,14 @@ impl Source for MasterMetrics {
     }
 
     fn ready(&self) -> Result<String, String> {
-        let (ready, planned, stopping, last, turn) = self.with(|s| {
+        let (ready, planned, stopping, last, turn, released) = self.with(|s| {
             (
                 s.pool.ready,
                 s.pool.target,
                 s.stopping,
                 s.last_ready,
                 s.last_turn,
+                s.idle.released == Some(true),
             )
         });
         let since = last.map(|t| t.elapsed());
@@ -321,6 +346,8 @@ impl Source for MasterMetrics {
             ))
         } else if ready > 0 {
             Ok(format!("{ready} of {planned} workers ready"))
+        } else if released {
+            Ok("released for being idle (--idle-release): the next request starts workers again, or is answered 503 with Retry-After when the GPUs have no room".into())
         } else if let Some(ago) = since.filter(|a| *a <= READY_GRACE) {
             Ok(format!(
                 "0 of {planned} workers ready, replacements booting (one was ready {} ms ago)",

@@ -36,6 +36,36 @@ pub fn reserved_by(plan: &Plan, workers: u32) -> BTreeMap<String, u64> {
     out
 }
 
+/// How many of the first `want` slots of `plan` fit, in order, where each GPU offers
+/// `room(gpu)` MB (`None`: unknown, no limit) less `reserve_mb`.
+pub fn fitting(
+    plan: &Plan,
+    want: u32,
+    reserve_mb: u64,
+    room: impl Fn(&crate::master::plan::GpuPlan) -> Option<u64>,
+) -> u32 {
+    let per = per_worker_mb(plan.planned_typ_mb);
+    let mut left: BTreeMap<u32, Option<u64>> = plan
+        .gpus
+        .iter()
+        .map(|g| (g.index, room(g).map(|r| r.saturating_sub(reserve_mb))))
+        .collect();
+    let mut slots: Vec<_> = plan.placement.iter().filter(|p| p.slot < want).collect();
+    slots.sort_by_key(|p| p.slot);
+    let mut n = 0;
+    for p in slots {
+        if let Some(g) = &p.gpu {
+            match left.get_mut(&g.index) {
+                Some(Some(l)) if *l >= per => *l -= per,
+                Some(None) | None => {}
+                Some(Some(_)) => break,
+            }
+        }
+        n += 1;
+    }
+    n
+}
+
 impl Reservation {
     /// Reads the ledger (taking its lock) when this server may plan workers on GPUs, and
     /// marks each GPU of `res` with what the other servers reserved there. `None`: no
@@ -171,6 +201,38 @@ impl Reservation {
         Some(room.collect())
     }
 
+    /// Re-admission after `--idle-release`, under one hold of the ledger's lock: how many
+    /// of the first `want` slots of `plan` fit in what the other servers' live reservations
+    /// leave on their GPUs (each GPU also no more than `free(index)` MB, NVML's free memory,
+    /// when known), less `reserve_mb` per GPU; that many are reserved before the lock goes.
+    /// Slots are taken in order and the count stops at the first that does not fit (slots
+    /// `0..n` are what a target of `n` starts). A ledger that cannot be read admits them all
+    /// (NVML's free memory alone decides, as without a ledger).
+    pub fn admit(
+        &mut self,
+        plan: &Plan,
+        want: u32,
+        reserve_mb: u64,
+        free: impl Fn(u32) -> Option<u64>,
+    ) -> u32 {
+        let Ok(mut locked) = self.ledger.lock() else {
+            return fitting(plan, want, reserve_mb, |g| free(g.index));
+        };
+        let others = locked.others();
+        let n = fitting(plan, want, reserve_mb, |g| {
+            let shared = share_mb(g.total_mb, g.fraction);
+            let room = shared.saturating_sub(others.get(&g.uuid).map_or(0, |o| o.mb));
+            Some(free(g.index).map_or(room, |f| f.min(room)))
+        });
+        if n > 0 {
+            let want = reserved_by(plan, n);
+            let written = locked.reserve(&want);
+            drop(locked);
+            self.said(written, want, Instant::now());
+        }
+        n
+    }
+
     /// The master exits: its reservation goes.
     pub fn release(&mut self) {
         self.locked = None;
@@ -181,5 +243,105 @@ impl Reservation {
                 crate::master::ledger::LEASE.as_secs()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::master::plan::{plan, Demand, Policy};
+    use crate::master::resources::{GpuInfo, MB};
+    use crate::metadata::AppMetadata;
+
+    /// The plan of an app declaring 4000 MB per worker on two A100 40 GB (16 cores).
+    fn two_a100s() -> Plan {
+        let gpu = |index: u32| GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA A100-SXM4-40GB".into(),
+            total_bytes: 40_960 * MB,
+            free_bytes: 40_960 * MB,
+            ..GpuInfo::default()
+        };
+        let res = Resources {
+            cpus: 16,
+            gpus: vec![gpu(0), gpu(1)],
+            gpu_note: None,
+            driver_version: None,
+            cuda_driver_version: None,
+        };
+        let meta = AppMetadata::parse(
+            Path::new("/apps/a/app-metadata.json"),
+            r#"{"name": "a", "est_gpu_mem_min": 1000, "est_gpu_mem_typ": 4000}"#,
+        )
+        .unwrap();
+        plan(&res, &Demand::declared(&meta), &Policy::default()).unwrap()
+    }
+
+    #[test]
+    fn readmission_takes_the_first_slots_that_fit_in_order() {
+        let p = two_a100s();
+        let want = p.workers;
+        let gpu_of = |slot: u32| {
+            let s = p.placement.iter().find(|s| s.slot == slot).unwrap();
+            s.gpu.as_ref().unwrap().index
+        };
+        assert_ne!(
+            gpu_of(0),
+            gpu_of(1),
+            "slots alternate GPUs: {:?}",
+            p.placement
+        );
+        // Room unknown (no NVML figure, no ledger) or plenty: every slot.
+        assert_eq!(fitting(&p, want, 500, |_| None), want);
+        assert_eq!(fitting(&p, want, 500, |_| Some(1 << 20)), want);
+        // No room anywhere: none.
+        assert_eq!(fitting(&p, want, 500, |_| Some(4000)), 0);
+        // Room for one worker (plus the reserve) on each GPU: the first slot of each.
+        assert_eq!(fitting(&p, want, 500, |_| Some(4500)), 2);
+        // Room on the second slot's GPU only: the first slot does not fit, so none (a
+        // target of n starts slots 0..n).
+        let second = gpu_of(1);
+        let only_second =
+            |g: &crate::master::plan::GpuPlan| Some(if g.index == second { 40_000 } else { 0 });
+        assert_eq!(fitting(&p, want, 500, only_second), 0);
+        // Fewer wanted than fit: what is wanted.
+        assert_eq!(fitting(&p, 1, 500, |_| None), 1);
+    }
+
+    #[test]
+    fn admission_counts_the_others_reservations_and_reserves_under_the_lock() {
+        let p = two_a100s();
+        let dir = tempfile::tempdir().unwrap();
+        let other = Ledger::open(dir.path(), "other", None).unwrap();
+        let share = |i: usize| share_mb(p.gpus[i].total_mb, p.gpus[i].fraction);
+        // The other server leaves room for one worker and the reserve on the first slot's
+        // GPU, and none on the second's.
+        let first = p.placement[0].gpu.as_ref().unwrap().index as usize;
+        let held: BTreeMap<String, u64> = p
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let leave = if i == first { 4500 } else { 0 };
+                (g.uuid.clone(), share(i) - leave)
+            })
+            .collect();
+        other.reserve(&held).unwrap();
+        let mut mine = Reservation {
+            ledger: Ledger::open(dir.path(), "mine", None).unwrap(),
+            locked: None,
+            written: None,
+        };
+        assert_eq!(mine.admit(&p, p.workers, 500, |_| None), 1);
+        let seen = other.lock().unwrap().others();
+        let uuid = &p.gpus[first].uuid;
+        assert_eq!(seen[uuid].mb, 4000, "{seen:?}");
+        // NVML's free memory bounds it too: nothing fits where NVML shows 4000 MB free.
+        let _ = mine.ledger.release();
+        assert_eq!(mine.admit(&p, p.workers, 500, |_| Some(4000)), 0);
+        assert!(!other.lock().unwrap().others().contains_key(uuid));
     }
 }

@@ -88,6 +88,7 @@ impl Source for DevSource {
                 footprint_planned_mb: self.cfg.planned_typ_mb,
                 footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
             },
+            idle: Default::default(),
         }
     }
 

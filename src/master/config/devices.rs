@@ -1,5 +1,6 @@
 //! The device and GPU memory: `--device`, `--gpu-memory-utilization`,
-//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`), NVML
+//! `--gpu-reserve-mb`, `--max-worker-gpu-mb`, the GPU-memory ledger (`--ledger`) and giving the
+//! reservation back when idle (`--idle-release`), NVML
 //! (`--nvml-library`, `--simulated-gpus`), the GPUs the operator made visible
 //! (`CUDA_VISIBLE_DEVICES`) and the operator's settings of PyTorch's CUDA allocator that
 //! bear on the cap ([`AllocatorEnv`]).
@@ -35,6 +36,9 @@ pub struct Gpu {
     pub cuda_visible_devices: Option<String>,
     /// The operator's allocator settings that bear on the cap.
     pub allocator: AllocatorEnv,
+    /// `--idle-release`: how long workers on GPUs may go without a request before they
+    /// are retired and the reservation given back; `None`: never.
+    pub idle_release: Option<std::time::Duration>,
 }
 
 impl Gpu {
@@ -62,6 +66,10 @@ impl Gpu {
             None => None,
             Some(v) => Some(c.uint_given("--max-worker-gpu-mb", v, 1)?),
         };
+        let idle_release = match cli.idle_release.as_deref().map(str::trim) {
+            None | Some("off") => None,
+            v => c.seconds_or_off("--idle-release", v)?,
+        };
         Ok(Gpu {
             device,
             gpu_memory_utilization,
@@ -72,6 +80,7 @@ impl Gpu {
             simulated_gpus: cli.simulated_gpus,
             cuda_visible_devices: (c.env)("CUDA_VISIBLE_DEVICES"),
             allocator: AllocatorEnv::read(c.env)?,
+            idle_release,
         })
     }
 }

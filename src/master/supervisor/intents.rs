@@ -43,6 +43,9 @@ impl Supervisor {
                     }
                 }
             }
+            Intent::MoreWorkers | Intent::FewerWorkers if self.idle_owns_target() => {
+                self.idle_ignores_ttin_ttou()
+            }
             Intent::Reload if self.stopping.is_none() => self.reload(),
             Intent::MoreWorkers if self.stopping.is_none() => self.more_workers(),
             Intent::FewerWorkers if self.stopping.is_none() => {

@@ -16,6 +16,7 @@
 //! | `adapt.rs` | the footprint learned while serving, and `--adapt-workers` | |
 //! | `host.rs` | host memory: the bound once the template measured a worker, own memory learned while serving, OOM kills | `HostWatch` |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
+//! | `idle.rs` | `--idle-release`: retiring idle workers, giving the reservation back, re-admitting on a request | `Idle` |
 //! | `mps.rs` | under MPS: a fatal CUDA error retires that GPU's workers together; the daemon looked for again | `MpsFaults`, `DaemonWatch` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
@@ -26,6 +27,7 @@ mod boots;
 mod control;
 mod exits;
 mod host;
+mod idle;
 mod intents;
 mod mps;
 mod reload;
@@ -56,6 +58,7 @@ use crate::master::resources::NvmlProbe;
 use act::{Jitter, WaitLog};
 use boots::Boots;
 use host::HostWatch;
+use idle::Idle;
 use mps::{DaemonWatch, MpsFaults};
 use reload::Reload;
 use template::Templates;
@@ -110,6 +113,8 @@ pub struct Supervisor {
     mps_faults: MpsFaults,
     /// The MPS control daemon `--mps auto` found, looked for again (`mps.rs`).
     mps_daemon: Option<DaemonWatch>,
+    /// `--idle-release` (`idle.rs`); `None`: off.
+    idle: Option<Idle>,
 }
 
 impl Supervisor {
@@ -161,6 +166,7 @@ impl Supervisor {
             reservation: None,
             mps_faults,
             mps_daemon,
+            idle: None,
             host: HostWatch::new(cgroup),
             board: Board::create()
                 .map_err(|e| {
@@ -192,6 +198,7 @@ impl Supervisor {
             tracing::warn!("cannot become a child subreaper; workers will be started by exec");
             self.templates.disable();
         }
+        self.idle_from_config();
         loop {
             self.ensure_template();
             self.wait();
@@ -201,6 +208,7 @@ impl Supervisor {
             self.read_control();
             self.reap();
             self.learn();
+            self.idle_turn(Instant::now());
             if let Some(code) = self.act() {
                 if let Some(l) = &mut self.learner {
                     l.save(Instant::now(), true);
@@ -210,8 +218,9 @@ impl Supervisor {
                 }
                 return code;
             }
+            let reserved = self.reserved_workers();
             if let Some(r) = &mut self.reservation {
-                r.follow(&self.plan, self.target, Instant::now());
+                r.follow(&self.plan, reserved, Instant::now());
             }
             self.report_pool();
             self.notify.tick(Instant::now());
@@ -245,6 +254,11 @@ impl Supervisor {
         }
         if let Some(fd) = self.templates.loading_fd() {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        // Released for being idle: a connection waiting wakes the loop (`idle.rs`).
+        let released = self.idle_released();
+        if let Some(l) = self.listener.as_ref().filter(|_| released) {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
         }
         let _ = poll(&mut fds, PollTimeout::from(TICK.as_millis() as u16));
     }

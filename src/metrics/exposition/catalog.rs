@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use super::families::{l, Families, Family, Labels};
-use super::{batch_sizes, GpuRow, Snapshot, WorkerRow, EXIT_REASONS, START_METHODS, STATES};
+use super::{
+    batch_sizes, GpuRow, Snapshot, WorkerRow, EXIT_REASONS, READMISSION_OUTCOMES, START_METHODS,
+    STATES,
+};
 
 /// Requests by endpoint and code, their bytes, out-of-memory answers, their durations.
 pub(super) fn requests(f: &mut Families, s: &Snapshot) {
@@ -333,5 +336,36 @@ pub(super) fn plan(f: &mut Families, s: &Snapshot) {
         "The vramfork build serving, as labels; always 1.",
         None,
         vec![(l(&[("version", env!("CARGO_PKG_VERSION"))]), 1.0)],
+    );
+}
+
+/// `--idle-release`: released now, releases, re-admissions and how long they took.
+pub(super) fn idle(f: &mut Families, s: &Snapshot) {
+    let i = &s.idle;
+    f.gauge(
+        "idle_released",
+        "1 while the server has released its GPU workers for being idle (--idle-release), else 0 (absent when --idle-release is off).",
+        None,
+        i.released
+            .map(|r| vec![(vec![], if r { 1.0 } else { 0.0 })])
+            .unwrap_or_default(),
+    );
+    f.counter(
+        "idle_releases",
+        "Times the server released its GPU workers and its reservation for being idle.",
+        vec![(vec![], i.releases)],
+    );
+    f.counter(
+        "idle_readmissions",
+        "Requests that arrived while released: admitted (workers started again) or no_room (answered 503).",
+        READMISSION_OUTCOMES
+            .iter()
+            .map(|o| (l(&[("outcome", o)]), i.readmissions.get(*o).copied().unwrap_or(0)))
+            .collect(),
+    );
+    f.histogram(
+        "idle_readmission_duration",
+        "From the request that re-admitted a released server to its first worker ready.",
+        vec![(vec![], i.readmission.clone())],
     );
 }

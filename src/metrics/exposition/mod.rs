@@ -136,7 +136,24 @@ pub struct Snapshot {
     pub gpus: Vec<GpuRow>,
     pub per_worker: Vec<WorkerRow>,
     pub plan: PlanGauges,
+    pub idle: IdleFigures,
 }
+
+/// `--idle-release`'s figures (the master's; all empty when it is off).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IdleFigures {
+    /// Whether the workers are released now; `None`: `--idle-release` is off.
+    pub released: Option<bool>,
+    /// Releases so far.
+    pub releases: u64,
+    /// Re-admissions by outcome (`admitted`, `no_room`).
+    pub readmissions: BTreeMap<String, u64>,
+    /// From the request that re-admitted the server to its first worker ready.
+    pub readmission: Hist,
+}
+
+/// The `outcome` label of `vramfork_idle_readmissions_total`.
+pub const READMISSION_OUTCOMES: [&str; 2] = ["admitted", "no_room"];
 
 /// Forward passes by rows, gathered into power-of-two ranges (`1`, `2`, `3-4`, `5-8`, …):
 /// a bounded set of label values whatever `max_batch_size` is.
@@ -171,6 +188,7 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
     catalog::workers(&mut f, s);
     catalog::memory(&mut f, s);
     catalog::plan(&mut f, s);
+    catalog::idle(&mut f, s);
 
     let mut out = String::with_capacity(16 << 10);
     text::encode_with(&mut out, &f.reg, format.profile(), || ()).map_err(|e| e.to_string())?;

@@ -1,0 +1,254 @@
+//! `--idle-release SECONDS` (issue 57, `src/master/supervisor/idle.rs`): a server whose
+//! workers on GPUs got no request for that long retires them and gives its reservation in
+//! the GPU-memory ledger back; the next request starts them again through the ledger, or is
+//! answered 503 with `Retry-After` when the ledger has no room. Real `app` servers against
+//! one simulated A100 (the NVML stand-in, `--simulated-gpus`) sharing one ledger, as in
+//! `tests/ledger.rs`.
+
+mod common;
+#[path = "support/nvml_sim.rs"]
+mod nvml_sim;
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::*;
+use nvml_sim::{SimGpu, SimGpus};
+use serde_json::Value;
+
+/// One host: a simulated A100 40 GB and the ledger directory its servers share.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
+        Host { dir }
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.dir.path().join("ledger")
+    }
+
+    /// An app of this host: the MLP fixture declaring `typ_mb` per worker.
+    fn app(&self, typ_mb: u64) -> App {
+        App::new(
+            "mlp.pt",
+            &format!(
+                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {typ_mb}"#
+            ),
+        )
+    }
+
+    /// `app --production` of `app` on this host with `more`, listening with every planned
+    /// worker ready; the worker count it planned.
+    fn serving(&self, app: &App, more: &[&str]) -> (Server, u64) {
+        let lib = nvml_sim::mock_library().display().to_string();
+        let gpus = self.dir.path().join("gpus.json").display().to_string();
+        let ledger = self.ledger().display().to_string();
+        let env = [
+            (nvml_sim::ENV_FILE, gpus.as_str()),
+            ("VRAMFORK_LEDGER", ledger.as_str()),
+        ];
+        let mut args = vec!["--nvml-library", &lib, "--simulated-gpus", "--production"];
+        args.extend_from_slice(more);
+        let s = Server::spawn(app, &args, &env).wait_listening();
+        let n = s.wait_event("listening", |_| true).u64("workers").unwrap();
+        s.wait_workers(n as usize);
+        (s, n)
+    }
+
+    /// The live reservations in the ledger file (MB, every device), read as any tool would.
+    fn reserved(&self) -> u64 {
+        let Ok(text) = std::fs::read_to_string(self.ledger().join("gpu-ledger.json")) else {
+            return 0;
+        };
+        let book: Value = serde_json::from_str(&text).unwrap();
+        let now = now_ms();
+        let servers = book["servers"].as_object().unwrap();
+        let live = servers
+            .values()
+            .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
+        live.flat_map(|e| e["gpus"].as_object().unwrap().values())
+            .map(|mb| mb.as_u64().unwrap())
+            .sum()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+const INPUT: &str = r#"{"inputs": [[1.0, 2.0, 3.0, 4.0]]}"#;
+
+/// Requests to `port` one after another until `stop` is set: a server kept busy.
+fn keep_busy(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let r = http(port, "POST", "/", Some(INPUT));
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    })
+}
+
+/// An idle server gives its reservation back within the seconds set (the release begins no
+/// sooner than `--idle-release` after the last answer, and no later than a heartbeat and a
+/// loop turn after that), a busy neighbour's TTIN then takes the room it freed, and the
+/// idle server's next request is answered 200 by a worker started again through the ledger.
+#[test]
+fn an_idle_server_gives_its_memory_to_a_busy_neighbour_and_answers_its_next_request() {
+    const TYP_MB: u64 = 4000;
+    const IDLE_S: f64 = 2.0;
+    let host = Host::new();
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (idle, n_idle) = host.serving(&a, &["--idle-release", "2"]);
+    // Kept busy while its neighbour starts (booting takes longer than its idle time here).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = keep_busy(idle.port, stop.clone());
+    let (busy, n_busy) = host.serving(&b, &[]);
+    assert_eq!(host.reserved(), (n_idle + n_busy) * TYP_MB);
+    // The neighbour planned around the idle server's reservation: it has no room to grow.
+    busy.signal(libc::SIGTTIN);
+    let refused = busy.wait_event("ttin_refused", |_| true);
+    assert!(refused.message().contains("fill"), "{refused:?}");
+
+    assert!(
+        idle.events_named("idle_release").is_empty(),
+        "released while busy"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().unwrap();
+    let answered_s = now_ms() as f64 / 1e3;
+    let release = idle.wait_event("idle_release", |_| true);
+    assert_eq!(release.u64("workers"), Some(n_idle), "{release:?}");
+    let after = release.secs() - answered_s;
+    assert!(
+        (IDLE_S - 0.05..=IDLE_S + 3.0).contains(&after),
+        "released {after:.2} s after the last answer, with --idle-release {IDLE_S}"
+    );
+    idle.wait_event("idle_released", |_| true);
+    let left = idle.poll("the idle server's reservation given back", || {
+        let r = host.reserved();
+        (r == n_busy * TYP_MB).then_some(r)
+    });
+    assert_eq!(left, n_busy * TYP_MB);
+    assert!(worker_pids(idle.pid()).is_empty(), "its workers are gone");
+
+    // The busy neighbour takes the room.
+    busy.signal(libc::SIGTTIN);
+    let grown = busy.wait_event("ledger_grown", |_| true);
+    assert_eq!(grown.u64("gpu"), Some(0), "{grown:?}");
+    busy.wait_workers(n_busy as usize + 1);
+
+    // The idle server's next request: re-admitted with what the ledger leaves, answered.
+    let r = idle.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e = idle.wait_event("idle_readmission", |_| true);
+    assert_eq!(e.str("outcome"), Some("admitted"), "{e:?}");
+    let back = e.u64("workers").unwrap();
+    assert!(back >= 1 && back <= n_idle, "{e:?}");
+    idle.wait_event("idle_readmitted", |_| true);
+    // One worker starts first; the others admitted follow once it is ready.
+    idle.wait_workers(back as usize);
+    let total = idle.poll("both reservations in the ledger", || {
+        let r = host.reserved();
+        (r == (back + n_busy + 1) * TYP_MB).then_some(r)
+    });
+    assert!(total as f64 <= 40_960.0 * 0.9, "{total} MB reserved");
+}
+
+/// A released server whose GPU a neighbour has filled answers its next request 503 with
+/// `Retry-After` (starting no worker that would not fit); readiness on its metrics port
+/// says it is released; once the neighbour has gone, the next request is answered 200.
+#[test]
+fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
+    // One worker of this size fits the GPU's share once, not twice.
+    const TYP_MB: u64 = 20_000;
+    let host = Host::new();
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (idle, n_idle) = host.serving(&a, &["--idle-release", "1", "--metrics-port", "0"]);
+    assert_eq!(n_idle, 1);
+    idle.wait_event("idle_released", |_| true);
+    idle.poll("the reservation given back", || {
+        (host.reserved() == 0).then_some(())
+    });
+    let ready = http(idle.metrics_port(), "GET", "/health/ready", None);
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert!(ready.body.contains("released"), "{}", ready.body);
+
+    let (neighbour, n) = host.serving(&b, &[]);
+    assert_eq!(n, 1);
+    let r = idle.post("/", INPUT);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.header("retry-after"), Some("5"), "{:?}", r.headers);
+    assert_eq!(r.json()["type"], "idle_no_room", "{}", r.body);
+    let e = idle.wait_event("idle_readmission", |_| true);
+    assert_eq!(e.str("outcome"), Some("no_room"), "{e:?}");
+    assert!(worker_pids(idle.pid()).is_empty(), "no worker was started");
+    assert_eq!(host.reserved(), TYP_MB, "only the neighbour's reservation");
+
+    neighbour.signal(libc::SIGTERM);
+    let mut neighbour = neighbour;
+    neighbour.wait_exit(PATIENCE);
+    let r = idle.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let lines = [
+        "vramfork_idle_readmissions_total{outcome=\"no_room\"} 1",
+        "vramfork_idle_readmissions_total{outcome=\"admitted\"} 1",
+        "vramfork_idle_readmission_duration_seconds_count 1",
+    ];
+    // The master counts the re-admission's duration once it has seen the worker ready.
+    idle.poll("the re-admission in the metrics", || {
+        let scrape = http(idle.metrics_port(), "GET", "/metrics", None).body;
+        lines.iter().all(|l| scrape.contains(l)).then_some(())
+    });
+}
+
+/// `--idle-release` is checked (a bad value is exit 2 naming the flag), and on a plan with
+/// no worker on a GPU it is said to do nothing: only GPU memory is given back.
+#[test]
+fn idle_release_is_checked_and_does_nothing_on_the_cpu() {
+    let app = App::new("mlp.pt", r#""input": {"shape": [-1, 4]}"#);
+    let mut bad = Server::spawn(&app, &["--idle-release", "soon"], &[]);
+    assert_eq!(
+        bad.wait_exit(PATIENCE).code(),
+        Some(2),
+        "{}",
+        bad.log_text()
+    );
+    assert!(
+        bad.log_text().contains("--idle-release"),
+        "{}",
+        bad.log_text()
+    );
+    let cpu = Server::spawn(
+        &app,
+        &[
+            "--production",
+            "--device",
+            "cpu",
+            "--workers",
+            "1",
+            "--idle-release",
+            "1",
+        ],
+        &[],
+    )
+    .wait_listening();
+    let off = cpu.wait_event("idle_release_off", |_| true);
+    assert!(
+        off.message().contains("no worker is planned on a GPU"),
+        "{off:?}"
+    );
+    cpu.wait_workers(1);
+    let r = cpu.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
+}
