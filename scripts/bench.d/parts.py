@@ -114,6 +114,10 @@ PARTS = [
          "WINDOW_UPDATE(+1) frames on HTTP/2 connections, and beside 4 that reconnect whenever "
          "one is ended; to bench/h2flood.{json,md}", ["python3", f"{D}/h2_flood.py"], 600,
          quick=False),
+    Part("tracing", 4, "what exporting spans costs: the small MLP and the CNN at c=16 with "
+         "tracing off, on (every request sampled, exported to an OTLP receiver on loopback) and "
+         "on to a collector nobody listens on, interleaved; to bench/tracing.{json,md}",
+         [PY, f"{D}/tracing.py"], prepare=["cnn"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
