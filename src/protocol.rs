@@ -26,19 +26,6 @@ pub const ENV_WORKER_CONFIG: &str = "VRAMFORK_WORKER_CONFIG";
 /// Environment: set to `1` to start `app-worker` as the template process (see
 /// [`TemplateRequest`]) instead of a worker.
 pub const ENV_TEMPLATE: &str = "VRAMFORK_TEMPLATE";
-/// Environment: the server's directory for unpacked AOTInductor packages
-/// ([`unpack_dir`] of the master's pid); each process unpacks into `<pid>/` under it.
-pub const ENV_UNPACK_DIR: &str = "VRAMFORK_UNPACK_DIR";
-
-/// The directory the server whose master is `pid` unpacks AOTInductor packages into, under
-/// the temporary directory `base` (the master removes it at exit, and any of a dead master
-/// at start).
-pub fn unpack_dir(base: &std::path::Path, pid: u32) -> std::path::PathBuf {
-    base.join(format!("{UNPACK_PREFIX}{pid}"))
-}
-
-/// The name of every server's [`unpack_dir`] before the master's pid.
-pub const UNPACK_PREFIX: &str = "vramfork-unpack-";
 
 /// Which device the model runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

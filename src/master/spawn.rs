@@ -127,7 +127,7 @@ pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
         }
     }
     // Where it unpacks an AOTInductor package (`super::unpack`).
-    cmd.env(crate::protocol::ENV_UNPACK_DIR, super::unpack::own());
+    cmd.env(crate::unpacked::ENV, super::unpack::own());
     // Its GPU alone, and under MPS its share as its driver-enforced limit.
     for (k, v) in gpu_env(gpu) {
         cmd.env(k, v);

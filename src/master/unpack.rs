@@ -1,13 +1,13 @@
 //! The server's directory for unpacked AOTInductor packages
-//! ([`crate::protocol::unpack_dir`] under the temporary directory, named by the master's
-//! pid): every child is told it ([`crate::protocol::ENV_UNPACK_DIR`]) and unpacks into
+//! ([`crate::unpacked::dir`] under the temporary directory, named by the master's
+//! pid): every child is told it ([`crate::unpacked::ENV`]) and unpacks into
 //! `<pid>/` under it, removing that as soon as the package is loaded. What a killed child
 //! leaves is removed when it is reaped ([`child_exited`]); the directory itself at the
 //! master's end ([`Sweep`]'s drop), and any of a server that is gone at the next start.
 
 use std::path::PathBuf;
 
-use crate::protocol::{unpack_dir, UNPACK_PREFIX};
+use crate::unpacked::{dir as unpack_dir, PREFIX as UNPACK_PREFIX};
 
 /// This server's directory.
 pub fn own() -> PathBuf {

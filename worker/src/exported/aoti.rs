@@ -2,7 +2,7 @@
 //! `torch::inductor::AOTIModelPackageLoader` itself builds). The loader unpacks each package
 //! into a fresh `/tmp/XXXXXX` of its own naming (torch 2.11 reads no `TMPDIR`), which a
 //! killed process leaves behind; so the worker unpacks the model's files itself, into
-//! `<server's unpack directory>/<pid>/` ([`vramfork::protocol::ENV_UNPACK_DIR`]), loads the
+//! `<server's unpack directory>/<pid>/` ([`vramfork::unpacked`]), loads the
 //! compiled model from there, and removes the directory as soon as it is loaded (the
 //! library stays mapped). The master removes `<pid>/` of a worker that died mid-load, and
 //! every server's directory it finds of a dead server at start.
@@ -108,9 +108,9 @@ fn read(path: &str, contents: &Contents, file: &str) -> Result<Vec<u8>, String> 
 /// The server's directory for unpacked packages (the master's, or beside it when the worker
 /// runs alone).
 pub fn unpack_root() -> PathBuf {
-    match std::env::var_os(vramfork::protocol::ENV_UNPACK_DIR) {
+    match std::env::var_os(vramfork::unpacked::ENV) {
         Some(d) => PathBuf::from(d),
-        None => vramfork::protocol::unpack_dir(&std::env::temp_dir(), std::process::id()),
+        None => vramfork::unpacked::dir(&std::env::temp_dir(), std::process::id()),
     }
 }
 
