@@ -24,8 +24,16 @@ pub fn child_exited(pid: u32) {
 pub struct Sweep;
 
 impl Sweep {
+    /// Sweeps, and makes this server's directory afresh, private (`0700`).
     pub fn start() -> Sweep {
         sweep_dead(&std::env::temp_dir());
+        let own = own();
+        // A directory of a process that had this pid before (and one that is no directory).
+        let _ = std::fs::remove_dir_all(&own);
+        let _ = std::fs::remove_file(&own);
+        if let Err(e) = crate::unpacked::private_dir(&own) {
+            tracing::warn!(target: "app", "unpacked AOTInductor packages: {e}");
+        }
         Sweep
     }
 }

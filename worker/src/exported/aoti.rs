@@ -121,6 +121,10 @@ impl Package {
         let dir = root.join(std::process::id().to_string());
         let loaded = unpack_and_load(path, &checked.contents, &dir);
         let _ = std::fs::remove_dir_all(&dir);
+        if std::env::var_os(vramfork::unpacked::ENV).is_none() {
+            // A worker run alone: its own root goes too (no master sweeps it).
+            let _ = std::fs::remove_dir(root);
+        }
         let handle = loaded?;
         let single = match call_spec(handle) {
             Ok(spec) => output_is_leaf(&spec),
@@ -234,8 +238,12 @@ fn pad(t: &Tensor, rows: i64) -> Tensor {
 
 /// Writes the model's files into `dir` and loads its library.
 fn unpack_and_load(path: &str, contents: &Contents, dir: &Path) -> Result<NonNull<c_void>, String> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| format!("cannot create {} to unpack the package: {e}", dir.display()))?;
+    if let Some(root) = dir.parent() {
+        vramfork::unpacked::private_dir(root)?;
+    }
+    // Left by an earlier process of this pid (the root is ours alone: nobody else's).
+    let _ = std::fs::remove_dir_all(dir);
+    vramfork::unpacked::private_dir(dir)?;
     for file in &contents.files {
         if file.contains('/') || file.starts_with('.') {
             continue;
