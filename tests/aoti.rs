@@ -7,7 +7,8 @@
 //! two threads; the refusals at boot (exit 3): a thread count compiled into the kernels, a
 //! CPU instruction set this CPU lacks, a CUDA package on a CPU worker, `max_batch_size` past
 //! the bound, a one-row warm-up without batching; and nothing left in the temporary
-//! directory by recycled or killed workers, or by a server that is gone.
+//! directory by recycled or killed workers, by a server that is gone, or in development
+//! mode.
 
 mod common;
 
@@ -353,5 +354,21 @@ fn unpacked_packages_leave_nothing_in_the_temporary_directory() {
         (!left.exists()).then_some(())
     });
     terminate(&mut s);
+    assert_eq!(listing(tmp.path()), Vec::<String>::new());
+}
+
+/// Development mode (`app` without `--production` becomes the worker by exec, so no master
+/// outlives it to sweep): the worker removes what it unpacked, its directory too, once the
+/// package is loaded.
+#[test]
+fn development_mode_leaves_nothing_in_the_temporary_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let app = App::new(&mlp(), &format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 4"#));
+    let s = Server::start_env(&app, &[], &[("TMPDIR", tmp.path().to_str().unwrap())]);
+    let r = s.poll("an answer", || {
+        let r = s.post("/", MLP_INPUT);
+        (r.status == 200).then_some(r)
+    });
+    assert_eq!(r.json()["outputs"].as_array().map(Vec::len), Some(1));
     assert_eq!(listing(tmp.path()), Vec::<String>::new());
 }

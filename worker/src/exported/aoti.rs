@@ -121,8 +121,10 @@ impl Package {
         let dir = root.join(std::process::id().to_string());
         let loaded = unpack_and_load(path, &checked.contents, &dir);
         let _ = std::fs::remove_dir_all(&dir);
-        if std::env::var_os(vramfork::unpacked::ENV).is_none() {
-            // A worker run alone: its own root goes too (no master sweeps it).
+        let mine = vramfork::unpacked::dir(&std::env::temp_dir(), std::process::id());
+        if root == mine {
+            // The server's root is this process's own (development mode, where `app`
+            // becomes the worker by exec, or a worker run alone): nobody else removes it.
             let _ = std::fs::remove_dir(root);
         }
         let handle = loaded?;
