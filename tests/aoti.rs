@@ -1,7 +1,7 @@
 //! AOTInductor packages (`torch._inductor.aoti_compile_and_package`) served by the real
 //! `app`, compiled here by `scripts/make_pt2_models.py`'s `aoti_package` (through
 //! `tests/support/make_aoti_package.py`) and cached: answers equal to the TorchScript export
-//! of the same module and weights on `POST /` and v2 (a one-row batch padded to the
+//! of the same module and weights on `POST /`, v2 and gRPC (a one-row batch padded to the
 //! package's two-row minimum); concurrent requests sharing passes; requests outside the
 //! package's bounds refused with 400 naming the bound; forked workers answering on teams of
 //! two threads; the refusals at boot (exit 3): a thread count compiled into the kernels, a
@@ -83,6 +83,34 @@ fn a_package_answers_as_the_torchscript_export_on_post_and_v2() {
     let (oa, ot) = (&ra.json()["outputs"][0], &rt.json()["outputs"][0]);
     assert_eq!(oa["shape"], json!([3, 3]), "{oa}");
     assert!(within_1e5(&oa["data"], &ot["data"]), "{oa} vs {ot}");
+}
+
+/// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`) gets torch's answers from a
+/// package, raw and typed.
+#[test]
+fn tritonclient_grpc_gets_torchs_answers_from_a_package() {
+    let app = App::new(&mlp(), &format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 4"#));
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    s.wait_workers(1);
+    let cases = fixtures().join("mlp_expected.json");
+    let url = format!("127.0.0.1:{}", s.port);
+    let r = python_json(
+        "triton_grpc.py",
+        &["basics", &url, "test app", cases.to_str().unwrap()],
+        b"",
+    );
+    let cases = r["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3, "{r}");
+    for c in cases {
+        for how in ["raw", "typed"] {
+            let got = &c["seen"][how]["output"];
+            assert!(
+                within_1e5(got, &c["expected"]),
+                "{how}: {got} vs torch's {}",
+                c["expected"]
+            );
+        }
+    }
 }
 
 #[test]
