@@ -21,11 +21,13 @@ pub fn dir(base: &Path, pid: u32) -> PathBuf {
 /// can write to (a name guessed in a shared `/tmp`, a symbolic link) is refused.
 pub fn private_dir(path: &Path) -> Result<(), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => return Ok(()),
+        // Made before (by this server's other processes, or by someone else: checked).
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
+    }
     match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display())),
         Err(e) => Err(format!("{}: {e}", path.display())),
         Ok(m) => {
             // SAFETY: geteuid has no preconditions and cannot fail.

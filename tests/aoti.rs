@@ -387,7 +387,7 @@ fn unpacked_packages_leave_nothing_in_the_temporary_directory() {
 
 /// Development mode (`app` without `--production` becomes the worker by exec, so no master
 /// outlives it to sweep): the worker removes what it unpacked, its directory too, once the
-/// package is loaded.
+/// package is loaded; serving TorchScript makes no directory at all.
 #[test]
 fn development_mode_leaves_nothing_in_the_temporary_directory() {
     let tmp = tempfile::tempdir().unwrap();
@@ -399,4 +399,13 @@ fn development_mode_leaves_nothing_in_the_temporary_directory() {
     });
     assert_eq!(r.json()["outputs"].as_array().map(Vec::len), Some(1));
     assert_eq!(listing(tmp.path()), Vec::<String>::new());
+    // A TorchScript model unpacks nothing, and no directory is made for it.
+    let other = tempfile::tempdir().unwrap();
+    let scripted = App::new("mlp.pt", MLP_INPUT_DECL);
+    let env = [("TMPDIR", other.path().to_str().unwrap())];
+    let s = Server::start_env(&scripted, &[], &env);
+    s.poll("an answer", || {
+        (s.post("/", MLP_INPUT).status == 200).then_some(())
+    });
+    assert_eq!(listing(other.path()), Vec::<String>::new());
 }

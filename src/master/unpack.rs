@@ -1,6 +1,7 @@
 //! The server's directory for unpacked AOTInductor packages
 //! ([`crate::unpacked::dir`] under the temporary directory, named by the master's
-//! pid): every child is told it ([`crate::unpacked::ENV`]) and unpacks into
+//! pid, made by the first child that unpacks one): every child is told it
+//! ([`crate::unpacked::ENV`]) and unpacks into
 //! `<pid>/` under it, removing that as soon as the package is loaded. What a killed child
 //! leaves is removed when it is reaped ([`child_exited`]); the directory itself at the
 //! master's end ([`Sweep`]'s drop), and any of a server that is gone at the next start.
@@ -24,16 +25,14 @@ pub fn child_exited(pid: u32) {
 pub struct Sweep;
 
 impl Sweep {
-    /// Sweeps, and makes this server's directory afresh, private (`0700`).
+    /// Sweeps, this server's own name included (a process that had this pid before): the
+    /// first child that unpacks a package makes the directory, private (`0700`), so a
+    /// server of TorchScript models never makes one.
     pub fn start() -> Sweep {
         sweep_dead(&std::env::temp_dir());
         let own = own();
-        // A directory of a process that had this pid before (and one that is no directory).
         let _ = std::fs::remove_dir_all(&own);
         let _ = std::fs::remove_file(&own);
-        if let Err(e) = crate::unpacked::private_dir(&own) {
-            tracing::warn!(target: "app", "unpacked AOTInductor packages: {e}");
-        }
         Sweep
     }
 }
