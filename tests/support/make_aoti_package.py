@@ -1,6 +1,6 @@
 """Writes an AOTInductor package (scripts/make_pt2_models.py's `aoti_package`) to PATH and
 prints {"path": ..., "bytes": ...}. Compiling takes about a minute on two cores: callers
-cache it (tests/common's `aoti_package`).
+cache it (tests/aoti.rs's `package`).
 
 usage: make_aoti_package.py PATH MODULE dynamic|default
   MODULE: mlp (mlp.pt's module and weights) or mlp256
