@@ -14,6 +14,10 @@ no Python at run time:
 - pair.pt2: pair.pt's module (two inputs, a tuple of two outputs), rows dynamic and tied;
 - mlp256.pt2: an MLP 64-256-256-16 (random weights, fixed seed), rows up to 1024: large
   enough that a pass of many rows runs on an OpenMP team (the fork tests).
+
+AOTInductor packages are compiled for this machine's CPU (-march=native) and this torch, so
+they are not committed: `aoti_package` below makes them, and the tests cache what it makes
+(tests/support/make_aoti_package.py). Compiling one takes about a minute on two cores.
 """
 import os
 import sys
@@ -50,6 +54,32 @@ def save(program: torch.export.ExportedProgram, name: str, written: list) -> Non
     path = os.path.join(OUT, name)
     torch.export.save(program, path)
     written.append(path)
+
+
+def aoti_package(module: str, path: str, dynamic_threads: bool) -> None:
+    """An AOTInductor package of `module` at `path`: "mlp" (mlp.pt's module and weights,
+    Dim("batch", max=64)) or "mlp256" (as mlp256.pt2, rows up to 1024). With
+    `dynamic_threads` its kernels take their OpenMP team from the calling thread
+    (TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1, what vramfork serves); without, they are compiled as
+    torch's default does on a machine of 4 cores: `num_threads(4)` written into the kernels
+    (what vramfork refuses)."""
+    import torch._inductor.config as inductor
+
+    if module == "mlp":
+        model = Mlp().eval()
+        model.load_state_dict(torch.jit.load(os.path.join(OUT, "mlp.pt")).state_dict())
+        x, rows = torch.zeros(2, 4), torch.export.Dim("batch", max=64)
+    else:
+        torch.manual_seed(0)
+        model = Mlp256().eval()
+        # An example of 512 rows: Inductor sizes its parallel loops by the example's sizes.
+        x, rows = torch.zeros(512, 64), torch.export.Dim("rows", max=1024)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: rows}})
+    settings = {"cpp.dynamic_threads": dynamic_threads}
+    if not dynamic_threads:
+        settings["cpp.threads"] = 4
+    with inductor.patch(settings):
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
 
 
 def main() -> None:

@@ -30,3 +30,4 @@ pub mod schema;
 pub mod secrets;
 pub mod sockopt;
 pub mod tls;
+pub mod unpacked;

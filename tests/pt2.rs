@@ -5,52 +5,17 @@
 //! the export's bounds refused with 400 naming the bound (libtorch's Native Runtime does not
 //! check them); workers forked from the template answering with two intra-op threads; and
 //! the refusals at boot (exit 3): a file that is no archive, a TorchScript file named `.pt2`,
-//! an AOTInductor package (not served yet), `max_batch_size` on a program whose batch was
-//! fixed at export, declared inputs the program does not take.
+//! `max_batch_size` on a program whose batch was fixed at export, declared inputs the program
+//! does not take. AOTInductor packages: `tests/aoti.rs`.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::thread;
 
+use common::exported::*;
 use common::*;
 use serde_json::{json, Value};
-
-/// Two JSON values of numbers equal within 1e-5 (absolute): one format's answer against
-/// another's.
-fn within_1e5(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| within_1e5(p, q))
-        }
-        (p, q) => match (p.as_f64(), q.as_f64()) {
-            (Some(p), Some(q)) => (p - q).abs() <= 1e-5,
-            _ => false,
-        },
-    }
-}
-
-fn fixture_json(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixtures().join(name)).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-const MLP_INPUT_DECL: &str = r#""input": {"shape": [-1, 4], "dtype": "float32"}"#;
-
-/// The `POST /` outputs of `s` for each of mlp_expected.json's cases.
-fn mlp_answers(s: &Server) -> Vec<Value> {
-    let cases = fixture_json("mlp_expected.json")["cases"].clone();
-    cases
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|case| {
-            let r = s.post("/", &json!({"inputs": case["inputs"]}).to_string());
-            assert_eq!(r.status, 200, "{case}: {r:?}\n{}", s.log_text());
-            r.json()["outputs"].clone()
-        })
-        .collect()
-}
 
 #[test]
 fn an_exported_mlp_answers_as_its_torchscript_export_on_post_and_v2() {
@@ -180,15 +145,6 @@ fn a_two_input_program_returns_its_tuple_as_named_outputs() {
     );
 }
 
-/// `vramfork_batches_total` samples of a `/metrics` scrape with a `size` label above 1.
-fn multi_row_passes(text: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with("vramfork_batches_total{"))
-        .filter(|l| !l.contains("size=\"1\""))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn concurrent_requests_share_passes_of_a_program_with_a_dynamic_batch() {
     let app = App::new(
@@ -273,25 +229,6 @@ fn a_request_outside_the_exports_bounds_gets_400_naming_the_bound() {
     assert_eq!(r.pid(), pid);
 }
 
-/// The worker's OS threads named `name` (`/proc/<pid>/task/*/comm`): libgomp's helpers for
-/// the model thread's team are clones of it and carry its name, `vf-model`.
-fn threads_named(pid: u32, name: &str) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter(|t| {
-            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
-            comm.unwrap_or_default().trim() == name
-        })
-        .count()
-}
-
-/// A `POST /` body of `rows` rows of 64 numbers.
-fn rows64(rows: usize) -> String {
-    let row: Vec<String> = (0..64).map(|i| format!("{:.3}", i as f64 / 64.0)).collect();
-    let row = format!("[{}]", row.join(","));
-    format!("{{\"inputs\": [{}]}}", vec![row; rows].join(","))
-}
-
 /// The template loads and warms the program on one thread and forks; each worker's passes
 /// then run on an OpenMP team of two (a team the template had started would not survive the
 /// fork, and the worker's first parallel pass would hang): one-row and 512-row requests,
@@ -354,21 +291,6 @@ fn forked_workers_of_a_program_answer_on_teams_of_two_torch_threads() {
     }
 }
 
-/// Starts `app ARGS` on `model` with the metadata fields `extra`, expecting it to refuse:
-/// exit 3, the log naming every one of `want`.
-fn refused(model: &str, extra: &str, want: &[&str]) {
-    let app = App::new(model, extra);
-    for args in [&["--production", "--workers", "1"][..], &[][..]] {
-        let mut s = Server::spawn(&app, args, &[]);
-        let st = s.wait_exit(PATIENCE);
-        let log = s.log_text();
-        assert_eq!(st.code(), Some(3), "{model} {args:?}: {log}");
-        for w in want {
-            assert!(log.contains(w), "{model} {args:?}: no {w:?} in\n{log}");
-        }
-    }
-}
-
 #[test]
 fn a_file_that_is_no_program_is_refused_at_boot_with_the_readers_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -418,32 +340,6 @@ fn batching_a_program_whose_batch_was_fixed_at_export_is_refused_naming_dim() {
         &[
             "declared [-1, 5], but the program takes [",
             "4]: dimension 1 was fixed at 4 at export. Declare [-1, 4]",
-        ],
-    );
-}
-
-/// An AOTInductor package of mlp.pt's module, compiled once (about a minute) and cached in
-/// the build's temporary directory.
-fn aoti_package() -> std::path::PathBuf {
-    let cached = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("mlp_aoti.pt2");
-    if !cached.exists() {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let fresh = dir.path().join("mlp_aoti.pt2");
-        python_json("make_aoti_package.py", &[fresh.to_str().unwrap()], b"");
-        std::fs::rename(&fresh, &cached).unwrap();
-    }
-    cached
-}
-
-#[test]
-fn an_aotinductor_package_is_refused_at_boot_naming_what_to_serve_instead() {
-    let package = aoti_package();
-    refused(
-        package.to_str().unwrap(),
-        MLP_INPUT_DECL,
-        &[
-            "an AOTInductor package (data/aotinductor/): vramfork does not serve compiled packages yet",
-            "torch.export.save(ep, path)",
         ],
     );
 }

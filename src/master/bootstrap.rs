@@ -28,6 +28,7 @@ use crate::{logging, metrics};
 
 /// Runs `app` with a valid configuration until it exits; returns the exit status.
 pub fn run(cfg: Config) -> i32 {
+    let _unpacked = super::unpack::Sweep::start();
     let server = match Server::new(cfg) {
         Ok(s) => s,
         Err(code) => return code,

@@ -28,3 +28,4 @@ pub mod slot;
 pub mod spawn;
 pub mod supervisor;
 pub mod template;
+pub mod unpack;

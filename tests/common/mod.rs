@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod exported;
 pub mod pki;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,23 +1,20 @@
-"""Writes an AOTInductor package of mlp.pt's module and weights (torch.export with a Dim for
-the batch, then torch._inductor.aoti_compile_and_package) to PATH, and prints
-{"path": ..., "bytes": ...}. Compiling takes about a minute on two cores: callers cache it.
+"""Writes an AOTInductor package (scripts/make_pt2_models.py's `aoti_package`) to PATH and
+prints {"path": ..., "bytes": ...}. Compiling takes about a minute on two cores: callers
+cache it (tests/aoti.rs's `package`).
 
-usage: make_aoti_package.py PATH"""
+usage: make_aoti_package.py PATH MODULE dynamic|default
+  MODULE: mlp (mlp.pt's module and weights) or mlp256
+  dynamic: compiled with TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1 (served);
+  default: torch's default, a thread count fixed in the kernels (refused)"""
 import json
 import os
 import sys
 
-import torch
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
+sys.path.insert(0, SCRIPTS)
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(FIXTURES)), "scripts"))
+from make_pt2_models import aoti_package  # noqa: E402
 
-from make_models import Mlp  # noqa: E402
-
-path = sys.argv[1]
-mlp = Mlp().eval()
-mlp.load_state_dict(torch.jit.load(os.path.join(FIXTURES, "mlp.pt")).state_dict())
-batch = torch.export.Dim("batch", max=64)
-program = torch.export.export(mlp, (torch.zeros(2, 4),), dynamic_shapes={"x": {0: batch}})
-torch._inductor.aoti_compile_and_package(program, package_path=path)
+path, module, threads = sys.argv[1], sys.argv[2], sys.argv[3]
+aoti_package(module, path, threads == "dynamic")
 print(json.dumps({"path": path, "bytes": os.path.getsize(path)}))

@@ -29,7 +29,7 @@ mod ffi {
 pub enum Kind {
     /// A `torch.export.save` archive; its one program is `models/<name>.json`.
     Program { name: String },
-    /// An AOTInductor package (compiled code, not served yet).
+    /// An AOTInductor package (compiled code: `aoti.rs`).
     Aoti,
 }
 

@@ -7,13 +7,18 @@
 //! | `archive.rs` | the archive's records, and what kind of `.pt2` it is |
 //! | `signature.rs` | the program's inputs, their bounds, and the checks made with them |
 //! | `program.rs` | a program loaded with the Native Runtime, its passes |
+//! | `package.rs` | an AOTInductor package's records, and the checks made with them |
+//! | `aoti.rs` | an AOTInductor package unpacked, loaded and run |
 
+pub mod aoti;
 pub mod archive;
+mod package;
 mod program;
 mod signature;
 
 use std::ffi::{c_char, CStr};
 
+pub use aoti::Package;
 pub use program::{PassError, Program};
 pub use signature::Signature;
 
@@ -37,10 +42,7 @@ pub fn open(path: &str) -> Result<(String, Signature), String> {
     let name = match archive::kind(path)? {
         archive::Kind::Program { name } => name,
         archive::Kind::Aoti => {
-            return Err(
-                "an AOTInductor package (data/aotinductor/): vramfork does not serve compiled packages yet; save the ExportedProgram itself with torch.export.save(ep, path) and serve that"
-                    .into(),
-            )
+            return Err("an AOTInductor package, not an ExportedProgram archive".into())
         }
     };
     let json = archive::read(path, &format!("models/{name}.json"))?;

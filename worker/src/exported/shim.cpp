@@ -1,7 +1,10 @@
 // vramfork worker: a tiny C ABI over what tch does not reach for `torch.export` archives
 // (`.pt2`): reading the archive's records (caffe2::serialize::PyTorchStreamReader, the reader
 // libtorch itself opens them with) and running an ExportedProgram with libtorch's Native
-// Runtime (torch::nativert::ModelRunnerHandle). Tensors cross as `at::Tensor*`, the way tch's
+// Runtime (torch::nativert::ModelRunnerHandle), and running an AOTInductor package's compiled
+// model (torch::inductor::AOTIModelContainerRunner, from the runner registry
+// AOTIModelPackageLoader itself uses, on a .so the worker unpacked into its own directory:
+// the package loader unpacks into a fresh /tmp/XXXXXX it names itself). Tensors cross as `at::Tensor*`, the way tch's
 // own C API passes them: inputs are borrowed, outputs are `new at::Tensor` the caller owns.
 // Every function catches every C++ exception and reports it as a status code (message via
 // vf_export_last_error), so nothing unwinds into Rust and no error aborts the worker.
@@ -10,6 +13,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 #include <torch/nativert/ModelRunnerHandle.h>
 
 #include <cstdint>
@@ -157,6 +161,69 @@ int vf_export_run(void* program, const at::Tensor* const* inputs, size_t n, at::
     c10::IValue result = runner->run(args, {});
     std::vector<at::Tensor> flat;
     flatten(result, flat, single);
+    auto** arr = static_cast<at::Tensor**>(std::malloc(sizeof(at::Tensor*) * (flat.size() + 1)));
+    if (arr == nullptr) {
+      throw std::bad_alloc();
+    }
+    for (size_t i = 0; i < flat.size(); i++) {
+      arr[i] = new at::Tensor(std::move(flat[i]));
+    }
+    *outputs = arr;
+    *n_out = flat.size();
+    return VF_OK;
+  });
+}
+
+// Loads an AOTInductor model (`so_path`, unpacked from its package) for `device` ("cpu",
+// "cuda"...), with `bin_dir` where its other files (CUDA kernels) lie.
+int vf_aoti_load(const char* so_path, const char* device, const char* bin_dir, void** out) noexcept {
+  return guarded([&] {
+    auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
+    auto found = registry.find(std::string(device));
+    if (found == registry.end()) {
+      throw std::runtime_error(std::string("no AOTInductor runner for device ") + device +
+                               " in this libtorch");
+    }
+    auto runner = found->second(std::string(so_path), 1, std::string(device),
+                                std::string(bin_dir), false);
+    *out = runner.release();
+    return VF_OK;
+  });
+}
+
+void vf_aoti_free(void* runner) noexcept {
+  try {
+    delete static_cast<torch::inductor::AOTIModelContainerRunner*>(runner);
+  } catch (...) {
+  }
+}
+
+// The model's call spec: its input and output pytree specs (JSON), one per line.
+int vf_aoti_call_spec(void* runner, char** out, size_t* len) noexcept {
+  return guarded([&] {
+    auto* r = static_cast<torch::inductor::AOTIModelContainerRunner*>(runner);
+    std::string text;
+    for (const auto& s : r->get_call_spec()) {
+      text += s;
+      text += '\n';
+    }
+    give(text, out, len);
+    return VF_OK;
+  });
+}
+
+// One pass of an AOTInductor model, as vf_export_run (its outputs are always a flat list:
+// `*single` is left to the caller, who reads the output spec).
+int vf_aoti_run(void* runner, const at::Tensor* const* inputs, size_t n, at::Tensor*** outputs,
+                size_t* n_out) noexcept {
+  return guarded([&] {
+    auto* r = static_cast<torch::inductor::AOTIModelContainerRunner*>(runner);
+    std::vector<at::Tensor> args;
+    args.reserve(n);
+    for (size_t i = 0; i < n; i++) {
+      args.push_back(*inputs[i]);
+    }
+    std::vector<at::Tensor> flat = r->run(args);
     auto** arr = static_cast<at::Tensor**>(std::malloc(sizeof(at::Tensor*) * (flat.size() + 1)));
     if (arr == nullptr) {
       throw std::bad_alloc();

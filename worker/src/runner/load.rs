@@ -253,6 +253,9 @@ fn load_exported(path: &str, device: Device, declared: &Declared) -> Result<Mode
         path: path.into(),
         reason,
     };
+    if let Ok(exported::archive::Kind::Aoti) = exported::archive::kind(path) {
+        return load_aoti(path, device, declared).map_err(fail);
+    }
     let (name, signature) = exported::open(path).map_err(|e| fail(exported_line(&e)))?;
     let on_gpu = signature.device == "cuda";
     match (device, on_gpu) {
@@ -270,6 +273,25 @@ fn load_exported(path: &str, device: Device, declared: &Declared) -> Result<Mode
     exported::Program::load(path, &name, signature)
         .map(Model::Exported)
         .map_err(|e| fail(exported_line(&e)))
+}
+
+/// An AOTInductor package: checked (device, CPU, threads, inputs against the metadata),
+/// then unpacked and loaded; a short batch is padded to its minimum rows only with batching.
+fn load_aoti(path: &str, device: Device, declared: &Declared) -> Result<Model, String> {
+    let names: Vec<String> = declared
+        .inputs
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect();
+    let on = if device.is_cuda() { "cuda" } else { "cpu" };
+    let checked = exported::aoti::check(path, on, &names)?;
+    checked
+        .signature()
+        .check_declared(declared.inputs.as_deref(), declared.max_batch_size)?;
+    let pad = declared.max_batch_size > 0;
+    let root = exported::aoti::unpack_root();
+    exported::Package::load(path, checked, pad, &root).map(Model::Aoti)
 }
 
 /// The archive reader's or the Native Runtime's message, on one line, with the way out for

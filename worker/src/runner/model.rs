@@ -1,6 +1,7 @@
 //! The model the worker serves, whatever its format: a TorchScript module (`tch::CModule`,
-//! a `.pt` of `torch.jit.trace`/`script`), or a `torch.export` program (a `.pt2` of
-//! `torch.export.save`, run by libtorch's Native Runtime: `crate::exported`). Everything
+//! a `.pt` of `torch.jit.trace`/`script`), a `torch.export` program (a `.pt2` of
+//! `torch.export.save`, run by libtorch's Native Runtime: `crate::exported`), or an
+//! AOTInductor package (a `.pt2` of `torch._inductor.aoti_compile_and_package`). Everything
 //! downstream — warm-up, batching, inline passes, `POST /`, v2, gRPC — runs passes through
 //! [`Model::forward`], so every format gets the same caps, batching and refusals.
 
@@ -8,11 +9,12 @@ use std::fmt;
 
 use tch::{CModule, Device, IValue};
 
-use crate::exported::{PassError, Program};
+use crate::exported::{Package, PassError, Program};
 
 pub enum Model {
     TorchScript(CModule),
     Exported(Program),
+    Aoti(Package),
 }
 
 /// Why a pass failed.
@@ -57,21 +59,8 @@ impl Model {
             Model::TorchScript(m) => m
                 .forward_is(args)
                 .map_err(|e| Failure::Torch(e.to_string())),
-            Model::Exported(p) => {
-                let tensors = args
-                    .iter()
-                    .map(|a| match a {
-                        IValue::Tensor(t) => Ok(t.shallow_clone()),
-                        _ => Err(Failure::Input(
-                            "a torch.export program takes tensors only (text inputs are for TorchScript models)".into(),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                p.run(&tensors).map_err(|e| match e {
-                    PassError::Input(m) => Failure::Input(m),
-                    PassError::Runtime(m) => Failure::Torch(m),
-                })
-            }
+            Model::Exported(p) => p.run(&tensors(args)?).map_err(failure),
+            Model::Aoti(p) => p.run(&tensors(args)?).map_err(failure),
         }
     }
 
@@ -86,7 +75,27 @@ impl Model {
         match self {
             Model::TorchScript(_) => Ok(()),
             Model::Exported(p) => p.signature.check_declared(declared, max_batch_size),
+            Model::Aoti(p) => p.signature.check_declared(declared, max_batch_size),
         }
+    }
+}
+
+/// A pass's arguments as the tensors a `.pt2` takes.
+fn tensors(args: &[IValue]) -> Result<Vec<tch::Tensor>, Failure> {
+    args.iter()
+        .map(|a| match a {
+            IValue::Tensor(t) => Ok(t.shallow_clone()),
+            _ => Err(Failure::Input(
+                "a torch.export program takes tensors only (text inputs are for TorchScript models)".into(),
+            )),
+        })
+        .collect()
+}
+
+fn failure(e: PassError) -> Failure {
+    match e {
+        PassError::Input(m) => Failure::Input(m),
+        PassError::Runtime(m) => Failure::Torch(m),
     }
 }
 

@@ -1,0 +1,86 @@
+//! Helpers the `.pt2` tests share (`tests/pt2.rs`, `tests/aoti.rs`): answers compared
+//! within 1e-5, the MLP fixture's cases, batch counts, a worker's model-thread team, and a
+//! boot that must be refused.
+
+use serde_json::{json, Value};
+
+use super::*;
+
+/// Two JSON values of numbers equal within 1e-5 (absolute): one format's answer against
+/// another's.
+pub fn within_1e5(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| within_1e5(p, q))
+        }
+        (p, q) => match (p.as_f64(), q.as_f64()) {
+            (Some(p), Some(q)) => (p - q).abs() <= 1e-5,
+            _ => false,
+        },
+    }
+}
+
+pub fn fixture_json(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures().join(name)).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+pub const MLP_INPUT_DECL: &str = r#""input": {"shape": [-1, 4], "dtype": "float32"}"#;
+
+/// The `POST /` outputs of `s` for each of mlp_expected.json's cases.
+pub fn mlp_answers(s: &Server) -> Vec<Value> {
+    let cases = fixture_json("mlp_expected.json")["cases"].clone();
+    cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
+            let r = s.post("/", &json!({"inputs": case["inputs"]}).to_string());
+            assert_eq!(r.status, 200, "{case}: {r:?}\n{}", s.log_text());
+            r.json()["outputs"].clone()
+        })
+        .collect()
+}
+
+/// `vramfork_batches_total` samples of a `/metrics` scrape with a `size` label above 1.
+pub fn multi_row_passes(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("vramfork_batches_total{"))
+        .filter(|l| !l.contains("size=\"1\""))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The worker's OS threads named `name` (`/proc/<pid>/task/*/comm`): libgomp's helpers for
+/// the model thread's team are clones of it and carry its name, `vf-model`.
+pub fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
+            comm.unwrap_or_default().trim() == name
+        })
+        .count()
+}
+
+/// A `POST /` body of `rows` rows of 64 numbers.
+pub fn rows64(rows: usize) -> String {
+    let row: Vec<String> = (0..64).map(|i| format!("{:.3}", i as f64 / 64.0)).collect();
+    let row = format!("[{}]", row.join(","));
+    format!("{{\"inputs\": [{}]}}", vec![row; rows].join(","))
+}
+
+/// Starts `app ARGS` on `model` with the metadata fields `extra`, expecting it to refuse:
+/// exit 3, the log naming every one of `want`.
+pub fn refused(model: &str, extra: &str, want: &[&str]) {
+    let app = App::new(model, extra);
+    for args in [&["--production", "--workers", "1"][..], &[][..]] {
+        let mut s = Server::spawn(&app, args, &[]);
+        let st = s.wait_exit(PATIENCE);
+        let log = s.log_text();
+        assert_eq!(st.code(), Some(3), "{model} {args:?}: {log}");
+        for w in want {
+            assert!(log.contains(w), "{model} {args:?}: no {w:?} in\n{log}");
+        }
+    }
+}
