@@ -39,7 +39,7 @@ use crate::app::App;
 use crate::conn::{ConnState, Expiry, RequestGuard, Watched};
 use crate::grpc;
 use crate::http::dispatch;
-use crate::http::request::{Arrived, Closer};
+use crate::head::{Arrived, Closer};
 use crate::outgoing::Outgoing;
 use crate::siblings::link::{CONNECTION_WINDOW, STREAM_WINDOW};
 use crate::state::FRESH_FOR;

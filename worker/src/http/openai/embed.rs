@@ -1,9 +1,9 @@
-//! `POST /v1/embeddings`: admitted, counted and bounded as every model request is (the
-//! pipeline's `--max-queue-wait`, client deadline, `--max-requests`, body limit); the body
+//! `POST /v1/embeddings`: admitted, counted and bounded as every model request is by the
+//! core (`infer/`: `--max-queue-wait`, client deadline, `--max-requests`, body limit); the body
 //! read as OpenAI's request (`request.rs`); its inputs tokenized on the documents pool
 //! (`tokens.rs`) under `--request-timeout` and the client's deadline; run in passes of at most
 //! `max_batch_size` inputs (without batching, the input's `max_documents`), each through the
-//! pipeline's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
+//! core's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
 //! `usage` (tokens given to the model), `X-Truncated-Inputs` (inputs cut to `max_length`) and
 //! `Server-Timing` (the tokenizing, and the passes' forward time summed).
 
@@ -27,8 +27,9 @@ use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::http::answer::Answer;
-use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
-use crate::http::request::{arrival, endpoint_of, read_body, request_id_of};
+use crate::head::arrival;
+use crate::http::request::{endpoint_of, read_body, request_id_of};
+use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
 use crate::runner::v2out::Wanted;
 use crate::runner::Encoding;
 
