@@ -7,7 +7,6 @@
 //! the model's description (`infer/v2.rs`).
 
 use bytes::{BufMut, Bytes};
-use serde::Deserialize;
 use vramfork::metadata::{Datatype, Dtype, TensorSpec};
 
 use super::pb::infer_parameter::ParameterChoice;
@@ -19,8 +18,7 @@ use crate::decode::BodyError;
 use crate::error::ApiError;
 use crate::infer::v2::{check, from_raw, model_id, model_tensors, Checked, Slots, TensorMeta};
 use crate::infer::{Parsed, MAX_TIMEOUT_S};
-use crate::runner::v2out::Wanted;
-use crate::runner::{Encoding, RunOutput};
+use crate::runner::{Encoding, RunOutput, Wanted};
 
 /// What the answer needs of the request besides the outputs.
 pub struct Asked {
@@ -59,16 +57,12 @@ pub fn parse(
     let outputs = (!req.outputs.is_empty()).then(|| {
         req.outputs
             .iter()
-            .map(|o| (o.name.clone(), true))
+            .map(|o| o.name.clone())
             .collect::<Vec<_>>()
     });
     Ok(Parsed {
         inputs,
-        encoding: Encoding::V2(Wanted {
-            outputs,
-            binary_default: true,
-            declared,
-        }),
+        encoding: Encoding::Tensors(Wanted { outputs, declared }),
         timeout,
         extra: Asked {
             id: req.id,
@@ -227,21 +221,8 @@ fn out_of_range(name: &str, d: Dtype, v: impl std::fmt::Display) -> BodyError {
     ))
 }
 
-/// One output as the runner wrote it (binary: its data in the tail).
-#[derive(Deserialize)]
-struct Written {
-    name: String,
-    datatype: String,
-    shape: Vec<i64>,
-    parameters: WrittenParams,
-}
-
-#[derive(Deserialize)]
-struct WrittenParams {
-    binary_data_size: usize,
-}
-
-/// The answer to a request from the runner's outputs.
+/// The answer to a request from the model's typed outputs: each one's data as it is in
+/// `raw_output_contents`.
 pub fn response(
     app: &App,
     out: RunOutput,
@@ -249,21 +230,15 @@ pub fn response(
     request_id: &str,
     hw_line: Option<String>,
 ) -> Result<ModelInferResponse, ApiError> {
-    let written: Vec<Written> = serde_json::from_slice(&out.outputs).map_err(|e| {
-        ApiError::Run(crate::runner::RunError::Unsupported(format!(
-            "the outputs could not be read back: {e}"
-        )))
-    })?;
-    let mut tail = Bytes::from(out.binary.unwrap_or_default());
-    let mut outputs = Vec::with_capacity(written.len());
-    let mut raw = Vec::with_capacity(written.len());
-    for w in written {
-        let n = w.parameters.binary_data_size.min(tail.len());
-        raw.push(tail.split_to(n));
+    let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let mut outputs = Vec::with_capacity(tensors.len());
+    let mut raw = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        raw.push(Bytes::from(t.data));
         outputs.push(InferOutputTensor {
-            name: w.name,
-            datatype: w.datatype,
-            shape: w.shape,
+            name: t.name,
+            datatype: t.datatype.v2_name().to_string(),
+            shape: t.shape,
             ..Default::default()
         });
     }

@@ -77,7 +77,7 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     })
     .await?;
     let out_timing = out.preprocess.map(|p| (p, out.forward));
-    let outputs = out.outputs;
+    let outputs = out.outputs.json().map_err(ApiError::Run)?;
     // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
     let mut body = Vec::with_capacity(outputs.len() + 64);
     body.extend_from_slice(b"{\"outputs\":");

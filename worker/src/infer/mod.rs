@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 
 use vramfork::protocol::RetireReason;
 
-pub use deadline::{Deadline, MAX_TIMEOUT_S};
-use pass::{run, Pass};
 use crate::access_log::Trace;
 use crate::app::App;
 use crate::args::{Arg, Inputs};
@@ -31,6 +29,8 @@ use crate::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::runner::{Encoding, RunOutput};
 use crate::state::Shared;
+pub use deadline::{Deadline, MAX_TIMEOUT_S};
+use pass::{run, Pass};
 
 /// What the pipeline needs of a model request besides its body, whatever its protocol.
 #[derive(Clone)]

@@ -213,4 +213,3 @@ pub fn from_raw(name: &str, c: &Checked, shape: &[i64], bytes: &[u8]) -> Result<
             .map_err(|e| format!("input {name}: {e}"))?,
     })
 }
-

@@ -7,6 +7,7 @@
 //! through the same core as `POST /` (`infer/`): recycling, timeouts,
 //! 503/504/507 and hwFetch behave the same.
 
+pub mod answer;
 pub mod request;
 
 use hyper::body::Incoming;
@@ -156,14 +157,14 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let declared = app.metadata.outputs.clone();
     // The answer's `id`: the body's, else the request's X-Request-Id.
     let request_id = request_id_of(&req);
-    let (out, (id, hw), last) = model_request(req, app, move |body| {
+    let (out, (id, hw, binary), last) = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
         Ok(Parsed {
             inputs: r.inputs,
-            encoding: Encoding::V2(r.wanted),
+            encoding: Encoding::Tensors(r.wanted),
             timeout: r.timeout,
-            extra: (r.id, r.hw_fetch),
+            extra: (r.id, r.hw_fetch, r.binary),
         })
     })
     .await?;
@@ -178,18 +179,21 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
             head.insert("parameters".into(), json!({ "hwFetch": line }));
         }
     }
-    // {…, "outputs": <written by the runner>}
+    // {…, "outputs": [...]}, then the binary tail when any output goes binary.
+    let outputs = out.outputs.tensors().map_err(ApiError::Run)?;
     let mut body = json_bytes(&Value::Object(head));
     body.pop();
     body.extend_from_slice(b",\"outputs\":");
-    body.extend_from_slice(&out.outputs);
+    let any_binary = answer::write_outputs(&outputs, &binary, &mut body);
     body.push(b'}');
+    let header_len = any_binary.then_some(body.len());
+    if any_binary {
+        answer::write_tail(&outputs, &binary, &mut body);
+    }
+    drop(outputs);
     let mut answer = Answer::with(StatusCode::OK, body);
     answer.timing = out_timing;
-    if let Some(tail) = out.binary {
-        answer.header_len = Some(answer.body.len());
-        answer.body.extend_from_slice(&tail);
-    }
+    answer.header_len = header_len;
     answer.close = last;
     Ok(answer)
 }

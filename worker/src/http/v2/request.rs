@@ -11,12 +11,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use vramfork::metadata::TensorSpec;
 
+use super::answer::Binary;
 use crate::args::{Arg, Inputs};
 use crate::decode::elements::{arg_from_json, Layout};
 use crate::decode::BodyError;
 use crate::infer::v2::{check, from_raw, Slots};
 use crate::infer::MAX_TIMEOUT_S;
-use crate::runner::v2out::Wanted;
+use crate::runner::Wanted;
 
 /// The JSON header. Values that may be large (`data`, `id`, parameters) are kept as their
 /// JSON text, never as a tree of values: `data` is read in one pass by `elements.rs`.
@@ -74,6 +75,8 @@ pub struct Infer {
     pub id: Option<String>,
     pub inputs: Inputs,
     pub wanted: Wanted,
+    /// Which outputs' data go binary.
+    pub binary: Binary,
     /// `parameters.hwFetch: true`.
     pub hw_fetch: bool,
     /// `parameters.timeout` (microseconds, as Triton defines it; 0 = none): the client's
@@ -164,27 +167,31 @@ fn parse_infer(
             tail.len()
         )));
     }
+    let mut binary = Binary {
+        named: Vec::new(),
+        default: binary_default,
+    };
+    let outputs = match h.outputs {
+        None => None,
+        Some(outs) => Some(
+            outs.into_iter()
+                .map(|o| {
+                    let bin = flag(&o.parameters, "binary_data")? || binary_default;
+                    binary.named.push(bin);
+                    Ok(o.name)
+                })
+                .collect::<Result<_, String>>()?,
+        ),
+    };
     let wanted = Wanted {
-        outputs: match h.outputs {
-            None => None,
-            Some(outs) => Some(
-                outs.into_iter()
-                    .map(|o| {
-                        Ok((
-                            o.name,
-                            flag(&o.parameters, "binary_data")? || binary_default,
-                        ))
-                    })
-                    .collect::<Result<_, String>>()?,
-            ),
-        },
-        binary_default,
+        outputs,
         declared: None,
     };
     Ok(Infer {
         id,
         inputs: slots.inputs(),
         wanted,
+        binary,
         hw_fetch,
         timeout,
     })
@@ -285,7 +292,8 @@ mod tests {
         }
         let b = parse(&body, Some(head.len()), Some(&spec())).unwrap();
         assert!(tensor(&a, 0).equal(tensor(&b, 0)));
-        assert_eq!(b.wanted.outputs, Some(vec![("output__0".into(), true)]));
+        assert_eq!(b.wanted.outputs, Some(vec!["output__0".to_string()]));
+        assert_eq!(b.binary.named, vec![true]);
     }
 
     #[test]
