@@ -285,7 +285,7 @@ fn one_byte_chunks(body: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
 /// A valid 200,000-byte body in one-byte pieces is answered as the same body sent at
 /// once: as 200,000 one-byte chunks (chunked transfer encoding) in one write and in a
 /// write each, and with `Content-Length` in 200,000 one-byte TCP writes, on `POST /` and
-/// v2. Pins that the body reader (`http/pipeline.rs`'s `read_body`) and hyper's chunk
+/// v2. Pins that the body reader (`http/request.rs`'s `read_body`) and hyper's chunk
 /// decoder neither lose, reorder nor refuse tiny frames, and that such a body is read
 /// within the 30 s body deadline.
 ///

@@ -194,6 +194,36 @@ fn mean_pooling_through_the_sdk_equals_torch_in_several_passes() {
     assert!(message(&e).contains("have 64"), "{e}");
 }
 
+/// The SDK's `AsyncOpenAI` over HTTP/2 (httpx with `http2=True, http1=False`, as an async
+/// stack configures it): the answer comes on HTTP/2, and the vectors equal torch's whether
+/// one request holds every input or each input is a request of its own, all in flight at
+/// once on the one connection.
+#[test]
+fn the_sdks_async_client_over_http2_gets_torchs_vectors() {
+    let (s, _app, exp) = serve(
+        "bert.pt",
+        json!({"embeddings": {"pooling": "mean", "normalize": true}}),
+        &[],
+    );
+    let texts = sentences(&exp);
+    let got = python_json(
+        "openai_client.py",
+        &[&s.port.to_string(), "async_h2"],
+        json!({"texts": texts}).to_string().as_bytes(),
+    );
+    assert_eq!(got["http_version"], "HTTP/2");
+    assert_vectors(
+        &got["default"],
+        &exp["mean_normalized"],
+        "AsyncOpenAI, one request (base64)",
+    );
+    assert_vectors(
+        &got["each"],
+        &exp["mean_normalized"],
+        "AsyncOpenAI, a request per input",
+    );
+}
+
 #[test]
 fn cls_pooling_and_langchain_equal_torch_and_token_ids_are_refused_by_default() {
     let (s, _app, exp) = serve("bert.pt", json!({"embeddings": {"pooling": "cls"}}), &[]);

@@ -9,16 +9,22 @@ Each round starts `app --production --workers 2 --torch-threads 1` from A and fr
 4 s after a 1 s warm-up; the ratio of a round is B ÷ A of that round, and the figure quoted is
 the median of the rounds' ratios, so a slow minute of this shared machine hits both sides.
 Requests: the issue-40 MLP (JSON), the CIFAR-style CNN as JSON and as v2 binary, built by
-`scripts/bench --only shapes` / `--only real` in bench/tmp (run those once first).
+`scripts/bench --only shapes` / `--only real` in bench/tmp (run those once first); and the
+smallest MLP and the CNN over gRPC (ModelInfer, the same values as raw FP32), through
+grpc_bench.py's client (tritonclient.grpc, 4 calls in flight on one channel, 4 s after 1 s):
+run this script with the torch venv's Python ($VRAMFORK_PYTHON) for those rows.
 WORD keeps only the requests whose name contains it (e.g. MLP). Stdlib only; prints a Markdown
 table."""
 import os
 import statistics
+import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run  # noqa: E402  (scripts/bench.d/run.py: Server, wrk, TMP)
+
+GRPC = "grpc"  # a row served through gRPC's ModelInfer rather than wrk
 
 REQUESTS = {
     "MLP 64-64-64-16, JSON": ("shapes/mlp64.json", "shapes/mlp64.body", None, "/"),
@@ -29,6 +35,8 @@ REQUESTS = {
     "CNN, JSON": ("real/cnn.json", "real/cnn.body", None, "/"),
     "CNN, v2 binary": ("real/cnn.json", "real/cnn_v2.body", "real/cnn_v2.v2len",
                        "/v2/models/cnn/infer"),
+    "MLP 64-64-64-16, gRPC": ("shapes/mlp64.json", "shapes/mlp64.body", None, GRPC),
+    "CNN, gRPC": ("real/cnn.json", "real/cnn.body", None, GRPC),
 }
 
 
@@ -46,6 +54,46 @@ def load(name):
     return meta, data, hl, path
 
 
+def grpc_request(meta, body):
+    """(model name, its input's name, input shape, raw FP32 file) of a `POST /` JSON body's
+    values."""
+    import json
+    with open(meta) as f:
+        m = json.load(f)
+    name = m["name"]
+    input_name = (m.get("inputs") or [{"name": "input__0"}])[0]["name"]
+    x = json.loads(body)["inputs"]
+    shape, flat = [], x
+    while isinstance(flat, list):
+        shape.append(len(flat))
+        flat = flat[0] if flat else None
+    values = []
+
+    def walk(v):
+        if isinstance(v, list):
+            for e in v:
+                walk(e)
+        else:
+            values.append(float(v))
+    walk(x)
+    raw = os.path.join(run.TMP, f"ab-{name}.raw")
+    with open(raw, "wb") as f:
+        f.write(struct.pack(f"<{len(values)}f", *values))
+    return name, input_name, shape, raw
+
+
+def grpc_served(port, meta, body):
+    """Calls/s of one 4 s gRPC run at 4 calls in flight (after a 1 s warm-up)."""
+    import grpc_bench  # noqa: E402  (scripts/bench.d; its load processes need tritonclient)
+    name, input_name, shape, raw = grpc_request(meta, body)
+    m = {"name": name, "input": input_name, "shape": shape}
+    grpc_bench.grpc_load(port, m, raw, 4, 1, 1)
+    r = grpc_bench.grpc_load(port, m, raw, 4, 1, 4)
+    if r["errors"]:
+        raise RuntimeError(f"{name}: {r['errors']} failed gRPC calls")
+    return r["rps"]
+
+
 def served(bindir, name):
     """req/s of one 4 s wrk run at c = 4 against a fresh server from `bindir`."""
     meta, body, hl, path = load(name)
@@ -56,6 +104,8 @@ def served(bindir, name):
     srv = run.Server("ab", 2, tag="ab", metadata=meta, extra=("--torch-threads", "1"))
     try:
         srv.wait_ready()
+        if path == GRPC:
+            return grpc_served(srv.port, meta, body)
         run.wrk(srv.port, body, 4, 1, path, hl)
         r = run.wrk(srv.port, body, 4, 4, path, hl)
         if r["failed"]:
@@ -86,7 +136,8 @@ def main():
             ratios.append(got[b] / got[a])
         rows[name] = (statistics.median(ra), statistics.median(rb), statistics.median(ratios),
                       min(ratios), max(ratios))
-    print(f"A = `{a}`, B = `{b}`; {rounds} rounds, wrk -t1 -c4 -d4s, 2 workers x 1 torch thread\n")
+    print(f"A = `{a}`, B = `{b}`; {rounds} rounds, wrk -t1 -c4 -d4s (gRPC rows: tritonclient.grpc, "
+          f"4 calls in flight on one channel, 4 s), 2 workers x 1 torch thread\n")
     print("| request | A req/s (median) | B req/s (median) | B ÷ A (median of rounds) | range |")
     print("|---|---:|---:|---:|---|")
     for name, (ma, mb, r, lo, hi) in rows.items():

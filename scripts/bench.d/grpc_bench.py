@@ -15,7 +15,8 @@ cores as the server: at high rates it costs more CPU per call than wrk does, so 
 below its REST row is partly the client's cost. Both are stated as measured.
 
 usage: grpc_bench.py [--quick] [--command CMD]
-       grpc_bench.py --client PORT MODEL SHAPE RAW CONC SECS   (one load process)
+       grpc_bench.py --client PORT MODEL SHAPE RAW CONC SECS [INPUT]   (one load process;
+                                                                 INPUT: input__0)
 """
 import argparse
 import json
@@ -62,7 +63,7 @@ def rest_request(m, raw):
     return f"/v2/models/{m['name']}/infer", head + data, len(head)
 
 
-def client(port, model, shape, raw, conc, secs):
+def client(port, model, shape, raw, conc, secs, input_name="input__0"):
     """One load process: one channel (its own connection), `conc` calls in flight; waits for
     a line on stdin to start; prints calls answered per second and errors."""
     import numpy as np
@@ -74,7 +75,7 @@ def client(port, model, shape, raw, conc, secs):
     c = grpcclient.InferenceServerClient(f"127.0.0.1:{port}", channel_args=[
         ("grpc.use_local_subchannel_pool", 1),
         ("grpc.max_send_message_length", 1 << 26), ("grpc.max_receive_message_length", 1 << 26)])
-    inp = grpcclient.InferInput("input__0", shape, "FP32")
+    inp = grpcclient.InferInput(input_name, shape, "FP32")
     inp.set_data_from_numpy(x)
     c.infer(model, [inp])
     print("ready", flush=True)
@@ -117,7 +118,7 @@ def grpc_load(port, m, raw, c, channels, secs):
     per = [c // channels + (1 if i < c % channels else 0) for i in range(channels)]
     shape = ",".join(map(str, m["shape"]))
     ps = [subprocess.Popen([sys.executable, __file__, "--client", str(port), m["name"], shape, raw,
-                            str(k), str(secs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            str(k), str(secs), m.get("input", "input__0")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            text=True) for k in per]
     try:
         for p in ps:
@@ -220,7 +221,7 @@ def markdown(r, cmd):
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         port, model, shape, raw, conc, secs = sys.argv[2:8]
-        return client(port, model, shape, raw, int(conc), float(secs))
+        return client(port, model, shape, raw, int(conc), float(secs), *sys.argv[8:9])
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--command", default="scripts/bench --only grpc")

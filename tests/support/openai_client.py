@@ -8,6 +8,12 @@
                                      OpenAIEmbeddings with check_embedding_ctx_length=False
                                      ({"vectors": [...]}) and as made by default
                                      ({"default_error": {"status": ..., "message": ...}})
+    openai_client.py PORT async_h2   stdin {"texts": [...]}: the SDK's AsyncOpenAI over HTTP/2
+                                     (httpx with http2=True, http1=False: HTTP/2 with prior
+                                     knowledge): all the texts in one request (its default,
+                                     base64), then each text its own request, all in flight at
+                                     once on the one connection: {"http_version": ...,
+                                     "default": [...], "each": [...]}
 
 LangChain's default tokenizes with tiktoken, whose encoding files come from the network; the
 tests run without it, so a byte-level stand-in encoding gives LangChain its token ids: what it
@@ -52,3 +58,23 @@ elif mode == "langchain":
     except openai.APIStatusError as e:
         error = {"status": e.status_code, "message": e.body.get("message") if isinstance(e.body, dict) else str(e.body)}
     print(json.dumps({"vectors": vectors, "default_error": error}))
+elif mode == "async_h2":
+    import asyncio
+
+    import httpx
+
+    async def run():
+        async with httpx.AsyncClient(http1=False, http2=True) as http:
+            client = openai.AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, http_client=http)
+            raw = await client.embeddings.with_raw_response.create(model="text-embedder", input=texts)
+            default = raw.parse()
+            each = await asyncio.gather(*(
+                client.embeddings.create(model="text-embedder", input=[t], encoding_format="float")
+                for t in texts))
+            return {
+                "http_version": raw.http_response.http_version,
+                "default": [d.embedding for d in default.data],
+                "each": [e.data[0].embedding for e in each],
+            }
+
+    print(json.dumps(asyncio.run(run())))

@@ -17,10 +17,12 @@ mod exported;
 #[cfg(test)]
 mod fuzz;
 mod grpc;
+mod head;
 mod heap;
 mod heartbeat;
 mod http;
 mod hw;
+mod infer;
 mod lifecycle;
 mod listen_queue;
 mod listener;

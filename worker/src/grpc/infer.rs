@@ -1,13 +1,12 @@
 //! `ModelInfer`'s messages and the model's description: a request's inputs checked and made
-//! into the model's arguments by the REST v2 path's own checks (`http/v2/request.rs`:
-//! [`Slots`], [`check`], [`from_raw`]), whether they come as `raw_input_contents` (one entry
-//! per input, in order: little-endian elements, `BYTES` as 4-byte lengths and bytes) or as
-//! typed `contents` (converted to the same raw form first); the outputs, written by the
-//! runner as v2 binary outputs, answered as `raw_output_contents` (as Triton does). Model
-//! and server metadata are the REST answers' (`http/v2/mod.rs`), in their messages.
+//! into the model's arguments by the checks both v2 doors share (`infer/v2.rs`: [`Slots`],
+//! [`check`], [`from_raw`]), whether they come as `raw_input_contents` (one entry per input,
+//! in order: little-endian elements, `BYTES` as 4-byte lengths and bytes) or as typed
+//! `contents` (converted to the same raw form first); the outputs, the model thread's typed
+//! tensors, answered as `raw_output_contents` (as Triton does). Model metadata is made from
+//! the model's description (`infer/v2.rs`).
 
 use bytes::{BufMut, Bytes};
-use serde::Deserialize;
 use vramfork::metadata::{Datatype, Dtype, TensorSpec};
 
 use super::pb::infer_parameter::ParameterChoice;
@@ -17,11 +16,9 @@ use crate::app::App;
 use crate::args::Inputs;
 use crate::decode::BodyError;
 use crate::error::ApiError;
-use crate::http::pipeline::Parsed;
-use crate::http::v2::request::{check, from_raw, Checked, Slots};
-use crate::http::v2::{model_id, model_metadata as model_metadata_json};
-use crate::runner::v2out::Wanted;
-use crate::runner::{Encoding, RunOutput};
+use crate::infer::v2::{check, from_raw, model_id, model_tensors, Checked, Slots, TensorMeta};
+use crate::infer::{Parsed, MAX_TIMEOUT_S};
+use crate::runner::{Encoding, RunOutput, Wanted};
 
 /// What the answer needs of the request besides the outputs.
 pub struct Asked {
@@ -60,16 +57,12 @@ pub fn parse(
     let outputs = (!req.outputs.is_empty()).then(|| {
         req.outputs
             .iter()
-            .map(|o| (o.name.clone(), true))
+            .map(|o| o.name.clone())
             .collect::<Vec<_>>()
     });
     Ok(Parsed {
         inputs,
-        encoding: Encoding::V2(Wanted {
-            outputs,
-            binary_default: true,
-            declared,
-        }),
+        encoding: Encoding::Tensors(Wanted { outputs, declared }),
         timeout,
         extra: Asked {
             id: req.id,
@@ -93,7 +86,7 @@ type Params = std::collections::HashMap<String, InferParameter>;
 /// `parameters.timeout`: microseconds (`int64_param`, as `tritonclient` sends it; 0 = none),
 /// at most a day, as the REST body's.
 fn timeout(params: &Params) -> Result<Option<std::time::Duration>, ApiError> {
-    let max_us = (crate::http::pipeline::MAX_TIMEOUT_S * 1e6) as u64;
+    let max_us = (MAX_TIMEOUT_S * 1e6) as u64;
     let us = match params.get("timeout").and_then(|p| p.parameter_choice.as_ref()) {
         None => return Ok(None),
         Some(ParameterChoice::Int64Param(us)) if *us >= 0 => *us as u64,
@@ -228,21 +221,8 @@ fn out_of_range(name: &str, d: Dtype, v: impl std::fmt::Display) -> BodyError {
     ))
 }
 
-/// One output as the runner wrote it (binary: its data in the tail).
-#[derive(Deserialize)]
-struct Written {
-    name: String,
-    datatype: String,
-    shape: Vec<i64>,
-    parameters: WrittenParams,
-}
-
-#[derive(Deserialize)]
-struct WrittenParams {
-    binary_data_size: usize,
-}
-
-/// The answer to a request from the runner's outputs.
+/// The answer to a request from the model's typed outputs: each one's data as it is in
+/// `raw_output_contents`.
 pub fn response(
     app: &App,
     out: RunOutput,
@@ -250,21 +230,15 @@ pub fn response(
     request_id: &str,
     hw_line: Option<String>,
 ) -> Result<ModelInferResponse, ApiError> {
-    let written: Vec<Written> = serde_json::from_slice(&out.outputs).map_err(|e| {
-        ApiError::Run(crate::runner::RunError::Unsupported(format!(
-            "the outputs could not be read back: {e}"
-        )))
-    })?;
-    let mut tail = Bytes::from(out.binary.unwrap_or_default());
-    let mut outputs = Vec::with_capacity(written.len());
-    let mut raw = Vec::with_capacity(written.len());
-    for w in written {
-        let n = w.parameters.binary_data_size.min(tail.len());
-        raw.push(tail.split_to(n));
+    let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let mut outputs = Vec::with_capacity(tensors.len());
+    let mut raw = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        raw.push(Bytes::from(t.data));
         outputs.push(InferOutputTensor {
-            name: w.name,
-            datatype: w.datatype,
-            shape: w.shape,
+            name: t.name,
+            datatype: t.datatype.v2_name().to_string(),
+            shape: t.shape,
             ..Default::default()
         });
     }
@@ -292,28 +266,24 @@ pub fn response(
     })
 }
 
-/// `ModelMetadata`'s answer: the REST one's fields.
+/// `ModelMetadata`'s answer, from the model's description (`infer/v2.rs`).
 pub fn model_metadata(app: &App) -> pb::ModelMetadataResponse {
-    let m = model_metadata_json(app);
-    let tensor = |t: &serde_json::Value| pb::model_metadata_response::TensorMetadata {
-        name: t["name"].as_str().unwrap_or_default().to_string(),
-        datatype: t["datatype"].as_str().unwrap_or_default().to_string(),
-        shape: t["shape"]
-            .as_array()
-            .map(|s| s.iter().filter_map(|d| d.as_i64()).collect())
-            .unwrap_or_default(),
+    let listed = |ts: Vec<TensorMeta>| {
+        ts.into_iter()
+            .map(|t| pb::model_metadata_response::TensorMetadata {
+                name: t.name,
+                datatype: t.datatype.to_string(),
+                shape: t.shape,
+            })
+            .collect()
     };
-    let list = |k: &str| {
-        m[k].as_array()
-            .map(|a| a.iter().map(tensor).collect())
-            .unwrap_or_default()
-    };
+    let (inputs, outputs) = model_tensors(app);
     let (name, version) = model_id(app);
     pb::ModelMetadataResponse {
         name,
         versions: vec![version],
-        platform: m["platform"].as_str().unwrap_or_default().to_string(),
-        inputs: list("inputs"),
-        outputs: list("outputs"),
+        platform: app.platform.to_string(),
+        inputs: listed(inputs),
+        outputs: listed(outputs),
     }
 }

@@ -14,8 +14,8 @@
 //! `x-worker-pid` in the initial metadata, the access log, `/metrics` (endpoints
 //! `grpc-infer` and `grpc`), and every error from the one table (`error.rs`): its gRPC code
 //! ([`ApiError::grpc_code`]), its message in `grpc-message`, its type in `x-error-type` (and
-//! `retry-after` where REST sends `Retry-After`). Inference runs through the pipeline
-//! REST's does (`http/pipeline.rs`). A unary `ModelInfer` that would wait here while a
+//! `retry-after` where REST sends `Retry-After`). Inference runs through the core every
+//! door stands on (`infer/`). A unary `ModelInfer` that would wait here while a
 //! sibling is free is handed to it (`siblings/`).
 
 pub mod infer;
@@ -39,9 +39,9 @@ use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::decode::BodyError;
 use crate::error::{ApiError, GrpcCode};
-use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
-use crate::http::request::{arrival, hw_fetch, key_given, Closer};
-use crate::http::v2::{is_ready, EXTENSIONS};
+use crate::head::{arrival, hw_line, key_given, Closer};
+use crate::infer::v2::{is_ready, EXTENSIONS};
+use crate::infer::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
 use crate::metrics::Endpoint;
 use crate::request_id::{self, RequestId};
 use crate::siblings::{Handed, Handing, Reserved, Siblings};
@@ -282,7 +282,7 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
         match work(meta.clone(), r, size, taken_at, last, app, parse, handoff).await? {
             Ran::Done(out, asked, _) => {
                 let hw = match asked.hw_fetch {
-                    true => hw_fetch(Some("hwFetch"), app)?,
+                    true => Some(hw_line(app)),
                     false => None,
                 };
                 let resp = infer::response(app, out, asked, call.id.as_str(), hw)?;

@@ -22,8 +22,8 @@ use super::wire::{self, Reader};
 use super::{decode, infer, ok_trailers, status_headers, Call, Outcome};
 use crate::access_log::Trace;
 use crate::error::ApiError;
-use crate::http::pipeline::{claim, work, Handoff, Meta, Ran};
-use crate::http::request::hw_fetch;
+use crate::head::hw_line;
+use crate::infer::{claim, work, Handoff, Meta, Ran};
 use crate::metrics::Endpoint;
 
 /// Answers held for a client slow to read them before the next request is read.
@@ -41,7 +41,7 @@ pub fn start(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {
 async fn serve(
     mut reader: Reader,
     call: Call,
-    deadline: Option<crate::http::pipeline::Deadline>,
+    deadline: Option<crate::infer::Deadline>,
     tx: mpsc::Sender<Frame<Bytes>>,
 ) {
     loop {
@@ -112,7 +112,7 @@ async fn one(call: &Call, meta: Meta, framed: &Bytes) -> Result<ModelInferRespon
     match work(meta, request, size, taken_at, last, app, parse, none).await? {
         Ran::Done(out, asked, _) => {
             let hw = match asked.hw_fetch {
-                true => hw_fetch(Some("hwFetch"), app)?,
+                true => Some(hw_line(app)),
                 false => None,
             };
             infer::response(app, out, asked, call.id.as_str(), hw)

@@ -15,11 +15,12 @@ use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, W
 use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
-use super::request::{arrival, endpoint_of, key_given, Closer, INFERENCE_HEADER};
+use super::request::{endpoint_of, INFERENCE_HEADER};
 use super::{openai, root, v2};
 use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
+use crate::head::{arrival, key_given, Closer};
 use crate::request_id::{self, RequestId};
 use crate::trace_context;
 

@@ -1,43 +1,32 @@
-//! What every handler reads of a request: when it arrived, its id, the
-//! endpoint it is counted under, whether it asks for hwFetch; and the one header of Triton's
-//! binary extension both directions use; and its body, within the limits ([`read_body`]).
+//! What every HTTP handler reads of a request: its id, the endpoint it is counted under,
+//! whether it asks for hwFetch; the one header of Triton's binary extension both directions
+//! use; its body, within the limits ([`read_body`]); and [`model_request`], an HTTP model
+//! request's way into the inference core (`infer/`). What gRPC reads the same way (arrival,
+//! key) is `head.rs`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH};
+use hyper::header::CONTENT_LENGTH;
 use hyper::{Method, Request};
 use serde_json::Value;
-use vramfork::auth::ApiKeys;
 use vramfork::hwline::wants_hw_fetch;
 
+use crate::access_log::Trace;
 use crate::app::App;
 use crate::error::ApiError;
+use crate::head::{arrival, hw_line};
+use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran};
 use crate::metrics::Endpoint;
 use crate::request_id::RequestId;
+use crate::runner::RunOutput;
 use crate::timeouts::BODY_READ;
 
 /// Triton's binary tensor data extension: the length of the JSON header of a body that goes
 /// on with raw tensor data.
 pub const INFERENCE_HEADER: &str = "inference-header-content-length";
-
-/// When a request arrived (a request extension set by the connection): for a connection's
-/// first request, when it entered the listen queue; else its first byte.
-#[derive(Debug, Clone, Copy)]
-pub struct Arrived(pub Instant);
-
-/// Asks the connection a request came on to close once the answers in flight are out: an
-/// HTTP/2 connection's GOAWAY where an HTTP/1.1 answer says `Connection: close` (a request
-/// extension set by the connection).
-#[derive(Clone)]
-pub struct Closer(pub std::sync::Arc<tokio::sync::Notify>);
-
-impl Closer {
-    pub fn ask(&self) {
-        self.0.notify_one();
-    }
-}
 
 /// The `endpoint` label an answer is counted under.
 pub fn endpoint_of(method: &Method, path: &str) -> Endpoint {
@@ -65,35 +54,12 @@ pub fn request_id_of(req: &Request<Incoming>) -> String {
         .unwrap_or_default()
 }
 
-/// When the request arrived (set by the connection), else now.
-pub fn arrival(req: &Request<Incoming>) -> Instant {
-    req.extensions()
-        .get::<Arrived>()
-        .map_or_else(Instant::now, |a| a.0)
-}
-
-/// The request's `Authorization` header (HTTP) or `authorization` metadata (gRPC) checked
-/// against the keys; a refusal is counted in `/metrics` and answered 401 (gRPC
-/// UNAUTHENTICATED).
-pub fn key_given(keys: &ApiKeys, req: &Request<Incoming>, app: &App) -> Result<(), ApiError> {
-    let given = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-    keys.check(given).map_err(|f| {
-        if let Some(m) = &app.metrics {
-            m.auth_failure(f);
-        }
-        ApiError::Unauthorized(f)
-    })
-}
-
 /// `Some(line)` when the query asks for hwFetch.
 pub fn hw_fetch(query: Option<&str>, app: &App) -> Result<Option<String>, ApiError> {
     if !wants_hw_fetch(query).map_err(|e| ApiError::BadRequest(e.to_string()))? {
         return Ok(None);
     }
-    Ok(Some(app.hw.line().unwrap_or_else(|e| {
-        tracing::warn!("hwFetch: {e}");
-        format!("unavailable: {e}")
-    })))
+    Ok(Some(hw_line(app)))
 }
 
 pub fn with_hw(mut body: Value, hw: Option<String>) -> Value {
@@ -135,5 +101,56 @@ pub async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, Ap
         Err(_) => Err(ApiError::BodyTimeout(BODY_READ.as_secs())),
         Ok(Err(e)) => Err(e),
         Ok(Ok(())) => Ok(buf),
+    }
+}
+
+/// A model request, whatever its protocol (`POST /`, v2 infer): refused at once when it
+/// waited past `--max-queue-wait`; counted towards `--max-requests` (retiring the worker
+/// when it is the last); its body read and counted as work; parsed by `parse` (on a
+/// blocking thread when large) into the model's input, the outputs' encoding and whatever
+/// the caller needs to answer; run. Returns the outputs, that extra, and whether this was
+/// the worker's last request.
+pub async fn model_request<T: Send + 'static>(
+    req: Request<Incoming>,
+    app: &App,
+    parse: impl FnOnce(Vec<u8>) -> Result<Parsed<T>, ApiError> + Send + 'static,
+) -> Result<(RunOutput, T, bool), ApiError> {
+    let meta = Meta {
+        arrived: arrival(&req),
+        endpoint: endpoint_of(req.method(), req.uri().path()),
+        id: request_id_of(&req).into(),
+        trace: req.extensions().get::<Arc<Trace>>().cloned(),
+        deadline: Deadline::from_header(req.headers(), arrival(&req))?,
+    };
+    let refused = meta.refusal(app);
+    // From here the worker has the request: reading its body and parsing it are not waiting
+    // for a worker, and do not count against --max-queue-wait (a slow upload to an idle
+    // worker is not an overload).
+    let taken_at = Instant::now();
+    if let Some(refused) = refused {
+        // Read the (small, usually) body so the refusal is not lost to a reset.
+        if let Ok(body) = read_body(req, app.max_body_bytes).await {
+            meta.count_body(app, body.len());
+        }
+        return Err(refused);
+    }
+    let last = claim(app);
+    let body = read_body(req, app.max_body_bytes).await?;
+    meta.count_body(app, body.len());
+    let size = body.len();
+    match work(
+        meta,
+        body,
+        size,
+        taken_at,
+        last,
+        app,
+        parse,
+        None::<Handoff<'_, ()>>,
+    )
+    .await?
+    {
+        Ran::Done(out, extra, last) => Ok((out, extra, last)),
+        Ran::HandedOff(()) => unreachable!("a request without a hand-off is never handed off"),
     }
 }

@@ -9,12 +9,12 @@ use vramfork::metadata::TensorSpec;
 
 use super::answer::{json_bytes, Answer};
 use super::body_kind::{classify, explained, BodyKind};
-use super::pipeline::{model_request, Parsed};
-use super::request::{hw_fetch, with_hw};
+use super::request::{hw_fetch, model_request, with_hw};
 use crate::app::App;
 use crate::args::{Arg, Inputs};
 use crate::decode::post::parse_request;
 use crate::error::ApiError;
+use crate::infer::Parsed;
 use crate::runner::Encoding;
 
 /// `GET /`: the metadata as given, with the measured footprint beside the declared one
@@ -46,7 +46,7 @@ pub fn health(app: &App) -> Answer {
 }
 
 /// `POST /`: `{"inputs": …}` in (`decode/post.rs`), `{"outputs": …}` out, through the
-/// pipeline every model request takes.
+/// core every model request takes (`infer/`).
 pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -77,7 +77,7 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     })
     .await?;
     let out_timing = out.preprocess.map(|p| (p, out.forward));
-    let outputs = out.outputs;
+    let outputs = out.outputs.json().map_err(ApiError::Run)?;
     // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
     let mut body = Vec::with_capacity(outputs.len() + 64);
     body.extend_from_slice(b"{\"outputs\":");

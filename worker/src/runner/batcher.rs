@@ -29,7 +29,7 @@ use super::model::Model;
 use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};
-use super::{encode, guarded, pass, reserved, Job, RunError, RunOutput, Taken, Written};
+use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
 
 /// Forward passes by rows, as `/metrics` reports them.
@@ -222,7 +222,7 @@ fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCoun
             return false;
         }
     };
-    let written: Vec<Result<Written, RunError>> = jobs
+    let written: Vec<Result<Outputs, RunError>> = jobs
         .iter()
         .zip(&parts)
         .map(|(job, part)| guarded(|| encode(part, &job.encoding)))
@@ -239,9 +239,8 @@ fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCoun
     );
     let batch = jobs.len() as u32;
     for (job, w) in jobs.into_iter().zip(written) {
-        job.answer(w.map(|(outputs, binary)| RunOutput {
+        job.answer(w.map(|outputs| RunOutput {
             outputs,
-            binary,
             gpu_reserved,
             forward,
             batch,

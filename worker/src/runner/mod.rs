@@ -42,6 +42,7 @@ pub use load::{configure_executor, load_cpu, Declared, LoadError};
 use model::Failure;
 pub use model::{platform, Model, ModelInfo};
 pub use ops::load_all as load_op_libraries;
+pub use v2out::{OutTensor, Wanted};
 pub use warmup::{warm, Warmed, Warmup};
 
 use crate::args::{Arg, Inputs};
@@ -51,23 +52,52 @@ use failure::{classify, cuda_first};
 /// How many requests may wait for the model thread.
 const QUEUE: usize = 64;
 
-/// How the outputs are written.
+/// What the model thread makes of the outputs.
 #[derive(Debug, Clone, Default)]
 pub enum Encoding {
-    /// `POST /`: the outputs as one JSON value (see `tensors.rs`).
+    /// `POST /`'s JSON, written straight from the tensors' memory (see `tensors.rs`): its
+    /// one writer, on the model thread.
     #[default]
     Json,
-    /// The Open Inference Protocol: named output tensors (see `v2out.rs`).
-    V2(v2out::Wanted),
+    /// Typed output tensors (see `v2out.rs`), which the door writes in its own format.
+    Tensors(v2out::Wanted),
+}
+
+/// The outputs of a pass, as the request's [`Encoding`] asked.
+#[derive(Debug)]
+pub enum Outputs {
+    /// `POST /`'s JSON text.
+    Json(Vec<u8>),
+    /// The outputs asked for, in the request's order.
+    Tensors(Vec<OutTensor>),
+}
+
+impl Outputs {
+    /// The JSON text of [`Encoding::Json`].
+    pub fn json(self) -> Result<Vec<u8>, RunError> {
+        match self {
+            Outputs::Json(j) => Ok(j),
+            Outputs::Tensors(_) => Err(RunError::Unsupported(
+                "the outputs came as tensors where JSON was asked for".into(),
+            )),
+        }
+    }
+
+    /// The tensors of [`Encoding::Tensors`].
+    pub fn tensors(self) -> Result<Vec<OutTensor>, RunError> {
+        match self {
+            Outputs::Tensors(t) => Ok(t),
+            Outputs::Json(_) => Err(RunError::Unsupported(
+                "the outputs came as JSON where tensors were asked for".into(),
+            )),
+        }
+    }
 }
 
 /// A successful forward pass.
 #[derive(Debug)]
 pub struct RunOutput {
-    /// The outputs as JSON text (for v2: the array of output objects).
-    pub outputs: Vec<u8>,
-    /// v2 outputs asked for as binary data, one after the other; `None` when none was.
-    pub binary: Option<Vec<u8>>,
+    pub outputs: Outputs,
     /// The CUDA allocator's reserved bytes after the pass (None on CPU).
     pub gpu_reserved: Option<u64>,
     /// The input's move to the device, the forward pass and the outputs' copy into JSON.
@@ -403,29 +433,22 @@ fn device_check() -> Result<(), RunError> {
     }
 }
 
-/// Outputs as JSON text, and v2's binary data if any was asked for.
-type Written = (Vec<u8>, Option<Vec<u8>>);
-
 /// The outputs written as the request asked. Copying a CUDA output to the CPU is where a
 /// CUDA error can still surface: it is reported as one (the worker must go), not as an
 /// output the server cannot write.
-fn encode(out: &IValue, encoding: &Encoding) -> Result<Written, RunError> {
+fn encode(out: &IValue, encoding: &Encoding) -> Result<Outputs, RunError> {
     write_outputs(out, encoding).map_err(cuda_first)
 }
 
-fn write_outputs(out: &IValue, encoding: &Encoding) -> Result<Written, RunError> {
-    let mut outputs = Vec::new();
-    let binary = match encoding {
+fn write_outputs(out: &IValue, encoding: &Encoding) -> Result<Outputs, RunError> {
+    match encoding {
         Encoding::Json => {
-            tensors::write_json(out, &mut outputs).map_err(RunError::Unsupported)?;
-            None
+            let mut json = Vec::new();
+            tensors::write_json(out, &mut json).map_err(RunError::Unsupported)?;
+            Ok(Outputs::Json(json))
         }
-        Encoding::V2(wanted) => {
-            let mut tail = Vec::new();
-            v2out::write(out, wanted, &mut outputs, &mut tail)?.then_some(tail)
-        }
-    };
-    Ok((outputs, binary))
+        Encoding::Tensors(wanted) => v2out::tensors(out, wanted).map(Outputs::Tensors),
+    }
 }
 
 /// The CUDA allocator's reserved bytes now (None on the CPU).
@@ -444,7 +467,7 @@ fn forward(
 ) -> Result<RunOutput, RunError> {
     let start = Instant::now();
     let out = pass(module, device, &input.args)?;
-    let (outputs, binary) = encode(&out, encoding)?;
+    let outputs = encode(&out, encoding)?;
     drop(out);
     let gpu_reserved = reserved(device);
     // On CUDA the pass is only known to be over once its outputs are copied out.
@@ -452,7 +475,6 @@ fn forward(
     tracing::debug!(ms = forward.as_secs_f64() * 1e3, "forward");
     Ok(RunOutput {
         outputs,
-        binary,
         gpu_reserved,
         forward,
         batch: 1,

@@ -1,27 +1,37 @@
-//! The model's outputs as Open Inference Protocol (KServe v2) output tensors, written on the
-//! model thread. Each output is named as the metadata's `outputs` declare (in the order the
-//! model returns them), else `output__N` (Triton's PyTorch-backend naming: the N-th item of a
-//! tuple or list, or `output__0` for a single one). A tensor (or an int, float or bool) is a
-//! numeric output; a `List[str]` (or a `str`) is a `BYTES` output of shape `[n]`. Data go as
-//! a flat row-major JSON array or, when asked, as raw bytes appended to the binary tail
-//! (Triton's binary tensor data extension: little-endian elements; for `BYTES`, each string
-//! as a 4-byte little-endian length and its UTF-8 bytes).
+//! The model's outputs as typed tensors ([`OutTensor`]: name, datatype, shape and bytes),
+//! made on the model thread for every door but `POST /` (v2 REST, gRPC, OpenAI's
+//! embeddings), each of which writes its own wire format from them. Each output is named as
+//! the metadata's `outputs` declare (in the order the model returns them), else `output__N`
+//! (Triton's PyTorch-backend naming: the N-th item of a tuple or list, or `output__0` for a
+//! single one). A tensor (or an int, float or bool) is a numeric output; a `List[str]` (or a
+//! `str`) is a `BYTES` output of shape `[n]`. Its data are row-major little-endian elements;
+//! for `BYTES`, each string as a 4-byte little-endian length and its UTF-8 bytes (the raw
+//! form of Triton's binary tensor data extension and of gRPC's `raw_output_contents`).
 
 use tch::{Device, IValue, Kind, Tensor};
-use vramfork::metadata::{Datatype, TensorSpec};
+use vramfork::metadata::{Datatype, Dtype, TensorSpec};
 
-use super::tensors::{type_name, write_int, write_tensor_as};
+use super::tensors::type_name;
 use super::RunError;
 
-/// Which outputs the request wants, and how.
+/// Which outputs the request wants.
 #[derive(Debug, Clone, Default)]
 pub struct Wanted {
-    /// Outputs asked for by name, each with whether its data goes binary; `None`: all.
-    pub outputs: Option<Vec<(String, bool)>>,
-    /// Binary data for the outputs not asked for by name (`binary_data_output`).
-    pub binary_default: bool,
+    /// Outputs asked for by name, in the request's order; `None`: all, in the model's.
+    pub outputs: Option<Vec<String>>,
     /// The metadata's declared `outputs` (names and datatypes), if any.
     pub declared: Option<Vec<TensorSpec>>,
+}
+
+/// One output of the model, as every door but `POST /` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutTensor {
+    pub name: String,
+    pub datatype: Datatype,
+    pub shape: Vec<i64>,
+    /// Row-major little-endian elements; for `BYTES`, each element as a 4-byte
+    /// little-endian length and its bytes.
+    pub data: Vec<u8>,
 }
 
 /// One output of the model.
@@ -31,27 +41,27 @@ enum Out {
 }
 
 impl Out {
-    fn datatype(&self) -> Option<&'static str> {
+    fn datatype(&self) -> Option<Datatype> {
         match self {
-            Out::Tensor(t) => datatype(t.kind()),
-            Out::Strings(_) => Some("BYTES"),
+            Out::Tensor(t) => dtype(t.kind()).map(Datatype::Tensor),
+            Out::Strings(_) => Some(Datatype::Bytes),
         }
     }
 }
 
-/// The v2 datatype of a tensor kind.
-pub fn datatype(k: Kind) -> Option<&'static str> {
+/// The element type of a tensor kind, if the protocol carries it.
+fn dtype(k: Kind) -> Option<Dtype> {
     Some(match k {
-        Kind::Bool => "BOOL",
-        Kind::Uint8 => "UINT8",
-        Kind::Int8 => "INT8",
-        Kind::Int16 => "INT16",
-        Kind::Int => "INT32",
-        Kind::Int64 => "INT64",
-        Kind::Half => "FP16",
-        Kind::BFloat16 => "BF16",
-        Kind::Float => "FP32",
-        Kind::Double => "FP64",
+        Kind::Bool => Dtype::Bool,
+        Kind::Uint8 => Dtype::UInt8,
+        Kind::Int8 => Dtype::Int8,
+        Kind::Int16 => Dtype::Int16,
+        Kind::Int => Dtype::Int32,
+        Kind::Int64 => Dtype::Int64,
+        Kind::Half => Dtype::Float16,
+        Kind::BFloat16 => Dtype::BFloat16,
+        Kind::Float => Dtype::Float32,
+        Kind::Double => Dtype::Float64,
         _ => return None,
     })
 }
@@ -107,133 +117,90 @@ fn outputs(v: &IValue, declared: Option<&[TensorSpec]>) -> Result<Vec<Out>, Stri
     }
 }
 
-/// Writes the JSON array of output objects to `json` and the binary data to `binary`;
-/// returns whether any output went binary (the answer then carries a binary tail, even an
-/// empty one). An output the request names that the model does not have is the request's
-/// error; outputs that differ from the declared ones in number or datatype are the model's.
-pub fn write(
-    v: &IValue,
-    wanted: &Wanted,
-    json: &mut Vec<u8>,
-    binary: &mut Vec<u8>,
-) -> Result<bool, RunError> {
+/// The outputs the request wants, in its order (all, in the model's, when it names none). An
+/// output the request names that the model does not have is the request's error; outputs
+/// that differ from the declared ones in number or datatype are the model's.
+pub fn tensors(v: &IValue, wanted: &Wanted) -> Result<Vec<OutTensor>, RunError> {
     let declared = wanted.declared.as_deref();
     let all = outputs(v, declared).map_err(RunError::Unsupported)?;
     let names: Vec<String> = match declared {
         Some(specs) => {
-            let listed = || {
-                specs
-                    .iter()
-                    .map(|s| format!("{} ({})", s.name, s.datatype))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if specs.len() != all.len() {
-                return Err(RunError::Unsupported(format!(
-                    "the model returned {} outputs; the metadata declares {}: {}",
-                    all.len(),
-                    specs.len(),
-                    listed()
-                )));
-            }
-            for (spec, out) in specs.iter().zip(&all) {
-                let got = out.datatype().unwrap_or("a dtype v2 cannot carry");
-                if got != spec.datatype.v2_name() {
-                    return Err(RunError::Unsupported(format!(
-                        "the model returned {got} for output {}; the metadata declares {}",
-                        spec.name, spec.datatype
-                    )));
-                }
-            }
+            check_declared(specs, &all)?;
             specs.iter().map(|s| s.name.clone()).collect()
         }
         None => (0..all.len()).map(|i| format!("output__{i}")).collect(),
     };
-    let picked: Vec<(usize, bool)> = match &wanted.outputs {
-        None => (0..all.len()).map(|i| (i, wanted.binary_default)).collect(),
+    let picked: Vec<usize> = match &wanted.outputs {
+        None => (0..all.len()).collect(),
         Some(asked) => asked
             .iter()
-            .map(|(name, bin)| {
-                names
-                    .iter()
-                    .position(|n| n == name)
-                    .map(|i| (i, *bin))
-                    .ok_or_else(|| {
-                        RunError::Request(format!(
-                            "the request asks for output '{name}'; the model's outputs are {}",
-                            names.join(", ")
-                        ))
-                    })
+            .map(|name| {
+                names.iter().position(|n| n == name).ok_or_else(|| {
+                    RunError::Request(format!(
+                        "the request asks for output '{name}'; the model's outputs are {}",
+                        names.join(", ")
+                    ))
+                })
             })
             .collect::<Result<_, _>>()?,
     };
-    let any_binary = picked.iter().any(|(_, bin)| *bin);
-    json.push(b'[');
-    for (n, (i, bin)) in picked.into_iter().enumerate() {
-        if n > 0 {
-            json.push(b',');
-        }
-        let written = match &all[i] {
-            Out::Tensor(t) => write_one(&names[i], t, bin, json, binary),
-            Out::Strings(s) => {
-                write_strings(&names[i], s, bin, json, binary);
-                Ok(())
-            }
-        };
-        written.map_err(RunError::Unsupported)?;
+    picked
+        .into_iter()
+        .map(|i| match &all[i] {
+            Out::Tensor(t) => tensor_out(&names[i], t),
+            Out::Strings(s) => Ok(strings_out(&names[i], s)),
+        })
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Unsupported)
+}
+
+/// The model's outputs against the metadata's declared ones: as many, of the same datatypes.
+fn check_declared(specs: &[TensorSpec], all: &[Out]) -> Result<(), RunError> {
+    let listed = || {
+        specs
+            .iter()
+            .map(|s| format!("{} ({})", s.name, s.datatype))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if specs.len() != all.len() {
+        return Err(RunError::Unsupported(format!(
+            "the model returned {} outputs; the metadata declares {}: {}",
+            all.len(),
+            specs.len(),
+            listed()
+        )));
     }
-    json.push(b']');
-    Ok(any_binary)
-}
-
-/// `{"name":…,"datatype":…,"shape":[…]` (the object left open for its data).
-fn write_head(name: &str, datatype: &str, shape: &[i64], json: &mut Vec<u8>) {
-    json.extend_from_slice(b"{\"name\":");
-    serde_json::to_writer(&mut *json, name).expect("writing to a Vec cannot fail");
-    json.extend_from_slice(b",\"datatype\":\"");
-    json.extend_from_slice(datatype.as_bytes());
-    json.extend_from_slice(b"\",\"shape\":[");
-    for (i, d) in shape.iter().enumerate() {
-        if i > 0 {
-            json.push(b',');
+    for (spec, out) in specs.iter().zip(all) {
+        let got = out.datatype();
+        if got != Some(spec.datatype) {
+            let got = got.map_or("a dtype v2 cannot carry", Datatype::v2_name);
+            return Err(RunError::Unsupported(format!(
+                "the model returned {got} for output {}; the metadata declares {}",
+                spec.name, spec.datatype
+            )));
         }
-        write_int(*d, json);
     }
-    json.push(b']');
+    Ok(())
 }
 
-/// `,"parameters":{"binary_data_size":n}}`, closing the output object.
-fn write_binary_size(bytes: usize, json: &mut Vec<u8>) {
-    json.extend_from_slice(b",\"parameters\":{\"binary_data_size\":");
-    write_int(bytes as i64, json);
-    json.extend_from_slice(b"}}");
-}
-
-fn write_strings(name: &str, s: &[String], bin: bool, json: &mut Vec<u8>, binary: &mut Vec<u8>) {
-    write_head(name, "BYTES", &[s.len() as i64], json);
-    if bin {
-        let start = binary.len();
-        for one in s {
-            binary.extend_from_slice(&(one.len() as u32).to_le_bytes());
-            binary.extend_from_slice(one.as_bytes());
-        }
-        write_binary_size(binary.len() - start, json);
-        return;
+fn strings_out(name: &str, s: &[String]) -> OutTensor {
+    let mut data = Vec::with_capacity(s.iter().map(|one| 4 + one.len()).sum());
+    for one in s {
+        data.extend_from_slice(&(one.len() as u32).to_le_bytes());
+        data.extend_from_slice(one.as_bytes());
     }
-    json.extend_from_slice(b",\"data\":");
-    serde_json::to_writer(&mut *json, s).expect("writing to a Vec cannot fail");
-    json.push(b'}');
+    OutTensor {
+        name: name.to_string(),
+        datatype: Datatype::Bytes,
+        shape: vec![s.len() as i64],
+        data,
+    }
 }
 
-fn write_one(
-    name: &str,
-    t: &Tensor,
-    bin: bool,
-    json: &mut Vec<u8>,
-    binary: &mut Vec<u8>,
-) -> Result<(), String> {
+fn tensor_out(name: &str, t: &Tensor) -> Result<OutTensor, String> {
     let err = |e: tch::TchError| format!("cannot read output {name}: {e}");
-    let dt = datatype(t.kind()).ok_or_else(|| {
+    let d = dtype(t.kind()).ok_or_else(|| {
         format!(
             "output {name} has dtype {:?}, which v2 cannot carry",
             t.kind()
@@ -244,22 +211,86 @@ fn write_one(
         .f_to_device(Device::Cpu)
         .and_then(|c| c.f_contiguous())
         .map_err(err)?;
-    write_head(name, dt, &shape, json);
     let n = cpu.numel();
-    if bin {
+    let data = if n == 0 {
+        Vec::new()
+    } else {
         let bytes = n * cpu.kind().elt_size_in_bytes();
-        if n > 0 {
-            // SAFETY: `cpu` is a contiguous CPU tensor of `n` elements, `bytes` bytes in all;
-            // the slice lives only while `cpu` does.
-            let raw = unsafe { std::slice::from_raw_parts(cpu.data_ptr() as *const u8, bytes) };
-            binary.extend_from_slice(raw);
+        // SAFETY: `cpu` is a contiguous CPU tensor of `n` elements, `bytes` bytes in all;
+        // the slice lives only while `cpu` does.
+        unsafe { std::slice::from_raw_parts(cpu.data_ptr() as *const u8, bytes) }.to_vec()
+    };
+    Ok(OutTensor {
+        name: name.to_string(),
+        datatype: Datatype::Tensor(d),
+        shape,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(outputs: Option<&[&str]>) -> Wanted {
+        Wanted {
+            outputs: outputs.map(|o| o.iter().map(|s| s.to_string()).collect()),
+            declared: None,
         }
-        write_binary_size(bytes, json);
-        return Ok(());
     }
-    // The data as a flat row-major array, written as `POST /` writes a tensor.
-    json.extend_from_slice(b",\"data\":");
-    write_tensor_as(&cpu, &[n as i64], json)?;
-    json.push(b'}');
-    Ok(())
+
+    #[test]
+    fn outputs_come_typed_with_their_little_endian_bytes() {
+        let t = Tensor::from_slice(&[1.5f32, -2.0, 0.25, 4.0]).reshape([2, 2]);
+        let v = IValue::Tuple(vec![
+            IValue::Tensor(t),
+            IValue::StringList(vec!["ab".into(), "".into()]),
+        ]);
+        let all = tensors(&v, &wanted(None)).unwrap();
+        let f32s: Vec<u8> = [1.5f32, -2.0, 0.25, 4.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        assert_eq!(
+            all,
+            vec![
+                OutTensor {
+                    name: "output__0".into(),
+                    datatype: Datatype::Tensor(Dtype::Float32),
+                    shape: vec![2, 2],
+                    data: f32s,
+                },
+                OutTensor {
+                    name: "output__1".into(),
+                    datatype: Datatype::Bytes,
+                    shape: vec![2],
+                    data: vec![2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0],
+                },
+            ]
+        );
+        // Asked by name: in the request's order; an unknown name is the request's error.
+        let picked = tensors(&v, &wanted(Some(&["output__1", "output__0"]))).unwrap();
+        assert_eq!(picked[0].name, "output__1");
+        assert_eq!(picked[1].name, "output__0");
+        let e = tensors(&v, &wanted(Some(&["nope"]))).unwrap_err();
+        assert!(
+            matches!(&e, RunError::Request(m) if m.contains("output__0, output__1")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_transposed_tensor_is_made_contiguous_first() {
+        let t = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6])
+            .reshape([2, 3])
+            .transpose(0, 1);
+        let out = tensors(&IValue::Tensor(t), &wanted(None)).unwrap();
+        assert_eq!(out[0].shape, vec![3, 2]);
+        let back: Vec<i64> = out[0]
+            .data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(back, vec![1, 4, 2, 5, 3, 6]);
+    }
 }

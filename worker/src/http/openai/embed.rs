@@ -1,9 +1,9 @@
-//! `POST /v1/embeddings`: admitted, counted and bounded as every model request is (the
-//! pipeline's `--max-queue-wait`, client deadline, `--max-requests`, body limit); the body
+//! `POST /v1/embeddings`: admitted, counted and bounded as every model request is by the
+//! core (`infer/`: `--max-queue-wait`, client deadline, `--max-requests`, body limit); the body
 //! read as OpenAI's request (`request.rs`); its inputs tokenized on the documents pool
 //! (`tokens.rs`) under `--request-timeout` and the client's deadline; run in passes of at most
 //! `max_batch_size` inputs (without batching, the input's `max_documents`), each through the
-//! pipeline's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
+//! core's pass; pooled into vectors (`vectors.rs`); answered in OpenAI's shape with
 //! `usage` (tokens given to the model), `X-Truncated-Inputs` (inputs cut to `max_length`) and
 //! `Server-Timing` (the tokenizing, and the passes' forward time summed).
 
@@ -26,11 +26,11 @@ use crate::args::Inputs;
 use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
+use crate::head::arrival;
 use crate::http::answer::Answer;
-use crate::http::pipeline::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
-use crate::http::request::{arrival, endpoint_of, read_body, request_id_of};
-use crate::runner::v2out::Wanted;
-use crate::runner::Encoding;
+use crate::http::request::{endpoint_of, read_body, request_id_of};
+use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
+use crate::runner::{Encoding, Wanted};
 
 /// The header saying how many inputs were cut to the model's `max_length`.
 pub const TRUNCATED: &str = "x-truncated-inputs";
@@ -231,8 +231,7 @@ async fn passes(
             args: text.feeds(chunk),
         };
         let wanted = Wanted {
-            outputs: Some(vec![(decl.output.clone(), true)]),
-            binary_default: true,
+            outputs: Some(vec![decl.output.clone()]),
             declared: app.metadata.outputs.clone(),
         };
         // The body's size counts once, with the last pass (a large one trims the heap after).
@@ -240,7 +239,7 @@ async fn passes(
         let parse = move |inputs| {
             Ok(Parsed {
                 inputs,
-                encoding: Encoding::V2(wanted),
+                encoding: Encoding::Tensors(wanted),
                 timeout: None,
                 extra: (),
             })
@@ -266,8 +265,11 @@ async fn passes(
                 format!("{e}; see the `embeddings` block in docs/metadata.md"),
             )
         };
-        let output = Output::read(&out.outputs, out.binary.as_deref().unwrap_or_default())
-            .map_err(failed)?;
+        let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+        let one = tensors
+            .first()
+            .ok_or_else(|| failed("the model returned no output".into()))?;
+        let output = Output::read(one).map_err(failed)?;
         vectors.extend(output.pool(decl.pooling, lengths).map_err(failed)?);
         forward += out.forward;
     }

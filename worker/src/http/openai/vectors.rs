@@ -1,13 +1,14 @@
-//! Vectors from the model's output (raw little-endian tensor data, as the v2 encoding's
-//! binary data carries it): pooled per input (`cls`: its first token; `mean`: the average
+//! Vectors from the model's output (its typed output: raw little-endian tensor data): pooled per input (`cls`: its first token; `mean`: the average
 //! over its tokens, the attention mask's ones, padding left out; `none`: the output's row),
 //! cut to `dimensions` (Matryoshka models) and L2-normalised when declared or cut; written
 //! as JSON floats or base64 of little-endian `f32` bytes (OpenAI's `encoding_format`).
 
 use base64::Engine;
-use serde_json::Value;
 
 use vramfork::metadata::embeddings::Pooling;
+use vramfork::metadata::{Datatype, Dtype};
+
+use crate::runner::OutTensor;
 
 /// One pass's output: its shape and its elements.
 pub struct Output {
@@ -16,33 +17,22 @@ pub struct Output {
 }
 
 impl Output {
-    /// The output from the v2 encoding: `header` the JSON array of one output object, `binary`
-    /// its data.
-    pub fn read(header: &[u8], binary: &[u8]) -> Result<Output, String> {
-        let v: Value = serde_json::from_slice(header).map_err(|e| e.to_string())?;
-        let o = &v[0];
-        let shape = o["shape"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .filter_map(Value::as_u64)
-                    .map(|n| n as usize)
-                    .collect()
-            })
-            .ok_or("the output has no shape")?;
-        let data = match o["datatype"].as_str() {
-            Some("FP32") => binary
+    /// The output from the model's typed output.
+    pub fn read(t: &OutTensor) -> Result<Output, String> {
+        let shape = t.shape.iter().map(|n| *n as usize).collect();
+        let binary = &t.data;
+        let data = match t.datatype {
+            Datatype::Tensor(Dtype::Float32) => binary
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            Some("FP64") => binary
+            Datatype::Tensor(Dtype::Float64) => binary
                 .chunks_exact(8)
                 .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
                 .collect(),
             other => {
                 return Err(format!(
-                    "the embeddings output is {}; vectors are made from FP32 or FP64 outputs",
-                    other.unwrap_or("not a tensor")
+                    "the embeddings output is {other}; vectors are made from FP32 or FP64 outputs"
                 ))
             }
         };

@@ -4,36 +4,24 @@
 //! version the metadata's `version` (else `1`); its inputs and outputs are the metadata's
 //! `inputs` and `outputs` when declared, else `input__0` (the older `input`, when
 //! declared) and `output__0…` (see `request.rs` and `runner/v2out.rs`). Inference runs
-//! through the same path as `POST /` (`http/pipeline.rs`): recycling, timeouts,
+//! through the same core as `POST /` (`infer/`): recycling, timeouts,
 //! 503/504/507 and hwFetch behave the same.
 
+pub mod answer;
 pub mod request;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 use vramfork::hwline::wants_hw_fetch;
-use vramfork::metadata::{TensorSpec, SINGLE_INPUT};
 
 use super::answer::{json_bytes, Answer};
-use super::pipeline::{model_request, Parsed};
-use super::request::{hw_fetch, request_id_of, INFERENCE_HEADER};
+use super::request::{hw_fetch, model_request, request_id_of, INFERENCE_HEADER};
 use crate::app::App;
 use crate::error::ApiError;
+use crate::infer::v2::{is_ready, model_id, model_tensors, TensorMeta, EXTENSIONS};
+use crate::infer::Parsed;
 use crate::runner::Encoding;
-
-/// What this server says of itself at `GET /v2`.
-pub const EXTENSIONS: [&str; 1] = ["binary_tensor_data"];
-
-/// The model's name and version, as v2 paths and answers use them (and gRPC's).
-pub fn model_id(app: &App) -> (String, String) {
-    let version = match app.metadata.raw.get("version") {
-        Some(Value::String(v)) => v.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => "1".to_string(),
-    };
-    (app.model_name.clone(), version)
-}
 
 /// Percent-decodes a path segment (model names may hold spaces and such).
 fn decode(seg: &str) -> Result<String, ApiError> {
@@ -123,12 +111,6 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     }
 }
 
-/// Whether this worker takes inference requests: not retiring, its model usable.
-pub fn is_ready(app: &App) -> bool {
-    let c = app.shared.get();
-    !(c.stopping() || c.model_unusable)
-}
-
 fn ready(app: &App) -> Answer {
     if !is_ready(app) {
         Answer::retiring(json!({"ready": false, "error": "this worker is retiring"}))
@@ -137,33 +119,21 @@ fn ready(app: &App) -> Answer {
     }
 }
 
-/// A declared input or output as v2 metadata lists it (a shape left open by the older
-/// `input` is `[-1]`).
-fn tensor_metadata(spec: &TensorSpec) -> Value {
-    json!({
-        "name": spec.name,
-        "datatype": spec.datatype.v2_name(),
-        "shape": spec.shape.clone().unwrap_or_else(|| vec![-1]),
-    })
-}
-
-/// The model's metadata (REST's answer, and gRPC's `ModelMetadata` from it).
-pub fn model_metadata(app: &App) -> Value {
+/// The model's metadata, as `GET /v2/models/{name}` answers it.
+fn model_metadata(app: &App) -> Value {
     let (name, version) = model_id(app);
-    let m = &app.metadata;
-    let inputs: Vec<Value> = match &m.inputs {
-        Some(specs) => specs.iter().map(tensor_metadata).collect(),
-        None => vec![json!({"name": SINGLE_INPUT, "datatype": "FP32", "shape": [-1]})],
+    let (inputs, outputs) = model_tensors(app);
+    let listed = |ts: Vec<TensorMeta>| -> Vec<Value> {
+        ts.into_iter()
+            .map(|t| json!({"name": t.name, "datatype": t.datatype, "shape": t.shape}))
+            .collect()
     };
-    // Undeclared outputs are known only once the model has answered (output__0… with the
-    // tensors' datatypes): listed empty.
-    let outputs: Vec<Value> = m.outputs.iter().flatten().map(tensor_metadata).collect();
     json!({
         "name": name,
         "versions": [version],
         "platform": app.platform,
-        "inputs": inputs,
-        "outputs": outputs,
+        "inputs": listed(inputs),
+        "outputs": listed(outputs),
     })
 }
 
@@ -187,14 +157,14 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let declared = app.metadata.outputs.clone();
     // The answer's `id`: the body's, else the request's X-Request-Id.
     let request_id = request_id_of(&req);
-    let (out, (id, hw), last) = model_request(req, app, move |body| {
+    let (out, (id, hw, binary), last) = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
         Ok(Parsed {
             inputs: r.inputs,
-            encoding: Encoding::V2(r.wanted),
+            encoding: Encoding::Tensors(r.wanted),
             timeout: r.timeout,
-            extra: (r.id, r.hw_fetch),
+            extra: (r.id, r.hw_fetch, r.binary),
         })
     })
     .await?;
@@ -209,18 +179,21 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
             head.insert("parameters".into(), json!({ "hwFetch": line }));
         }
     }
-    // {…, "outputs": <written by the runner>}
+    // {…, "outputs": [...]}, then the binary tail when any output goes binary.
+    let outputs = out.outputs.tensors().map_err(ApiError::Run)?;
     let mut body = json_bytes(&Value::Object(head));
     body.pop();
     body.extend_from_slice(b",\"outputs\":");
-    body.extend_from_slice(&out.outputs);
+    let any_binary = answer::write_outputs(&outputs, &binary, &mut body);
     body.push(b'}');
+    let header_len = any_binary.then_some(body.len());
+    if any_binary {
+        answer::write_tail(&outputs, &binary, &mut body);
+    }
+    drop(outputs);
     let mut answer = Answer::with(StatusCode::OK, body);
     answer.timing = out_timing;
-    if let Some(tail) = out.binary {
-        answer.header_len = Some(answer.body.len());
-        answer.body.extend_from_slice(&tail);
-    }
+    answer.header_len = header_len;
     answer.close = last;
     Ok(answer)
 }

@@ -9,12 +9,15 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use vramfork::metadata::{Datatype, TensorSpec, SINGLE_INPUT};
+use vramfork::metadata::TensorSpec;
 
-use crate::args::{kind_of, tensor_from_bytes, Arg, Inputs};
-use crate::decode::elements::{arg_from_json, element_count, strings_from_bytes, Layout};
+use super::answer::Binary;
+use crate::args::{Arg, Inputs};
+use crate::decode::elements::{arg_from_json, Layout};
 use crate::decode::BodyError;
-use crate::runner::v2out::Wanted;
+use crate::infer::v2::{check, from_raw, Slots};
+use crate::infer::MAX_TIMEOUT_S;
+use crate::runner::Wanted;
 
 /// The JSON header. Values that may be large (`data`, `id`, parameters) are kept as their
 /// JSON text, never as a tree of values: `data` is read in one pass by `elements.rs`.
@@ -72,6 +75,8 @@ pub struct Infer {
     pub id: Option<String>,
     pub inputs: Inputs,
     pub wanted: Wanted,
+    /// Which outputs' data go binary.
+    pub binary: Binary,
     /// `parameters.hwFetch: true`.
     pub hw_fetch: bool,
     /// `parameters.timeout` (microseconds, as Triton defines it; 0 = none): the client's
@@ -82,7 +87,7 @@ pub struct Infer {
 /// `parameters.timeout`: a whole number of microseconds, at most a day as the
 /// `X-Request-Timeout` header; 0 (Triton: "no timeout") or absent is none.
 fn timeout(params: &Params<'_>) -> Result<Option<std::time::Duration>, String> {
-    let max_us = (crate::http::pipeline::MAX_TIMEOUT_S * 1e6) as u64;
+    let max_us = (MAX_TIMEOUT_S * 1e6) as u64;
     let us = whole(params, "timeout").map_err(|other| {
         format!("parameter timeout must be a whole number of microseconds (0 = none), not {other}")
     })?;
@@ -104,19 +109,6 @@ fn flag(params: &Params<'_>, key: &str) -> Result<bool, String> {
             "parameter {key} must be true or false, not {}",
             shown(params[key])
         )),
-    }
-}
-
-/// The model's inputs as v2 requests must name them: the declared ones, or `input__0`
-/// of whatever numeric datatype the request sends when none is declared.
-fn names(specs: Option<&[TensorSpec]>) -> String {
-    match specs {
-        Some(specs) => specs
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-        None => SINGLE_INPUT.to_string(),
     }
 }
 
@@ -175,168 +167,33 @@ fn parse_infer(
             tail.len()
         )));
     }
+    let mut binary = Binary {
+        named: Vec::new(),
+        default: binary_default,
+    };
+    let outputs = match h.outputs {
+        None => None,
+        Some(outs) => Some(
+            outs.into_iter()
+                .map(|o| {
+                    let bin = flag(&o.parameters, "binary_data")? || binary_default;
+                    binary.named.push(bin);
+                    Ok(o.name)
+                })
+                .collect::<Result<_, String>>()?,
+        ),
+    };
     let wanted = Wanted {
-        outputs: match h.outputs {
-            None => None,
-            Some(outs) => Some(
-                outs.into_iter()
-                    .map(|o| {
-                        Ok((
-                            o.name,
-                            flag(&o.parameters, "binary_data")? || binary_default,
-                        ))
-                    })
-                    .collect::<Result<_, String>>()?,
-            ),
-        },
-        binary_default,
+        outputs,
         declared: None,
     };
     Ok(Infer {
         id,
         inputs: slots.inputs(),
         wanted,
+        binary,
         hw_fetch,
         timeout,
-    })
-}
-
-/// The model's arguments, filled in the declared order from a request's inputs given in any
-/// order (the REST body's `inputs`, a gRPC request's): each input named once, every declared
-/// one given.
-pub struct Slots<'s> {
-    specs: Option<&'s [TensorSpec]>,
-    args: Vec<Option<Arg>>,
-}
-
-impl<'s> Slots<'s> {
-    /// Slots for `specs` (`None`: the one undeclared input), for a request of `given` inputs.
-    pub fn new(specs: Option<&'s [TensorSpec]>, given: usize) -> Result<Slots<'s>, BodyError> {
-        let wanted = specs.map_or(1, <[TensorSpec]>::len);
-        if given != wanted {
-            return Err(BodyError::Invalid(format!(
-                "the request has {given} inputs; this model takes {wanted}: {}",
-                names(specs)
-            )));
-        }
-        Ok(Slots {
-            specs,
-            args: (0..wanted).map(|_| None).collect(),
-        })
-    }
-
-    /// Where the input `name` goes: an unknown one, or one given twice, is refused.
-    pub fn place(&self, name: &str) -> Result<usize, BodyError> {
-        let at = match self.specs {
-            Some(specs) => specs.iter().position(|s| s.name == name),
-            None => (name == SINGLE_INPUT).then_some(0),
-        }
-        .ok_or_else(|| {
-            format!(
-                "unknown input '{name}'; this model takes {}",
-                names(self.specs)
-            )
-        })?;
-        if self.args[at].is_some() {
-            return Err(BodyError::Invalid(format!("input {name} is given twice")));
-        }
-        Ok(at)
-    }
-
-    /// The declaration of the input at `at` (`None`: the undeclared single input).
-    pub fn spec(&self, at: usize) -> Option<&'s TensorSpec> {
-        self.specs.map(|s| &s[at])
-    }
-
-    pub fn fill(&mut self, at: usize, arg: Arg) {
-        self.args[at] = Some(arg);
-    }
-
-    /// The arguments, in the declared order.
-    pub fn inputs(self) -> Inputs {
-        // Every slot is filled: as many inputs as slots (`new`), none twice (`place`).
-        Inputs {
-            args: self.args.into_iter().flatten().collect(),
-        }
-    }
-}
-
-/// An input's header checked against its declaration.
-pub struct Checked {
-    pub datatype: Datatype,
-    /// Its elements, from its shape.
-    pub count: usize,
-    /// A document input's `max_documents`.
-    pub max_documents: Option<usize>,
-}
-
-impl Checked {
-    /// The bytes its raw data must have: `None` for `BYTES` (each element says its length).
-    pub fn raw_len(&self) -> Option<usize> {
-        match self.datatype {
-            Datatype::Tensor(dtype) => Some(self.count * kind_of(dtype).elt_size_in_bytes()),
-            Datatype::Bytes => None,
-        }
-    }
-}
-
-/// Checks an input's datatype and shape against its declaration (`None`: the undeclared
-/// single input); a document input's count is refused from the shape alone, before its data
-/// is read.
-pub fn check(
-    name: &str,
-    datatype: &str,
-    shape: &[i64],
-    spec: Option<&TensorSpec>,
-) -> Result<Checked, BodyError> {
-    let v2 = datatype;
-    let datatype = Datatype::from_v2(v2).ok_or_else(|| {
-        format!(
-            "input {name}: unknown datatype '{v2}' ({})",
-            Datatype::V2_NAMES
-        )
-    })?;
-    match spec {
-        Some(spec) if spec.datatype != datatype => {
-            return Err(BodyError::Invalid(format!(
-                "input {name} has datatype {datatype}; the model takes {}",
-                spec.datatype
-            )))
-        }
-        Some(spec) => spec
-            .check_shape(shape)
-            .map_err(|e| format!("input {name}: {e}"))?,
-        None if datatype == Datatype::Bytes => {
-            return Err(BodyError::Invalid(format!(
-                "input {name} has datatype BYTES; this model declares no BYTES input (declare it in the metadata's `inputs`)"
-            )))
-        }
-        None => {}
-    }
-    let count = element_count(name, shape)?;
-    let max_documents = spec
-        .and_then(|s| s.document.as_ref())
-        .map(|d| d.max_documents());
-    if let Some(max) = max_documents.filter(|max| count > *max) {
-        return Err(BodyError::TooLarge(vramfork::documents::too_many(
-            name, count, max,
-        )));
-    }
-    Ok(Checked {
-        datatype,
-        count,
-        max_documents,
-    })
-}
-
-/// An input from its raw bytes (the size already checked against [`Checked::raw_len`]):
-/// little-endian elements, or for `BYTES` each a 4-byte little-endian length and its bytes.
-pub fn from_raw(name: &str, c: &Checked, shape: &[i64], bytes: &[u8]) -> Result<Arg, BodyError> {
-    Ok(match c.datatype {
-        Datatype::Bytes => strings_from_bytes(name, bytes, c.count, c.max_documents.is_some())?,
-        Datatype::Tensor(dtype) => tensor_from_bytes(bytes, shape, kind_of(dtype))
-            .map(Arg::Tensor)
-            .map_err(|e| format!("input {name}: {e}"))?,
     })
 }
 
@@ -393,6 +250,7 @@ fn one_input(
 mod tests {
     use super::*;
     use tch::Tensor;
+    use vramfork::metadata::{Datatype, SINGLE_INPUT};
     // The messages, as `BodyError::Invalid` carries them.
 
     /// The parse, its refusal as the message the client gets.
@@ -434,7 +292,8 @@ mod tests {
         }
         let b = parse(&body, Some(head.len()), Some(&spec())).unwrap();
         assert!(tensor(&a, 0).equal(tensor(&b, 0)));
-        assert_eq!(b.wanted.outputs, Some(vec![("output__0".into(), true)]));
+        assert_eq!(b.wanted.outputs, Some(vec!["output__0".to_string()]));
+        assert_eq!(b.binary.named, vec![true]);
     }
 
     #[test]
