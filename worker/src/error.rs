@@ -418,7 +418,10 @@ mod tests {
             let Some(types) = cells.get(1) else { continue };
             // A row the master answers (no worker runs then): its type is the master's own,
             // written where the master answers it.
-            if cells.get(2).is_some_and(|w| w.starts_with("answered by the master")) {
+            if cells
+                .get(2)
+                .is_some_and(|w| w.starts_with("answered by the master"))
+            {
                 for t in types.split('`').skip(1).step_by(2) {
                     let answer = format!("\\\"type\\\": \\\"{t}\\\"");
                     assert!(
