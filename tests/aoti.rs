@@ -205,50 +205,7 @@ fn forked_workers_of_a_package_answer_on_teams_of_two_threads() {
         mlp256.to_str().unwrap(),
         r#""inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}], "warmup_inputs": {"x": [2, 64]}"#,
     );
-    let s = Server::start(
-        &app,
-        &["--production", "--workers", "2", "--torch-threads", "2"],
-    );
-    let pids = s.wait_workers(2);
-    let methods: Vec<String> = s
-        .events_named("worker_started")
-        .iter()
-        .map(|e| e.str("method").unwrap_or_default().to_string())
-        .collect();
-    assert!(
-        methods.iter().all(|m| m == "fork"),
-        "{methods:?}\n{}",
-        s.log_text()
-    );
-    let bodies = [rows64(2), rows64(512)];
-    let mut served = std::collections::BTreeSet::new();
-    let server = &s;
-    s.poll("every worker to answer both request sizes", || {
-        let answers: Vec<(usize, Response)> = thread::scope(|sc| {
-            let sent: Vec<_> = (0..2)
-                .flat_map(|_| 0..bodies.len())
-                .map(|k| {
-                    let b = &bodies[k];
-                    (k, sc.spawn(move || server.post("/", b)))
-                })
-                .collect();
-            sent.into_iter()
-                .map(|(k, h)| (k, h.join().unwrap()))
-                .collect()
-        });
-        for (k, r) in answers {
-            assert_eq!(r.status, 200, "{}", r.body);
-            let rows = r.json()["outputs"].as_array().map(Vec::len);
-            assert_eq!(rows, Some(if k == 0 { 2 } else { 512 }), "{}", r.body);
-            served.insert((r.pid(), k));
-        }
-        pids.iter()
-            .all(|p| served.contains(&(*p, 0)) && served.contains(&(*p, 1)))
-            .then_some(())
-    });
-    for pid in pids {
-        assert_eq!(threads_named(pid, "vf-model"), 2, "worker {pid}");
-    }
+    forked_workers_answer_on_teams_of_two(&app, 2);
 }
 
 #[test]

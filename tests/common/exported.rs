@@ -1,6 +1,6 @@
 //! Helpers the `.pt2` tests share (`tests/pt2.rs`, `tests/aoti.rs`): answers compared
-//! within 1e-5, the MLP fixture's cases, batch counts, a worker's model-thread team, and a
-//! boot that must be refused.
+//! within 1e-5, the MLP fixture's cases, batch counts, a worker's model-thread team, forked
+//! workers answering on teams of two threads, and a boot that must be refused.
 
 use serde_json::{json, Value};
 
@@ -82,5 +82,61 @@ pub fn refused(model: &str, extra: &str, want: &[&str]) {
         for w in want {
             assert!(log.contains(w), "{model} {args:?}: no {w:?} in\n{log}");
         }
+    }
+}
+
+/// Two workers forked from the template with `--torch-threads 2` each answer a request of
+/// `small` rows and one of 512 (the latter on an OpenMP team), and each worker's model
+/// thread has its team of two: a forked child never inherits a team that did not survive
+/// the fork (the template runs no multi-threaded pass before it forks).
+pub fn forked_workers_answer_on_teams_of_two(app: &App, small: usize) {
+    let s = Server::start(
+        app,
+        &["--production", "--workers", "2", "--torch-threads", "2"],
+    );
+    let pids = s.wait_workers(2);
+    let methods: Vec<String> = s
+        .events_named("worker_started")
+        .iter()
+        .map(|e| e.str("method").unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        methods.iter().all(|m| m == "fork"),
+        "workers should be forked from the template: {methods:?}\n{}",
+        s.log_text()
+    );
+    let bodies = [rows64(small), rows64(512)];
+    let mut served = std::collections::BTreeSet::new();
+    let server = &s;
+    s.poll("every worker to answer both request sizes", || {
+        let answers: Vec<(usize, Response)> = std::thread::scope(|sc| {
+            let sent: Vec<_> = (0..2)
+                .flat_map(|_| 0..bodies.len())
+                .map(|k| {
+                    let b = &bodies[k];
+                    (k, sc.spawn(move || server.post("/", b)))
+                })
+                .collect();
+            sent.into_iter()
+                .map(|(k, h)| (k, h.join().unwrap()))
+                .collect()
+        });
+        for (k, r) in answers {
+            assert_eq!(r.status, 200, "{}", r.body);
+            let rows = r.json()["outputs"].as_array().map(Vec::len);
+            assert_eq!(rows, Some(if k == 0 { small } else { 512 }), "{}", r.body);
+            served.insert((r.pid(), k));
+        }
+        pids.iter()
+            .all(|p| served.contains(&(*p, 0)) && served.contains(&(*p, 1)))
+            .then_some(())
+    });
+    for pid in pids {
+        assert_eq!(
+            threads_named(pid, "vf-model"),
+            2,
+            "worker {pid}: its model thread's team\n{}",
+            s.log_text()
+        );
     }
 }
