@@ -60,7 +60,12 @@ impl Hist {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
         }
-        self.sum += other.sum;
+        // Rounded to whole nanoseconds (what the workers measure in): floating-point
+        // addition is not associative, and the master adds a worker's totals to the live
+        // sum and, once it exits, to the totals of the gone ones, in another order; unrounded,
+        // a scrape's `_sum` could come out a few 1e-17 below the one before, which
+        // Prometheus reads as a counter reset.
+        self.sum = ((self.sum + other.sum) * 1e9).round() / 1e9;
     }
 
     /// `(upper bound, count in that bucket)`, +Inf last.
@@ -111,6 +116,32 @@ impl AtomicHist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The master adds workers' totals in whatever order they exit: the sum must not depend
+    /// on it (a `_sum` that goes down is a counter reset to Prometheus).
+    #[test]
+    fn sums_do_not_depend_on_the_order_they_are_added_in() {
+        let h = |secs: f64| Hist {
+            counts: vec![0; BUCKETS],
+            sum: secs,
+        };
+        // Unrounded, (0.1 + 0.2) + 0.3 is 0.6000000000000001 and 0.1 + (0.2 + 0.3) is 0.6.
+        let (a, b, c) = (h(0.1), h(0.2), h(0.3));
+        let mut left = a.clone();
+        left.add(&b);
+        left.add(&c);
+        let mut bc = b.clone();
+        bc.add(&c);
+        let mut right = a.clone();
+        right.add(&bc);
+        assert_eq!(
+            left.sum.to_bits(),
+            right.sum.to_bits(),
+            "{} vs {}",
+            left.sum,
+            right.sum
+        );
+    }
 
     #[test]
     fn buckets_follow_le_and_span_100us_to_60s() {
