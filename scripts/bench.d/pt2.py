@@ -6,10 +6,11 @@ program (the Native Runtime) and as an AOTInductor package (dynamic threads), bu
 pt2_models.py in bench/tmp/pt2: `app --production`, 2 workers x 1 torch thread, POST / JSON of
 one row; at c = 1, 4, 16 each served run (wrk) between two runs of the artifact's own loop
 in Python (one thread per process; 1 process at c = 1, 2 at c >= 4), so that a slow stretch of
-this shared machine hits both sides of each ratio; also the first worker's load time (from
+this shared machine hits both sides of each ratio (every format with `max_batch_size` 8: see
+pt2_models.py); also the first worker's load time (from
 its `ready in` line) and the PSS of the 2 workers. Writes bench/pt2.{json,md}.
 
-Usage: pt2.py --command CMD [--quick]
+Usage: pt2.py --command CMD [--quick] [--models mlp256,cnn]
 """
 import argparse
 import json
@@ -74,12 +75,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--command", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=",".join(MODELS), help="a comma list of " + ", ".join(MODELS))
     a = ap.parse_args()
     reps, secs = (1, 2) if a.quick else (3, 3)
     os.makedirs(R.TMP, exist_ok=True)
     subprocess.run([PY, os.path.join(HERE, "pt2_models.py"), "build", DIR], check=True,
                    stdout=subprocess.DEVNULL)
-    rows = [measure(m, k, reps, secs) for m in MODELS for k in KINDS]
+    rows = [measure(m, k, reps, secs) for m in a.models.split(",") for k in KINDS]
     res = {"command": a.command, "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "bin": os.path.relpath(R.BIN, ROOT), "reps": reps, "seconds": secs,
            "cpus": os.cpu_count(), "rows": rows}
@@ -87,7 +89,7 @@ def main():
         json.dump(res, f, indent=1)
     md = [f"# Each format served ÷ its own loop\n\n`{a.command}`, {res['when']}, binaries of "
           f"`{res['bin']}`, {res['cpus']} CPUs shared with wrk and the loops; 2 workers x 1 torch "
-          f"thread, POST / JSON of one row; each served run between two runs of the artifact's "
+          f"thread, `max_batch_size` 8, POST / JSON of one row; each served run between two runs of the artifact's "
           f"own loop in Python (1 process at c=1, 2 at c>=4), {reps} pairs of {secs} s, medians.\n",
           "| model | format | load ms | PSS of 2 workers (MB) | c=1 served ÷ loop | c=4 | c=16 |",
           "|---|---|---|---|---|---|---|"]
