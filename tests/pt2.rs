@@ -11,7 +11,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::thread;
 
 use common::exported::*;
 use common::*;
@@ -167,32 +166,7 @@ fn concurrent_requests_share_passes_of_a_program_with_a_dynamic_batch() {
     );
     s.wait_workers(1);
     let mport = s.metrics_port();
-    let cases = fixture_json("mlp_expected.json")["cases"].clone();
-    let rows: Vec<(Value, Value)> = cases
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|c| {
-            let ins = c["inputs"].as_array().unwrap().clone();
-            let outs = c["outputs"].as_array().unwrap().clone();
-            ins.into_iter().zip(outs)
-        })
-        .take(4)
-        .collect();
-    let port = s.port;
-    let handles: Vec<_> = rows
-        .iter()
-        .map(|(input, _)| {
-            let body = json!({"inputs": [input]}).to_string();
-            thread::spawn(move || http(port, "POST", "/", Some(&body)))
-        })
-        .collect();
-    for (h, (input, want)) in handles.into_iter().zip(&rows) {
-        let r = h.join().unwrap();
-        assert_eq!(r.status, 200, "{input}: {r:?}");
-        let got = &r.json()["outputs"][0];
-        assert!(within_1e5(got, want), "{input}: {got} vs torch's {want}");
-    }
+    four_mlp_rows_at_once(s.port);
     let text = s.poll("a forward pass of more than one row", || {
         let r = http(mport, "GET", "/metrics", None);
         (multi_row_passes(&r.body) > 0.0).then_some(r.body)

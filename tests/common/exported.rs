@@ -140,3 +140,32 @@ pub fn forked_workers_answer_on_teams_of_two(app: &App, small: usize) {
         );
     }
 }
+
+/// The MLP fixture's first four cases (`mlp_expected.json`), one row each, sent to `port` at
+/// once (so that a batching worker can stack them): each answer equals torch's within 1e-5.
+pub fn four_mlp_rows_at_once(port: u16) {
+    let rows: Vec<(Value, Value)> = fixture_json("mlp_expected.json")["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| {
+            let ins = c["inputs"].as_array().unwrap().clone();
+            let outs = c["outputs"].as_array().unwrap().clone();
+            ins.into_iter().zip(outs)
+        })
+        .take(4)
+        .collect();
+    let sent: Vec<_> = rows
+        .iter()
+        .map(|(input, _)| {
+            let body = json!({ "inputs": [input] }).to_string();
+            std::thread::spawn(move || http(port, "POST", "/", Some(&body)))
+        })
+        .collect();
+    for (h, (input, want)) in sent.into_iter().zip(&rows) {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{input}: {r:?}");
+        let got = &r.json()["outputs"][0];
+        assert!(within_1e5(got, want), "{input}: {got} vs torch's {want}");
+    }
+}
