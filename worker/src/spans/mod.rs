@@ -1,7 +1,8 @@
 //! OpenTelemetry spans of the requests this worker answers (issue 58), exported over
 //! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`; off by
-//! default). Built when a request is answered, from what the access log's record holds, so
-//! the request path does nothing more than push them into the exporter's queue:
+//! default). Built on the answering thread when a sampled request is answered, from what the
+//! access log's record holds (a few small allocations), then pushed into the exporter's
+//! queue; encoding and sending are the exporter thread's:
 //!
 //! - a SERVER span per request (`POST /`, `POST /v2/models/{model_name}/infer`, the gRPC
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
