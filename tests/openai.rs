@@ -2,8 +2,10 @@
 //! OpenAI's own Python SDK and LangChain's `OpenAIEmbeddings` against the real `app` serving
 //! a BERT encoder made on the spot by `tests/support/make_embeddings.py` (a WordPiece
 //! `tokenizer.json` trained on the README, transformers' BertModel with random weights,
-//! traced). The vectors must equal, within 1e-5, those torch gives for each sentence run
-//! alone in Python; every refusal is a 400 (or 401, 404) in OpenAI's error shape naming
+//! traced). The vectors must equal, within 1e-5, those sentence-transformers gives for the
+//! same encoder and tokenizer (`models.Transformer` + `Pooling` + `Normalize`, `truncate_dim`
+//! for the Matryoshka cut), which the script first checks against torch run on each sentence
+//! alone; every refusal is a 400 (or 401, 404) in OpenAI's error shape naming
 //! the field at fault, and the worker serves on after each.
 
 mod common;
@@ -104,7 +106,7 @@ fn tokens(exp: &Value) -> u64 {
 }
 
 #[test]
-fn mean_pooling_through_the_sdk_equals_torch_in_several_passes() {
+fn mean_pooling_through_the_sdk_equals_sentence_transformers_in_several_passes() {
     // Two inputs a pass: the five sentences take three.
     let (s, _app, exp) = serve(
         "bert.pt",
@@ -195,11 +197,11 @@ fn mean_pooling_through_the_sdk_equals_torch_in_several_passes() {
 }
 
 /// The SDK's `AsyncOpenAI` over HTTP/2 (httpx with `http2=True, http1=False`, as an async
-/// stack configures it): the answer comes on HTTP/2, and the vectors equal torch's whether
+/// stack configures it): the answer comes on HTTP/2, and the vectors equal sentence-transformers' whether
 /// one request holds every input or each input is a request of its own, all in flight at
 /// once on the one connection.
 #[test]
-fn the_sdks_async_client_over_http2_gets_torchs_vectors() {
+fn the_sdks_async_client_over_http2_gets_sentence_transformers_vectors() {
     let (s, _app, exp) = serve(
         "bert.pt",
         json!({"embeddings": {"pooling": "mean", "normalize": true}}),
@@ -225,7 +227,7 @@ fn the_sdks_async_client_over_http2_gets_torchs_vectors() {
 }
 
 #[test]
-fn cls_pooling_and_langchain_equal_torch_and_token_ids_are_refused_by_default() {
+fn cls_pooling_and_langchain_equal_sentence_transformers_and_token_ids_are_refused_by_default() {
     let (s, _app, exp) = serve("bert.pt", json!({"embeddings": {"pooling": "cls"}}), &[]);
     let texts = sentences(&exp);
     let port = s.port.to_string();

@@ -7,9 +7,14 @@ test venv, and the vectors Python gives for them:
 - bert.pt: a BERT encoder (transformers' BertModel, random weights, 2 layers) traced with
   forward(input_ids, attention_mask) -> last_hidden_state [batch, tokens, 64];
 - cls.pt: the same encoder returning its [CLS] vectors [batch, 64] (for pooling "none");
-- expected.json: per sentence, its token ids, and the vectors torch gives for it run alone
-  (no padding): the [CLS] vector, the mean over its tokens, that mean L2-normalised, and that
-  mean cut to 16 dimensions then L2-normalised.
+- expected.json: per sentence, its token ids, and the vectors sentence-transformers gives
+  for it (the same encoder and tokenizer saved as a Hugging Face folder, read by
+  `models.Transformer`, then `models.Pooling` and `models.Normalize`, the way a
+  sentence-transformers user builds the model): the [CLS] vector, the mean over its tokens,
+  that mean L2-normalised, and that mean cut to 16 dimensions then L2-normalised
+  (`truncate_dim=16`). Each is first checked here against the same vector computed with torch
+  from the sentence run alone (no padding), within 1e-5, so a mistake in either is caught
+  where the fixture is made.
 
 Usage: make_embeddings.py OUTDIR README
 """
@@ -17,9 +22,12 @@ import json
 import os
 import sys
 
+import tempfile
+
 import torch
 import wordpiece
-from transformers import BertConfig, BertModel
+from sentence_transformers import SentenceTransformer, models
+from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 out, readme = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
@@ -63,17 +71,52 @@ with torch.no_grad():
     torch.jit.trace(Cls(bert), (ids, mask)).save(os.path.join(out, "cls.pt"))
     alone = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0] for e in encs]
     mean = [h.mean(0) for h in alone]
-    expected = {
-        "max_length": MAX_LENGTH,
-        "sentences": sentences,
-        "ids": [e.ids for e in encs],
-        "truncated": [len(e.overflowing) > 0 for e in encs],
-        "cls": [h[0].tolist() for h in alone],
-        "mean": [m.tolist() for m in mean],
-        "mean_normalized": [torch.nn.functional.normalize(m, dim=0).tolist() for m in mean],
-        "mean_16": [torch.nn.functional.normalize(m[:16], dim=0).tolist() for m in mean],
-        "vocab": tok.get_vocab_size(),
+    by_torch = {
+        "cls": [h[0] for h in alone],
+        "mean": mean,
+        "mean_normalized": [torch.nn.functional.normalize(m, dim=0) for m in mean],
+        "mean_16": [torch.nn.functional.normalize(m[:16], dim=0) for m in mean],
     }
+
+
+def sentence_transformers_vectors(folder):
+    """The four kinds of vector, as sentence-transformers computes them from `folder`."""
+
+    def model(pooling, normalize):
+        word = models.Transformer(folder, max_seq_length=MAX_LENGTH)
+        mods = [word, models.Pooling(word.get_word_embedding_dimension(), pooling_mode=pooling)]
+        return SentenceTransformer(modules=mods + ([models.Normalize()] if normalize else []), device="cpu")
+
+    mean = model("mean", False)
+    return {
+        "cls": model("cls", False).encode(sentences, convert_to_tensor=True),
+        "mean": mean.encode(sentences, convert_to_tensor=True),
+        "mean_normalized": model("mean", True).encode(sentences, convert_to_tensor=True),
+        "mean_16": mean.encode(sentences, convert_to_tensor=True, truncate_dim=16, normalize_embeddings=True),
+    }
+
+
+with tempfile.TemporaryDirectory() as folder:
+    # The same weights as a Hugging Face folder (a config without `torchscript`, which only
+    # changes what the traced module returns) and the tokenizer, with its special tokens named.
+    bert.config.torchscript = False
+    bert.save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                            pad_token="[PAD]", mask_token="[MASK]").save_pretrained(folder)
+    with torch.no_grad():
+        by_st = sentence_transformers_vectors(folder)
+for kind, vectors in by_torch.items():
+    for i, (want, got) in enumerate(zip(vectors, by_st[kind])):
+        diff = (want - got).abs().max().item()
+        assert diff <= 1e-5, f"{kind} of sentence {i}: sentence-transformers and torch differ by {diff}"
+expected = {
+    "max_length": MAX_LENGTH,
+    "sentences": sentences,
+    "ids": [e.ids for e in encs],
+    "truncated": [len(e.overflowing) > 0 for e in encs],
+    **{kind: [v.tolist() for v in vectors] for kind, vectors in by_st.items()},
+    "vocab": tok.get_vocab_size(),
+}
 with open(os.path.join(out, "expected.json"), "w") as f:
     json.dump(expected, f)
 print(json.dumps({"ok": True, "vocab": tok.get_vocab_size()}))
