@@ -34,13 +34,18 @@ PREPARE = {
     "models": [PY, f"{D}/make_model.py", "bench/tmp"],
     "real-libraries": [PY, "-c", "import torchvision, transformers"],
     "real": [PY, f"{D}/make_real.py", "bench/tmp/real"],
+    "embeddings-libraries": [PY, "-c", "import litserve, sentence_transformers"],
     "cnn": [PY, f"{D}/make_real.py", "bench/tmp/real", "cnn"],
     "shapes": [PY, "tests/support/make_shapes.py", "bench/tmp/shapes", "mlp64", "mlp256",
                "mlp1024", "conv1d", "attention"],
 }
 # torchvision and transformers, pinned to match torch 2.11.0 (bench only), installed when the
-# import above fails.
-REAL_LIBRARIES = ["torchvision==0.26.0", "transformers==4.57.1"]
+# import above fails; the same for the embeddings part's Python server.
+LIBRARIES = {
+    "real-libraries": ["torchvision==0.26.0", "transformers==4.57.1"],
+    "embeddings-libraries": ["litserve==0.2.19", "sentence-transformers==5.7.0",
+                             "transformers==4.57.1"],
+}
 
 
 @dataclass
@@ -122,6 +127,11 @@ PARTS = [
          "tracing off, on (every request sampled, exported to an OTLP receiver on loopback) and "
          "on to a collector nobody listens on, interleaved; to bench/tracing.{json,md}",
          [PY, f"{D}/tracing.py"], prepare=["cnn"]),
+    Part("embeddings", 6, "embeddings/s through /v1/embeddings (base64, as OpenAI's SDK asks) "
+         "beside the same server's v2 binary door and sentence-transformers behind LitServe's "
+         "OpenAI embeddings spec, a MiniLM-L6-shaped encoder, 1 and 16 sentences a request, "
+         "c=1/4/16, interleaved; to bench/embeddings.{json,md}", [PY, f"{D}/embeddings.py"],
+         prepare=["embeddings-libraries"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
@@ -172,10 +182,10 @@ def prepare(names, done):
         if name in done:
             continue
         done.add(name)
-        if name == "real-libraries":
+        if name in LIBRARIES:
             if subprocess.run(PREPARE[name], cwd=ROOT, stderr=subprocess.DEVNULL).returncode:
                 subprocess.run([PY, "-m", "pip", "install", "--quiet",
-                                "--disable-pip-version-check", *REAL_LIBRARIES], cwd=ROOT,
+                                "--disable-pip-version-check", *LIBRARIES[name]], cwd=ROOT,
                                check=True)
             continue
         subprocess.run(PREPARE[name], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)

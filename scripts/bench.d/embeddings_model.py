@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Makes the embeddings bench's model in OUTDIR (once; skipped when OUTDIR/done exists): a
+sentence encoder of all-MiniLM-L6-v2's shape (BERT, 6 layers, width 384, 12 heads, 1536
+intermediate; random weights) with a WordPiece tokenizer trained on the project's docs, as
+
+- pooled.pt: TorchScript, forward(input_ids, attention_mask) -> the mean over each input's
+  own tokens, L2-normalised, [inputs, 384] (what `/v1/embeddings` serves with pooling "none"
+  and v2 serves as a plain output);
+- hf/: the same weights and tokenizer as a Hugging Face folder, for sentence-transformers
+  (`models.Transformer` + `Pooling("mean")` + `Normalize`) in the Python server;
+- tokenizer.json and sentences.json (64 sentences of the docs, 8 to 40 words each).
+
+Usage: embeddings_model.py OUTDIR
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+import torch
+from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import wordpiece  # noqa: E402
+
+MAX_LENGTH = 128
+
+
+class Pooled(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        h = self.m(input_ids=input_ids, attention_mask=attention_mask)[0]
+        mask = attention_mask.unsqueeze(-1).to(h.dtype)
+        mean = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(mean, dim=1)
+
+
+def sentences():
+    """64 sentences of the docs (8 to 40 words, no code), in a fixed order."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))):
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"```.*?```", " ", f.read(), flags=re.S)
+        for s in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text)):
+            if 8 <= len(s.split()) <= 40 and "|" not in s and "`" not in s:
+                out.append(s)
+    return out[:64]
+
+
+def main():
+    out = sys.argv[1]
+    if os.path.exists(os.path.join(out, "done")):
+        return
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    tok = wordpiece.train(os.path.join(ROOT, "README.md"))
+    tok.save(os.path.join(out, "tokenizer.json"))
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=384, num_hidden_layers=6,
+                     num_attention_heads=12, intermediate_size=1536,
+                     max_position_embeddings=512, attn_implementation="eager")
+    bert = BertModel(cfg, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        ids = torch.randint(5, tok.get_vocab_size(), (2, 16))
+        torch.jit.trace(Pooled(bert), (ids, torch.ones_like(ids)), strict=False).save(
+            os.path.join(out, "pooled.pt"))
+    bert.save_pretrained(os.path.join(out, "hf"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
+                            model_max_length=MAX_LENGTH).save_pretrained(os.path.join(out, "hf"))
+    with open(os.path.join(out, "sentences.json"), "w") as f:
+        json.dump(sentences(), f)
+    open(os.path.join(out, "done"), "w").close()
+
+
+if __name__ == "__main__":
+    main()
