@@ -443,6 +443,28 @@ fn pooling_none_takes_the_models_own_vectors() {
     assert_vectors(&got["default"], &exp["cls"], "pooling none, base64");
 }
 
+/// The same encoder as a `torch.export` program (`bert.pt2`, batch and tokens dynamic): at
+/// boot the program's two inputs are checked against the two tensors the text input becomes
+/// (`input_ids`, `attention_mask`), not against the one `BYTES` input clients send; then its
+/// vectors are sentence-transformers', in passes of 4 and 1.
+#[test]
+fn a_torch_export_program_of_the_encoder_gets_sentence_transformers_vectors() {
+    let (s, _app, exp) = serve(
+        "bert.pt2",
+        json!({"max_batch_size": 4, "embeddings": {"pooling": "mean", "normalize": true}}),
+        &[],
+    );
+    let port = s.port.to_string();
+    let got = python_json(
+        "openai_client.py",
+        &[&port, "sdk"],
+        json!({"texts": sentences(&exp)}).to_string().as_bytes(),
+    );
+    assert_vectors(&got["default"], &exp["mean_normalized"], "program, base64");
+    assert_vectors(&got["float"], &exp["mean_normalized"], "program, float");
+    assert_eq!(got["usage"]["prompt_tokens"], tokens(&exp), "{got}");
+}
+
 #[test]
 fn models_are_listed_and_a_model_without_embeddings_is_a_404_naming_the_block() {
     let art = artefacts();

@@ -7,6 +7,9 @@ test venv, and the vectors Python gives for them:
 - bert.pt: a BERT encoder (transformers' BertModel, random weights, 2 layers) traced with
   forward(input_ids, attention_mask) -> last_hidden_state [batch, tokens, 64];
 - cls.pt: the same encoder returning its [CLS] vectors [batch, 64] (for pooling "none");
+- bert.pt2: bert.pt's module as a torch.export program (`torch.export.save`), its batch and
+  token dimensions dynamic (`Dim`), as docs/migrating.md tells a sentence-transformers user
+  to export;
 - expected.json: per sentence, its token ids, and the vectors sentence-transformers gives
   for it (the same encoder and tokenizer saved as a Hugging Face folder, read by
   `models.Transformer`, then `models.Pooling` and `models.Normalize`, the way a
@@ -69,6 +72,10 @@ with torch.no_grad():
     mask = torch.ones_like(ids)
     torch.jit.trace(Hidden(bert), (ids, mask)).save(os.path.join(out, "bert.pt"))
     torch.jit.trace(Cls(bert), (ids, mask)).save(os.path.join(out, "cls.pt"))
+    batch, tokens = torch.export.Dim("batch", max=64), torch.export.Dim("tokens", max=64)
+    program = torch.export.export(Hidden(bert), (ids, mask),
+                                  dynamic_shapes=({0: batch, 1: tokens}, {0: batch, 1: tokens}))
+    torch.export.save(program, os.path.join(out, "bert.pt2"))
     alone = [bert(input_ids=torch.tensor([e.ids]), attention_mask=torch.ones(1, len(e.ids), dtype=torch.long))[0][0] for e in encs]
     mean = [h.mean(0) for h in alone]
     by_torch = {

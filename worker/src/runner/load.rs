@@ -94,8 +94,9 @@ impl LoadError {
 /// Weights past this share of the cap leave too little for any forward pass.
 const WEIGHTS_SHARE_LIMIT: f64 = 0.95;
 
-/// What the metadata says the model takes, checked at load where the format records what
-/// it takes (a `torch.export` program's signature).
+/// What the metadata says `forward` takes (a document input as the tensors it becomes:
+/// [`super::declared`]), checked at load where the format records what it takes (a
+/// `torch.export` program's signature).
 #[derive(Debug, Clone, Default)]
 pub struct Declared {
     pub inputs: Option<Vec<TensorSpec>>,
@@ -105,7 +106,10 @@ pub struct Declared {
 impl Declared {
     pub fn of(metadata: &vramfork::metadata::AppMetadata, max_batch_size: u32) -> Declared {
         Declared {
-            inputs: metadata.inputs.clone(),
+            inputs: metadata
+                .inputs
+                .as_deref()
+                .map(super::declared::as_forward_takes),
             max_batch_size,
         }
     }

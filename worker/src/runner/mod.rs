@@ -14,6 +14,7 @@
 pub mod batch;
 mod batcher;
 mod claim;
+mod declared;
 mod failure;
 mod inline;
 mod load;
