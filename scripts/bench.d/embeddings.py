@@ -12,6 +12,11 @@ same weights and tokenizer on three sides, each on 2 workers of 1 torch thread:
   batching across requests for one input a request, each request's inputs encoded together
   for 16, as LitServe allows).
 
+With aiperf (NVIDIA's load generator, `--endpoint-type embeddings`; kept in its own venv,
+bench/tmp/aiperf-venv, since it wants transformers 5), the one-input servers are also driven by
+it at c = 4 and 16, each side in turn, its synthetic 32-token prompts from the model's own
+tokenizer: a second, independent client's view.
+
 Before timing, the 16 sentences' vectors from each side must agree within 1e-4 (else the bench
 stops: the sides would not be the same model). Then wrk at c = 1, 4, 16 with 1 and 16
 sentences a request, the three sides interleaved (the order alternating from round to
@@ -134,6 +139,24 @@ def same_vectors(sides, texts, one_by_one):
     return worst
 
 
+AIPERF = os.path.join(TMP, "aiperf-venv", "bin", "aiperf")
+
+
+def aiperf(port, c, secs):
+    """aiperf's request throughput and p50 latency (ms) against `port`'s /v1/embeddings."""
+    out = os.path.join(TMP, f"aiperf-{port}-{c}")
+    subprocess.run([AIPERF, "profile", "--model", MODEL, "--url", f"http://127.0.0.1:{port}",
+                    "--endpoint-type", "embeddings", "--tokenizer", os.path.join(DIR, "hf"),
+                    "--concurrency", str(c), "--benchmark-duration", str(secs),
+                    "--prompt-input-tokens-mean", "32", "--ui-type", "none",
+                    "--artifact-dir", out], check=True, cwd=TMP, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=secs + 300)
+    with open(os.path.join(out, "profile_export_aiperf.json")) as f:
+        d = json.load(f)
+    return {"rps": d["request_throughput"]["avg"], "p50_ms": d["request_latency"]["p50"],
+            "errors": (d.get("error_summary") or [])}
+
+
 def ratio(a, b):
     return a["emb_s"] / b["emb_s"] if b["emb_s"] else None
 
@@ -152,7 +175,7 @@ def main():
                    stderr=subprocess.DEVNULL)
     with open(os.path.join(DIR, "sentences.json")) as f:
         sentences = json.load(f)
-    rows, checks = [], []
+    rows, checks, by_aiperf = [], [], []
     vf, vf_port = vramfork()
     try:
         for n in (1, 16):
@@ -184,17 +207,23 @@ def main():
                         f"{row['python']['emb_s']:.0f} ({fmt(row['v1_over_python'])}) "
                         f"embeddings/s; failed {[row[k]['failed'] for k in got]}")
                     rows.append(row)
+                if n == 1 and os.path.exists(AIPERF):
+                    for c in (4, 16):
+                        got = {k: aiperf(ports[k], c, 2 * secs) for k in ("v1", "python")}
+                        log(f"embeddings aiperf c={c}: v1 {got['v1']['rps']:.0f}, Python "
+                            f"{got['python']['rps']:.0f} req/s")
+                        by_aiperf.append({"c": c, **got})
             finally:
                 py.stop()
     finally:
         vf.stop()
-    write(a, reps, secs, rows, max(checks))
+    write(a, reps, secs, rows, max(checks), by_aiperf)
 
 
-def write(a, reps, secs, rows, worst):
+def write(a, reps, secs, rows, worst, by_aiperf):
     res = {"command": a.command, "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "bin": os.path.relpath(R.BIN, ROOT), "reps": reps, "seconds": secs,
-           "cpus": os.cpu_count(), "max_abs_diff": worst, "rows": rows}
+           "cpus": os.cpu_count(), "max_abs_diff": worst, "rows": rows, "aiperf": by_aiperf}
     with open(os.path.join(OUT, "embeddings.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = [f"# Embeddings through `/v1/embeddings`\n\n`{a.command}`, {res['when']}, binaries of "
@@ -210,6 +239,16 @@ def write(a, reps, secs, rows, worst):
         cell = lambda k: f"{r[k]['emb_s']:.0f}, {r[k]['p50_ms']:.1f}"  # noqa: E731
         md.append(f"| {r['inputs']} | {r['c']} | {cell('v1')} | {cell('v2 binary')} | "
                   f"{cell('python')} | **{fmt(r['v1_over_v2'])}** | **{fmt(r['v1_over_python'])}** |")
+    if by_aiperf:
+        md += ["", "aiperf (one input a request, synthetic 32-token prompts, "
+               f"{2 * secs} s a side, one run each):", "",
+               "| c | v1 (req/s, p50 ms) | Python (req/s, p50 ms) | v1 ÷ Python |", "|---|---|---|---|"]
+        for r in by_aiperf:
+            md.append(f"| {r['c']} | {r['v1']['rps']:.0f}, {r['v1']['p50_ms']:.1f} | "
+                      f"{r['python']['rps']:.0f}, {r['python']['p50_ms']:.1f} | "
+                      f"**{r['v1']['rps'] / r['python']['rps']:.2f}** |")
+    else:
+        md += ["", "aiperf: not run (bench/tmp/aiperf-venv has none)."]
     with open(os.path.join(OUT, "embeddings.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))

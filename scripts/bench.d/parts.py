@@ -35,6 +35,10 @@ PREPARE = {
     "real-libraries": [PY, "-c", "import torchvision, transformers"],
     "real": [PY, f"{D}/make_real.py", "bench/tmp/real"],
     "embeddings-libraries": [PY, "-c", "import litserve, sentence_transformers"],
+    # NVIDIA's aiperf in a venv of its own (it wants transformers 5; the tests pin 4).
+    "aiperf": ["bash", "-c", "test -x bench/tmp/aiperf-venv/bin/aiperf || { python3 -m venv "
+               "bench/tmp/aiperf-venv && bench/tmp/aiperf-venv/bin/pip install --quiet "
+               "--disable-pip-version-check aiperf==0.13.0; }"],
     "cnn": [PY, f"{D}/make_real.py", "bench/tmp/real", "cnn"],
     "shapes": [PY, "tests/support/make_shapes.py", "bench/tmp/shapes", "mlp64", "mlp256",
                "mlp1024", "conv1d", "attention"],
@@ -130,8 +134,9 @@ PARTS = [
     Part("embeddings", 6, "embeddings/s through /v1/embeddings (base64, as OpenAI's SDK asks) "
          "beside the same server's v2 binary door and sentence-transformers behind LitServe's "
          "OpenAI embeddings spec, a MiniLM-L6-shaped encoder, 1 and 16 sentences a request, "
-         "c=1/4/16, interleaved; to bench/embeddings.{json,md}", [PY, f"{D}/embeddings.py"],
-         prepare=["embeddings-libraries"]),
+         "c=1/4/16, interleaved, and aiperf --endpoint-type embeddings at c=4/16; to "
+         "bench/embeddings.{json,md}", [PY, f"{D}/embeddings.py"],
+         prepare=["embeddings-libraries", "aiperf"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
