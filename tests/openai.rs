@@ -128,6 +128,13 @@ fn mean_pooling_through_the_sdk_equals_sentence_transformers_in_several_passes()
         "SDK default (base64)",
     );
     assert_vectors(&got["float"], &exp["mean_normalized"], "SDK float");
+    // A client that reads base64 strings and nothing else (the SDK takes floats too).
+    let strict = python_json(
+        "openai_client.py",
+        &[&port, "base64_only"],
+        json!({"texts": texts}).to_string().as_bytes(),
+    );
+    assert_vectors(&strict["vectors"], &exp["mean_normalized"], "base64 only");
     assert_eq!(got["indices"], json!([0, 1, 2, 3, 4]));
     assert_eq!(got["model"], "text-embedder");
     let n = tokens(&exp);

@@ -14,6 +14,11 @@
                                      base64), then each text its own request, all in flight at
                                      once on the one connection: {"http_version": ...,
                                      "default": [...], "each": [...]}
+    openai_client.py PORT base64_only stdin {"texts": [...]}: a client that reads base64 and
+                                     nothing else, as .NET's does: encoding_format "base64",
+                                     each embedding decoded as little-endian float32 and
+                                     refused (exit 1) when it is not a base64 string:
+                                     {"vectors": [...]}
 
 LangChain's default tokenizes with tiktoken, whose encoding files come from the network; the
 tests run without it, so a byte-level stand-in encoding gives LangChain its token ids: what it
@@ -58,6 +63,22 @@ elif mode == "langchain":
     except openai.APIStatusError as e:
         error = {"status": e.status_code, "message": e.body.get("message") if isinstance(e.body, dict) else str(e.body)}
     print(json.dumps({"vectors": vectors, "default_error": error}))
+elif mode == "base64_only":
+    import base64
+    import struct
+    import urllib.request
+
+    body = json.dumps({"model": "text-embedder", "input": texts, "encoding_format": "base64"}).encode()
+    asked = urllib.request.Request(base + "/embeddings", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(asked, timeout=60) as r:
+        data = json.load(r)["data"]
+    vectors = []
+    for d in sorted(data, key=lambda d: d["index"]):
+        if not isinstance(d["embedding"], str):
+            sys.exit("embedding %d is not a base64 string: %.80s" % (d["index"], json.dumps(d["embedding"])))
+        raw = base64.b64decode(d["embedding"], validate=True)
+        vectors.append(list(struct.unpack("<%df" % (len(raw) // 4), raw)))
+    print(json.dumps({"vectors": vectors}))
 elif mode == "async_h2":
     import asyncio
 
