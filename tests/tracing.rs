@@ -84,6 +84,19 @@ impl Receiver {
         }
     }
 
+    /// The spans `pick` keeps, once there are `n` of them.
+    fn wait(&self, what: &str, n: usize, pick: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let got: Vec<Value> = self.all().into_iter().filter(|l| pick(l)).collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "{what}: {got:#?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn all(&self) -> Vec<Value> {
         self.lines.lock().unwrap().clone()
     }
@@ -399,5 +412,97 @@ fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() 
     assert!(
         r.status == 200 && r.header("traceparent").unwrap().ends_with("-01"),
         "the default sampler"
+    );
+}
+
+/// Four requests batched into one pass: the pass is ONE `forward` span, in a trace of its
+/// own, linking to each member's SERVER span; each member's trace keeps its queue and answer
+/// spans and names the pass (its batch size, the pass's trace and span ids).
+#[test]
+fn a_batched_pass_is_one_forward_span_linking_every_member() {
+    let rx = Receiver::start("ok");
+    let app = App::new(
+        "mlp.pt",
+        r#""input": {"shape": [-1, 4], "dtype": "float32"}, "max_batch_size": 4"#,
+    );
+    // The pass waits (up to 5 s) until its four rows are there.
+    let s = Server::start_env(
+        &app,
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--batch-timeout-ms",
+            "5000",
+        ],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let port = s.port;
+    let traces: Vec<String> = (0..4)
+        .map(|k| format!("{k}bf92f3577b34da6a3ce929d0e0e47{k}0"))
+        .collect();
+    let members: Vec<(String, String)> = traces
+        .iter()
+        .map(|t| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let r = raw(port, "POST", "/", &traceparent(&t, "01"), INPUT.as_bytes());
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                (t, hex_span(r.header("traceparent").unwrap()).to_string())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let passes = rx.wait("a forward span with links", 1, |l| {
+        l["name"] == "forward" && !l["links"].as_array().unwrap().is_empty()
+    });
+    assert_eq!(
+        passes.len(),
+        1,
+        "one forward span for the pass: {passes:#?}"
+    );
+    let pass = &passes[0];
+    let mut links: Vec<(String, String)> = pass["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["trace_id"].as_str().unwrap().to_string(),
+                l["span_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    links.sort();
+    let mut want = members.clone();
+    want.sort();
+    assert_eq!(links, want, "a link to each member's SERVER span");
+    assert_eq!(pass["attributes"]["vramfork.batch.size"], 4);
+    assert_eq!(pass["parent_span_id"], "", "the pass's own trace: {pass:#}");
+    assert!(!traces.contains(&pass["trace_id"].as_str().unwrap().to_string()));
+    for (trace, span) in &members {
+        let spans = rx.spans_of(trace, 3);
+        let server = by_name(&spans, "POST /");
+        assert_eq!(&server["span_id"], span);
+        let a = &server["attributes"];
+        assert_eq!(a["vramfork.batch.size"], 4, "{server:#}");
+        assert_eq!(a["vramfork.pass.trace_id"], pass["trace_id"], "{server:#}");
+        assert_eq!(a["vramfork.pass.span_id"], pass["span_id"], "{server:#}");
+        for name in ["queue", "answer"] {
+            assert_eq!(by_name(&spans, name)["parent_span_id"], server["span_id"]);
+        }
+        assert!(
+            spans.iter().all(|x| x["name"] != "forward"),
+            "no forward span of its own in a member's trace: {spans:#?}"
+        );
+    }
+    assert_eq!(
+        rx.all().iter().filter(|l| l["name"] == "forward").count(),
+        1,
+        "one forward span in all: {:#?}",
+        rx.all()
     );
 }

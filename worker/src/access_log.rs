@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::spans::pass::PassSpan;
+
 /// How often the writer thread writes what has gathered.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Records held at most while the writer is behind; more are dropped and counted.
@@ -34,6 +36,8 @@ pub struct Trace {
     batch: AtomicU32,
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
+    /// The pass it shared with other requests, when it was batched.
+    pass: std::sync::OnceLock<Arc<PassSpan>>,
 }
 
 impl Default for Trace {
@@ -44,6 +48,7 @@ impl Default for Trace {
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
             inline: std::sync::atomic::AtomicBool::new(false),
+            pass: std::sync::OnceLock::new(),
         }
     }
 }
@@ -70,11 +75,16 @@ impl Trace {
             took: Duration::from_micros(model),
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
+            pass: self.pass.get().cloned(),
         })
     }
 
-    /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`.
-    pub fn ran(&self, took: Duration, batch: u32, inline: bool) {
+    /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
+    /// `pass`: the pass, when it was batched.
+    pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<PassSpan>>) {
+        if let Some(p) = pass {
+            let _ = self.pass.set(p.clone());
+        }
         self.inline.store(inline, Ordering::Relaxed);
         self.model_us
             .store(took.as_micros() as u64, Ordering::Relaxed);
@@ -92,6 +102,8 @@ pub struct Timing {
     pub batch: u32,
     /// The pass ran on the event loop's thread.
     pub inline: bool,
+    /// The pass, when it was batched: its span is the pass's own (`spans/pass.rs`).
+    pub pass: Option<Arc<PassSpan>>,
 }
 
 /// One answered request.
@@ -354,7 +366,7 @@ mod tests {
         let t = Arc::new(Trace::default());
         t.bytes_in(100);
         t.started(Duration::from_micros(1500));
-        t.ran(Duration::from_micros(900), 4, true);
+        t.ran(Duration::from_micros(900), 4, true, None);
         let mut s = String::new();
         log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);
         assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s:?}");

@@ -154,7 +154,7 @@ fn finish(
                 m.forward(out.forward);
             }
             if let Some(t) = trace {
-                t.ran(out.forward, out.batch, out.inline);
+                t.ran(out.forward, out.batch, out.inline, out.pass.as_ref());
             }
             app.retire_if_grown(out.gpu_reserved);
             Ok(out)

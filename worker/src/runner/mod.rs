@@ -109,6 +109,8 @@ pub struct RunOutput {
     pub inline: bool,
     /// Its documents' pre-processing (set by the pipeline; `None`: it had none).
     pub preprocess: Option<std::time::Duration>,
+    /// The pass it shared with other requests, for its span (`None`: it ran alone).
+    pub pass: Option<Arc<crate::spans::pass::PassSpan>>,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.
@@ -400,6 +402,7 @@ fn forward(
         batch: 1,
         inline: false,
         preprocess: None,
+        pass: None,
     })
 }
 

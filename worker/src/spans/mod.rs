@@ -8,8 +8,10 @@
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
 //!   id the answer's `traceparent` names;
 //! - for a model request, its children: `queue` (from arrival to the start of its pass:
-//!   the listen queue and the model queue), `forward` (the pass; `vramfork.batch.size` is
-//!   how many requests it ran) and `answer` (from the end of the pass to the answer);
+//!   the listen queue and the model queue), `forward` (the pass, when it ran alone) and
+//!   `answer` (from the end of the pass to the answer);
+//! - a batched pass: one `forward` span of its own trace linking to its members' SERVER
+//!   spans (`pass.rs`), each member's SERVER span naming it (`vramfork.pass.*`);
 //! - attributes of the HTTP and RPC conventions, the request id, the worker's pid and slot
 //!   — never a payload (the path without its query, never a body);
 //! - an answer of 400 or more has the ERROR status and `error.type` its status code.
@@ -18,9 +20,11 @@
 //! |---|---|
 //! | `otlp.rs` | OTLP's trace messages (protobuf) |
 //! | `export.rs` | the bounded queue, the exporter thread, the POST, the drop counter |
+//! | `pass.rs` | a batched pass's one span and its links |
 
 mod export;
 mod otlp;
+pub mod pass;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -81,8 +85,23 @@ impl Spans {
 
     /// The spans of an answered request, when its trace is sampled.
     pub fn record(&self, r: &Record) {
-        if r.context.sampled() {
-            self.exporter.push(spans_of(r, self.pid, self.slot));
+        if !r.context.sampled() {
+            return;
+        }
+        self.exporter.push(spans_of(r, self.pid, self.slot));
+        if let Some(pass) = r
+            .trace
+            .as_ref()
+            .and_then(|t| t.timing())
+            .and_then(|t| t.pass)
+        {
+            let ctx = &r.context;
+            pass.link(
+                otlp::hex_bytes(ctx.trace_id()),
+                otlp::hex_bytes(ctx.span_id()),
+                &r.request_id,
+                &self.exporter,
+            );
         }
     }
 
@@ -153,6 +172,10 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
     let timing = r.trace.as_ref().and_then(|t| t.timing());
     if let Some(t) = &timing {
         attributes.push(kv("vramfork.batch.size", Value::Int(t.batch.into())));
+        if let Some(p) = &t.pass {
+            attributes.push(kv("vramfork.pass.trace_id", Value::String(p.trace_hex())));
+            attributes.push(kv("vramfork.pass.span_id", Value::String(p.span_hex())));
+        }
     }
     let status = (r.status >= 400).then(|| {
         attributes.push(kv("error.type", Value::String(r.status.to_string())));
@@ -206,15 +229,18 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
             )
         };
         out.push(child("queue", start, ran.min(end), Vec::new()));
-        out.push(child(
-            "forward",
-            ran.min(end),
-            done,
-            vec![
-                kv("vramfork.batch.size", Value::Int(t.batch.into())),
-                kv("vramfork.inline", Value::Bool(t.inline)),
-            ],
-        ));
+        // A batched pass is one span of its own (`pass.rs`), not a child of each member.
+        if t.pass.is_none() {
+            out.push(child(
+                "forward",
+                ran.min(end),
+                done,
+                vec![
+                    kv("vramfork.batch.size", Value::Int(t.batch.into())),
+                    kv("vramfork.inline", Value::Bool(t.inline)),
+                ],
+            ));
+        }
         out.push(child("answer", done, end, Vec::new()));
     }
     out
