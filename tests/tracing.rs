@@ -506,3 +506,79 @@ fn a_batched_pass_is_one_forward_span_linking_every_member() {
         rx.all()
     );
 }
+
+/// A gRPC call handed to a sibling (two calls at once on one channel, two workers: the
+/// worker that took the connection hands the one it would queue) stays in its caller's
+/// trace: the handing worker's SERVER span (a child of the caller's span, with
+/// `vramfork.handoff.seat`) is the parent of the sibling's SERVER span, under which are the
+/// sibling's queue, forward and answer spans; the answer's `traceparent` names the
+/// sibling's span.
+#[test]
+fn a_grpc_call_handed_to_a_sibling_stays_in_its_trace() {
+    let rx = Receiver::start("ok");
+    let app = App::new(
+        "slow.pt",
+        r#""input": {"shape": [1, 1], "dtype": "float32"}"#,
+    );
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "2", "--torch-threads", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(2);
+    let url = format!("127.0.0.1:{}", s.port);
+    let prefix = "4bf92f3577b34da6a3ce929d0e0e";
+    let r = common::python_json(
+        "triton_grpc.py",
+        &["traced", &url, "test app", "2", "20000", "20", prefix],
+        b"",
+    );
+    assert_eq!(r["errors"], serde_json::json!([]), "{r}");
+    let round = r["rounds"].as_array().unwrap().last().unwrap().clone();
+    let calls = round.as_array().unwrap();
+    assert_ne!(
+        calls[0]["pid"], calls[1]["pid"],
+        "a round with a hand-off: {r}"
+    );
+    let traces: Vec<&str> = calls.iter().map(|c| c["trace"].as_str().unwrap()).collect();
+    let handed = rx.wait("the handing worker's span", 1, |l| {
+        traces.contains(&l["trace_id"].as_str().unwrap_or(""))
+            && l["attributes"]["vramfork.handoff.seat"].is_u64()
+    });
+    let h = &handed[0];
+    let trace = h["trace_id"].as_str().unwrap();
+    assert_eq!(h["kind"], 2, "SERVER");
+    assert_eq!(h["parent_span_id"], CALLER_SPAN, "{h:#}");
+    assert_eq!(h["name"], "inference.GRPCInferenceService/ModelInfer");
+    let spans = rx.spans_of(trace, 5);
+    assert_eq!(
+        spans.len(),
+        5,
+        "the hand-off, the sibling's span and its three: {spans:#?}"
+    );
+    let sibling = spans
+        .iter()
+        .find(|x| x["parent_span_id"] == h["span_id"])
+        .unwrap_or_else(|| panic!("no span under the hand-off: {spans:#?}"));
+    assert_eq!(sibling["kind"], 2);
+    assert_eq!(sibling["name"], "inference.GRPCInferenceService/ModelInfer");
+    assert_ne!(
+        sibling["attributes"]["process.pid"], h["attributes"]["process.pid"],
+        "answered by another worker"
+    );
+    let call = calls.iter().find(|c| c["trace"] == trace).unwrap();
+    let pid: u64 = call["pid"].as_str().unwrap().parse().unwrap();
+    assert_eq!(sibling["attributes"]["process.pid"], pid, "{call}");
+    assert_eq!(
+        sibling["span_id"],
+        hex_span(call["traceparent"].as_str().unwrap()),
+        "the answer names the sibling's span"
+    );
+    for name in ["queue", "forward", "answer"] {
+        assert_eq!(
+            by_name(&spans, name)["parent_span_id"],
+            sibling["span_id"],
+            "{name}"
+        );
+    }
+}

@@ -105,6 +105,18 @@ impl Spans {
         }
     }
 
+    /// The span of a gRPC call this worker handed to the sibling on `seat` (which records
+    /// the call and its pass as children of this span), when its trace is sampled.
+    pub fn handed(&self, r: &Record, seat: u32) {
+        if r.context.sampled() {
+            let mut spans = spans_of(r, self.pid, self.slot);
+            spans[0]
+                .attributes
+                .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
+            self.exporter.push(spans);
+        }
+    }
+
     /// Spans dropped so far (`vramfork_trace_spans_dropped_total`).
     pub fn dropped(&self) -> u64 {
         self.exporter.dropped()
