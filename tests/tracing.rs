@@ -582,3 +582,76 @@ fn a_grpc_call_handed_to_a_sibling_stays_in_its_trace() {
         );
     }
 }
+
+/// `/v1/embeddings`: its tokenizing is a `tokenize` span under the SERVER span, before the
+/// pass, with the counts of inputs and tokens (what `usage` says) — never the text.
+#[test]
+fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
+    let art = common::made_once("make_embeddings.py", &["wordpiece.py"], "embeddings");
+    let app = App {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for f in std::fs::read_dir(&art).unwrap() {
+        let f = f.unwrap().path();
+        std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let metadata = serde_json::json!({
+        "name": "text-embedder",
+        "model": "bert.pt",
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                    "tokenizer": {"file": "tokenizer.json", "max_length": 24, "truncation": true}}],
+        "embeddings": {"pooling": "mean", "normalize": true},
+    });
+    std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+    let rx = Receiver::start("ok");
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1", "--torch-threads", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let trace = "8bf92f3577b34da6a3ce929d0e0e4731";
+    let body = serde_json::json!({
+        "model": "text-embedder",
+        "input": ["a secret sentence", "another private text here"],
+    });
+    let extra = format!(
+        "Content-Type: application/json\r\n{}",
+        traceparent(trace, "01")
+    );
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        &extra,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer: Value = serde_json::from_slice(&r.body).unwrap();
+    let spans = rx.spans_of(trace, 5);
+    let server = by_name(&spans, "POST /v1/embeddings");
+    let tok = by_name(&spans, "tokenize");
+    assert_eq!(tok["parent_span_id"], server["span_id"]);
+    assert_eq!(tok["kind"], 1, "INTERNAL");
+    let a = &tok["attributes"];
+    assert_eq!(a["vramfork.tokenize.inputs"], 2, "{tok:#}");
+    assert_eq!(
+        a["vramfork.tokenize.tokens"], answer["usage"]["prompt_tokens"],
+        "{tok:#}"
+    );
+    assert_eq!(a["vramfork.tokenize.truncated"], 0, "{tok:#}");
+    let forward = by_name(&spans, "forward");
+    let (ts, te) = (tok["start"].as_u64().unwrap(), tok["end"].as_u64().unwrap());
+    assert!(
+        server["start"].as_u64().unwrap() <= ts
+            && ts <= te
+            && te <= forward["start"].as_u64().unwrap(),
+        "tokenized within the request, before its pass: {spans:#?}"
+    );
+    for span in rx.all() {
+        let text = span.to_string();
+        for word in ["secret", "private", "sentence"] {
+            assert!(!text.contains(word), "{word} in {text}");
+        }
+    }
+}

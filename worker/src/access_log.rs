@@ -30,6 +30,9 @@ pub struct Trace {
     /// Microseconds from arrival to the start of its pass (listen queue + model queue);
     /// `u64::MAX` until known.
     wait_us: AtomicU64,
+    /// Microseconds from arrival to the start of its pass (all of it: reading, parsing,
+    /// pre-processing the body too); `u64::MAX` until known.
+    began_us: AtomicU64,
     /// Microseconds of its pass; `u64::MAX` until known.
     model_us: AtomicU64,
     /// Requests in the pass it ran in (1: alone); 0 until known.
@@ -38,6 +41,20 @@ pub struct Trace {
     inline: std::sync::atomic::AtomicBool,
     /// The pass it shared with other requests, when it was batched.
     pass: std::sync::OnceLock<Arc<PassSpan>>,
+    /// Its inputs' tokenizing, when its handler tokenized them (`/v1/embeddings`).
+    tokenized: std::sync::OnceLock<Tokenize>,
+}
+
+/// A request's tokenizing (`/v1/embeddings`), for its `tokenize` span: counts, never text.
+#[derive(Debug, Clone, Copy)]
+pub struct Tokenize {
+    /// From the request's arrival to the start of its tokenizing.
+    pub after: Duration,
+    pub took: Duration,
+    /// Inputs tokenized, their tokens, and how many were cut to `max_length`.
+    pub inputs: u32,
+    pub tokens: u64,
+    pub truncated: u32,
 }
 
 impl Default for Trace {
@@ -45,10 +62,12 @@ impl Default for Trace {
         Trace {
             bytes_in: AtomicU64::new(0),
             wait_us: AtomicU64::new(u64::MAX),
+            began_us: AtomicU64::new(u64::MAX),
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
             inline: std::sync::atomic::AtomicBool::new(false),
             pass: std::sync::OnceLock::new(),
+            tokenized: std::sync::OnceLock::new(),
         }
     }
 }
@@ -58,10 +77,23 @@ impl Trace {
         self.bytes_in.store(n as u64, Ordering::Relaxed);
     }
 
-    /// Its pass started after `waited` since the request arrived.
-    pub fn started(&self, waited: Duration) {
+    /// Its pass started after it waited `waited` (listen queue and model queue), `began`
+    /// after the request arrived.
+    pub fn started(&self, waited: Duration, began: Duration) {
+        self.began_us
+            .store(began.as_micros() as u64, Ordering::Relaxed);
         self.wait_us
             .store(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Its inputs were tokenized (by its handler).
+    pub fn tokenized(&self, t: Tokenize) {
+        let _ = self.tokenized.set(t);
+    }
+
+    /// Its tokenizing, when its handler tokenized its inputs.
+    pub fn tokenize(&self) -> Option<Tokenize> {
+        self.tokenized.get().copied()
     }
 
     /// Its wait, its pass and the pass's size, once its pass ran (for its spans).
@@ -70,8 +102,13 @@ impl Trace {
             self.wait_us.load(Ordering::Relaxed),
             self.model_us.load(Ordering::Relaxed),
         );
+        let began = match self.began_us.load(Ordering::Relaxed) {
+            u64::MAX => wait,
+            b => b,
+        };
         (wait != u64::MAX && model != u64::MAX).then(|| Timing {
             waited: Duration::from_micros(wait),
+            began: Duration::from_micros(began),
             took: Duration::from_micros(model),
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
@@ -94,8 +131,10 @@ impl Trace {
 
 /// What the pipeline learnt of a model request's time (`Trace::timing`), for its spans.
 pub struct Timing {
-    /// From arrival to the start of its pass.
+    /// Its wait: the listen queue and the model queue.
     pub waited: Duration,
+    /// From arrival to the start of its pass.
+    pub began: Duration,
     /// Its pass.
     pub took: Duration,
     /// Requests in its pass.
@@ -365,7 +404,7 @@ mod tests {
     fn a_json_line_is_one_json_object_with_every_field() {
         let t = Arc::new(Trace::default());
         t.bytes_in(100);
-        t.started(Duration::from_micros(1500));
+        t.started(Duration::from_micros(1500), Duration::from_micros(2000));
         t.ran(Duration::from_micros(900), 4, true, None);
         let mut s = String::new();
         log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);

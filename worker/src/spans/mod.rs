@@ -7,9 +7,10 @@
 //! - a SERVER span per request (`POST /`, `POST /v2/models/{model_name}/infer`, the gRPC
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
 //!   id the answer's `traceparent` names;
-//! - for a model request, its children: `queue` (from arrival to the start of its pass:
-//!   the listen queue and the model queue), `forward` (the pass, when it ran alone) and
-//!   `answer` (from the end of the pass to the answer);
+//! - for a model request, its children: `tokenize` (`/v1/embeddings`' tokenizing, with its
+//!   counts), `queue` (its wait, the listen queue and the model queue, ending at the start of
+//!   its pass), `forward` (the pass, when it ran alone) and `answer` (from the end of the
+//!   pass to the answer);
 //! - a batched pass: one `forward` span of its own trace linking to its members' SERVER
 //!   spans (`pass.rs`), each member's SERVER span naming it (`vramfork.pass.*`);
 //! - attributes of the HTTP and RPC conventions, the request id, the worker's pid and slot
@@ -196,66 +197,77 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
             code: otlp::STATUS_ERROR,
         }
     });
-    let span =
-        |id: Vec<u8>, parent: Vec<u8>, name: &str, kind, from, to, attributes, status| otlp::Span {
-            trace_id: trace_id.clone(),
-            span_id: id,
-            trace_state: String::new(),
-            parent_span_id: parent,
-            name: name.to_string(),
-            kind,
-            start_time_unix_nano: nanos(from),
-            end_time_unix_nano: nanos(to),
-            attributes,
-            links: Vec::new(),
-            status,
-            flags: 1,
-        };
     let parent = ctx
         .parent_span_id()
         .map(otlp::hex_bytes)
         .unwrap_or_default();
-    let mut out = vec![span(
-        server_id.clone(),
-        parent,
-        &name,
-        otlp::KIND_SERVER,
-        start,
-        end,
-        attributes,
-        status,
-    )];
+    let mut server = child(&trace_id, &parent, &name, start, end, attributes);
+    server.span_id = server_id.clone();
+    server.kind = otlp::KIND_SERVER;
+    server.status = status;
+    let mut out = vec![server];
+    if let Some(t) = r.trace.as_ref().and_then(|t| t.tokenize()) {
+        let from = start + t.after;
+        out.push(child(
+            &trace_id,
+            &server_id,
+            "tokenize",
+            from.min(end),
+            (from + t.took).min(end),
+            vec![
+                kv("vramfork.tokenize.inputs", Value::Int(t.inputs.into())),
+                kv("vramfork.tokenize.tokens", Value::Int(t.tokens as i64)),
+                kv(
+                    "vramfork.tokenize.truncated",
+                    Value::Int(t.truncated.into()),
+                ),
+            ],
+        ));
+    }
     if let Some(t) = timing {
-        let ran = start + t.waited;
+        // The pass began `began` after arrival; its wait (listen and model queue, less
+        // reading, parsing and pre-processing the body) ends there.
+        let ran = (start + t.began).min(end);
         let done = (ran + t.took).min(end);
-        let child = |name: &str, from, to, attributes| {
-            span(
-                otlp::hex_bytes(&format!("{:016x}", crate::request_id::unique().max(1))),
-                server_id.clone(),
-                name,
-                otlp::KIND_INTERNAL,
-                from,
-                to,
-                attributes,
-                None,
-            )
-        };
-        out.push(child("queue", start, ran.min(end), Vec::new()));
+        let queued = ran.checked_sub(t.waited).unwrap_or(start).max(start);
+        let id = (&trace_id, &server_id);
+        out.push(child(id.0, id.1, "queue", queued, ran, Vec::new()));
         // A batched pass is one span of its own (`pass.rs`), not a child of each member.
         if t.pass.is_none() {
-            out.push(child(
-                "forward",
-                ran.min(end),
-                done,
-                vec![
-                    kv("vramfork.batch.size", Value::Int(t.batch.into())),
-                    kv("vramfork.inline", Value::Bool(t.inline)),
-                ],
-            ));
+            let attributes = vec![
+                kv("vramfork.batch.size", Value::Int(t.batch.into())),
+                kv("vramfork.inline", Value::Bool(t.inline)),
+            ];
+            out.push(child(id.0, id.1, "forward", ran, done, attributes));
         }
-        out.push(child("answer", done, end, Vec::new()));
+        out.push(child(id.0, id.1, "answer", done, end, Vec::new()));
     }
     out
+}
+
+/// An INTERNAL span of its own id in `trace_id`, child of `parent`, from `from` to `to`.
+fn child(
+    trace_id: &[u8],
+    parent: &[u8],
+    name: &str,
+    from: SystemTime,
+    to: SystemTime,
+    attributes: Vec<otlp::KeyValue>,
+) -> otlp::Span {
+    otlp::Span {
+        trace_id: trace_id.to_vec(),
+        span_id: crate::request_id::unique().max(1).to_be_bytes().to_vec(),
+        trace_state: String::new(),
+        parent_span_id: parent.to_vec(),
+        name: name.to_string(),
+        kind: otlp::KIND_INTERNAL,
+        start_time_unix_nano: nanos(from),
+        end_time_unix_nano: nanos(to),
+        attributes,
+        links: Vec::new(),
+        status: None,
+        flags: 1,
+    }
 }
 
 #[cfg(test)]
