@@ -1,8 +1,10 @@
 //! Traces (issue 58): the real `app` exporting its workers' spans over OTLP/HTTP to a
 //! receiver that decodes them with the official protobuf definitions
 //! (`tests/support/otlp_receiver.py`, opentelemetry-proto). A traced request shows up as
-//! one trace with its queue, forward and answer time under the caller's span; the sampled
-//! flag is honoured both ways; a collector that never answers, or answers 503, costs no
+//! one trace with its queue, forward and answer time under the caller's span; a batched
+//! pass is one span linking its members; a gRPC call handed to a sibling stays in its trace;
+//! `/v1/embeddings` has a `tokenize` span; probes are not exported; the sampled flag is
+//! honoured both ways; a collector that never answers, or answers 503, costs no
 //! request (the spans are dropped and counted); no span carries the payload; a
 //! configuration that cannot export is a start-up error.
 
@@ -654,4 +656,55 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
             assert!(!text.contains(word), "{word} in {text}");
         }
     }
+}
+
+/// Probes on the serving port (`/healthz`, `/v2/health/live`, `/v2/health/ready`, a model's
+/// `ready`) are not exported, even from a sampled caller; their answers still carry
+/// `traceparent` (not sampled here: as without an export).
+#[test]
+fn health_probes_are_not_exported() {
+    let rx = Receiver::start("ok");
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let probes = [
+        "/healthz",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/test%20app/ready",
+    ];
+    let mut traces = Vec::new();
+    for (k, path) in probes.iter().enumerate() {
+        let trace = format!("9bf92f3577b34da6a3ce929d0e0e47{k:02}");
+        let r = raw(s.port, "GET", path, &traceparent(&trace, "01"), b"");
+        assert_eq!(r.status, 200, "{path}");
+        let back = r.header("traceparent").unwrap_or_else(|| panic!("{path}"));
+        assert!(back.starts_with(&format!("00-{trace}-")), "{path}: {back}");
+        traces.push(trace);
+    }
+    // Not sampled here: a probe without a caller's trace gets a new one, flags 00.
+    let r = raw(s.port, "GET", "/healthz", "", b"");
+    let back = r.header("traceparent").unwrap();
+    assert!(back.ends_with("-00"), "{back}");
+    // A model request after them: once its spans are in, the probes' would have been.
+    let after = "9bf92f3577b34da6a3ce929d0e0e4799";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(after, "01"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    rx.spans_of(after, 4);
+    let probed: Vec<Value> = rx
+        .all()
+        .into_iter()
+        .filter(|l| traces.iter().any(|t| l["trace_id"] == t.as_str()))
+        .collect();
+    assert!(probed.is_empty(), "probes exported: {probed:#?}");
 }

@@ -155,12 +155,17 @@ impl App {
         self.access_log.is_some() || self.spans.is_some()
     }
 
-    /// A request's trace context (sampled when spans are exported).
+    /// A request's trace context (sampled when spans are exported and `path` is no probe).
     pub fn trace_context(
         &self,
         headers: &hyper::header::HeaderMap,
+        path: &str,
     ) -> crate::trace_context::TraceContext {
-        crate::spans::Spans::context(self.spans.as_ref(), headers)
+        let spans = self
+            .spans
+            .as_ref()
+            .filter(|_| !crate::spans::is_probe(path));
+        crate::spans::Spans::context(spans, headers)
     }
 
     /// An answered request: its spans, when sampled, and its access-log line.

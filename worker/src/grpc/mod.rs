@@ -117,7 +117,7 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let call = Call {
         id: RequestId::of(req.headers()),
-        trace_ctx: app.trace_context(req.headers()),
+        trace_ctx: app.trace_context(req.headers(), req.uri().path()),
         arrived: arrival(&req),
         method: path.strip_prefix(SERVICE).unwrap_or_default().to_string(),
         path,

@@ -86,7 +86,7 @@ impl Spans {
 
     /// The spans of an answered request, when its trace is sampled.
     pub fn record(&self, r: &Record) {
-        if !r.context.sampled() {
+        if !r.context.sampled() || is_probe(&r.target) {
             return;
         }
         self.exporter.push(spans_of(r, self.pid, self.slot));
@@ -122,6 +122,23 @@ impl Spans {
     pub fn dropped(&self) -> u64 {
         self.exporter.dropped()
     }
+}
+
+/// Whether `target` (a path, with its query or not) is a probe of the serving port: health
+/// and readiness, HTTP's and gRPC's, which orchestrators ask every few seconds. Their spans
+/// are never exported (and their context is not sampled here: a new trace is `00`, a
+/// caller's flags come back as sent), as without an export.
+pub fn is_probe(target: &str) -> bool {
+    let path = target.split('?').next().unwrap_or("");
+    matches!(
+        path,
+        "/healthz"
+            | "/v2/health/live"
+            | "/v2/health/ready"
+            | "/inference.GRPCInferenceService/ServerLive"
+            | "/inference.GRPCInferenceService/ServerReady"
+            | "/inference.GRPCInferenceService/ModelReady"
+    ) || (path.starts_with("/v2/models/") && path.ends_with("/ready"))
 }
 
 fn nanos(t: SystemTime) -> u64 {
@@ -273,6 +290,34 @@ fn child(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_are_health_and_readiness_only() {
+        for p in [
+            "/healthz",
+            "/healthz?x=1",
+            "/v2/health/live",
+            "/v2/health/ready",
+            "/v2/models/mlp/ready",
+            "/v2/models/mlp/versions/3/ready",
+            "/inference.GRPCInferenceService/ServerLive",
+            "/inference.GRPCInferenceService/ServerReady",
+            "/inference.GRPCInferenceService/ModelReady",
+        ] {
+            assert!(is_probe(p), "{p}");
+        }
+        for p in [
+            "/",
+            "/v2/models/mlp/infer",
+            "/v2/models/mlp",
+            "/v2",
+            "/v1/embeddings",
+            "/metrics",
+            "/inference.GRPCInferenceService/ModelInfer",
+        ] {
+            assert!(!is_probe(p), "{p}");
+        }
+    }
 
     #[test]
     fn routes_name_no_model_and_no_query() {
