@@ -146,7 +146,7 @@ pub struct Timing {
 }
 
 /// One answered request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Record {
     pub time: SystemTime,
     pub request_id: String,

@@ -170,11 +170,15 @@ impl App {
 
     /// An answered request: its spans, when sampled, and its access-log line.
     pub fn record(&self, r: crate::access_log::Record) {
-        if let Some(s) = &self.spans {
-            s.record(&r);
-        }
-        if let Some(log) = &self.access_log {
-            log.push(r);
+        let spans = self.spans.as_ref().filter(|s| s.wants(&r));
+        match (spans, &self.access_log) {
+            (Some(s), Some(log)) => {
+                s.record(r.clone());
+                log.push(r);
+            }
+            (Some(s), None) => s.record(r),
+            (None, Some(log)) => log.push(r),
+            (None, None) => {}
         }
     }
 

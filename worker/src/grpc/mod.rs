@@ -316,7 +316,7 @@ impl Call {
         };
         if let Some(spans) = &self.app.spans {
             spans.handed(
-                &Record {
+                Record {
                     time: SystemTime::now(),
                     request_id: self.id.as_str().to_string(),
                     context: self.trace_ctx.clone(),

@@ -1,8 +1,7 @@
 //! OpenTelemetry spans of the requests this worker answers (issue 58), exported over
 //! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`; off by
-//! default). Built on the answering thread when a sampled request is answered, from what the
-//! access log's record holds (a few small allocations), then pushed into the exporter's
-//! queue; encoding and sending are the exporter thread's:
+//! default). A sampled request's record (what its access line is made of) is queued when it
+//! is answered; the exporter thread builds its spans, encodes and sends them:
 //!
 //! - a SERVER span per request (`POST /`, `POST /v2/models/{model_name}/infer`, the gRPC
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
@@ -84,18 +83,77 @@ impl Spans {
         t
     }
 
-    /// The spans of an answered request, when its trace is sampled.
-    pub fn record(&self, r: &Record) {
-        if !r.context.sampled() || is_probe(&r.target) {
-            return;
+    /// Whether an answered request's spans are exported: its trace is sampled, and it is
+    /// no probe.
+    pub fn wants(&self, r: &Record) -> bool {
+        r.context.sampled() && !is_probe(&r.target)
+    }
+
+    /// Queues the spans of an answered request that [`Spans::wants`], built on the
+    /// exporter thread.
+    pub fn record(&self, r: Record) {
+        self.queue(r, None);
+    }
+
+    /// The span of a gRPC call this worker handed to the sibling on `seat` (which records
+    /// the call and its pass as children of this span), when its trace is sampled.
+    pub fn handed(&self, r: Record, seat: u32) {
+        if r.context.sampled() {
+            self.queue(r, Some(seat));
         }
-        self.exporter.push(spans_of(r, self.pid, self.slot));
-        if let Some(pass) = r
+    }
+
+    fn queue(&self, record: Record, handoff: Option<u32>) {
+        self.exporter.later(Box::new(Answered {
+            record,
+            handoff,
+            pid: self.pid,
+            slot: self.slot,
+            exporter: self.exporter.clone(),
+        }));
+    }
+
+    /// Spans dropped so far (`vramfork_trace_spans_dropped_total`).
+    pub fn dropped(&self) -> u64 {
+        self.exporter.dropped()
+    }
+}
+
+/// An answered request as the exporter thread makes its spans of it.
+struct Answered {
+    record: Record,
+    /// The sibling's seat, when this worker handed the call to it.
+    handoff: Option<u32>,
+    pid: u32,
+    slot: u32,
+    /// Where its batched pass's span goes, once it links to it.
+    exporter: Arc<Exporter>,
+}
+
+impl export::Build for Answered {
+    fn count(&self) -> usize {
+        let trace = self.record.trace.as_ref();
+        let passes = trace.and_then(|t| t.timing()).map_or(0, |t| match t.pass {
+            Some(_) => 2,
+            None => 3,
+        });
+        1 + passes + usize::from(trace.is_some_and(|t| t.tokenize().is_some()))
+    }
+
+    fn build(self: Box<Self>) -> Vec<otlp::Span> {
+        let r = &self.record;
+        let mut spans = spans_of(r, self.pid, self.slot);
+        if let Some(seat) = self.handoff {
+            spans[0]
+                .attributes
+                .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
+        }
+        let pass = r
             .trace
             .as_ref()
             .and_then(|t| t.timing())
-            .and_then(|t| t.pass)
-        {
+            .and_then(|t| t.pass);
+        if let Some(pass) = pass {
             let ctx = &r.context;
             pass.link(
                 otlp::hex_bytes(ctx.trace_id()),
@@ -104,23 +162,7 @@ impl Spans {
                 &self.exporter,
             );
         }
-    }
-
-    /// The span of a gRPC call this worker handed to the sibling on `seat` (which records
-    /// the call and its pass as children of this span), when its trace is sampled.
-    pub fn handed(&self, r: &Record, seat: u32) {
-        if r.context.sampled() {
-            let mut spans = spans_of(r, self.pid, self.slot);
-            spans[0]
-                .attributes
-                .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
-            self.exporter.push(spans);
-        }
-    }
-
-    /// Spans dropped so far (`vramfork_trace_spans_dropped_total`).
-    pub fn dropped(&self) -> u64 {
-        self.exporter.dropped()
+        spans
     }
 }
 
