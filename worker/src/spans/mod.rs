@@ -14,7 +14,10 @@
 //!   spans (`pass.rs`), each member's SERVER span naming it (`vramfork.pass.*`);
 //! - attributes of the HTTP and RPC conventions, the request id, the worker's pid and slot
 //!   — never a payload (the path without its query, never a body);
-//! - an answer of 400 or more has the ERROR status and `error.type` its status code.
+//! - an answer of 400 or more has the ERROR status and `error.type` its status code;
+//! - a gRPC call handed to a sibling: this worker's SERVER span with
+//!   `vramfork.handoff.seat`, the parent of the sibling's (it sends its own `traceparent`);
+//! - health and readiness probes ([`is_probe`]): nothing.
 //!
 //! | file | owns |
 //! |---|---|
