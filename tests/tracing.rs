@@ -1,8 +1,10 @@
 //! Traces (issue 58): the real `app` exporting its workers' spans over OTLP/HTTP to a
 //! receiver that decodes them with the official protobuf definitions
 //! (`tests/support/otlp_receiver.py`, opentelemetry-proto). A traced request shows up as
-//! one trace with its queue, forward and answer time under the caller's span; the sampled
-//! flag is honoured both ways; a collector that never answers, or answers 503, costs no
+//! one trace with its queue, forward and answer time under the caller's span; a batched
+//! pass is one span linking its members; a gRPC call handed to a sibling stays in its trace;
+//! `/v1/embeddings` has a `tokenize` span; probes are not exported; the sampled flag is
+//! honoured both ways; a collector that never answers, or answers 503, costs no
 //! request (the spans are dropped and counted); no span carries the payload; a
 //! configuration that cannot export is a start-up error.
 
@@ -80,6 +82,19 @@ impl Receiver {
                 "{} of {n} spans of {trace}: {got:#?}",
                 got.len()
             );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The spans `pick` keeps, once there are `n` of them.
+    fn wait(&self, what: &str, n: usize, pick: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let got: Vec<Value> = self.all().into_iter().filter(|l| pick(l)).collect();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "{what}: {got:#?}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -400,4 +415,296 @@ fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() 
         r.status == 200 && r.header("traceparent").unwrap().ends_with("-01"),
         "the default sampler"
     );
+}
+
+/// Four requests batched into one pass: the pass is ONE `forward` span, in a trace of its
+/// own, linking to each member's SERVER span; each member's trace keeps its queue and answer
+/// spans and names the pass (its batch size, the pass's trace and span ids).
+#[test]
+fn a_batched_pass_is_one_forward_span_linking_every_member() {
+    let rx = Receiver::start("ok");
+    let app = App::new(
+        "mlp.pt",
+        r#""input": {"shape": [-1, 4], "dtype": "float32"}, "max_batch_size": 4"#,
+    );
+    // The pass waits (up to 5 s) until its four rows are there.
+    let s = Server::start_env(
+        &app,
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--batch-timeout-ms",
+            "5000",
+        ],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let port = s.port;
+    let traces: Vec<String> = (0..4)
+        .map(|k| format!("{k}bf92f3577b34da6a3ce929d0e0e47{k}0"))
+        .collect();
+    let members: Vec<(String, String)> = traces
+        .iter()
+        .map(|t| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let r = raw(port, "POST", "/", &traceparent(&t, "01"), INPUT.as_bytes());
+                assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                (t, hex_span(r.header("traceparent").unwrap()).to_string())
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let passes = rx.wait("a forward span with links", 1, |l| {
+        l["name"] == "forward" && !l["links"].as_array().unwrap().is_empty()
+    });
+    assert_eq!(
+        passes.len(),
+        1,
+        "one forward span for the pass: {passes:#?}"
+    );
+    let pass = &passes[0];
+    let mut links: Vec<(String, String)> = pass["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["trace_id"].as_str().unwrap().to_string(),
+                l["span_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    links.sort();
+    let mut want = members.clone();
+    want.sort();
+    assert_eq!(links, want, "a link to each member's SERVER span");
+    assert_eq!(pass["attributes"]["vramfork.batch.size"], 4);
+    assert_eq!(pass["parent_span_id"], "", "the pass's own trace: {pass:#}");
+    assert!(!traces.contains(&pass["trace_id"].as_str().unwrap().to_string()));
+    for (trace, span) in &members {
+        let spans = rx.spans_of(trace, 3);
+        let server = by_name(&spans, "POST /");
+        assert_eq!(&server["span_id"], span);
+        let a = &server["attributes"];
+        assert_eq!(a["vramfork.batch.size"], 4, "{server:#}");
+        assert_eq!(a["vramfork.pass.trace_id"], pass["trace_id"], "{server:#}");
+        assert_eq!(a["vramfork.pass.span_id"], pass["span_id"], "{server:#}");
+        for name in ["queue", "answer"] {
+            assert_eq!(by_name(&spans, name)["parent_span_id"], server["span_id"]);
+        }
+        assert!(
+            spans.iter().all(|x| x["name"] != "forward"),
+            "no forward span of its own in a member's trace: {spans:#?}"
+        );
+    }
+    assert_eq!(
+        rx.all().iter().filter(|l| l["name"] == "forward").count(),
+        1,
+        "one forward span in all: {:#?}",
+        rx.all()
+    );
+}
+
+/// A gRPC call handed to a sibling (two calls at once on one channel, two workers: the
+/// worker that took the connection hands the one it would queue) stays in its caller's
+/// trace: the handing worker's SERVER span (a child of the caller's span, with
+/// `vramfork.handoff.seat`) is the parent of the sibling's SERVER span, under which are the
+/// sibling's queue, forward and answer spans; the answer's `traceparent` names the
+/// sibling's span.
+#[test]
+fn a_grpc_call_handed_to_a_sibling_stays_in_its_trace() {
+    let rx = Receiver::start("ok");
+    let app = App::new(
+        "slow.pt",
+        r#""input": {"shape": [1, 1], "dtype": "float32"}"#,
+    );
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "2", "--torch-threads", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(2);
+    let url = format!("127.0.0.1:{}", s.port);
+    let prefix = "4bf92f3577b34da6a3ce929d0e0e";
+    let r = common::python_json(
+        "triton_grpc.py",
+        &["traced", &url, "test app", "2", "20000", "20", prefix],
+        b"",
+    );
+    assert_eq!(r["errors"], serde_json::json!([]), "{r}");
+    let round = r["rounds"].as_array().unwrap().last().unwrap().clone();
+    let calls = round.as_array().unwrap();
+    assert_ne!(
+        calls[0]["pid"], calls[1]["pid"],
+        "a round with a hand-off: {r}"
+    );
+    let traces: Vec<&str> = calls.iter().map(|c| c["trace"].as_str().unwrap()).collect();
+    let handed = rx.wait("the handing worker's span", 1, |l| {
+        traces.contains(&l["trace_id"].as_str().unwrap_or(""))
+            && l["attributes"]["vramfork.handoff.seat"].is_u64()
+    });
+    let h = &handed[0];
+    let trace = h["trace_id"].as_str().unwrap();
+    assert_eq!(h["kind"], 2, "SERVER");
+    assert_eq!(h["parent_span_id"], CALLER_SPAN, "{h:#}");
+    assert_eq!(h["name"], "inference.GRPCInferenceService/ModelInfer");
+    let spans = rx.spans_of(trace, 5);
+    assert_eq!(
+        spans.len(),
+        5,
+        "the hand-off, the sibling's span and its three: {spans:#?}"
+    );
+    let sibling = spans
+        .iter()
+        .find(|x| x["parent_span_id"] == h["span_id"])
+        .unwrap_or_else(|| panic!("no span under the hand-off: {spans:#?}"));
+    assert_eq!(sibling["kind"], 2);
+    assert_eq!(sibling["name"], "inference.GRPCInferenceService/ModelInfer");
+    assert_ne!(
+        sibling["attributes"]["process.pid"], h["attributes"]["process.pid"],
+        "answered by another worker"
+    );
+    let call = calls.iter().find(|c| c["trace"] == trace).unwrap();
+    let pid: u64 = call["pid"].as_str().unwrap().parse().unwrap();
+    assert_eq!(sibling["attributes"]["process.pid"], pid, "{call}");
+    assert_eq!(
+        sibling["span_id"],
+        hex_span(call["traceparent"].as_str().unwrap()),
+        "the answer names the sibling's span"
+    );
+    for name in ["queue", "forward", "answer"] {
+        assert_eq!(
+            by_name(&spans, name)["parent_span_id"],
+            sibling["span_id"],
+            "{name}"
+        );
+    }
+}
+
+/// `/v1/embeddings`: its tokenizing is a `tokenize` span under the SERVER span, before the
+/// pass, with the counts of inputs and tokens (what `usage` says) — never the text.
+#[test]
+fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
+    let art = common::made_once("make_embeddings.py", &["wordpiece.py"], "embeddings");
+    let app = App {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for f in std::fs::read_dir(&art).unwrap() {
+        let f = f.unwrap().path();
+        std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let metadata = serde_json::json!({
+        "name": "text-embedder",
+        "model": "bert.pt",
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                    "tokenizer": {"file": "tokenizer.json", "max_length": 24, "truncation": true}}],
+        "embeddings": {"pooling": "mean", "normalize": true},
+    });
+    std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+    let rx = Receiver::start("ok");
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1", "--torch-threads", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let trace = "8bf92f3577b34da6a3ce929d0e0e4731";
+    let body = serde_json::json!({
+        "model": "text-embedder",
+        "input": ["a secret sentence", "another private text here"],
+    });
+    let extra = format!(
+        "Content-Type: application/json\r\n{}",
+        traceparent(trace, "01")
+    );
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        &extra,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer: Value = serde_json::from_slice(&r.body).unwrap();
+    let spans = rx.spans_of(trace, 5);
+    let server = by_name(&spans, "POST /v1/embeddings");
+    let tok = by_name(&spans, "tokenize");
+    assert_eq!(tok["parent_span_id"], server["span_id"]);
+    assert_eq!(tok["kind"], 1, "INTERNAL");
+    let a = &tok["attributes"];
+    assert_eq!(a["vramfork.tokenize.inputs"], 2, "{tok:#}");
+    assert_eq!(
+        a["vramfork.tokenize.tokens"], answer["usage"]["prompt_tokens"],
+        "{tok:#}"
+    );
+    assert_eq!(a["vramfork.tokenize.truncated"], 0, "{tok:#}");
+    let forward = by_name(&spans, "forward");
+    let (ts, te) = (tok["start"].as_u64().unwrap(), tok["end"].as_u64().unwrap());
+    assert!(
+        server["start"].as_u64().unwrap() <= ts
+            && ts <= te
+            && te <= forward["start"].as_u64().unwrap(),
+        "tokenized within the request, before its pass: {spans:#?}"
+    );
+    for span in rx.all() {
+        let text = span.to_string();
+        for word in ["secret", "private", "sentence"] {
+            assert!(!text.contains(word), "{word} in {text}");
+        }
+    }
+}
+
+/// Probes on the serving port (`/healthz`, `/v2/health/live`, `/v2/health/ready`, a model's
+/// `ready`) are not exported, even from a sampled caller; their answers still carry
+/// `traceparent` (not sampled here: as without an export).
+#[test]
+fn health_probes_are_not_exported() {
+    let rx = Receiver::start("ok");
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let probes = [
+        "/healthz",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2/models/test%20app/ready",
+    ];
+    let mut traces = Vec::new();
+    for (k, path) in probes.iter().enumerate() {
+        let trace = format!("9bf92f3577b34da6a3ce929d0e0e47{k:02}");
+        let r = raw(s.port, "GET", path, &traceparent(&trace, "01"), b"");
+        assert_eq!(r.status, 200, "{path}");
+        let back = r.header("traceparent").unwrap_or_else(|| panic!("{path}"));
+        assert!(back.starts_with(&format!("00-{trace}-")), "{path}: {back}");
+        traces.push(trace);
+    }
+    // Not sampled here: a probe without a caller's trace gets a new one, flags 00.
+    let r = raw(s.port, "GET", "/healthz", "", b"");
+    let back = r.header("traceparent").unwrap();
+    assert!(back.ends_with("-00"), "{back}");
+    // A model request after them: once its spans are in, the probes' would have been.
+    let after = "9bf92f3577b34da6a3ce929d0e0e4799";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(after, "01"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    rx.spans_of(after, 4);
+    let probed: Vec<Value> = rx
+        .all()
+        .into_iter()
+        .filter(|l| traces.iter().any(|t| l["trace_id"] == t.as_str()))
+        .collect();
+    assert!(probed.is_empty(), "probes exported: {probed:#?}");
 }

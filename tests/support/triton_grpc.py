@@ -12,6 +12,11 @@ usage:
       (input [[ITERS]]); the worker pid each answer came from (x-worker-pid, initial
       metadata), per round. With WORKERS: stops after the first round whose answers came
       from WORKERS workers, as many from each.
+  triton_grpc.py traced HOST:PORT MODEL CALLS ITERS ROUNDS TRACE_PREFIX
+      as spread, each call with its own `traceparent` metadata (trace TRACE_PREFIX + round
+      and call numbers, the caller's span 00f067aa0ba902b7, sampled); stops after the first
+      round answered by more than one worker. Per call: its trace, the answering pid and the
+      answer's traceparent (initial metadata).
   triton_grpc.py sequential HOST:PORT MODEL COUNT
       COUNT calls one after the other on one client, through a TCP relay that counts the
       connections the client opens.
@@ -184,6 +189,32 @@ def spread(url, model, calls, iters, rounds, workers=None):
     print(json.dumps(out, default=str))
 
 
+def traced(url, model, calls, iters, rounds, prefix):
+    c = grpcclient.InferenceServerClient(url)
+    out = {"rounds": [], "errors": []}
+    for r in range(int(rounds)):
+        left = threading.Semaphore(0)
+
+        def cb(result, error):
+            if error is not None:
+                out["errors"].append(err(error))
+            left.release()
+
+        traces = [prefix + "%02d%02d" % (r, k) for k in range(int(calls))]
+        ctxs = [c.async_infer(model, [slow_input(int(iters))], cb,
+                              headers={"traceparent": "00-%s-00f067aa0ba902b7-01" % t})
+                for t in traces]
+        for _ in ctxs:
+            left.acquire()
+        meta = [dict(x._CallContext__grpc_future.initial_metadata()) for x in ctxs]
+        got = [{"trace": t, "pid": m.get("x-worker-pid"), "traceparent": m.get("traceparent")}
+               for t, m in zip(traces, meta)]
+        out["rounds"].append(got)
+        if len({g["pid"] for g in got}) > 1:
+            break
+    print(json.dumps(out, default=str))
+
+
 class Relay:
     """A TCP relay on 127.0.0.1 that counts the connections made through it."""
 
@@ -324,6 +355,8 @@ def main():
         basics(*args)
     elif cmd == "spread":
         spread(args[0], args[1], *map(int, args[2:]))
+    elif cmd == "traced":
+        traced(*args)
     elif cmd == "sequential":
         sequential(args[0], args[1], int(args[2]))
     elif cmd == "loop":

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::spans::pass::PassSpan;
+
 /// How often the writer thread writes what has gathered.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// Records held at most while the writer is behind; more are dropped and counted.
@@ -28,12 +30,31 @@ pub struct Trace {
     /// Microseconds from arrival to the start of its pass (listen queue + model queue);
     /// `u64::MAX` until known.
     wait_us: AtomicU64,
+    /// Microseconds from arrival to the start of its pass (all of it: reading, parsing,
+    /// pre-processing the body too); `u64::MAX` until known.
+    began_us: AtomicU64,
     /// Microseconds of its pass; `u64::MAX` until known.
     model_us: AtomicU64,
     /// Requests in the pass it ran in (1: alone); 0 until known.
     batch: AtomicU32,
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
+    /// The pass it shared with other requests, when it was batched.
+    pass: std::sync::OnceLock<Arc<PassSpan>>,
+    /// Its inputs' tokenizing, when its handler tokenized them (`/v1/embeddings`).
+    tokenized: std::sync::OnceLock<Tokenize>,
+}
+
+/// A request's tokenizing (`/v1/embeddings`), for its `tokenize` span: counts, never text.
+#[derive(Debug, Clone, Copy)]
+pub struct Tokenize {
+    /// From the request's arrival to the start of its tokenizing.
+    pub after: Duration,
+    pub took: Duration,
+    /// Inputs tokenized, their tokens, and how many were cut to `max_length`.
+    pub inputs: u32,
+    pub tokens: u64,
+    pub truncated: u32,
 }
 
 impl Default for Trace {
@@ -41,9 +62,12 @@ impl Default for Trace {
         Trace {
             bytes_in: AtomicU64::new(0),
             wait_us: AtomicU64::new(u64::MAX),
+            began_us: AtomicU64::new(u64::MAX),
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
             inline: std::sync::atomic::AtomicBool::new(false),
+            pass: std::sync::OnceLock::new(),
+            tokenized: std::sync::OnceLock::new(),
         }
     }
 }
@@ -53,10 +77,23 @@ impl Trace {
         self.bytes_in.store(n as u64, Ordering::Relaxed);
     }
 
-    /// Its pass started after `waited` since the request arrived.
-    pub fn started(&self, waited: Duration) {
+    /// Its pass started after it waited `waited` (listen queue and model queue), `began`
+    /// after the request arrived.
+    pub fn started(&self, waited: Duration, began: Duration) {
+        self.began_us
+            .store(began.as_micros() as u64, Ordering::Relaxed);
         self.wait_us
             .store(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Its inputs were tokenized (by its handler).
+    pub fn tokenized(&self, t: Tokenize) {
+        let _ = self.tokenized.set(t);
+    }
+
+    /// Its tokenizing, when its handler tokenized its inputs.
+    pub fn tokenize(&self) -> Option<Tokenize> {
+        self.tokenized.get().copied()
     }
 
     /// Its wait, its pass and the pass's size, once its pass ran (for its spans).
@@ -65,16 +102,26 @@ impl Trace {
             self.wait_us.load(Ordering::Relaxed),
             self.model_us.load(Ordering::Relaxed),
         );
+        let began = match self.began_us.load(Ordering::Relaxed) {
+            u64::MAX => wait,
+            b => b,
+        };
         (wait != u64::MAX && model != u64::MAX).then(|| Timing {
             waited: Duration::from_micros(wait),
+            began: Duration::from_micros(began),
             took: Duration::from_micros(model),
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
+            pass: self.pass.get().cloned(),
         })
     }
 
-    /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`.
-    pub fn ran(&self, took: Duration, batch: u32, inline: bool) {
+    /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
+    /// `pass`: the pass, when it was batched.
+    pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<PassSpan>>) {
+        if let Some(p) = pass {
+            let _ = self.pass.set(p.clone());
+        }
         self.inline.store(inline, Ordering::Relaxed);
         self.model_us
             .store(took.as_micros() as u64, Ordering::Relaxed);
@@ -84,18 +131,22 @@ impl Trace {
 
 /// What the pipeline learnt of a model request's time (`Trace::timing`), for its spans.
 pub struct Timing {
-    /// From arrival to the start of its pass.
+    /// Its wait: the listen queue and the model queue.
     pub waited: Duration,
+    /// From arrival to the start of its pass.
+    pub began: Duration,
     /// Its pass.
     pub took: Duration,
     /// Requests in its pass.
     pub batch: u32,
     /// The pass ran on the event loop's thread.
     pub inline: bool,
+    /// The pass, when it was batched: its span is the pass's own (`spans/pass.rs`).
+    pub pass: Option<Arc<PassSpan>>,
 }
 
 /// One answered request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Record {
     pub time: SystemTime,
     pub request_id: String,
@@ -353,8 +404,8 @@ mod tests {
     fn a_json_line_is_one_json_object_with_every_field() {
         let t = Arc::new(Trace::default());
         t.bytes_in(100);
-        t.started(Duration::from_micros(1500));
-        t.ran(Duration::from_micros(900), 4, true);
+        t.started(Duration::from_micros(1500), Duration::from_micros(2000));
+        t.ran(Duration::from_micros(900), 4, true, None);
         let mut s = String::new();
         log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);
         assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s:?}");

@@ -155,21 +155,30 @@ impl App {
         self.access_log.is_some() || self.spans.is_some()
     }
 
-    /// A request's trace context (sampled when spans are exported).
+    /// A request's trace context (sampled when spans are exported and `path` is no probe).
     pub fn trace_context(
         &self,
         headers: &hyper::header::HeaderMap,
+        path: &str,
     ) -> crate::trace_context::TraceContext {
-        crate::spans::Spans::context(self.spans.as_ref(), headers)
+        let spans = self
+            .spans
+            .as_ref()
+            .filter(|_| !crate::spans::is_probe(path));
+        crate::spans::Spans::context(spans, headers)
     }
 
     /// An answered request: its spans, when sampled, and its access-log line.
     pub fn record(&self, r: crate::access_log::Record) {
-        if let Some(s) = &self.spans {
-            s.record(&r);
-        }
-        if let Some(log) = &self.access_log {
-            log.push(r);
+        let spans = self.spans.as_ref().filter(|s| s.wants(&r));
+        match (spans, &self.access_log) {
+            (Some(s), Some(log)) => {
+                s.record(r.clone());
+                log.push(r);
+            }
+            (Some(s), None) => s.record(r),
+            (None, Some(log)) => log.push(r),
+            (None, None) => {}
         }
     }
 

@@ -117,7 +117,7 @@ pub async fn handle(
     let path = req.uri().path().to_string();
     let call = Call {
         id: RequestId::of(req.headers()),
-        trace_ctx: app.trace_context(req.headers()),
+        trace_ctx: app.trace_context(req.headers(), req.uri().path()),
         arrived: arrival(&req),
         method: path.strip_prefix(SERVICE).unwrap_or_default().to_string(),
         path,
@@ -258,10 +258,11 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
         id: call.id.as_str(),
         deadline: meta.deadline.map(|d| d.at()),
         framed: framed.clone(),
+        traceparent: call.trace_ctx.header(),
     };
     if let Some(s) = siblings.filter(|_| app.shared.would_queue()) {
         if let Some(to) = s.reserve() {
-            if let Some(done) = relayed(s.hand(&to, handing()).await) {
+            if let Some(done) = call.handed(s.hand(&to, handing()).await, to.seat) {
                 return done;
             }
         }
@@ -290,7 +291,7 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
             }
             Ran::HandedOff(to) => {
                 let s: &Arc<Siblings> = siblings.expect("a hand-off comes from the siblings");
-                if let Some(done) = relayed(s.hand(&to, handing()).await) {
+                if let Some(done) = call.handed(s.hand(&to, handing()).await, to.seat) {
                     return done;
                 }
                 // Not taken after all: it runs here, without another hand-off.
@@ -300,16 +301,38 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
     }
 }
 
-/// A hand-off's end as the call's (`None`: not taken, serve it here).
-fn relayed(h: Handed) -> Option<Result<Outcome, ApiError>> {
-    match h {
-        Handed::Answered(resp) => Some(Ok(Outcome::Relayed(resp))),
-        Handed::NotTaken => None,
-        Handed::Lost(seat) => Some(Err(ApiError::SiblingLost(seat))),
-    }
-}
-
 impl Call {
+    /// A hand-off to `seat`'s end as the call's (`None`: not taken, serve it here); one the
+    /// sibling took is this worker's span of the call (`vramfork.handoff.seat`), the parent
+    /// of the sibling's, when its trace is sampled (the sibling records the call itself).
+    fn handed(&self, h: Handed, seat: u32) -> Option<Result<Outcome, ApiError>> {
+        let (status, done) = match h {
+            Handed::Answered(resp) => (200, Ok(Outcome::Relayed(resp))),
+            Handed::NotTaken => return None,
+            Handed::Lost(seat) => {
+                let e = ApiError::SiblingLost(seat);
+                (e.status().as_u16(), Err(e))
+            }
+        };
+        if let Some(spans) = &self.app.spans {
+            spans.handed(
+                Record {
+                    time: SystemTime::now(),
+                    request_id: self.id.as_str().to_string(),
+                    context: self.trace_ctx.clone(),
+                    method: "POST".into(),
+                    target: self.path.clone(),
+                    status,
+                    bytes_out: 0,
+                    total: self.arrived.elapsed(),
+                    trace: None,
+                },
+                seat,
+            );
+        }
+        Some(done)
+    }
+
     fn endpoint(&self) -> Endpoint {
         match self.method.as_str() {
             "ModelInfer" | "ModelStreamInfer" => Endpoint::GrpcInfer,

@@ -38,7 +38,7 @@ pub async fn handle(
         .flatten();
     let id = RequestId::of(req.headers());
     req.extensions_mut().insert(id.clone());
-    let trace_ctx = app.trace_context(req.headers());
+    let trace_ctx = app.trace_context(req.headers(), req.uri().path());
     // The record (access log, spans), started before the request is handed on.
     let access = app.records().then(|| {
         let trace = Arc::new(Trace::default());

@@ -64,7 +64,7 @@ pub(super) async fn run<H>(
         .then(|| app.runner.try_inline(&input, &encoding))
         .flatten()
     {
-        waited(app, trace, queue_from.elapsed());
+        waited(app, trace, queue_from.elapsed(), arrived.elapsed());
         return finish(app, Some(run), deadline, arrived, trace).map(Pass::Ran);
     }
     let mut ticket = app
@@ -117,7 +117,8 @@ pub(super) async fn run<H>(
         }
     };
     if let Some(at) = claim.started_at() {
-        waited(app, trace, at.saturating_duration_since(queue_from));
+        let began = at.saturating_duration_since(arrived);
+        waited(app, trace, at.saturating_duration_since(queue_from), began);
     }
     finish(app, run, deadline, arrived, trace).map(Pass::Ran)
 }
@@ -154,7 +155,7 @@ fn finish(
                 m.forward(out.forward);
             }
             if let Some(t) = trace {
-                t.ran(out.forward, out.batch, out.inline);
+                t.ran(out.forward, out.batch, out.inline, out.pass.as_ref());
             }
             app.retire_if_grown(out.gpu_reserved);
             Ok(out)
@@ -162,11 +163,12 @@ fn finish(
     }
 }
 
-/// A request's pass started after it waited `wait` (the listen queue and the model's):
-/// into its access-log line and `vramfork_queue_wait_seconds`.
-fn waited(app: &App, trace: Option<&Trace>, wait: Duration) {
+/// A request's pass started after it waited `wait` (the listen queue and the model's),
+/// `began` after its arrival: into its access-log line, its spans and
+/// `vramfork_queue_wait_seconds`.
+fn waited(app: &App, trace: Option<&Trace>, wait: Duration, began: Duration) {
     if let Some(t) = trace {
-        t.started(wait);
+        t.started(wait, began);
     }
     if let Some(m) = &app.metrics {
         m.waited(wait);

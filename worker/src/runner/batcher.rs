@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tch::Device;
 
@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use super::batch::{self, ArgKey, Batching};
 use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
+use crate::spans::pass::PassSpan;
 
 /// Forward passes by rows, as `/metrics` reports them.
 pub type BatchCounts = Arc<Mutex<BTreeMap<u32, u64>>>;
@@ -182,6 +183,7 @@ fn one(module: &Model, device: Device, job: Taken, counts: &BatchCounts) {
 /// output cannot be cut (then `false`).
 fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCounts) -> bool {
     let start = Instant::now();
+    let wall = SystemTime::now();
     // The first few ids, space-separated (ids may hold commas), and how many in all.
     let ids: Vec<&str> = jobs.iter().take(8).map(|j| &*j.id).collect();
     let _span =
@@ -238,7 +240,11 @@ fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCoun
         "batched forward"
     );
     let batch = jobs.len() as u32;
-    for (job, w) in jobs.into_iter().zip(written) {
+    // One span for the pass, each member's outputs holding it (the last one moved, not
+    // cloned: the model thread keeps none of it).
+    let pass = PassSpan::new(wall, forward, batch, rows.iter().sum::<usize>() as u32);
+    let passes = std::iter::repeat_n(pass, jobs.len());
+    for ((job, w), pass) in jobs.into_iter().zip(written).zip(passes) {
         job.answer(w.map(|outputs| RunOutput {
             outputs,
             gpu_reserved,
@@ -246,6 +252,7 @@ fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCoun
             batch,
             inline: false,
             preprocess: None,
+            pass: Some(pass),
         }));
     }
     true

@@ -17,6 +17,7 @@ mod claim;
 mod declared;
 mod failure;
 mod inline;
+mod job;
 mod load;
 mod model;
 mod ops;
@@ -26,7 +27,6 @@ mod warmup;
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,8 +35,8 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use batch::Batching;
 pub use batcher::BatchCounts;
+use claim::Queued;
 pub use claim::{Claim, Ticket};
-use claim::{Queued, QUEUED};
 pub use failure::{is_out_of_memory, useful_line, RunError};
 pub use inline::Inline;
 pub use load::{configure_executor, load_cpu, Declared, LoadError};
@@ -49,6 +49,7 @@ pub use warmup::{warm, Warmed, Warmup};
 use crate::args::{Arg, Inputs};
 use crate::cuda;
 use failure::{classify, cuda_first};
+use job::{Job, Taken};
 
 /// How many requests may wait for the model thread.
 const QUEUE: usize = 64;
@@ -109,87 +110,8 @@ pub struct RunOutput {
     pub inline: bool,
     /// Its documents' pre-processing (set by the pipeline; `None`: it had none).
     pub preprocess: Option<std::time::Duration>,
-}
-
-struct Job {
-    /// The request's id (`X-Request-Id`), for the model thread's log lines.
-    id: Arc<str>,
-    input: Inputs,
-    encoding: Encoding,
-    /// The client's deadline: past it, the job never starts.
-    deadline: Option<Instant>,
-    claim: Arc<Claim>,
-    reply: oneshot::Sender<Result<RunOutput, RunError>>,
-}
-
-/// A job the model thread has claimed: it runs.
-struct Taken {
-    id: Arc<str>,
-    input: Inputs,
-    encoding: Encoding,
-    /// Its rows, when it is part of a batch.
-    rows: usize,
-    claim: Arc<Claim>,
-    reply: oneshot::Sender<Result<RunOutput, RunError>>,
-}
-
-impl Taken {
-    /// Its own pass starts now (a re-run after a failed batch).
-    fn restart(&self) {
-        self.claim.start_now();
-    }
-
-    /// Runs it on a pass of its own and answers it.
-    fn run_alone(self, module: &Model, device: Device) {
-        // The `request` span only when the one line logged inside it (`forward`, at debug)
-        // is on: at the default level the span cost every request its fields formatted.
-        let _span = tracing::enabled!(tracing::Level::DEBUG)
-            .then(|| tracing::info_span!("request", request_id = %self.id).entered());
-        let result = guarded(|| forward(module, device, &self.input, &self.encoding));
-        self.answer(result);
-    }
-
-    /// Sends its outcome, freeing its input first, so that what the request used is gone by
-    /// the time its answer is out (and a trim after it can give the memory back).
-    fn answer(self, result: Result<RunOutput, RunError>) {
-        let Taken { input, reply, .. } = self;
-        drop(input);
-        let _ = reply.send(result);
-    }
-}
-
-impl Job {
-    /// Whether it may still run: not withdrawn, its client still waits, and its client's
-    /// deadline has not passed.
-    fn live(&self) -> bool {
-        self.claim.state.load(Ordering::SeqCst) == QUEUED
-            && !self.reply.is_closed()
-            && self.deadline.is_none_or(|d| Instant::now() < d)
-    }
-
-    /// Claims the job for the model (telling its ticket it started); `None` when it was
-    /// withdrawn, its client is gone or its deadline passed: it never runs (and a job past
-    /// its deadline is answered [`RunError::Expired`], so it never joins a batch either).
-    fn take(self) -> Option<Taken> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            if self.claim.withdraw() {
-                let _ = self.reply.send(Err(RunError::Expired));
-            }
-            return None;
-        }
-        if !self.claim.take() || self.reply.is_closed() {
-            return None;
-        }
-        self.claim.start_now();
-        Some(Taken {
-            id: self.id,
-            input: self.input,
-            encoding: self.encoding,
-            rows: 0,
-            claim: self.claim,
-            reply: self.reply,
-        })
-    }
+    /// The pass it shared with other requests, for its span (`None`: it ran alone).
+    pub pass: Option<Arc<crate::spans::pass::PassSpan>>,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.
@@ -481,6 +403,7 @@ fn forward(
         batch: 1,
         inline: false,
         preprocess: None,
+        pass: None,
     })
 }
 

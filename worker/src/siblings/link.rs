@@ -182,8 +182,8 @@ pub async fn connect(board: u64, seat: u32) -> Option<SendRequest<Full<Bytes>>> 
     Some(send)
 }
 
-/// The request a sibling gets: the client's headers (less [`NOT_CARRIED`]), the id, what
-/// is left of the deadline, the message as it came.
+/// The request a sibling gets: the client's headers (less [`NOT_CARRIED`]), the id, this
+/// worker's `traceparent`, what is left of the deadline, the message as it came.
 pub fn request(h: &Handing<'_>) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
     let mut req = Request::post(format!("http://vramfork-sibling{}", h.path))
         .body(Full::new(h.framed.clone()))?;
@@ -193,6 +193,7 @@ pub fn request(h: &Handing<'_>) -> Result<Request<Full<Bytes>>, hyper::http::Err
             headers.append(k.clone(), v.clone());
         }
     }
+    headers.insert(crate::trace_context::HEADER.clone(), h.traceparent.clone());
     if let Ok(id) = HeaderValue::from_str(h.id) {
         headers.insert(HeaderName::from_static("x-request-id"), id);
     }

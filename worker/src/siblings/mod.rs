@@ -7,7 +7,8 @@
 //! requests it has not sent, and reconnecting per call costs more than a forward), nor does
 //! `SETTINGS_MAX_CONCURRENT_STREAMS` (grpcio queues calls rather than open a second
 //! connection). So a worker that would queue a unary request (`ModelInfer`) while the idle
-//! board shows a sibling free **hands it to that sibling**: the request's message, headers,
+//! board shows a sibling free **hands it to that sibling**: the request's message, headers
+//! (its `traceparent` this worker's: the sibling's spans are children of this worker's),
 //! id and what is left of its deadline go over a connection between the two (HTTP/2
 //! without TLS on a Unix socket of the sibling's, [`link`]), and the sibling's answer —
 //! headers, message, status — is relayed to the client as it arrives. The sibling serves
@@ -34,7 +35,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
-use hyper::header::HeaderMap;
+use hyper::header::{HeaderMap, HeaderValue};
 use hyper::Response;
 use tokio::sync::Notify;
 use vramfork::board::SEATS;
@@ -87,6 +88,9 @@ pub struct Handing<'a> {
     pub deadline: Option<Instant>,
     /// The request's message, framed as it arrived.
     pub framed: Bytes,
+    /// `traceparent` for the sibling: this worker's span of the call (it replaces the
+    /// client's), so that the sibling's spans are its children in the caller's trace.
+    pub traceparent: HeaderValue,
 }
 
 /// How a hand-off ended.

@@ -1,6 +1,7 @@
-//! The export: a bounded queue the request path pushes finished spans into (one
-//! uncontended lock, never a wait), drained by a thread of its own that POSTs them to the
-//! collector as OTLP/HTTP protobuf. A collector that is slow, down or answering errors
+//! The export: a bounded queue the request path pushes what its spans are made of into (one
+//! uncontended lock, never a wait: an answered request's record, [`Build`]), drained by a
+//! thread of its own that builds the spans, encodes them and POSTs them to the collector as
+//! OTLP/HTTP protobuf. A collector that is slow, down or answering errors
 //! costs spans, never a request: when the queue is full a span is dropped and counted, and
 //! a batch the collector did not take is dropped and counted (no retry: the next batch is
 //! newer). The counter is `vramfork_trace_spans_dropped_total`; a warning is logged when
@@ -28,18 +29,48 @@ const BATCH: usize = 512;
 /// (`OTEL_BSP_SCHEDULE_DELAY` is 5 s by default; spans of a served request are wanted sooner).
 const DELAY: Duration = Duration::from_millis(500);
 
+/// What becomes spans on the exporter thread: an answered request's record.
+pub trait Build: Send {
+    /// How many spans it makes (what it takes of the queue's room).
+    fn count(&self) -> usize;
+    /// Its spans (on the exporter thread).
+    fn build(self: Box<Self>) -> Vec<otlp::Span>;
+}
+
+/// One entry of the queue: spans made already (a batched pass's), or a record to build.
+enum Entry {
+    Built(otlp::Span),
+    Later(Box<dyn Build>, usize),
+}
+
+impl Entry {
+    fn count(&self) -> usize {
+        match self {
+            Entry::Built(_) => 1,
+            Entry::Later(_, n) => *n,
+        }
+    }
+}
+
 /// The queue and its counters, shared by the request path and the exporter thread.
 pub struct Exporter {
-    queue: Mutex<VecDeque<otlp::Span>>,
+    queue: Mutex<Queue>,
     more: Condvar,
     dropped: AtomicU64,
+}
+
+/// The entries, and the spans they make.
+#[derive(Default)]
+struct Queue {
+    entries: VecDeque<Entry>,
+    spans: usize,
 }
 
 impl Exporter {
     /// Starts the exporter thread for `config`; `resource`: the attributes of this worker.
     pub fn start(config: OtelConfig, resource: Vec<otlp::KeyValue>) -> Arc<Exporter> {
         let e = Arc::new(Exporter {
-            queue: Mutex::new(VecDeque::with_capacity(256)),
+            queue: Mutex::new(Queue::default()),
             more: Condvar::new(),
             dropped: AtomicU64::new(0),
         });
@@ -56,16 +87,32 @@ impl Exporter {
         e
     }
 
-    /// Takes finished spans (the request path: never waits on the collector).
+    /// Takes finished spans (never waits on the collector).
     pub fn push(&self, spans: Vec<otlp::Span>) {
+        for s in spans {
+            self.add(Entry::Built(s));
+        }
+    }
+
+    /// Takes a record whose spans the exporter thread builds (the request path: never waits
+    /// on the collector; dropped and counted whole when the queue has no room for them).
+    pub fn later(&self, b: Box<dyn Build>) {
+        let n = b.count();
+        self.add(Entry::Later(b, n));
+    }
+
+    fn add(&self, e: Entry) {
+        let n = e.count();
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let room = QUEUE.saturating_sub(q.len());
-        let n = spans.len();
-        q.extend(spans.into_iter().take(room));
-        let full = q.len() >= BATCH;
+        let fits = q.spans + n <= QUEUE;
+        if fits {
+            q.spans += n;
+            q.entries.push_back(e);
+        }
+        let full = q.spans >= BATCH;
         drop(q);
-        if n > room {
-            self.dropped.fetch_add((n - room) as u64, Ordering::Relaxed);
+        if !fits {
+            self.dropped.fetch_add(n as u64, Ordering::Relaxed);
         }
         if full {
             self.more.notify_one();
@@ -81,15 +128,32 @@ impl Exporter {
     fn run(&self, config: &OtelConfig, resource: Vec<otlp::KeyValue>) {
         let mut failing: Option<u64> = None; // dropped when the failures began
         loop {
-            let batch: Vec<otlp::Span> = {
+            let entries: Vec<Entry> = {
                 let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 let (mut q, _) = self
                     .more
-                    .wait_timeout_while(q, DELAY, |q| q.len() < BATCH)
+                    .wait_timeout_while(q, DELAY, |q| q.spans < BATCH)
                     .unwrap_or_else(|p| p.into_inner());
-                let n = q.len().min(BATCH);
-                q.drain(..n).collect()
+                let mut taken = Vec::new();
+                let mut n = 0;
+                while n < BATCH {
+                    let Some(e) = q.entries.pop_front() else {
+                        break;
+                    };
+                    n += e.count();
+                    taken.push(e);
+                }
+                q.spans -= n;
+                taken
             };
+            // Built here, with no lock held: a record's building may queue a pass's span.
+            let batch: Vec<otlp::Span> = entries
+                .into_iter()
+                .flat_map(|e| match e {
+                    Entry::Built(s) => vec![s],
+                    Entry::Later(b, _) => b.build(),
+                })
+                .collect();
             if batch.is_empty() {
                 continue;
             }
@@ -201,5 +265,38 @@ fn post(config: &OtelConfig, body: &[u8]) -> Result<(), String> {
             config.endpoint,
             line.lines().next().unwrap_or("")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Three;
+
+    impl Build for Three {
+        fn count(&self) -> usize {
+            3
+        }
+
+        fn build(self: Box<Self>) -> Vec<otlp::Span> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn a_record_is_queued_or_dropped_whole_and_counted_as_its_spans() {
+        let e = Exporter {
+            queue: Mutex::new(Queue::default()),
+            more: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        };
+        let fit = QUEUE / 3;
+        for _ in 0..fit + 5 {
+            e.later(Box::new(Three));
+        }
+        let q = e.queue.lock().unwrap();
+        assert_eq!((q.entries.len(), q.spans), (fit, 3 * fit));
+        assert_eq!(e.dropped(), 15, "five records of three spans");
     }
 }

@@ -1,26 +1,33 @@
 //! OpenTelemetry spans of the requests this worker answers (issue 58), exported over
 //! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`; off by
-//! default). Built on the answering thread when a sampled request is answered, from what the
-//! access log's record holds (a few small allocations), then pushed into the exporter's
-//! queue; encoding and sending are the exporter thread's:
+//! default). A sampled request's record (what its access line is made of) is queued when it
+//! is answered; the exporter thread builds its spans, encodes and sends them:
 //!
 //! - a SERVER span per request (`POST /`, `POST /v2/models/{model_name}/infer`, the gRPC
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
 //!   id the answer's `traceparent` names;
-//! - for a model request, its children: `queue` (from arrival to the start of its pass:
-//!   the listen queue and the model queue), `forward` (the pass; `vramfork.batch.size` is
-//!   how many requests it ran) and `answer` (from the end of the pass to the answer);
+//! - for a model request, its children: `tokenize` (`/v1/embeddings`' tokenizing, with its
+//!   counts), `queue` (its wait, the listen queue and the model queue, ending at the start of
+//!   its pass), `forward` (the pass, when it ran alone) and `answer` (from the end of the
+//!   pass to the answer);
+//! - a batched pass: one `forward` span of its own trace linking to its members' SERVER
+//!   spans (`pass.rs`), each member's SERVER span naming it (`vramfork.pass.*`);
 //! - attributes of the HTTP and RPC conventions, the request id, the worker's pid and slot
 //!   — never a payload (the path without its query, never a body);
-//! - an answer of 400 or more has the ERROR status and `error.type` its status code.
+//! - an answer of 400 or more has the ERROR status and `error.type` its status code;
+//! - a gRPC call handed to a sibling: this worker's SERVER span with
+//!   `vramfork.handoff.seat`, the parent of the sibling's (it sends its own `traceparent`);
+//! - health and readiness probes ([`is_probe`]): nothing.
 //!
 //! | file | owns |
 //! |---|---|
 //! | `otlp.rs` | OTLP's trace messages (protobuf) |
 //! | `export.rs` | the bounded queue, the exporter thread, the POST, the drop counter |
+//! | `pass.rs` | a batched pass's one span and its links |
 
 mod export;
 mod otlp;
+pub mod pass;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -79,17 +86,104 @@ impl Spans {
         t
     }
 
-    /// The spans of an answered request, when its trace is sampled.
-    pub fn record(&self, r: &Record) {
+    /// Whether an answered request's spans are exported: its trace is sampled, and it is
+    /// no probe.
+    pub fn wants(&self, r: &Record) -> bool {
+        r.context.sampled() && !is_probe(&r.target)
+    }
+
+    /// Queues the spans of an answered request that [`Spans::wants`], built on the
+    /// exporter thread.
+    pub fn record(&self, r: Record) {
+        self.queue(r, None);
+    }
+
+    /// The span of a gRPC call this worker handed to the sibling on `seat` (which records
+    /// the call and its pass as children of this span), when its trace is sampled.
+    pub fn handed(&self, r: Record, seat: u32) {
         if r.context.sampled() {
-            self.exporter.push(spans_of(r, self.pid, self.slot));
+            self.queue(r, Some(seat));
         }
+    }
+
+    fn queue(&self, record: Record, handoff: Option<u32>) {
+        self.exporter.later(Box::new(Answered {
+            record,
+            handoff,
+            pid: self.pid,
+            slot: self.slot,
+            exporter: self.exporter.clone(),
+        }));
     }
 
     /// Spans dropped so far (`vramfork_trace_spans_dropped_total`).
     pub fn dropped(&self) -> u64 {
         self.exporter.dropped()
     }
+}
+
+/// An answered request as the exporter thread makes its spans of it.
+struct Answered {
+    record: Record,
+    /// The sibling's seat, when this worker handed the call to it.
+    handoff: Option<u32>,
+    pid: u32,
+    slot: u32,
+    /// Where its batched pass's span goes, once it links to it.
+    exporter: Arc<Exporter>,
+}
+
+impl export::Build for Answered {
+    fn count(&self) -> usize {
+        let trace = self.record.trace.as_ref();
+        let passes = trace.and_then(|t| t.timing()).map_or(0, |t| match t.pass {
+            Some(_) => 2,
+            None => 3,
+        });
+        1 + passes + usize::from(trace.is_some_and(|t| t.tokenize().is_some()))
+    }
+
+    fn build(self: Box<Self>) -> Vec<otlp::Span> {
+        let r = &self.record;
+        let mut spans = spans_of(r, self.pid, self.slot);
+        if let Some(seat) = self.handoff {
+            spans[0]
+                .attributes
+                .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
+        }
+        let pass = r
+            .trace
+            .as_ref()
+            .and_then(|t| t.timing())
+            .and_then(|t| t.pass);
+        if let Some(pass) = pass {
+            let ctx = &r.context;
+            pass.link(
+                otlp::hex_bytes(ctx.trace_id()),
+                otlp::hex_bytes(ctx.span_id()),
+                &r.request_id,
+                &self.exporter,
+            );
+        }
+        spans
+    }
+}
+
+/// Whether `target` (a path, with its query or not) is a probe of the serving port: health
+/// and readiness, HTTP's and gRPC's, which orchestrators ask every few seconds. Their spans
+/// are never exported (and their context is not sampled here: a new trace is `00`, a
+/// caller's flags come back as sent), as without an export.
+pub fn is_probe(target: &str) -> bool {
+    let path = target.split('?').next().unwrap_or("");
+    matches!(
+        path,
+        "/healthz"
+            | "/v2/health/live"
+            | "/v2/health/ready"
+            | "/inference.GRPCInferenceService/ServerLive"
+            | "/inference.GRPCInferenceService/ServerReady"
+            | "/inference.GRPCInferenceService/ModelReady"
+    ) || (path.starts_with("/v2/models/") && path.ends_with("/ready"))
 }
 
 fn nanos(t: SystemTime) -> u64 {
@@ -153,6 +247,10 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
     let timing = r.trace.as_ref().and_then(|t| t.timing());
     if let Some(t) = &timing {
         attributes.push(kv("vramfork.batch.size", Value::Int(t.batch.into())));
+        if let Some(p) = &t.pass {
+            attributes.push(kv("vramfork.pass.trace_id", Value::String(p.trace_hex())));
+            attributes.push(kv("vramfork.pass.span_id", Value::String(p.span_hex())));
+        }
     }
     let status = (r.status >= 400).then(|| {
         attributes.push(kv("error.type", Value::String(r.status.to_string())));
@@ -161,68 +259,110 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
             code: otlp::STATUS_ERROR,
         }
     });
-    let span =
-        |id: Vec<u8>, parent: Vec<u8>, name: &str, kind, from, to, attributes, status| otlp::Span {
-            trace_id: trace_id.clone(),
-            span_id: id,
-            trace_state: String::new(),
-            parent_span_id: parent,
-            name: name.to_string(),
-            kind,
-            start_time_unix_nano: nanos(from),
-            end_time_unix_nano: nanos(to),
-            attributes,
-            links: Vec::new(),
-            status,
-            flags: 1,
-        };
     let parent = ctx
         .parent_span_id()
         .map(otlp::hex_bytes)
         .unwrap_or_default();
-    let mut out = vec![span(
-        server_id.clone(),
-        parent,
-        &name,
-        otlp::KIND_SERVER,
-        start,
-        end,
-        attributes,
-        status,
-    )];
-    if let Some(t) = timing {
-        let ran = start + t.waited;
-        let done = (ran + t.took).min(end);
-        let child = |name: &str, from, to, attributes| {
-            span(
-                otlp::hex_bytes(&format!("{:016x}", crate::request_id::unique().max(1))),
-                server_id.clone(),
-                name,
-                otlp::KIND_INTERNAL,
-                from,
-                to,
-                attributes,
-                None,
-            )
-        };
-        out.push(child("queue", start, ran.min(end), Vec::new()));
+    let mut server = child(&trace_id, &parent, &name, start, end, attributes);
+    server.span_id = server_id.clone();
+    server.kind = otlp::KIND_SERVER;
+    server.status = status;
+    let mut out = vec![server];
+    if let Some(t) = r.trace.as_ref().and_then(|t| t.tokenize()) {
+        let from = start + t.after;
         out.push(child(
-            "forward",
-            ran.min(end),
-            done,
+            &trace_id,
+            &server_id,
+            "tokenize",
+            from.min(end),
+            (from + t.took).min(end),
             vec![
-                kv("vramfork.batch.size", Value::Int(t.batch.into())),
-                kv("vramfork.inline", Value::Bool(t.inline)),
+                kv("vramfork.tokenize.inputs", Value::Int(t.inputs.into())),
+                kv("vramfork.tokenize.tokens", Value::Int(t.tokens as i64)),
+                kv(
+                    "vramfork.tokenize.truncated",
+                    Value::Int(t.truncated.into()),
+                ),
             ],
         ));
-        out.push(child("answer", done, end, Vec::new()));
+    }
+    if let Some(t) = timing {
+        // The pass began `began` after arrival; its wait (listen and model queue, less
+        // reading, parsing and pre-processing the body) ends there.
+        let ran = (start + t.began).min(end);
+        let done = (ran + t.took).min(end);
+        let queued = ran.checked_sub(t.waited).unwrap_or(start).max(start);
+        let id = (&trace_id, &server_id);
+        out.push(child(id.0, id.1, "queue", queued, ran, Vec::new()));
+        // A batched pass is one span of its own (`pass.rs`), not a child of each member.
+        if t.pass.is_none() {
+            let attributes = vec![
+                kv("vramfork.batch.size", Value::Int(t.batch.into())),
+                kv("vramfork.inline", Value::Bool(t.inline)),
+            ];
+            out.push(child(id.0, id.1, "forward", ran, done, attributes));
+        }
+        out.push(child(id.0, id.1, "answer", done, end, Vec::new()));
     }
     out
+}
+
+/// An INTERNAL span of its own id in `trace_id`, child of `parent`, from `from` to `to`.
+fn child(
+    trace_id: &[u8],
+    parent: &[u8],
+    name: &str,
+    from: SystemTime,
+    to: SystemTime,
+    attributes: Vec<otlp::KeyValue>,
+) -> otlp::Span {
+    otlp::Span {
+        trace_id: trace_id.to_vec(),
+        span_id: crate::request_id::unique().max(1).to_be_bytes().to_vec(),
+        trace_state: String::new(),
+        parent_span_id: parent.to_vec(),
+        name: name.to_string(),
+        kind: otlp::KIND_INTERNAL,
+        start_time_unix_nano: nanos(from),
+        end_time_unix_nano: nanos(to),
+        attributes,
+        links: Vec::new(),
+        status: None,
+        flags: 1,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_are_health_and_readiness_only() {
+        for p in [
+            "/healthz",
+            "/healthz?x=1",
+            "/v2/health/live",
+            "/v2/health/ready",
+            "/v2/models/mlp/ready",
+            "/v2/models/mlp/versions/3/ready",
+            "/inference.GRPCInferenceService/ServerLive",
+            "/inference.GRPCInferenceService/ServerReady",
+            "/inference.GRPCInferenceService/ModelReady",
+        ] {
+            assert!(is_probe(p), "{p}");
+        }
+        for p in [
+            "/",
+            "/v2/models/mlp/infer",
+            "/v2/models/mlp",
+            "/v2",
+            "/v1/embeddings",
+            "/metrics",
+            "/inference.GRPCInferenceService/ModelInfer",
+        ] {
+            assert!(!is_probe(p), "{p}");
+        }
+    }
 
     #[test]
     fn routes_name_no_model_and_no_query() {

@@ -20,7 +20,7 @@ use super::error::OaiError;
 use super::request::{self, Format, Input};
 use super::tokens::{tokenize, Tokenized};
 use super::vectors::{base64, finish, Output};
-use crate::access_log::Trace;
+use crate::access_log::{Tokenize, Trace};
 use crate::app::App;
 use crate::args::Inputs;
 use crate::documents::text::Row;
@@ -88,8 +88,18 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
             "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
         ));
     }
+    let began = Instant::now();
     let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
+    if let Some(t) = &meta.trace {
+        t.tokenized(Tokenize {
+            after: began.saturating_duration_since(meta.arrived),
+            took: preprocess,
+            inputs: lengths.len() as u32,
+            tokens: lengths.iter().sum::<usize>() as u64,
+            truncated: tokens.truncated as u32,
+        });
+    }
     drop(working);
     let (vectors, forward) = passes(
         app,
