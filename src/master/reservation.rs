@@ -257,6 +257,11 @@ mod tests {
 
     /// The plan of an app declaring 4000 MB per worker on two A100 40 GB (16 cores).
     fn two_a100s() -> Plan {
+        two_a100s_with(false)
+    }
+
+    /// As [`two_a100s`], with NVIDIA MPS serving the GPUs or not.
+    fn two_a100s_with(mps: bool) -> Plan {
         let gpu = |index: u32| GpuInfo {
             index,
             uuid: format!("GPU-{index}"),
@@ -277,7 +282,56 @@ mod tests {
             r#"{"name": "a", "est_gpu_mem_min": 1000, "est_gpu_mem_typ": 4000}"#,
         )
         .unwrap();
-        plan(&res, &Demand::declared(&meta), &Policy::default()).unwrap()
+        let policy = Policy {
+            mps,
+            ..Policy::default()
+        };
+        plan(&res, &Demand::declared(&meta), &policy).unwrap()
+    }
+
+    /// Issue 57, item 2: what the ledger reserves for a worker covers what the worker may
+    /// take — its allocator cap plus its context, and under MPS its driver-enforced limit —
+    /// for every count of workers, so the sum of the caps never exceeds the reservation.
+    /// (The per-worker figure was 4000 MB while each cap and limit was the GPU's usable
+    /// memory ÷ the workers that fit, 4040 MB here: the ledger undercounted.)
+    #[test]
+    fn the_reservation_covers_every_workers_cap_and_mps_limit() {
+        for mps in [false, true] {
+            let p = two_a100s_with(mps);
+            let usable = p.gpus[0].usable_mb;
+            assert!(
+                usable / u64::from(p.gpus[0].fits) > per_worker_mb(p.planned_typ_mb),
+                "the GPU's usable memory leaves more than one worker's figure per worker: {:?}",
+                p.gpus[0]
+            );
+            for n in 1..=p.workers {
+                let reserved = reserved_by(&p, n);
+                let mut caps: BTreeMap<String, u64> = BTreeMap::new();
+                let mut limits: BTreeMap<String, u64> = BTreeMap::new();
+                for s in p.placement.iter().filter(|s| s.slot < n) {
+                    let g = s.gpu.as_ref().unwrap();
+                    *caps.entry(g.uuid.clone()).or_default() +=
+                        g.cap_mb.unwrap() + p.cuda_context_mb;
+                    *limits.entry(g.uuid.clone()).or_default() += g.mps_limit_mb.unwrap_or(0);
+                }
+                for (uuid, mb) in &reserved {
+                    assert!(
+                        caps[uuid] <= *mb,
+                        "{n} workers, mps {mps}: caps {caps:?} > reserved {reserved:?}"
+                    );
+                    assert!(
+                        limits[uuid] <= *mb,
+                        "{n} workers: MPS limits {limits:?} > reserved {reserved:?}"
+                    );
+                    if mps {
+                        assert_eq!(
+                            limits[uuid], *mb,
+                            "{n} workers: MPS limit is the figure reserved"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
