@@ -20,8 +20,7 @@
 //! 64) — what the GPU-memory ledger reserves for it — and context = 500 MB.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+use common::nvml_sim;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -6,76 +6,11 @@
 //! `tests/ledger.rs`.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
 
-use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use common::host::Host;
 use common::*;
-use nvml_sim::{SimGpu, SimGpus};
-use serde_json::Value;
-
-/// One host: a simulated A100 40 GB and the ledger directory its servers share.
-struct Host {
-    dir: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
-        Host { dir }
-    }
-
-    fn ledger(&self) -> PathBuf {
-        self.dir.path().join("ledger")
-    }
-
-    /// An app of this host: the MLP fixture declaring `typ_mb` per worker.
-    fn app(&self, typ_mb: u64) -> App {
-        App::new(
-            "mlp.pt",
-            &format!(
-                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {typ_mb}"#
-            ),
-        )
-    }
-
-    /// `app --production` of `app` on this host with `more`, listening with every planned
-    /// worker ready; the worker count it planned.
-    fn serving(&self, app: &App, more: &[&str]) -> (Server, u64) {
-        let lib = nvml_sim::mock_library().display().to_string();
-        let gpus = self.dir.path().join("gpus.json").display().to_string();
-        let ledger = self.ledger().display().to_string();
-        let env = [
-            (nvml_sim::ENV_FILE, gpus.as_str()),
-            ("VRAMFORK_LEDGER", ledger.as_str()),
-        ];
-        let mut args = vec!["--nvml-library", &lib, "--simulated-gpus", "--production"];
-        args.extend_from_slice(more);
-        let s = Server::spawn(app, &args, &env).wait_listening();
-        let n = s.wait_event("listening", |_| true).u64("workers").unwrap();
-        s.wait_workers(n as usize);
-        (s, n)
-    }
-
-    /// The live reservations in the ledger file (MB, every device), read as any tool would.
-    fn reserved(&self) -> u64 {
-        let Ok(text) = std::fs::read_to_string(self.ledger().join("gpu-ledger.json")) else {
-            return 0;
-        };
-        let book: Value = serde_json::from_str(&text).unwrap();
-        let now = now_ms();
-        let servers = book["servers"].as_object().unwrap();
-        let live = servers
-            .values()
-            .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
-        live.flat_map(|e| e["gpus"].as_object().unwrap().values())
-            .map(|mb| mb.as_u64().unwrap())
-            .sum()
-    }
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()

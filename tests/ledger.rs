@@ -4,117 +4,14 @@
 //! as they start — only the ledger keeps servers started together apart).
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
 
-use std::path::PathBuf;
-
+use common::host::Host;
 use common::*;
-use nvml_sim::{SimGpu, SimGpus};
 use serde_json::Value;
 
 /// The per-worker figure every server here declares: the CPU bound (2 × cores + 1) caps
 /// the first server's plan, so the GPU's room is shared out among the next ones.
 const TYP_MB: u64 = 4000;
-
-/// One host: a simulated A100 40 GB and the ledger directory its servers share.
-struct Host {
-    dir: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
-        Host { dir }
-    }
-
-    fn ledger(&self) -> PathBuf {
-        self.dir.path().join("ledger")
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                nvml_sim::ENV_FILE.to_string(),
-                self.dir.path().join("gpus.json").display().to_string(),
-            ),
-            (
-                "VRAMFORK_LEDGER".into(),
-                self.ledger().display().to_string(),
-            ),
-        ]
-    }
-
-    /// An app of this host (the MLP fixture declaring its input, `TYP_MB` per worker).
-    fn app(&self) -> App {
-        App::new(
-            "mlp.pt",
-            &format!(
-                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {TYP_MB}"#
-            ),
-        )
-    }
-
-    fn args<'a>(&self, lib: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-        let mut a = vec!["--nvml-library", lib, "--simulated-gpus"];
-        a.extend_from_slice(more);
-        a
-    }
-
-    fn spawn(&self, app: &App, more: &[&str]) -> Server {
-        let lib = nvml_sim::mock_library().display().to_string();
-        let env = self.env();
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Server::spawn(app, &self.args(&lib, more), &env)
-    }
-
-    /// `app --production` of `app` on this host, serving with all its workers ready; the
-    /// worker count it planned.
-    fn serving(&self, app: &App) -> (Server, u64) {
-        let Outcome::Serves(s, n) = outcome(self.spawn(app, &["--production"])) else {
-            panic!("the server refused to start");
-        };
-        s.wait_workers(n as usize);
-        (s, n)
-    }
-
-    /// `app plan --json` on this host, with the ledger as it is now.
-    fn plan(&self, more: &[&str]) -> Value {
-        let app = self.app();
-        let mut a = vec!["plan", "--json"];
-        a.extend_from_slice(more);
-        let mut s = self.spawn(&app, &a);
-        let st = s.wait_exit(PATIENCE);
-        let log = s.log_text();
-        assert_eq!(st.code(), Some(0), "app plan:\n{log}");
-        let start = log.find("\n{\n").map_or(0, |i| i + 1);
-        serde_json::Deserializer::from_str(&log[start..])
-            .into_iter::<Value>()
-            .next()
-            .unwrap()
-            .unwrap()
-    }
-}
-
-/// The live reservations in the ledger file (MB, every device), read as any tool would.
-fn reserved(host: &Host) -> u64 {
-    let Ok(text) = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")) else {
-        return 0;
-    };
-    let book: Value = serde_json::from_str(&text).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let servers = book["servers"].as_object().unwrap();
-    let live = servers
-        .values()
-        .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
-    live.flat_map(|e| e["gpus"].as_object().unwrap().values())
-        .map(|mb| mb.as_u64().unwrap())
-        .sum()
-}
 
 /// What a server started came to: its worker count once listening, or its exit status and
 /// log when it refused.
@@ -159,7 +56,7 @@ fn outcome(mut s: Server) -> Outcome {
 fn servers_started_together_never_plan_on_the_same_memory() {
     for n in [2usize, 4] {
         let host = Host::new();
-        let alone = host.plan(&["--ledger", "off", "--production"]);
+        let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off", "--production"]);
         let g = &alone["gpus"][0];
         let shared = (g["total_mb"].as_f64().unwrap() * g["fraction"].as_f64().unwrap()).floor();
         let alone_workers = alone["workers"].as_u64().unwrap();
@@ -167,7 +64,7 @@ fn servers_started_together_never_plan_on_the_same_memory() {
             alone_workers * TYP_MB * n as u64 > shared as u64,
             "alone, {n} servers would over-commit the GPU: {alone}"
         );
-        let apps: Vec<App> = (0..n).map(|_| host.app()).collect();
+        let apps: Vec<App> = (0..n).map(|_| host.app(TYP_MB)).collect();
         let started: Vec<Server> = apps
             .iter()
             .map(|a| host.spawn(a, &["--production"]))
@@ -192,7 +89,7 @@ fn servers_started_together_never_plan_on_the_same_memory() {
             "{n} servers reserved {total} MB of {shared} MB"
         );
         // Each server's reservation is in the ledger while it serves.
-        assert_eq!(reserved(&host), total);
+        assert_eq!(host.reserved(), total);
     }
 }
 
@@ -202,16 +99,16 @@ fn servers_started_together_never_plan_on_the_same_memory() {
 #[test]
 fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
-    let (first, n_first) = host.serving(&a);
-    let (second, n_second) = host.serving(&b);
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (first, n_first) = host.serving(&a, &[]);
+    let (second, n_second) = host.serving(&b, &[]);
     let both = (n_first + n_second) * TYP_MB;
-    assert_eq!(reserved(&host), both);
+    assert_eq!(host.reserved(), both);
     // SIGKILL the first master: nothing removes its entry but time.
     // SAFETY: kill(2) on the first server's master, a child of this test.
     unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
     let left = first.poll("the killed server's reservation to expire", || {
-        let v = reserved(&host);
+        let v = host.reserved();
         (v < both).then_some(v)
     });
     assert_eq!(
@@ -225,7 +122,9 @@ fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     let mut second = second;
     second.wait_exit(PATIENCE);
     assert_eq!(
-        host.plan(&[])["gpus"][0]["ledger_mb"].as_u64().unwrap_or(0),
+        host.plan(&host.app(TYP_MB), &[])["gpus"][0]["ledger_mb"]
+            .as_u64()
+            .unwrap_or(0),
         0
     );
 }
@@ -240,8 +139,8 @@ fn a_ledger_file_that_is_no_ledger_is_rebuilt_not_a_crash() {
         "{\"servers\": {\"x\"",
     )
     .unwrap();
-    let alone = host.plan(&["--ledger", "off"])["workers"].clone();
-    let app = host.app();
+    let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off"])["workers"].clone();
+    let app = host.app(TYP_MB);
     let Outcome::Serves(s, n) = outcome(host.spawn(&app, &["--production"])) else {
         panic!("refused");
     };
@@ -258,7 +157,7 @@ fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     let host = Host::new();
     let file = host.dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
-    let app = host.app();
+    let app = host.app(TYP_MB);
     let under_a_file = file.join("ledger");
     let mut s = host.spawn(
         &app,
@@ -294,7 +193,7 @@ fn entries(host: &Host) -> Vec<(u64, u64)> {
 #[test]
 fn servers_in_different_pid_namespaces_keep_each_others_entries() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
     let lib = nvml_sim::mock_library().display().to_string();
     let env = host.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -320,7 +219,7 @@ exec "$@""#;
         .u64("workers")
         .unwrap();
     inside.wait_workers(n_inside as usize);
-    let (outside, n_outside) = host.serving(&b);
+    let (outside, n_outside) = host.serving(&b, &[]);
     let pids: Vec<u64> = entries(&host).iter().map(|e| e.0).collect();
     assert!(
         pids.contains(&1),
@@ -335,7 +234,7 @@ exec "$@""#;
         (e.len() == 2 && e.iter().all(|x| x.1 > first_expiry + lease_ms)).then_some(e)
     });
     assert_eq!(renewed.len(), 2);
-    assert_eq!(reserved(&host), (n_inside + n_outside) * TYP_MB);
+    assert_eq!(host.reserved(), (n_inside + n_outside) * TYP_MB);
 }
 
 /// A server that planned fewer workers because a neighbour held the memory grows into it
@@ -344,9 +243,9 @@ exec "$@""#;
 #[test]
 fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
-    let (first, _) = host.serving(&a);
-    let (second, n_second) = host.serving(&b);
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (first, _) = host.serving(&a, &[]);
+    let (second, n_second) = host.serving(&b, &[]);
     second.signal(libc::SIGTTIN);
     let refused = second.wait_event("ttin_refused", |_| true);
     assert!(refused.message().contains("fill"), "{refused:?}");
@@ -358,7 +257,7 @@ fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     assert_eq!(grown.u64("gpu"), Some(0), "{grown:?}");
     second.wait_workers(n_second as usize + 1);
     let grown = second.poll("the grown reservation", || {
-        let r = reserved(&host);
+        let r = host.reserved();
         (r == (n_second + 1) * TYP_MB).then_some(r)
     });
     assert_eq!(grown, (n_second + 1) * TYP_MB);

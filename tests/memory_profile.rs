@@ -8,8 +8,7 @@
 //! headroom), est_gpu_mem_min)` after profiling, `est_gpu_mem_typ` without.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+use common::nvml_sim;
 
 use common::*;
 use nvml_sim::{SimGpu, SimGpus};
