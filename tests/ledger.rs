@@ -262,3 +262,93 @@ fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     });
     assert_eq!(grown, (n_second + 1) * TYP_MB);
 }
+
+/// Each worker's MPS per-client limit (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in its
+/// environment, and its configuration's `mps_limit_mb`), MB, by pid.
+fn mps_limits(pids: &[u32]) -> Vec<u64> {
+    let limit = |pid: &u32| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        let cfg = vars
+            .iter()
+            .find_map(|kv| kv.strip_prefix(b"VRAMFORK_WORKER_CONFIG="))
+            .map(|v| serde_json::from_slice::<Value>(v).unwrap())
+            .expect("a worker config");
+        let mb = cfg["gpu"]["mps_limit_mb"].as_u64().expect("an MPS limit");
+        let var = format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mb}MB");
+        assert!(
+            vars.contains(&var.as_bytes()),
+            "worker {pid}: {var} in its environment"
+        );
+        mb
+    };
+    pids.iter().map(limit).collect()
+}
+
+/// Issue 57, "MPS: per-client limits follow the reservation": under MPS each worker's
+/// per-client limit is what the ledger reserves for it (the figure the plan fitted workers
+/// by, 4000 MB here — not the GPU's usable memory ÷ the workers that fit, 36,364 ÷ 9 =
+/// 4040, which left 40 MB per worker unreserved); a worker started by TTIN gets the same;
+/// once a neighbour's reservation has taken the room, TTIN starts none (the plan, made
+/// before the neighbour came, had room for nine); and the limits of the live workers never
+/// sum above the server's reservation, nor the reservations above the GPU's share.
+#[test]
+fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
+    let daemon = nvml_sim::MpsDaemon::start();
+    let exclusive = nvml_sim::SimGpu::a100_40gb()
+        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (a, b) = (host.app(TYP_MB), host.app(12_000));
+    let (mine, n) = host.serving(&a, &["--workers", "2"]);
+    assert_eq!(n, 2);
+    let limits = mps_limits(&mine.wait_workers(2));
+    assert_eq!(
+        limits,
+        vec![TYP_MB; 2],
+        "each worker's limit is the figure reserved"
+    );
+    assert_eq!(host.reserved(), limits.iter().sum::<u64>());
+
+    // TTIN: the third worker gets the same limit, and the reservation follows.
+    mine.signal(libc::SIGTTIN);
+    let limits = mps_limits(&mine.wait_workers(3));
+    assert_eq!(limits, vec![TYP_MB; 3]);
+    mine.poll("the reservation for three workers", || {
+        (host.reserved_by(mine.pid()) == 3 * TYP_MB).then_some(())
+    });
+
+    // A neighbour takes what is left: 36,864 − 12,000 hold two of its 12,000 MB workers.
+    let (neighbour, n_neighbour) = host.serving(&b, &[]);
+    assert_eq!(n_neighbour, 2);
+    let theirs = mps_limits(&neighbour.wait_workers(2));
+    assert_eq!(theirs, vec![12_000; 2]);
+    assert_eq!(
+        host.reserved_by(neighbour.pid()),
+        theirs.iter().sum::<u64>()
+    );
+    assert!(
+        host.reserved() <= shared,
+        "{:?} > {shared}",
+        host.reservations()
+    );
+
+    // 864 MB are left: TTIN starts no fourth worker, said as the ledger's refusal.
+    mine.signal(libc::SIGTTIN);
+    let refused = mine.wait_event("ttin_refused", |e| e.message().contains("ledger"));
+    assert_eq!(
+        refused.u64("room_mb"),
+        Some(shared - 3 * TYP_MB - 24_000),
+        "{refused:?}"
+    );
+    let live = mps_limits(&worker_pids(mine.pid()));
+    assert_eq!(live.len(), 3, "no worker started beyond the room");
+    let ours = host.reserved_by(mine.pid());
+    assert!(live.iter().sum::<u64>() <= ours, "{live:?} > {ours}");
+    assert!(
+        host.reserved() <= shared,
+        "{:?} > {shared}",
+        host.reservations()
+    );
+}
