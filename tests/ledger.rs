@@ -352,3 +352,40 @@ fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
         host.reservations()
     );
 }
+
+/// Issue 57: `app plan` shows, on the GPU's line, what the other servers reserved and what
+/// of the GPU's share is left; its plan takes no more (`free` at most that), and `--json`
+/// says the same in `ledger_mb`. With `--ledger off` it shows no ledger.
+#[test]
+fn app_plan_shows_the_other_servers_reservations_and_what_is_left() {
+    let host = Host::new();
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (neighbour, n) = host.serving(&host.app(TYP_MB), &["--workers", "3"]);
+    assert_eq!(n, 3);
+    let theirs = host.reserved_by(neighbour.pid());
+    assert_eq!(theirs, 3 * TYP_MB);
+    let app = host.app(TYP_MB);
+    let mut s = host.spawn(&app, &["plan"]);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(0), "{}", s.log_text());
+    let text = s.log_text();
+    let left = shared - theirs;
+    let want = format!(
+        "(ledger: other servers reserved {theirs} MB of the {shared} MB share, {left} MB left)"
+    );
+    assert!(text.contains(&want), "{want} in:\n{text}");
+    assert!(text.contains(&format!("free {left} MB")), "{text}");
+    let json = host.plan(&app, &[]);
+    assert_eq!(
+        json["gpus"][0]["ledger_mb"].as_u64(),
+        Some(theirs),
+        "{json:#}"
+    );
+    assert_eq!(json["gpus"][0]["free_mb"].as_u64(), Some(left), "{json:#}");
+    let mut alone = host.spawn(&app, &["plan", "--ledger", "off"]);
+    assert_eq!(alone.wait_exit(PATIENCE).code(), Some(0));
+    assert!(
+        !alone.log_text().contains("ledger:"),
+        "{}",
+        alone.log_text()
+    );
+}
