@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::host::Host;
+use common::host::{mps_limits, Host};
 use common::*;
 
 fn now_ms() -> u64 {
@@ -145,6 +145,50 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
         let scrape = http(idle.metrics_port(), "GET", "/metrics", None).body;
         lines.iter().all(|l| scrape.contains(l)).then_some(())
     });
+}
+
+/// Issue 57, "MPS: per-client limits follow the reservation", on re-admission: a server
+/// released for being idle whose room a neighbour has since taken in part is re-admitted
+/// with as many workers as that room holds at the figure per worker, each with that figure
+/// as its MPS per-client limit, and their limits sum to its reservation (with limits of
+/// usable ÷ the workers that fit, 4040 MB here, two admitted workers held 80 MB more than
+/// the 8000 reserved for them).
+#[test]
+fn under_mps_a_readmitted_server_gets_the_workers_the_room_holds_at_the_reserved_limit() {
+    const TYP_MB: u64 = 4000;
+    let daemon = nvml_sim::MpsDaemon::start();
+    let exclusive = nvml_sim::SimGpu::a100_40gb()
+        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (a, b) = (host.app(TYP_MB), host.app(14_000));
+    let (idle, n) = host.serving(&a, &["--workers", "3", "--idle-release", "1"]);
+    assert_eq!(n, 3);
+    assert_eq!(mps_limits(&idle.wait_workers(3)), vec![TYP_MB; 3]);
+    idle.wait_event("idle_released", |_| true);
+    idle.poll("the reservation given back", || {
+        (host.reserved_by(idle.pid()) == 0).then_some(())
+    });
+    // The neighbour takes 28,000 MB: 8,864 are left, which hold two workers and the reserve.
+    let (neighbour, _) = host.serving(&b, &["--workers", "2"]);
+    assert_eq!(host.reserved_by(neighbour.pid()), 28_000);
+    let r = idle.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e = idle.wait_event("idle_readmission", |_| true);
+    assert_eq!(e.u64("workers"), Some(2), "{e:?}");
+    let limits = mps_limits(&idle.wait_workers(2));
+    assert_eq!(
+        limits,
+        vec![TYP_MB; 2],
+        "each at the figure reserved for it"
+    );
+    let ours = idle.poll("the re-admitted reservation", || {
+        let r = host.reserved_by(idle.pid());
+        (r == 2 * TYP_MB).then_some(r)
+    });
+    assert!(limits.iter().sum::<u64>() <= ours);
+    assert!(host.reserved() <= shared, "{:?}", host.reservations());
 }
 
 /// `--idle-release` is checked (a bad value is exit 2 naming the flag), and on a plan with

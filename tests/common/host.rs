@@ -147,3 +147,25 @@ impl Host {
         own.map(|e| e.1).sum()
     }
 }
+
+/// Each worker's MPS per-client limit (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` in its
+/// environment, and its configuration's `mps_limit_mb`), MB, by pid.
+pub fn mps_limits(pids: &[u32]) -> Vec<u64> {
+    let limit = |pid: &u32| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        let cfg = vars
+            .iter()
+            .find_map(|kv| kv.strip_prefix(b"VRAMFORK_WORKER_CONFIG="))
+            .map(|v| serde_json::from_slice::<Value>(v).unwrap())
+            .expect("a worker config");
+        let mb = cfg["gpu"]["mps_limit_mb"].as_u64().expect("an MPS limit");
+        let var = format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mb}MB");
+        assert!(
+            vars.contains(&var.as_bytes()),
+            "worker {pid}: {var} in its environment"
+        );
+        mb
+    };
+    pids.iter().map(limit).collect()
+}
