@@ -18,8 +18,8 @@
 //! its limit, the table and the four files are written, nothing asks the stand-in a query it
 //! does not know, and another torch is refused.
 
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+mod common;
+use common::nvml_sim;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

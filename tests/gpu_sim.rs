@@ -16,11 +16,11 @@
 //! `usable = min(floor(total × fraction), free) − reserve`, `fits = floor(usable / max(typ,
 //! context + 64))` (0 when `free < est_gpu_mem_min + reserve`), workers = min(2 × cores +
 //! 1, Σ fits), each worker to the GPU with the most room left (ties to the lower index),
-//! each worker's allocator cap `usable / fits − context` with context = 500 MB.
+//! each worker's allocator cap `per worker − context` with per worker = max(typ, context +
+//! 64) — what the GPU-memory ledger reserves for it — and context = 500 MB.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+use common::nvml_sim;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,6 +56,8 @@ struct Expect {
     fraction: f64,
     usable_mb: u64,
     fits: u32,
+    /// MB one worker is planned as: `max(typ, context + 64)`.
+    per_worker_mb: u64,
     /// Left out by admission (free < est_gpu_mem_min + reserve).
     not_admitted: bool,
 }
@@ -83,15 +85,17 @@ impl Rule {
         let cap = (g.total_mb as f64 * fraction).floor() as u64;
         let usable_mb = cap.min(g.free_mb).saturating_sub(self.reserve);
         let not_admitted = g.free_mb < self.min + self.reserve;
+        let per_worker_mb = self.typ.max(CONTEXT_MB + 64);
         let fits = if not_admitted {
             0
         } else {
-            (usable_mb / self.typ.max(CONTEXT_MB + 64)) as u32
+            (usable_mb / per_worker_mb) as u32
         };
         Expect {
             fraction,
             usable_mb,
             fits,
+            per_worker_mb,
             not_admitted,
         }
     }
@@ -122,9 +126,10 @@ fn cpu_bound() -> u32 {
     2 * num_cpus::get().max(1) as u32 + 1
 }
 
-/// The allocator cap of each worker on a GPU in MB: its share of usable less its context.
+/// The allocator cap of each worker on a GPU in MB: the figure it is planned as (what the
+/// ledger reserves for it) less its context.
 fn cap_mb(e: &Expect) -> u64 {
-    e.usable_mb / u64::from(e.fits) - CONTEXT_MB
+    e.per_worker_mb - CONTEXT_MB
 }
 
 /// The same cap as a share of the GPU's total, rounded down to 4 decimals.
@@ -1011,7 +1016,7 @@ fn mig_instances_are_planned_and_served_one_worker_set_each() {
     assert_eq!(mb(&gpus[1]["total_mb"]), 19968);
     assert_eq!(mb(&gpus[1]["usable_mb"]), 16273);
     assert_eq!(mb(&gpus[1]["fits"]), 4);
-    assert_eq!(mb(&gpus[1]["cap_mb"]), 16273 / 4 - CONTEXT_MB);
+    assert_eq!(mb(&gpus[1]["cap_mb"]), 4000 - CONTEXT_MB);
     assert_eq!(mb(&gpus[2]["fits"]), 0);
     assert_eq!(gpus[1]["uuid"], a);
     assert_eq!(gpus[1]["mig"]["parent"], 0);
@@ -1143,11 +1148,7 @@ fn mps_is_detected_and_an_exclusive_gpu_then_takes_as_many_as_a_shared_one() {
         u64::from(shared.fits.min(cpu_bound())),
         "{p:#}"
     );
-    assert_eq!(
-        mb(&g["mps_limit_mb"]),
-        mb(&g["usable_mb"]) / u64::from(shared.fits),
-        "{p:#}"
-    );
+    assert_eq!(mb(&g["mps_limit_mb"]), shared.per_worker_mb, "{p:#}");
     assert_eq!(mb(&g["cap_mb"]), cap_mb(&shared), "{p:#}");
     for (args, env) in [
         (
@@ -1202,7 +1203,7 @@ fn two_compute_instances_of_one_gpu_instance_are_planned_on_its_memory_once() {
     assert_eq!(mb(&p["gpu_bound"]), all, "{p:#}");
     for g in gpus {
         assert_eq!(g["gpu_instance"], 1, "{p:#}");
-        assert_eq!(mb(&g["cap_mb"]), usable / all - CONTEXT_MB, "{p:#}");
+        assert_eq!(mb(&g["cap_mb"]), 5000 - CONTEXT_MB, "{p:#}");
     }
 }
 
@@ -1248,14 +1249,14 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
         s.log_text()
     );
     let old = s.wait_workers(3);
+    // Its share: the figure per worker, what the ledger reserves for it.
     let share = Rule::new(1000, 5000).gpu(&SimGpu::h100_80gb());
-    let usable = share.usable_mb;
     for w in &old {
         assert_eq!(
             environ(*w)
                 .get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
                 .map(String::as_str),
-            Some(format!("0={}MB", usable / u64::from(share.fits)).as_str()),
+            Some(format!("0={}MB", share.per_worker_mb).as_str()),
             "worker {w}"
         );
         // Item 8: what --max-worker-gpu-mb adds to the allocator's bytes until NVML shows
@@ -1335,7 +1336,7 @@ fn under_mps_the_inherited_client_limit_bounds_the_plan() {
     assert_eq!(mb(&g["usable_mb"]), 16_384, "{p:#}");
     assert_eq!(mb(&g["mps_client_limit_mb"]), 16_384, "{p:#}");
     assert_eq!(mb(&g["fits"]), 3, "{p:#}");
-    assert_eq!(mb(&g["mps_limit_mb"]), 16_384 / 3, "{p:#}");
+    assert_eq!(mb(&g["mps_limit_mb"]), 5000, "the figure per worker: {p:#}");
     let warned = p["warnings"].as_array().unwrap();
     assert!(
         warned

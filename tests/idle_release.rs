@@ -6,76 +6,11 @@
 //! `tests/ledger.rs`.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
 
-use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use common::host::{mps_limits, Host};
 use common::*;
-use nvml_sim::{SimGpu, SimGpus};
-use serde_json::Value;
-
-/// One host: a simulated A100 40 GB and the ledger directory its servers share.
-struct Host {
-    dir: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
-        Host { dir }
-    }
-
-    fn ledger(&self) -> PathBuf {
-        self.dir.path().join("ledger")
-    }
-
-    /// An app of this host: the MLP fixture declaring `typ_mb` per worker.
-    fn app(&self, typ_mb: u64) -> App {
-        App::new(
-            "mlp.pt",
-            &format!(
-                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {typ_mb}"#
-            ),
-        )
-    }
-
-    /// `app --production` of `app` on this host with `more`, listening with every planned
-    /// worker ready; the worker count it planned.
-    fn serving(&self, app: &App, more: &[&str]) -> (Server, u64) {
-        let lib = nvml_sim::mock_library().display().to_string();
-        let gpus = self.dir.path().join("gpus.json").display().to_string();
-        let ledger = self.ledger().display().to_string();
-        let env = [
-            (nvml_sim::ENV_FILE, gpus.as_str()),
-            ("VRAMFORK_LEDGER", ledger.as_str()),
-        ];
-        let mut args = vec!["--nvml-library", &lib, "--simulated-gpus", "--production"];
-        args.extend_from_slice(more);
-        let s = Server::spawn(app, &args, &env).wait_listening();
-        let n = s.wait_event("listening", |_| true).u64("workers").unwrap();
-        s.wait_workers(n as usize);
-        (s, n)
-    }
-
-    /// The live reservations in the ledger file (MB, every device), read as any tool would.
-    fn reserved(&self) -> u64 {
-        let Ok(text) = std::fs::read_to_string(self.ledger().join("gpu-ledger.json")) else {
-            return 0;
-        };
-        let book: Value = serde_json::from_str(&text).unwrap();
-        let now = now_ms();
-        let servers = book["servers"].as_object().unwrap();
-        let live = servers
-            .values()
-            .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
-        live.flat_map(|e| e["gpus"].as_object().unwrap().values())
-            .map(|mb| mb.as_u64().unwrap())
-            .sum()
-    }
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -210,6 +145,50 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
         let scrape = http(idle.metrics_port(), "GET", "/metrics", None).body;
         lines.iter().all(|l| scrape.contains(l)).then_some(())
     });
+}
+
+/// Issue 57, "MPS: per-client limits follow the reservation", on re-admission: a server
+/// released for being idle whose room a neighbour has since taken in part is re-admitted
+/// with as many workers as that room holds at the figure per worker, each with that figure
+/// as its MPS per-client limit, and their limits sum to its reservation (with limits of
+/// usable ÷ the workers that fit, 4040 MB here, two admitted workers held 80 MB more than
+/// the 8000 reserved for them).
+#[test]
+fn under_mps_a_readmitted_server_gets_the_workers_the_room_holds_at_the_reserved_limit() {
+    const TYP_MB: u64 = 4000;
+    let daemon = nvml_sim::MpsDaemon::start();
+    let exclusive = nvml_sim::SimGpu::a100_40gb()
+        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (a, b) = (host.app(TYP_MB), host.app(14_000));
+    let (idle, n) = host.serving(&a, &["--workers", "3", "--idle-release", "1"]);
+    assert_eq!(n, 3);
+    assert_eq!(mps_limits(&idle.wait_workers(3)), vec![TYP_MB; 3]);
+    idle.wait_event("idle_released", |_| true);
+    idle.poll("the reservation given back", || {
+        (host.reserved_by(idle.pid()) == 0).then_some(())
+    });
+    // The neighbour takes 28,000 MB: 8,864 are left, which hold two workers and the reserve.
+    let (neighbour, _) = host.serving(&b, &["--workers", "2"]);
+    assert_eq!(host.reserved_by(neighbour.pid()), 28_000);
+    let r = idle.post("/", INPUT);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e = idle.wait_event("idle_readmission", |_| true);
+    assert_eq!(e.u64("workers"), Some(2), "{e:?}");
+    let limits = mps_limits(&idle.wait_workers(2));
+    assert_eq!(
+        limits,
+        vec![TYP_MB; 2],
+        "each at the figure reserved for it"
+    );
+    let ours = idle.poll("the re-admitted reservation", || {
+        let r = host.reserved_by(idle.pid());
+        (r == 2 * TYP_MB).then_some(r)
+    });
+    assert!(limits.iter().sum::<u64>() <= ours);
+    assert!(host.reserved() <= shared, "{:?}", host.reservations());
 }
 
 /// `--idle-release` is checked (a bad value is exit 2 naming the flag), and on a plan with

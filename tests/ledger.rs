@@ -4,117 +4,14 @@
 //! as they start — only the ledger keeps servers started together apart).
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
 
-use std::path::PathBuf;
-
+use common::host::{mps_limits, Host};
 use common::*;
-use nvml_sim::{SimGpu, SimGpus};
 use serde_json::Value;
 
 /// The per-worker figure every server here declares: the CPU bound (2 × cores + 1) caps
 /// the first server's plan, so the GPU's room is shared out among the next ones.
 const TYP_MB: u64 = 4000;
-
-/// One host: a simulated A100 40 GB and the ledger directory its servers share.
-struct Host {
-    dir: tempfile::TempDir,
-}
-
-impl Host {
-    fn new() -> Host {
-        let dir = tempfile::tempdir().unwrap();
-        SimGpus::new(vec![SimGpu::a100_40gb()]).write(&dir.path().join("gpus.json"));
-        Host { dir }
-    }
-
-    fn ledger(&self) -> PathBuf {
-        self.dir.path().join("ledger")
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        vec![
-            (
-                nvml_sim::ENV_FILE.to_string(),
-                self.dir.path().join("gpus.json").display().to_string(),
-            ),
-            (
-                "VRAMFORK_LEDGER".into(),
-                self.ledger().display().to_string(),
-            ),
-        ]
-    }
-
-    /// An app of this host (the MLP fixture declaring its input, `TYP_MB` per worker).
-    fn app(&self) -> App {
-        App::new(
-            "mlp.pt",
-            &format!(
-                r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {TYP_MB}"#
-            ),
-        )
-    }
-
-    fn args<'a>(&self, lib: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-        let mut a = vec!["--nvml-library", lib, "--simulated-gpus"];
-        a.extend_from_slice(more);
-        a
-    }
-
-    fn spawn(&self, app: &App, more: &[&str]) -> Server {
-        let lib = nvml_sim::mock_library().display().to_string();
-        let env = self.env();
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        Server::spawn(app, &self.args(&lib, more), &env)
-    }
-
-    /// `app --production` of `app` on this host, serving with all its workers ready; the
-    /// worker count it planned.
-    fn serving(&self, app: &App) -> (Server, u64) {
-        let Outcome::Serves(s, n) = outcome(self.spawn(app, &["--production"])) else {
-            panic!("the server refused to start");
-        };
-        s.wait_workers(n as usize);
-        (s, n)
-    }
-
-    /// `app plan --json` on this host, with the ledger as it is now.
-    fn plan(&self, more: &[&str]) -> Value {
-        let app = self.app();
-        let mut a = vec!["plan", "--json"];
-        a.extend_from_slice(more);
-        let mut s = self.spawn(&app, &a);
-        let st = s.wait_exit(PATIENCE);
-        let log = s.log_text();
-        assert_eq!(st.code(), Some(0), "app plan:\n{log}");
-        let start = log.find("\n{\n").map_or(0, |i| i + 1);
-        serde_json::Deserializer::from_str(&log[start..])
-            .into_iter::<Value>()
-            .next()
-            .unwrap()
-            .unwrap()
-    }
-}
-
-/// The live reservations in the ledger file (MB, every device), read as any tool would.
-fn reserved(host: &Host) -> u64 {
-    let Ok(text) = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")) else {
-        return 0;
-    };
-    let book: Value = serde_json::from_str(&text).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let servers = book["servers"].as_object().unwrap();
-    let live = servers
-        .values()
-        .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
-    live.flat_map(|e| e["gpus"].as_object().unwrap().values())
-        .map(|mb| mb.as_u64().unwrap())
-        .sum()
-}
 
 /// What a server started came to: its worker count once listening, or its exit status and
 /// log when it refused.
@@ -159,7 +56,7 @@ fn outcome(mut s: Server) -> Outcome {
 fn servers_started_together_never_plan_on_the_same_memory() {
     for n in [2usize, 4] {
         let host = Host::new();
-        let alone = host.plan(&["--ledger", "off", "--production"]);
+        let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off", "--production"]);
         let g = &alone["gpus"][0];
         let shared = (g["total_mb"].as_f64().unwrap() * g["fraction"].as_f64().unwrap()).floor();
         let alone_workers = alone["workers"].as_u64().unwrap();
@@ -167,7 +64,7 @@ fn servers_started_together_never_plan_on_the_same_memory() {
             alone_workers * TYP_MB * n as u64 > shared as u64,
             "alone, {n} servers would over-commit the GPU: {alone}"
         );
-        let apps: Vec<App> = (0..n).map(|_| host.app()).collect();
+        let apps: Vec<App> = (0..n).map(|_| host.app(TYP_MB)).collect();
         let started: Vec<Server> = apps
             .iter()
             .map(|a| host.spawn(a, &["--production"]))
@@ -192,7 +89,7 @@ fn servers_started_together_never_plan_on_the_same_memory() {
             "{n} servers reserved {total} MB of {shared} MB"
         );
         // Each server's reservation is in the ledger while it serves.
-        assert_eq!(reserved(&host), total);
+        assert_eq!(host.reserved(), total);
     }
 }
 
@@ -202,16 +99,16 @@ fn servers_started_together_never_plan_on_the_same_memory() {
 #[test]
 fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
-    let (first, n_first) = host.serving(&a);
-    let (second, n_second) = host.serving(&b);
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (first, n_first) = host.serving(&a, &[]);
+    let (second, n_second) = host.serving(&b, &[]);
     let both = (n_first + n_second) * TYP_MB;
-    assert_eq!(reserved(&host), both);
+    assert_eq!(host.reserved(), both);
     // SIGKILL the first master: nothing removes its entry but time.
     // SAFETY: kill(2) on the first server's master, a child of this test.
     unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
     let left = first.poll("the killed server's reservation to expire", || {
-        let v = reserved(&host);
+        let v = host.reserved();
         (v < both).then_some(v)
     });
     assert_eq!(
@@ -225,7 +122,9 @@ fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     let mut second = second;
     second.wait_exit(PATIENCE);
     assert_eq!(
-        host.plan(&[])["gpus"][0]["ledger_mb"].as_u64().unwrap_or(0),
+        host.plan(&host.app(TYP_MB), &[])["gpus"][0]["ledger_mb"]
+            .as_u64()
+            .unwrap_or(0),
         0
     );
 }
@@ -240,8 +139,8 @@ fn a_ledger_file_that_is_no_ledger_is_rebuilt_not_a_crash() {
         "{\"servers\": {\"x\"",
     )
     .unwrap();
-    let alone = host.plan(&["--ledger", "off"])["workers"].clone();
-    let app = host.app();
+    let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off"])["workers"].clone();
+    let app = host.app(TYP_MB);
     let Outcome::Serves(s, n) = outcome(host.spawn(&app, &["--production"])) else {
         panic!("refused");
     };
@@ -258,7 +157,7 @@ fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     let host = Host::new();
     let file = host.dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
-    let app = host.app();
+    let app = host.app(TYP_MB);
     let under_a_file = file.join("ledger");
     let mut s = host.spawn(
         &app,
@@ -294,7 +193,7 @@ fn entries(host: &Host) -> Vec<(u64, u64)> {
 #[test]
 fn servers_in_different_pid_namespaces_keep_each_others_entries() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
     let lib = nvml_sim::mock_library().display().to_string();
     let env = host.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -320,7 +219,7 @@ exec "$@""#;
         .u64("workers")
         .unwrap();
     inside.wait_workers(n_inside as usize);
-    let (outside, n_outside) = host.serving(&b);
+    let (outside, n_outside) = host.serving(&b, &[]);
     let pids: Vec<u64> = entries(&host).iter().map(|e| e.0).collect();
     assert!(
         pids.contains(&1),
@@ -335,7 +234,7 @@ exec "$@""#;
         (e.len() == 2 && e.iter().all(|x| x.1 > first_expiry + lease_ms)).then_some(e)
     });
     assert_eq!(renewed.len(), 2);
-    assert_eq!(reserved(&host), (n_inside + n_outside) * TYP_MB);
+    assert_eq!(host.reserved(), (n_inside + n_outside) * TYP_MB);
 }
 
 /// A server that planned fewer workers because a neighbour held the memory grows into it
@@ -344,9 +243,9 @@ exec "$@""#;
 #[test]
 fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     let host = Host::new();
-    let (a, b) = (host.app(), host.app());
-    let (first, _) = host.serving(&a);
-    let (second, n_second) = host.serving(&b);
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (first, _) = host.serving(&a, &[]);
+    let (second, n_second) = host.serving(&b, &[]);
     second.signal(libc::SIGTTIN);
     let refused = second.wait_event("ttin_refused", |_| true);
     assert!(refused.message().contains("fill"), "{refused:?}");
@@ -358,8 +257,113 @@ fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     assert_eq!(grown.u64("gpu"), Some(0), "{grown:?}");
     second.wait_workers(n_second as usize + 1);
     let grown = second.poll("the grown reservation", || {
-        let r = reserved(&host);
+        let r = host.reserved();
         (r == (n_second + 1) * TYP_MB).then_some(r)
     });
     assert_eq!(grown, (n_second + 1) * TYP_MB);
+}
+
+/// Issue 57, "MPS: per-client limits follow the reservation": under MPS each worker's
+/// per-client limit is what the ledger reserves for it (the figure the plan fitted workers
+/// by, 4000 MB here — not the GPU's usable memory ÷ the workers that fit, 36,364 ÷ 9 =
+/// 4040, which left 40 MB per worker unreserved); a worker started by TTIN gets the same;
+/// once a neighbour's reservation has taken the room, TTIN starts none (the plan, made
+/// before the neighbour came, had room for nine); and the limits of the live workers never
+/// sum above the server's reservation, nor the reservations above the GPU's share.
+#[test]
+fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
+    let daemon = nvml_sim::MpsDaemon::start();
+    let exclusive = nvml_sim::SimGpu::a100_40gb()
+        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+        .mps(4_242, 300);
+    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (a, b) = (host.app(TYP_MB), host.app(12_000));
+    let (mine, n) = host.serving(&a, &["--workers", "2"]);
+    assert_eq!(n, 2);
+    let limits = mps_limits(&mine.wait_workers(2));
+    assert_eq!(
+        limits,
+        vec![TYP_MB; 2],
+        "each worker's limit is the figure reserved"
+    );
+    assert_eq!(host.reserved(), limits.iter().sum::<u64>());
+
+    // TTIN: the third worker gets the same limit, and the reservation follows.
+    mine.signal(libc::SIGTTIN);
+    let limits = mps_limits(&mine.wait_workers(3));
+    assert_eq!(limits, vec![TYP_MB; 3]);
+    mine.poll("the reservation for three workers", || {
+        (host.reserved_by(mine.pid()) == 3 * TYP_MB).then_some(())
+    });
+
+    // A neighbour takes what is left: 36,864 − 12,000 hold two of its 12,000 MB workers.
+    let (neighbour, n_neighbour) = host.serving(&b, &[]);
+    assert_eq!(n_neighbour, 2);
+    let theirs = mps_limits(&neighbour.wait_workers(2));
+    assert_eq!(theirs, vec![12_000; 2]);
+    assert_eq!(
+        host.reserved_by(neighbour.pid()),
+        theirs.iter().sum::<u64>()
+    );
+    assert!(
+        host.reserved() <= shared,
+        "{:?} > {shared}",
+        host.reservations()
+    );
+
+    // 864 MB are left: TTIN starts no fourth worker, said as the ledger's refusal.
+    mine.signal(libc::SIGTTIN);
+    let refused = mine.wait_event("ttin_refused", |e| e.message().contains("ledger"));
+    assert_eq!(
+        refused.u64("room_mb"),
+        Some(shared - 3 * TYP_MB - 24_000),
+        "{refused:?}"
+    );
+    let live = mps_limits(&worker_pids(mine.pid()));
+    assert_eq!(live.len(), 3, "no worker started beyond the room");
+    let ours = host.reserved_by(mine.pid());
+    assert!(live.iter().sum::<u64>() <= ours, "{live:?} > {ours}");
+    assert!(
+        host.reserved() <= shared,
+        "{:?} > {shared}",
+        host.reservations()
+    );
+}
+
+/// Issue 57: `app plan` shows, on the GPU's line, what the other servers reserved and what
+/// of the GPU's share is left; its plan takes no more (`free` at most that), and `--json`
+/// says the same in `ledger_mb`. With `--ledger off` it shows no ledger.
+#[test]
+fn app_plan_shows_the_other_servers_reservations_and_what_is_left() {
+    let host = Host::new();
+    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (neighbour, n) = host.serving(&host.app(TYP_MB), &["--workers", "3"]);
+    assert_eq!(n, 3);
+    let theirs = host.reserved_by(neighbour.pid());
+    assert_eq!(theirs, 3 * TYP_MB);
+    let app = host.app(TYP_MB);
+    let mut s = host.spawn(&app, &["plan"]);
+    assert_eq!(s.wait_exit(PATIENCE).code(), Some(0), "{}", s.log_text());
+    let text = s.log_text();
+    let left = shared - theirs;
+    let want = format!(
+        "(ledger: other servers reserved {theirs} MB of the {shared} MB share, {left} MB left)"
+    );
+    assert!(text.contains(&want), "{want} in:\n{text}");
+    assert!(text.contains(&format!("free {left} MB")), "{text}");
+    let json = host.plan(&app, &[]);
+    assert_eq!(
+        json["gpus"][0]["ledger_mb"].as_u64(),
+        Some(theirs),
+        "{json:#}"
+    );
+    assert_eq!(json["gpus"][0]["free_mb"].as_u64(), Some(left), "{json:#}");
+    let mut alone = host.spawn(&app, &["plan", "--ledger", "off"]);
+    assert_eq!(alone.wait_exit(PATIENCE).code(), Some(0));
+    assert!(
+        !alone.log_text().contains("ledger:"),
+        "{}",
+        alone.log_text()
+    );
 }

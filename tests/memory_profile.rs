@@ -8,8 +8,7 @@
 //! headroom), est_gpu_mem_min)` after profiling, `est_gpu_mem_typ` without.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+use common::nvml_sim;
 
 use common::*;
 use nvml_sim::{SimGpu, SimGpus};
@@ -166,9 +165,10 @@ fn a_footprint_larger_than_the_estimate_plans_fewer_workers() {
     assert_eq!(e.u64("workers"), Some(want), "{e:?}");
     assert!(want < workers_for(2000));
     let pids = s.wait_workers(want as usize);
-    // Each worker's allocator cap is its share of the usable memory less its CUDA context
-    // (500 MB): usable / workers − 500, shown as a share of the T4's 15,360 MB.
-    let cap_mb = T4_USABLE_MB / want - 500;
+    // Each worker's allocator cap is the figure it is planned as (what the ledger reserves
+    // for it) less its CUDA context (500 MB): 6000 − 500, shown as a share of the T4's
+    // 15,360 MB.
+    let cap_mb = 6000 - 500;
     let cap = ((cap_mb as f64 / 15_360.0) * 10_000.0).floor() / 10_000.0;
     for pid in &pids {
         let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();

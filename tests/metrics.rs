@@ -5,8 +5,7 @@
 //! installs it).
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+use common::nvml_sim;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

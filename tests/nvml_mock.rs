@@ -3,8 +3,8 @@
 //! processes, a PID namespace offset, the CUDA driver version, compute modes, MIG, injected
 //! errors and the process record layouts.
 
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+mod common;
+use common::nvml_sim;
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};

@@ -1,8 +1,8 @@
 //! The real NVML code path (`nvml-wrapper` → `resources::NvmlProbe`) against the NVML
 //! stand-in `tests/nvml-mock`, on 0, 1, 2 and 8 simulated GPUs, and the plan made from it.
 
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
+mod common;
+use common::nvml_sim;
 
 use std::path::Path;
 

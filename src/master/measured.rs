@@ -360,7 +360,7 @@ mod tests {
         let p = plan_from(&cfg, &res, &estimate, measured.clone(), "profiled").plan;
         assert_eq!(p.cuda_context_mb, 800, "the measured context, not 500");
         let g = &p.gpus[0];
-        assert_eq!(g.cap_mb, Some(g.usable_mb / u64::from(g.fits) - 800));
+        assert_eq!(g.cap_mb, Some(p.planned_typ_mb - 800));
         // Issue 52, item 9: a measurement that missed most of the context (NVML's figure
         // barely above the allocator's) is taken at the floor, never as a few MB…
         let missed = Measured {

@@ -24,14 +24,41 @@ pub struct Reservation {
 }
 
 /// MB per device UUID the first `workers` slots of `plan` hold on GPUs: each worker the
-/// figure the plan fitted workers by.
+/// figure the plan fitted workers by — which is also its allocator cap plus context, and
+/// under MPS its per-client limit (`plan::gpus`'s `caps`).
 pub fn reserved_by(plan: &Plan, workers: u32) -> BTreeMap<String, u64> {
+    reserved_with(plan, workers, &[])
+}
+
+/// A worker alive on a GPU: its slot, its device's UUID and the MB it was started with
+/// (its plan's figure per worker; under MPS its per-client limit, which the driver fixes
+/// when the worker's CUDA context is made and no later change reaches).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveWorker {
+    pub slot: u32,
+    pub uuid: String,
+    pub mb: u64,
+}
+
+/// [`reserved_by`], and no less than what the workers alive now were started with: per
+/// slot and device, the larger of the plan's figure (for a slot below `workers`) and the
+/// sum of the live workers' own figures there. So a worker still retiring (TTOU, a
+/// reload's old generation, an idle release) stays reserved until it has exited, and one
+/// started under an earlier plan keeps the figure its limit was made with.
+pub fn reserved_with(plan: &Plan, workers: u32, live: &[LiveWorker]) -> BTreeMap<String, u64> {
     let per = per_worker_mb(plan.planned_typ_mb);
-    let mut out = BTreeMap::new();
+    let mut by_slot: BTreeMap<(String, u32), (u64, u64)> = BTreeMap::new();
     for p in plan.placement.iter().filter(|p| p.slot < workers) {
         if let Some(g) = &p.gpu {
-            *out.entry(g.uuid.clone()).or_insert(0) += per;
+            by_slot.entry((g.uuid.clone(), p.slot)).or_default().0 += per;
         }
+    }
+    for w in live {
+        by_slot.entry((w.uuid.clone(), w.slot)).or_default().1 += w.mb;
+    }
+    let mut out = BTreeMap::new();
+    for ((uuid, _), (wanted, alive)) in by_slot {
+        *out.entry(uuid).or_insert(0) += wanted.max(alive);
     }
     out
 }
@@ -142,10 +169,11 @@ impl Reservation {
         self.said(written, want, Instant::now());
     }
 
-    /// While serving: the reservation for the first `workers` slots of `plan`, written when
-    /// it changed or its lease is due for renewal.
-    pub fn follow(&mut self, plan: &Plan, workers: u32, now: Instant) {
-        let want = reserved_by(plan, workers);
+    /// While serving: the reservation for the first `workers` slots of `plan` and the
+    /// workers `live` now ([`reserved_with`]), written when it changed or its lease is due
+    /// for renewal.
+    pub fn follow(&mut self, plan: &Plan, workers: u32, live: &[LiveWorker], now: Instant) {
+        let want = reserved_with(plan, workers, live);
         let due = match &self.written {
             None => true,
             Some((w, at)) => *w != want || now.duration_since(*at) >= RENEW_EVERY,
@@ -187,11 +215,16 @@ impl Reservation {
 
     /// What the ledger leaves now for one more worker of this server on each GPU of `plan`
     /// (by index): `total × fraction` less the others' live reservations and this server's
-    /// own for its first `workers` slots. `None` when the ledger cannot be read (then NVML's
-    /// free memory alone decides, as without a ledger).
-    pub fn room(&self, plan: &Plan, workers: u32) -> Option<BTreeMap<u32, u64>> {
+    /// own for its first `workers` slots and its `live` workers. `None` when the ledger
+    /// cannot be read (then NVML's free memory alone decides, as without a ledger).
+    pub fn room(
+        &self,
+        plan: &Plan,
+        workers: u32,
+        live: &[LiveWorker],
+    ) -> Option<BTreeMap<u32, u64>> {
         let others = self.ledger.lock().ok()?.others();
-        let own = reserved_by(plan, workers);
+        let own = reserved_with(plan, workers, live);
         let room = plan.gpus.iter().map(|g| {
             let shared = share_mb(g.total_mb, g.fraction);
             let taken =
@@ -257,6 +290,11 @@ mod tests {
 
     /// The plan of an app declaring 4000 MB per worker on two A100 40 GB (16 cores).
     fn two_a100s() -> Plan {
+        two_a100s_with(false)
+    }
+
+    /// As [`two_a100s`], with NVIDIA MPS serving the GPUs or not.
+    fn two_a100s_with(mps: bool) -> Plan {
         let gpu = |index: u32| GpuInfo {
             index,
             uuid: format!("GPU-{index}"),
@@ -277,7 +315,88 @@ mod tests {
             r#"{"name": "a", "est_gpu_mem_min": 1000, "est_gpu_mem_typ": 4000}"#,
         )
         .unwrap();
-        plan(&res, &Demand::declared(&meta), &Policy::default()).unwrap()
+        let policy = Policy {
+            mps,
+            ..Policy::default()
+        };
+        plan(&res, &Demand::declared(&meta), &policy).unwrap()
+    }
+
+    /// Issue 57, item 2: what the ledger reserves for a worker covers what the worker may
+    /// take — its allocator cap plus its context, and under MPS its driver-enforced limit —
+    /// for every count of workers, so the sum of the caps never exceeds the reservation.
+    /// (The per-worker figure was 4000 MB while each cap and limit was the GPU's usable
+    /// memory ÷ the workers that fit, 4040 MB here: the ledger undercounted.)
+    #[test]
+    fn the_reservation_covers_every_workers_cap_and_mps_limit() {
+        for mps in [false, true] {
+            let p = two_a100s_with(mps);
+            let usable = p.gpus[0].usable_mb;
+            assert!(
+                usable / u64::from(p.gpus[0].fits) > per_worker_mb(p.planned_typ_mb),
+                "the GPU's usable memory leaves more than one worker's figure per worker: {:?}",
+                p.gpus[0]
+            );
+            for n in 1..=p.workers {
+                let reserved = reserved_by(&p, n);
+                let mut caps: BTreeMap<String, u64> = BTreeMap::new();
+                let mut limits: BTreeMap<String, u64> = BTreeMap::new();
+                for s in p.placement.iter().filter(|s| s.slot < n) {
+                    let g = s.gpu.as_ref().unwrap();
+                    *caps.entry(g.uuid.clone()).or_default() +=
+                        g.cap_mb.unwrap() + p.cuda_context_mb;
+                    *limits.entry(g.uuid.clone()).or_default() += g.mps_limit_mb.unwrap_or(0);
+                }
+                for (uuid, mb) in &reserved {
+                    assert!(
+                        caps[uuid] <= *mb,
+                        "{n} workers, mps {mps}: caps {caps:?} > reserved {reserved:?}"
+                    );
+                    assert!(
+                        limits[uuid] <= *mb,
+                        "{n} workers: MPS limits {limits:?} > reserved {reserved:?}"
+                    );
+                    if mps {
+                        assert_eq!(
+                            limits[uuid], *mb,
+                            "{n} workers: MPS limit is the figure reserved"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Issue 57, item 1: the reservation never falls below what the live workers were
+    /// started with — a worker retiring after TTOU stays reserved until it exits, and a
+    /// worker started under an earlier plan with a larger figure keeps it (its MPS limit was
+    /// fixed when its CUDA context was made).
+    #[test]
+    fn live_workers_stay_reserved_at_the_figure_they_were_started_with() {
+        let p = two_a100s_with(true);
+        let slot = |s: u32| p.placement.iter().find(|x| x.slot == s).unwrap();
+        let uuid = |s: u32| slot(s).gpu.as_ref().unwrap().uuid.clone();
+        let live = |s: u32, mb: u64| LiveWorker {
+            slot: s,
+            uuid: uuid(s),
+            mb,
+        };
+        let per = per_worker_mb(p.planned_typ_mb);
+        // Slots 0 and 1 wanted and alive at the plan's figure: the plan's figure.
+        let both = [live(0, per), live(1, per)];
+        assert_eq!(reserved_with(&p, 2, &both), reserved_by(&p, 2));
+        // TTOU: one slot wanted, slot 1's worker still retiring: still reserved.
+        assert_eq!(reserved_with(&p, 1, &both), reserved_by(&p, 2));
+        // Once it exited: gone.
+        assert_eq!(reserved_with(&p, 1, &both[..1]), reserved_by(&p, 1));
+        // A reload's old generation and the new one in the same slot: both.
+        let two_gens = [live(0, per), live(0, per)];
+        assert_eq!(reserved_with(&p, 1, &two_gens)[&uuid(0)], 2 * per);
+        // A worker started with a larger figure than the plan's now keeps its own.
+        let bigger = [live(0, per + 700)];
+        assert_eq!(reserved_with(&p, 1, &bigger)[&uuid(0)], per + 700);
+        // A slot wanted but not started yet is reserved at the plan's figure.
+        assert_eq!(reserved_with(&p, 1, &[]), reserved_by(&p, 1));
     }
 
     #[test]

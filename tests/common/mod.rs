@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod exported;
+pub mod host;
+pub mod nvml_sim;
 pub mod pki;
 
 use std::io::{BufRead, BufReader, Read, Write};

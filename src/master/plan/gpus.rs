@@ -37,7 +37,7 @@ pub struct GpuPlan {
     pub fits: u32,
     /// Workers the plan puts here.
     pub assigned: u32,
-    /// Allocator cap of each worker here, `usable / fits − context` (the plan's
+    /// Allocator cap of each worker here, `per worker − context` (the plan's
     /// `cuda_context_mb`), when bounded; never above the operator's own
     /// `per_process_memory_fraction` of the total.
     pub cap_mb: Option<u64>,
@@ -50,7 +50,7 @@ pub struct GpuPlan {
     #[serde(default)]
     pub mps: bool,
     /// Under MPS, each worker's driver-enforced limit (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`):
-    /// its whole share, `usable / fits` (cap and context).
+    /// its whole share, the per-worker figure the ledger reserves for it (cap and context).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps_limit_mb: Option<u64>,
     /// Under MPS, the per-client limit this server inherited for this GPU
@@ -231,9 +231,12 @@ fn share_gpu_instances(gpus: &mut [GpuPlan], demand: &Demand, policy: &Policy, n
 }
 
 /// Each worker's allocator cap (rule 7), that cap as a share of the total, and under MPS
-/// its whole share (the per-client limit), for `fits` workers in `usable_mb`: `usable / fits
-/// − context`, the context as measured or [`super::CUDA_CONTEXT_MB`], never above the operator's
-/// own `per_process_memory_fraction` of the total.
+/// its whole share (the per-client limit), for `fits` workers in `usable_mb`: the share is
+/// the figure one worker is planned as ([`per_worker_mb`]) — what the GPU-memory ledger
+/// reserves for it, so that the caps and limits of the workers never sum to more than the
+/// reservation (`usable / fits` would hand out the remainder no worker was planned for) —
+/// and the cap is the share less the context, as measured or [`super::CUDA_CONTEXT_MB`],
+/// never above the operator's own `per_process_memory_fraction` of the total.
 fn caps(
     g: &GpuPlan,
     usable_mb: u64,
@@ -244,7 +247,8 @@ fn caps(
     if fits == 0 {
         return (None, None, None);
     }
-    let share = usable_mb / u64::from(fits);
+    // `fits ≤ usable / per worker`, so this is the figure per worker.
+    let share = per_worker_mb(demand.typ_mb).min(usable_mb / u64::from(fits));
     let mut cap = share.saturating_sub(demand.context_mb());
     if let Some(f) = policy.allocator_fraction {
         cap = cap.min((g.total_mb as f64 * f).floor() as u64);

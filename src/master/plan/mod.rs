@@ -39,13 +39,16 @@
 //! 6. An override larger than the GPU bound is accepted: the first `gpu_bound` slots are
 //!    placed, the rest are listed in [`Plan::unplaced`] with a warning; the master starts
 //!    them only when admission passes ([`Plan::next_target`], [`admits`]).
-//! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `usable / fits − context`,
-//!    the context being what profiling measured one worker to hold besides its allocator
+//! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `per worker − context`,
+//!    the per-worker figure being what fitting divided `usable` by (the estimate, at least
+//!    a context plus [`MIN_ALLOCATOR_MB`]) and what the GPU-memory ledger reserves for the
+//!    worker (`master::reservation`), so no worker may take the remainder `usable` leaves
+//!    beyond `fits × per worker`, which no reservation covers; the context being what profiling measured one worker to hold besides its allocator
 //!    ([`Demand::context_mb`]), else [`CUDA_CONTEXT_MB`]: every worker's CUDA context comes
 //!    on top of what its caching allocator may take, so caps and contexts of as many
 //!    workers as fit sum to at most `usable` even after TTIN fills the GPU. The operator's
 //!    own `per_process_memory_fraction` ([`Policy::allocator_fraction`]) lowers a cap above
-//!    it. Under MPS each worker also gets its whole share, `usable / fits`, as its
+//!    it. Under MPS each worker also gets its whole share, the per-worker figure, as its
 //!    driver-enforced limit ([`GpuPlan::mps_limit_mb`]). `est_gpu_mem_typ` is a whole worker
 //!    as `nvidia-smi` shows it, context included; one below a context plus
 //!    [`MIN_ALLOCATOR_MB`] is planned as that much, with a warning.
@@ -723,12 +726,14 @@ mod tests {
             (g.total_mb, g.free_mb, g.usable_mb, g.fits),
             (40960, 40560, 36364, 7)
         );
-        // 36364 / 7 = 5194 MB per worker, of which the CUDA context takes 500 MB.
-        assert_eq!(g.cap_mb, Some(4694));
-        assert_eq!(g.memory_fraction, Some(0.1145)); // 4694 / 40960 = 0.11459…
+        // 5000 MB per worker (what the ledger reserves for it; not 36364 / 7 = 5194, which
+        // would hand out the 1364 MB no worker was planned for), of which the CUDA context
+        // takes 500 MB.
+        assert_eq!(g.cap_mb, Some(4500));
+        assert_eq!(g.memory_fraction, Some(0.1098)); // 4500 / 40960 = 0.10986…
         let a = p.placement[0].gpu.as_ref().unwrap();
         assert_eq!((a.index, a.uuid.as_str()), (0, "GPU-00000000"));
-        assert_eq!((a.cap_mb, a.memory_fraction), (Some(4694), Some(0.1145)));
+        assert_eq!((a.cap_mb, a.memory_fraction), (Some(4500), Some(0.1098)));
     }
 
     #[test]
@@ -911,7 +916,7 @@ mod tests {
             "GPU bound = Σ floor(usable / est_gpu_mem_typ 5000 MB) = 7 + 7 = 14",
             "workers = min(CPU bound 9, GPU bound 14) = 9",
             "=> 9 worker(s) on cuda (plan)",
-            "worker 0 -> GPU 0 (GPU-00000000), allocator cap 4694 MB (0.1145)",
+            "worker 0 -> GPU 0 (GPU-00000000), allocator cap 4500 MB (0.1098)",
             "worker 1 -> GPU 1 (GPU-00000001)",
             "torch threads = max(1, 4 cores / 9 workers) = 1 per worker",
         ] {
@@ -1052,10 +1057,7 @@ mod tests {
         .unwrap();
         let per = CUDA_CONTEXT_MB + MIN_ALLOCATOR_MB;
         assert_eq!(p.gpus[0].fits, (36364 / per) as u32);
-        assert_eq!(
-            p.gpus[0].cap_mb,
-            Some(36364 / (36364 / per) - CUDA_CONTEXT_MB)
-        );
+        assert_eq!(p.gpus[0].cap_mb, Some(per - CUDA_CONTEXT_MB));
         assert!(p
             .warnings
             .iter()
@@ -1111,8 +1113,10 @@ mod tests {
             "GPU instance 2's 3 workers, split"
         );
         assert_eq!(p.gpu_bound, Some(6), "not 9");
-        // Each worker's cap is its share of the GPU instance's memory.
-        assert_eq!(p.gpus[0].cap_mb, Some(16273 / 3 - CUDA_CONTEXT_MB));
+        // Each worker's cap is the figure per worker, never more than its share of the GPU
+        // instance's memory.
+        assert_eq!(p.gpus[0].cap_mb, Some(5000 - CUDA_CONTEXT_MB));
+        assert!(5000 <= p.gpus[0].usable_mb / 3, "never above its share");
         assert_eq!(p.gpus[1].cap_mb, p.gpus[0].cap_mb);
         let t = p.to_text();
         assert!(
@@ -1159,7 +1163,9 @@ mod tests {
         assert_eq!(p.workers, base.workers);
         assert_eq!(per_gpu(&p), per_gpu(&base));
         assert_eq!(p.gpus[0].cap_mb, base.gpus[0].cap_mb);
-        let share = p.gpus[0].usable_mb / u64::from(p.gpus[0].fits);
+        // The figure per worker, what the ledger reserves for it (at most usable / fits).
+        let share = 5000;
+        assert!(share <= p.gpus[0].usable_mb / u64::from(p.gpus[0].fits));
         assert_eq!(p.gpus[0].mps_limit_mb, Some(share));
         assert_eq!(
             p.placement[0].gpu.as_ref().unwrap().mps_limit_mb,
@@ -1201,7 +1207,11 @@ mod tests {
         assert_eq!(whole.gpus[1].usable_mb, 10_240);
         assert_eq!(whole.gpus[1].mps_client_limit_mb, Some(10_240));
         assert_eq!(per_gpu(&whole), vec![7, 2]);
-        assert_eq!(whole.gpus[1].mps_limit_mb, Some(5_120));
+        assert_eq!(
+            whole.gpus[1].mps_limit_mb,
+            Some(5_000),
+            "the figure per worker"
+        );
         assert!(
             whole
                 .warnings
@@ -1283,18 +1293,19 @@ mod tests {
         let r = res(16, vec![a100_40(0)]);
         let declared = plan(&r, &meta(3000, 5000), &Policy::default()).unwrap();
         let usable = declared.gpus[0].usable_mb;
-        assert_eq!(declared.gpus[0].cap_mb, Some(usable / 7 - 500));
+        assert_eq!(declared.gpus[0].fits, 7, "{usable} MB usable");
+        assert_eq!(declared.gpus[0].cap_mb, Some(5000 - 500));
         let measured = meta(3000, 5000).measured(4000, 5000, Some(800));
         let p = plan(&r, &measured, &Policy::default()).unwrap();
         assert_eq!(p.cuda_context_mb, 800);
-        assert_eq!(p.gpus[0].cap_mb, Some(usable / 7 - 800));
+        assert_eq!(p.gpus[0].cap_mb, Some(5000 - 800));
         assert!(p.to_text().contains("+ CUDA context ~800 MB per worker"));
         let operator = Policy {
             allocator_fraction: Some(0.05),
             ..Policy::default()
         };
         let p = plan(&r, &meta(3000, 5000), &operator).unwrap();
-        // floor(40960 × 0.05) = 2048 < 4694.
+        // floor(40960 × 0.05) = 2048 < 4500.
         assert_eq!(p.gpus[0].cap_mb, Some(2048));
         assert_eq!(p.gpus[0].memory_fraction, Some(0.05));
         let high = Policy {

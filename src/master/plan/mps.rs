@@ -15,7 +15,8 @@
 //! - a worker that needs more than the limit (its per-worker figure, context included)
 //!   fits nowhere: the GPU is excluded naming both figures, and a plan with no GPU left is
 //!   the start-up refusal (exit 2);
-//! - each worker's own limit, `usable / fits`, is then never above the inherited one.
+//! - each worker's own limit, the per-worker figure (at most `usable / fits`), is then
+//!   never above the inherited one.
 //!
 //! The plugin sets the limit on the daemon, not in the container, so the master cannot
 //! read it there (the daemon answers `get_default_device_pinned_mem_limit` only through

@@ -105,7 +105,13 @@ impl Plan {
                 g.total_mb, g.free_mb, g.fraction, g.usable_mb
             )?;
             if g.ledger_mb > 0 {
-                write!(s, " (other servers reserved {} MB: ledger)", g.ledger_mb)?;
+                let share = super::share_mb(g.total_mb, g.fraction);
+                write!(
+                    s,
+                    " (ledger: other servers reserved {} MB of the {share} MB share, {} MB left)",
+                    g.ledger_mb,
+                    share.saturating_sub(g.ledger_mb)
+                )?;
             }
             if self.mode == PlacementMode::GpuMemory {
                 write!(s, ", fits {}, assigned {}", g.fits, g.assigned)?;

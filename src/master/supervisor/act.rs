@@ -83,7 +83,7 @@ impl Supervisor {
         let room = self
             .reservation
             .as_ref()
-            .and_then(|r| r.room(&self.plan, self.target));
+            .and_then(|r| r.room(&self.plan, self.target, &self.live_reserved()));
         let best = rules::place_unplaced(
             &self.plan.gpus,
             self.admission(),
@@ -290,6 +290,13 @@ impl Supervisor {
             return;
         }
         let mut config = worker_config(&self.cfg, &self.plan, slot, generation, max_requests);
+        // What the ledger holds for it: the plan's figure per worker, which its cap and MPS
+        // limit are made from (never below the limit, should a plan have set one above).
+        let per = crate::master::plan::per_worker_mb(self.plan.planned_typ_mb);
+        let reserved = config.gpu.as_ref().map(|g| {
+            let mb = per.max(g.mps_limit_mb.unwrap_or(0));
+            (g.uuid.clone(), mb)
+        });
         let seat = self
             .board
             .as_ref()
@@ -315,6 +322,7 @@ impl Supervisor {
                     control: l.control,
                     buf: Vec::new(),
                     seat,
+                    reserved,
                 });
             }
             Err(e) => {

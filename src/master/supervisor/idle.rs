@@ -193,15 +193,16 @@ impl Supervisor {
         );
     }
 
-    /// How many workers the ledger is reserved for now: while released, those still
-    /// exiting (their memory is not free until they are gone); while re-admitted, all
-    /// those admitted, the first of which is starting.
+    /// How many of the plan's slots the ledger is reserved for now: while released, none
+    /// (the workers still exiting are counted as live workers, in their own slots, until
+    /// they are gone: `Supervisor::live_reserved`); while re-admitted, all those admitted,
+    /// the first of which is starting.
     pub(super) fn reserved_workers(&self) -> u32 {
         let Some(idle) = self.idle.as_ref() else {
             return self.target;
         };
         match (idle.released, idle.readmitted) {
-            (Some(_), _) => (self.workers.len() as u32).min(self.slots.len() as u32),
+            (Some(_), _) => 0,
             (None, Some((_, n))) => n.max(self.target),
             (None, None) => self.target,
         }

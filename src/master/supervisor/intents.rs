@@ -118,7 +118,7 @@ impl Supervisor {
         let Some(room) = self
             .reservation
             .as_ref()
-            .and_then(|r| r.room(&self.plan, self.target))
+            .and_then(|r| r.room(&self.plan, self.target, &self.live_reserved()))
         else {
             return;
         };
@@ -142,6 +142,35 @@ impl Supervisor {
                 g.label
             );
         }
+    }
+
+    /// Whether the GPU-memory ledger has no room for one more worker on `gpu` now (said,
+    /// `ttin_refused`): the plan counted what the other servers had reserved when it was
+    /// made, and a neighbour that started or grew since may have taken what it left.
+    fn ledger_refuses(&self, gpu: Option<u32>) -> bool {
+        let Some(gpu) = gpu else { return false };
+        let live = self.live_reserved();
+        let room = self
+            .reservation
+            .as_ref()
+            .and_then(|r| r.room(&self.plan, self.target, &live));
+        let Some(left) = room.and_then(|r| r.get(&gpu).copied()) else {
+            return false;
+        };
+        let per = crate::master::plan::per_worker_mb(self.plan.planned_typ_mb);
+        let reserve = self.cfg.gpu.gpu_reserve_mb;
+        if workers_fitting(left.saturating_sub(reserve), per) >= 1 {
+            return false;
+        }
+        tracing::warn!(
+            event = "ttin_refused",
+            workers = self.target,
+            gpu,
+            room_mb = left,
+            "TTIN refused: the GPU-memory ledger leaves {left} MB on {} for this server (its share less the other servers' reservations and its own), less than one worker of {per} MB and the reserve of {reserve} MB",
+            self.plan.gpu_label(gpu)
+        );
+        true
     }
 
     pub(super) fn more_workers(&mut self) {
@@ -189,8 +218,16 @@ impl Supervisor {
                 );
                 return;
             }
-            Ttin::Reuse => {}
+            Ttin::Reuse => {
+                let gpu = slots.iter().find(|s| s.id == slot).and_then(|s| s.gpu);
+                if self.ledger_refuses(gpu) {
+                    return;
+                }
+            }
             Ttin::NewSlot(gpu) => {
+                if self.ledger_refuses(gpu.as_ref().map(|g| g.index)) {
+                    return;
+                }
                 self.slots
                     .push(Slot::new(slot, gpu.as_ref().map(|g| g.index)));
                 self.plan.placement.push(Placement { slot, gpu });

@@ -33,7 +33,7 @@ mod mps;
 mod reload;
 mod template;
 
-use crate::master::reservation::Reservation;
+use crate::master::reservation::{LiveWorker, Reservation};
 use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
@@ -72,6 +72,9 @@ struct Live {
     buf: Vec<u8>,
     /// Its seat on the idle board, cleared when it is reaped.
     seat: Option<u32>,
+    /// On a GPU: that device's UUID and the MB reserved for it in the ledger, the figure
+    /// its allocator cap and MPS limit were made with (`master::reservation`).
+    reserved: Option<(String, u64)>,
 }
 
 /// The supervisor: the state the loop shares. What belongs to one concern is a type of
@@ -219,12 +222,26 @@ impl Supervisor {
                 return code;
             }
             let reserved = self.reserved_workers();
+            let live = self.live_reserved();
             if let Some(r) = &mut self.reservation {
-                r.follow(&self.plan, reserved, Instant::now());
+                r.follow(&self.plan, reserved, &live, Instant::now());
             }
             self.report_pool();
             self.notify.tick(Instant::now());
         }
+    }
+
+    /// The workers alive on GPUs, with what each was started with, for the ledger.
+    fn live_reserved(&self) -> Vec<LiveWorker> {
+        let alive = self.workers.iter().filter_map(|w| {
+            let (uuid, mb) = w.reserved.clone()?;
+            Some(LiveWorker {
+                slot: w.state.slot,
+                uuid,
+                mb,
+            })
+        });
+        alive.collect()
     }
 
     /// Reports the pool (`pool` event) when it changed since the last report.

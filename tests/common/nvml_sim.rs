@@ -1,7 +1,8 @@
 //! Simulated GPUs for tests: writes the JSON file that the NVML stand-in
 //! (`tests/nvml-mock`, built as `libnvml_mock.so`) reads, and finds or builds that library.
 //!
-//! Include it with `#[path = "support/nvml_sim.rs"] mod nvml_sim;`. For a process test:
+//! It is `common::nvml_sim` (`mod common;` then `use common::nvml_sim;`). For a process
+//! test:
 //!
 //! ```ignore
 //! let sim = nvml_sim::SimGpus::new(vec![nvml_sim::SimGpu::a100_40gb().free_mb(30_000)]);
