@@ -781,47 +781,62 @@ fn spans_go_over_https_verified_by_the_given_ca_with_a_client_certificate() {
     );
 }
 
-/// A collector whose certificate the given CA did not sign: every request is still answered
-/// 200, the spans are dropped and counted, and the warning names the certificate problem.
+/// A collector whose certificate the given CA did not sign, and one whose certificate is
+/// for another host: every request is still answered 200, the spans are dropped and
+/// counted, and the warning names the certificate problem.
 #[test]
-fn a_collector_certificate_from_another_ca_costs_no_request_and_is_named() {
-    let app = mlp();
-    let pki = Pki::new(app.dir.path(), "ca");
-    pki.issue("ca", "server");
-    Pki::new(app.dir.path(), "other");
-    let rx = tls_receiver(&pki, None);
-    let endpoint = format!("https://127.0.0.1:{}", rx.port);
-    let s = Server::start_env(
-        &app,
-        &["--production", "--workers", "1", "--metrics-port", "0"],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &pki.path("other.pem")),
-        ],
-    );
-    s.wait_workers(1);
-    for i in 0..20 {
-        let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
-        assert_eq!(r.status, 200, "request {i}");
+fn a_collector_certificate_that_cannot_be_verified_costs_no_request_and_is_named() {
+    for (case, want) in [
+        ("another CA", "invalid peer certificate: UnknownIssuer"),
+        (
+            "another host",
+            "invalid peer certificate: certificate not valid for name",
+        ),
+    ] {
+        let app = mlp();
+        let pki = Pki::new(app.dir.path(), "ca");
+        let ca = if case == "another CA" {
+            pki.issue("ca", "server");
+            Pki::new(app.dir.path(), "other");
+            pki.path("other.pem")
+        } else {
+            pki.issue_for("ca", "server", "DNS:collector.example");
+            pki.path("ca.pem")
+        };
+        let rx = tls_receiver(&pki, None);
+        let endpoint = format!("https://127.0.0.1:{}", rx.port);
+        let s = Server::start_env(
+            &app,
+            &["--production", "--workers", "1", "--metrics-port", "0"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca),
+            ],
+        );
+        s.wait_workers(1);
+        for i in 0..20 {
+            let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+            assert_eq!(r.status, 200, "{case}: request {i}");
+        }
+        let mport = s.metrics_port();
+        s.poll(&format!("{case}: spans dropped and counted"), || {
+            let d = dropped(&scrape(mport));
+            (d > 0).then_some(d)
+        });
+        let warned = s.poll(&format!("{case}: the warning"), || {
+            s.all_events()
+                .into_iter()
+                .find(|e| e.name == "trace_export_failing")
+        });
+        let why = warned.message();
+        assert!(
+            why.contains("TLS handshake") && why.contains(want),
+            "{case}: {why}"
+        );
+        assert!(
+            rx.all().iter().all(|l| l["trace_id"].is_null()),
+            "{case}: a span reached a collector the exporter cannot trust: {:?}",
+            rx.all()
+        );
     }
-    let mport = s.metrics_port();
-    s.poll("spans dropped and counted", || {
-        let d = dropped(&scrape(mport));
-        (d > 0).then_some(d)
-    });
-    let warned = s.poll("the warning", || {
-        s.all_events()
-            .into_iter()
-            .find(|e| e.name == "trace_export_failing")
-    });
-    let why = warned.message();
-    assert!(
-        why.contains("TLS handshake") && why.contains("invalid peer certificate: UnknownIssuer"),
-        "{why}"
-    );
-    assert!(
-        rx.all().iter().all(|l| l["trace_id"].is_null()),
-        "a span reached a collector the exporter cannot trust: {:?}",
-        rx.all()
-    );
 }
