@@ -23,6 +23,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod near_miss;
 pub mod otel;
+pub mod otel_tls;
 pub mod own_memory;
 pub mod pid_namespace;
 pub mod protocol;

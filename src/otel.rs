@@ -9,10 +9,13 @@
 //! one; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turns it off whatever else
 //! is set. What the standard says is a warning (an unknown sampler, a bad sampler argument,
 //! an unknown `OTEL_TRACES_EXPORTER`) is a warning and the default; what would make the
-//! server export somewhere it cannot (a URL that is not `http://`, a protocol other than
-//! `http/protobuf`, a header that does not parse) is an error.
+//! server export somewhere it cannot (a URL that is not `http://` or `https://`, a protocol
+//! other than `http/protobuf`, a header that does not parse, a client certificate without
+//! its key) is an error. An `https://` endpoint's certificate files are read by
+//! [`crate::otel_tls`] (the master checks them at start).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// OTLP/HTTP's default endpoint for traces (the specification's, for `http/protobuf`).
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4318/v1/traces";
@@ -66,7 +69,33 @@ pub struct OtelConfig {
     pub sampler: Sampler,
     /// `OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT`, in milliseconds (default 10,000).
     pub timeout_ms: u64,
+    /// `Some` for an `https://` endpoint.
+    pub tls: Option<OtelTls>,
 }
+
+/// A PEM file and what named it (a variable, or the system's bundle).
+pub type PemFile = (&'static str, PathBuf);
+
+/// How an `https://` endpoint is reached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtelTls {
+    /// The endpoint's host (without brackets): the name sent (SNI) and verified.
+    pub host: String,
+    /// The certificates trusted for the collector's: `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`,
+    /// else `SSL_CERT_FILE`, else the system's bundle.
+    pub roots: PemFile,
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE` and `_CLIENT_KEY` (mutual TLS).
+    pub client: Option<(PemFile, PemFile)>,
+}
+
+/// Where distributions keep the system's CA bundle (PEM), looked at in this order when
+/// neither `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` nor `SSL_CERT_FILE` is set.
+pub const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Arch, Alpine (ca-certificates)
+    "/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL, CentOS
+    "/etc/ssl/ca-bundle.pem",             // openSUSE
+    "/etc/ssl/cert.pem",                  // Alpine's default, macOS
+];
 
 /// The configuration the variables give: `Ok((None, warnings))` when export is off.
 pub fn from_env(
@@ -99,7 +128,9 @@ pub fn from_env(
         return Ok((None, warnings));
     };
     protocol(&set)?;
-    let (host_port, path) = split_url(&endpoint).map_err(|e| format!("{var}={endpoint}: {e}"))?;
+    let url = split_url(&endpoint).map_err(|e| format!("{var}={endpoint}: {e}"))?;
+    let tls = tls(&set, &url, &mut warnings)?;
+    let (host_port, path) = (url.host_port, url.path);
     let headers = match set("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
         .map(|h| ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", h))
         .or_else(|| set("OTEL_EXPORTER_OTLP_HEADERS").map(|h| ("OTEL_EXPORTER_OTLP_HEADERS", h)))
@@ -151,6 +182,7 @@ pub fn from_env(
             resource,
             sampler,
             timeout_ms,
+            tls,
         }),
         warnings,
     ))
@@ -223,33 +255,134 @@ fn sampler(name: Option<&str>, arg: Option<&str>, warnings: &mut Vec<String>) ->
     }
 }
 
-/// `http://host[:port][/path]`: (`host:port`, `/path`). The port defaults to 80.
-fn split_url(url: &str) -> Result<(String, String), String> {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(if url.starts_with("https://") {
-            "https is not supported for the trace export yet: use the collector's plain HTTP port on a trusted network (or a local collector that forwards over TLS)".into()
-        } else {
-            "expected an http:// URL such as http://otel-collector:4318".into()
-        });
+/// An endpoint's parts.
+struct Url {
+    https: bool,
+    /// The host, without the brackets of an IPv6 address.
+    host: String,
+    host_port: String,
+    path: String,
+}
+
+/// `http(s)://host[:port][/path]`. The port defaults to 80 (http) or 443 (https).
+fn split_url(url: &str) -> Result<Url, String> {
+    let (https, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(rest), _) => (false, rest),
+        (None, Some(rest)) => (true, rest),
+        (None, None) => {
+            return Err(
+                "expected an http:// or https:// URL such as http://otel-collector:4318".into(),
+            )
+        }
     };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
     if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
-        return Err("expected a host (and port) after http://".into());
+        return Err("expected a host (and port) after the scheme".into());
     }
-    // The port: after the last ':' (after the ']' of an IPv6 address), else 80.
-    let port = match authority.rfind(':') {
-        Some(i) if !authority[i..].contains(']') => Some(&authority[i + 1..]),
-        _ => None,
+    // The port: after the last ':' (after the ']' of an IPv6 address), else the scheme's.
+    let (host, port) = match authority.rfind(':') {
+        Some(i) if !authority[i..].contains(']') => (&authority[..i], Some(&authority[i + 1..])),
+        _ => (authority, None),
     };
     let host_port = match port {
         Some(p) if p.parse::<u16>().is_ok() => authority.to_string(),
         Some(p) => return Err(format!("'{p}' is not a port")),
-        None => format!("{authority}:80"),
+        None => format!("{authority}:{}", if https { 443 } else { 80 }),
     };
-    Ok((host_port, path.to_string()))
+    Ok(Url {
+        https,
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        host_port,
+        path: path.to_string(),
+    })
+}
+
+/// The signal's variable, else the base one: (the variable, its value as a path).
+fn either(set: &dyn Fn(&str) -> Option<String>, vars: [&'static str; 2]) -> Option<PemFile> {
+    vars.into_iter()
+        .find_map(|v| set(v).map(|p| (v, PathBuf::from(p.trim()))))
+}
+
+/// The TLS settings of an `https://` endpoint (the files are read by `crate::otel_tls`);
+/// for an `http://` one, a warning for each certificate variable set (they are not used).
+fn tls(
+    set: &dyn Fn(&str) -> Option<String>,
+    url: &Url,
+    warnings: &mut Vec<String>,
+) -> Result<Option<OtelTls>, String> {
+    let (ca, cert, key) = (
+        either(
+            set,
+            [
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ],
+        ),
+        either(
+            set,
+            [
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            ],
+        ),
+        either(
+            set,
+            [
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ],
+        ),
+    );
+    if !url.https {
+        for (var, _) in [&ca, &cert, &key].into_iter().flatten() {
+            warnings.push(format!(
+                "{var} is set but the endpoint is http://: it is used for https:// endpoints only"
+            ));
+        }
+        return Ok(None);
+    }
+    let roots = match ca {
+        Some(ca) => ca,
+        None => match set("SSL_CERT_FILE") {
+            Some(f) => ("SSL_CERT_FILE", PathBuf::from(f.trim())),
+            None => SYSTEM_BUNDLES
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists())
+                .map(|p| ("the system's CA bundle", p))
+                .ok_or_else(|| {
+                    format!(
+                        "an https:// endpoint needs the certificates to trust for the collector's: set OTEL_EXPORTER_OTLP_CERTIFICATE to a PEM file of its CA (no system CA bundle was found at {}: install ca-certificates, or set SSL_CERT_FILE)",
+                        SYSTEM_BUNDLES.join(", ")
+                    )
+                })?,
+        },
+    };
+    let client = match (cert, key) {
+        (None, None) => None,
+        (Some(c), Some(k)) => Some((c, k)),
+        (Some((var, _)), None) => {
+            return Err(format!(
+                "{var} is set without OTEL_EXPORTER_OTLP_CLIENT_KEY (the client certificate's private key, PEM)"
+            ))
+        }
+        (None, Some((var, _))) => {
+            return Err(format!(
+                "{var} is set without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE (the client certificate the key belongs to, PEM)"
+            ))
+        }
+    };
+    Ok(Some(OtelTls {
+        host: url.host.clone(),
+        roots,
+        client,
+    }))
 }
 
 /// `k=v,k2=v2` with percent-encoded values (the specification's W3C Baggage-like form).
@@ -343,8 +476,11 @@ mod tests {
     #[test]
     fn what_cannot_be_exported_to_is_an_error_naming_the_variable() {
         for (vars, want) in [
-            (&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")][..], "https is not supported"),
-            (&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "c:4318")][..], "expected an http:// URL"),
+            (&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "c:4318")][..], "expected an http:// or https:// URL"),
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c"), ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/c.pem")][..],
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is set without OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            ),
             (&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:port")][..], "'port' is not a port"),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")][..],
@@ -429,5 +565,68 @@ mod tests {
         assert!(s.sampled("00000000000000000000000000000001", None));
         assert!(!s.sampled("0000000000000000ffffffffffffffff", None));
         assert!(!Sampler::AlwaysOff.sampled(t, Some(true)));
+    }
+
+    #[test]
+    fn an_https_endpoint_names_its_host_its_roots_and_its_client_certificate() {
+        let c = read(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.example"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/base-ca.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/traces-ca.pem"),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/client.pem"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/client.key"),
+        ])
+        .unwrap()
+        .0
+        .unwrap();
+        assert_eq!(
+            (c.host_port.as_str(), c.path.as_str()),
+            ("collector.example:443", "/v1/traces")
+        );
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.host, "collector.example");
+        assert_eq!(
+            tls.roots,
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "/traces-ca.pem".into()
+            )
+        );
+        assert_eq!(
+            tls.client,
+            Some((
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    "/client.pem".into()
+                ),
+                ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "/client.key".into())
+            ))
+        );
+        let c = read(&[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://[::1]:4318/v1/traces",
+            ),
+            ("SSL_CERT_FILE", "/bundle.pem"),
+        ])
+        .unwrap()
+        .0
+        .unwrap();
+        let tls = c.tls.unwrap();
+        assert_eq!(
+            (c.host_port.as_str(), tls.host.as_str()),
+            ("[::1]:4318", "::1")
+        );
+        assert_eq!(tls.roots, ("SSL_CERT_FILE", "/bundle.pem".into()));
+        let (c, w) = read(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem"),
+        ])
+        .unwrap();
+        assert_eq!(c.unwrap().tls, None);
+        assert!(
+            w[0].contains("OTEL_EXPORTER_OTLP_CERTIFICATE is set but the endpoint is http://"),
+            "{w:?}"
+        );
     }
 }

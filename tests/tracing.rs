@@ -6,7 +6,9 @@
 //! `/v1/embeddings` has a `tokenize` span; probes are not exported; the sampled flag is
 //! honoured both ways; a collector that never answers, or answers 503, costs no
 //! request (the spans are dropped and counted); no span carries the payload; a
-//! configuration that cannot export is a start-up error.
+//! configuration that cannot export is a start-up error; over https (a receiver with a
+//! certificate made on the spot) spans arrive verified by the CA given, with a client
+//! certificate, and a collector certificate from another CA costs no request.
 
 mod common;
 
@@ -15,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::pki::Pki;
 use common::{raw, App, Server, PATIENCE};
 use serde_json::Value;
 
@@ -30,6 +33,11 @@ struct Receiver {
 
 impl Receiver {
     fn start(mode: &str) -> Receiver {
+        Receiver::start_with(mode, &[])
+    }
+
+    /// With more arguments (`--tls CERT KEY [CLIENT_CA]`).
+    fn start_with(mode: &str, more: &[String]) -> Receiver {
         let script = common::fixtures()
             .parent()
             .unwrap()
@@ -37,6 +45,7 @@ impl Receiver {
         let mut child = Command::new(common::python())
             .arg(script)
             .arg(mode)
+            .args(more)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -369,30 +378,34 @@ fn a_dead_or_refusing_collector_costs_no_request() {
 #[test]
 fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() {
     let app = mlp();
-    for (var, value, want) in [
+    let junk = app.dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let junk = junk.display().to_string();
+    let https = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318");
+    for (env, want) in [
         (
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "https://collector:4318",
-            "https is not supported",
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ],
+            "OTLP/HTTP with protobuf only".to_string(),
         ),
         (
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            "grpc",
-            "OTLP/HTTP with protobuf only",
+            vec![
+                https,
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+            ],
+            "OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem: cannot be read".to_string(),
+        ),
+        (
+            vec![https, ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &junk)],
+            format!("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE={junk}: holds no PEM certificate"),
         ),
     ] {
-        let mut env = vec![(var, value)];
-        if var != "OTEL_EXPORTER_OTLP_ENDPOINT" {
-            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"));
-        }
         let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &env);
         let st = s.wait_exit(PATIENCE);
-        assert_eq!(st.code(), Some(2), "{var}={value}: {}", s.log_text());
-        assert!(
-            s.log_text().contains(want),
-            "{var}={value}: {}",
-            s.log_text()
-        );
+        assert_eq!(st.code(), Some(2), "{env:?}: {}", s.log_text());
+        assert!(s.log_text().contains(&want), "{env:?}: {}", s.log_text());
     }
     let rx = Receiver::start("ok");
     let s = Server::start_env(
@@ -707,4 +720,123 @@ fn health_probes_are_not_exported() {
         .filter(|l| traces.iter().any(|t| l["trace_id"] == t.as_str()))
         .collect();
     assert!(probed.is_empty(), "probes exported: {probed:#?}");
+}
+
+/// The receiver over TLS with a certificate `ca` signed (`server`), in `app`'s directory;
+/// `client_ca`: a client certificate signed by it is required.
+fn tls_receiver(pki: &Pki, client_ca: Option<&str>) -> Receiver {
+    let mut args = vec![
+        "--tls".into(),
+        pki.path("server.pem"),
+        pki.path("server.key"),
+    ];
+    args.extend(client_ca.map(|ca| pki.path(&format!("{ca}.pem"))));
+    Receiver::start_with("ok", &args)
+}
+
+/// An https endpoint whose CA is given by the variable, with a client certificate (mutual
+/// TLS): a traced request's spans arrive, sent by the client certificate's owner.
+#[test]
+fn spans_go_over_https_verified_by_the_given_ca_with_a_client_certificate() {
+    let app = mlp();
+    let pki = Pki::new(app.dir.path(), "ca");
+    pki.issue("ca", "server");
+    pki.issue("ca", "exporter");
+    let rx = tls_receiver(&pki, Some("ca"));
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("exporter.pem"),
+        pki.path("exporter.key"),
+    );
+    let endpoint = format!("https://127.0.0.1:{}", rx.port);
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &format!("{endpoint}/v1/traces"),
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &ca),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+        ],
+    );
+    s.wait_workers(1);
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(trace, "01"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    let spans = rx.spans_of(trace, 1);
+    let server = by_name(&spans, "POST /");
+    assert_eq!(server["parent_span_id"], CALLER_SPAN, "{server:#?}");
+    assert_eq!(
+        server["client"], "exporter",
+        "the client certificate was sent"
+    );
+}
+
+/// A collector whose certificate the given CA did not sign, and one whose certificate is
+/// for another host: every request is still answered 200, the spans are dropped and
+/// counted, and the warning names the certificate problem.
+#[test]
+fn a_collector_certificate_that_cannot_be_verified_costs_no_request_and_is_named() {
+    for (case, want) in [
+        ("another CA", "invalid peer certificate: UnknownIssuer"),
+        (
+            "another host",
+            "invalid peer certificate: certificate not valid for name",
+        ),
+    ] {
+        let app = mlp();
+        let pki = Pki::new(app.dir.path(), "ca");
+        let ca = if case == "another CA" {
+            pki.issue("ca", "server");
+            Pki::new(app.dir.path(), "other");
+            pki.path("other.pem")
+        } else {
+            pki.issue_for("ca", "server", "DNS:collector.example");
+            pki.path("ca.pem")
+        };
+        let rx = tls_receiver(&pki, None);
+        let endpoint = format!("https://127.0.0.1:{}", rx.port);
+        let s = Server::start_env(
+            &app,
+            &["--production", "--workers", "1", "--metrics-port", "0"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca),
+            ],
+        );
+        s.wait_workers(1);
+        for i in 0..20 {
+            let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+            assert_eq!(r.status, 200, "{case}: request {i}");
+        }
+        let mport = s.metrics_port();
+        s.poll(&format!("{case}: spans dropped and counted"), || {
+            let d = dropped(&scrape(mport));
+            (d > 0).then_some(d)
+        });
+        let warned = s.poll(&format!("{case}: the warning"), || {
+            s.all_events()
+                .into_iter()
+                .find(|e| e.name == "trace_export_failing")
+        });
+        let why = warned.message();
+        assert!(
+            why.contains("TLS handshake") && why.contains(want),
+            "{case}: {why}"
+        );
+        assert!(
+            rx.all().iter().all(|l| l["trace_id"].is_null()),
+            "{case}: a span reached a collector the exporter cannot trust: {:?}",
+            rx.all()
+        );
+    }
 }

@@ -54,10 +54,16 @@ impl Pki {
     /// `NAME.pem` and `NAME.key`, signed by `ca`, for 127.0.0.1 and localhost (a server) or
     /// a client.
     pub fn issue(&self, ca: &str, name: &str) {
+        self.issue_for(ca, name, "IP:127.0.0.1,DNS:localhost");
+    }
+
+    /// `NAME.pem` and `NAME.key`, signed by `ca`, for the names of `san`
+    /// (`subjectAltName`'s form: `DNS:collector.example,IP:10.0.0.7`).
+    pub fn issue_for(&self, ca: &str, name: &str, san: &str) {
         let ext = self.dir.join(format!("{name}.ext"));
         std::fs::write(
             &ext,
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+            format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"),
         )
         .unwrap();
         openssl(

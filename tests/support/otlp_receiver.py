@@ -6,9 +6,15 @@ attributes. Its first line is `{"listening": PORT}`.
     otlp_receiver.py ok      answer 200 (as a collector that takes them)
     otlp_receiver.py 503     answer 503 to every export (one line {"refused": N} each)
     otlp_receiver.py hang    accept and read every export, answer nothing, ever
+
+    ... MODE --tls CERT KEY [CLIENT_CA]
+        over TLS (https://) with the server certificate CERT and its key KEY (PEM); with
+        CLIENT_CA, a client certificate signed by it is required (mutual TLS) and each
+        span's line names the client's (`client`: its subject's common name)
 """
 import http.server
 import json
+import ssl
 import sys
 import threading
 
@@ -32,6 +38,16 @@ def value(v):
 
 def attributes(kvs):
     return {kv.key: value(kv.value) for kv in kvs}
+
+
+def client_name(conn):
+    """The common name of the client certificate a TLS connection presented, or None."""
+    peer = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
+    for rdn in (peer or {}).get("subject", ()):
+        for key, val in rdn:
+            if key == "commonName":
+                return val
+    return None
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -59,6 +75,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 for s in ss.spans:
                     say({
                         "path": self.path,
+                        "client": client_name(self.connection),
                         "content_type": self.headers.get("Content-Type"),
                         "header_x_tenant": self.headers.get("x-tenant"),
                         "scope": ss.scope.name,
@@ -83,5 +100,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 server.daemon_threads = True
+if "--tls" in sys.argv:
+    cert, key, *client_ca = sys.argv[sys.argv.index("--tls") + 1:]
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(client_ca[0])
+    # The handshake happens at accept; one that fails (the exporter refused this
+    # certificate, or sent none) is dropped by the server loop.
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
 say({"listening": server.server_address[1]})
 server.serve_forever()

@@ -1,6 +1,7 @@
 //! The trace export (issue 58): the standard `OTEL_*` variables, read by `crate::otel`
-//! (which each worker reads again: they inherit the variables). An error stops the start
-//! (exit 2); the standard's warnings are logged at start (`Tracing::warn`).
+//! (which each worker reads again: they inherit the variables), and for an `https://`
+//! endpoint its certificate files (`crate::otel_tls`). An error stops the start (exit 2);
+//! the standard's warnings are logged at start (`Tracing::warn`).
 
 use super::checker::Checker;
 use super::ConfigError;
@@ -18,6 +19,11 @@ pub struct Tracing {
 impl Tracing {
     pub(super) fn check(c: &Checker<'_>) -> Result<Tracing, ConfigError> {
         let (export, warnings) = crate::otel::from_env(c.env).map_err(ConfigError)?;
+        // An https endpoint's certificate files are read now, so a bad one stops the start
+        // (each worker reads them again on its exporter thread).
+        if let Some(tls) = export.as_ref().and_then(|e| e.tls.as_ref()) {
+            crate::otel_tls::client_config(tls).map_err(ConfigError)?;
+        }
         Ok(Tracing { export, warnings })
     }
 
@@ -27,12 +33,20 @@ impl Tracing {
             tracing::warn!(event = "trace_export_setting_ignored", "{w}");
         }
         if let Some(e) = &self.export {
+            let trust = match &e.tls {
+                None => String::new(),
+                Some(t) => format!(
+                    ", verifying its certificate against {} ({})",
+                    t.roots.1.display(),
+                    t.roots.0
+                ),
+            };
             tracing::info!(
                 event = "trace_export",
                 endpoint = %e.endpoint,
                 service_name = %e.service_name,
                 sampler = ?e.sampler,
-                "workers export their spans over OTLP/HTTP to {}",
+                "workers export their spans over OTLP/HTTP to {}{trust}",
                 e.endpoint
             );
         }

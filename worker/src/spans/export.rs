@@ -1,7 +1,7 @@
 //! The export: a bounded queue the request path pushes what its spans are made of into (one
 //! uncontended lock, never a wait: an answered request's record, [`Build`]), drained by a
 //! thread of its own that builds the spans, encodes them and POSTs them to the collector as
-//! OTLP/HTTP protobuf. A collector that is slow, down or answering errors
+//! OTLP/HTTP protobuf (over TLS for an `https://` endpoint: [`super::transport`]). A collector that is slow, down or answering errors
 //! costs spans, never a request: when the queue is full a span is dropped and counted, and
 //! a batch the collector did not take is dropped and counted (no retry: the next batch is
 //! newer). The counter is `vramfork_trace_spans_dropped_total`; a warning is logged when
@@ -9,8 +9,6 @@
 //! they work again.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -18,6 +16,7 @@ use std::time::Duration;
 use prost::Message;
 
 use super::otlp;
+use super::transport::Transport;
 use vramfork::otel::OtelConfig;
 
 /// Spans held at most while the exporter is behind (the specification's
@@ -127,6 +126,8 @@ impl Exporter {
     /// The exporter thread: a batch when BATCH spans are waiting or DELAY passed.
     fn run(&self, config: &OtelConfig, resource: Vec<otlp::KeyValue>) {
         let mut failing: Option<u64> = None; // dropped when the failures began
+                                             // An https endpoint's certificates are read here, off every request's path.
+        let transport = Transport::new(config);
         loop {
             let entries: Vec<Entry> = {
                 let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -158,7 +159,7 @@ impl Exporter {
                 continue;
             }
             let n = batch.len() as u64;
-            match post(config, &request(config, &resource, batch)) {
+            match transport.post(config, &request(config, &resource, batch)) {
                 Ok(()) => {
                     if let Some(before) = failing.take() {
                         tracing::info!(
@@ -212,60 +213,6 @@ fn request(config: &OtelConfig, resource: &[otlp::KeyValue], spans: Vec<otlp::Sp
         }],
     }
     .encode_to_vec()
-}
-
-/// POSTs `body` to the collector (HTTP/1.1, a connection per export, the configured
-/// timeout for each step); Ok on a 2xx answer.
-fn post(config: &OtelConfig, body: &[u8]) -> Result<(), String> {
-    let timeout = Duration::from_millis(config.timeout_ms);
-    let addr = config
-        .host_port
-        .to_socket_addrs()
-        .map_err(|e| format!("{}: {e}", config.host_port))?
-        .next()
-        .ok_or_else(|| format!("{}: no address", config.host_port))?;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
-    s.set_write_timeout(Some(timeout)).ok();
-    s.set_read_timeout(Some(timeout)).ok();
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n",
-        config.path,
-        config.host_port,
-        body.len()
-    );
-    for (k, v) in &config.headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes())
-        .and_then(|()| s.write_all(body))
-        .map_err(|e| format!("sending to {addr}: {e}"))?;
-    // The status line is all that is needed.
-    let mut answer = Vec::with_capacity(256);
-    let mut buf = [0u8; 256];
-    while !answer.windows(2).any(|w| w == b"\r\n") {
-        let n = s
-            .read(&mut buf)
-            .map_err(|e| format!("the answer of {addr}: {e}"))?;
-        if n == 0 {
-            return Err(format!("{addr} closed the connection without an answer"));
-        }
-        answer.extend_from_slice(&buf[..n]);
-        if answer.len() > 8192 {
-            break;
-        }
-    }
-    let line = String::from_utf8_lossy(&answer);
-    let status = line.split(' ').nth(1).unwrap_or("");
-    if status.starts_with('2') {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} answered {}",
-            config.endpoint,
-            line.lines().next().unwrap_or("")
-        ))
-    }
 }
 
 #[cfg(test)]

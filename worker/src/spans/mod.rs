@@ -28,6 +28,7 @@
 mod export;
 mod otlp;
 pub mod pass;
+mod transport;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

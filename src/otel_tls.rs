@@ -1,0 +1,130 @@
+//! The trace export over `https://` (issue 58): the rustls client configuration built from
+//! what [`crate::otel::OtelTls`] names, as the OTLP exporter specification's "Certificate
+//! File", "Client Certificate File" and "Client Key File" options say
+//! (<https://opentelemetry.io/docs/specs/otel/protocol/exporter/#configuration-options>).
+//!
+//! - The collector's certificate is verified (chain, validity, and the endpoint's host as a
+//!   DNS name or IP address in its subject alternative names) against the PEM certificates
+//!   of `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` when set, else of `SSL_CERT_FILE`, else of
+//!   the system's bundle (`crate::otel::SYSTEM_BUNDLES`: read from the file the distribution
+//!   keeps, as OpenSSL and curl do, so no crate beyond rustls is needed and the roots are
+//!   the ones the operator's `update-ca-certificates` manages).
+//! - A client certificate and key (mutual TLS) are sent when both are set.
+//!
+//! The master builds it once at start to check the files (a file that cannot be read, holds
+//! no certificate, or a key that does not parse: exit 2 naming the variable); each worker
+//! builds it on its exporter thread. rustls with the *ring* provider; TLS 1.2 and 1.3.
+
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::otel::{OtelTls, PemFile};
+
+/// The largest PEM file read (a system bundle is about 200 KiB).
+const MAX_PEM_BYTES: u64 = 4 << 20;
+
+/// How a file is named in messages: `VAR=path`, or `the system's CA bundle (path)`.
+fn named((var, path): &PemFile) -> String {
+    if var.starts_with("OTEL_") || var.starts_with("SSL_") {
+        format!("{var}={}", path.display())
+    } else {
+        format!("{var} ({})", path.display())
+    }
+}
+
+fn read(file: &PemFile) -> Result<Vec<u8>, String> {
+    let too_big = std::fs::metadata(&file.1).map(|m| m.len() > MAX_PEM_BYTES);
+    if let Ok(true) = too_big {
+        return Err(format!(
+            "{}: larger than {MAX_PEM_BYTES} bytes, not a PEM file",
+            named(file)
+        ));
+    }
+    std::fs::read(&file.1).map_err(|e| format!("{}: cannot be read: {e}", named(file)))
+}
+
+/// The PEM certificates of `file` (at least one).
+fn certificates(file: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(&read(file)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", named(file)))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            named(file)
+        ));
+    }
+    Ok(certs)
+}
+
+/// The client configuration for an `https://` endpoint, or why it cannot be made.
+pub fn client_config(tls: &OtelTls) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certificates(&tls.roots)?);
+    if added == 0 {
+        return Err(format!(
+            "{}: none of its certificates can be used as a trust anchor",
+            named(&tls.roots)
+        ));
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS for the trace export: {e}"))?
+    .with_root_certificates(roots);
+    let mut config = match &tls.client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = certificates(cert)?;
+            let key_der = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|e| {
+                format!(
+                    "{}: holds no usable PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC): {e}",
+                    named(key)
+                )
+            })?;
+            builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+                format!(
+                    "{} and {}: not a certificate and its key: {e}",
+                    named(cert),
+                    named(key)
+                )
+            })?
+        }
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(roots: &std::path::Path) -> OtelTls {
+        OtelTls {
+            host: "localhost".into(),
+            roots: ("OTEL_EXPORTER_OTLP_CERTIFICATE", roots.to_path_buf()),
+            client: None,
+        }
+    }
+
+    #[test]
+    fn a_ca_file_missing_or_without_a_certificate_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = client_config(&tls(&missing)).unwrap_err();
+        assert!(
+            e.starts_with(&format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE={}: cannot be read",
+                missing.display()
+            )),
+            "{e}"
+        );
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let e = client_config(&tls(&junk)).unwrap_err();
+        assert!(e.contains("junk.pem: holds no PEM certificate"), "{e}");
+    }
+}
