@@ -3,9 +3,10 @@
 
 Three servers of the same model, 2 workers each, their wrk runs at c=16 interleaved (the order
 alternating from round to round): tracing off (no OTEL_* variable); on, every request sampled
-(OTEL_TRACES_SAMPLER=always_on) and exported to an OTLP receiver on loopback that decodes
-every span (tests/support/otlp_receiver.py); and on, to a collector nobody listens on (every
-export refused, the spans dropped and counted). For the small MLP (POST / JSON) and the
+(OTEL_TRACES_SAMPLER=always_on) and exported to a collector on loopback that decodes every
+export and counts its spans (otlp_sink.py: its CPU time over the traced runs is reported,
+since it shares the server's cores); and on, to a collector nobody listens on (every export
+refused, the spans dropped and counted). For the small MLP (POST / JSON) and the
 CIFAR-style CNN (POST / JSON, bench/tmp/real). Writes bench/tracing.{json,md}: req/s, p50,
 p99 and each traced server's ratio to the untraced one.
 
@@ -16,25 +17,33 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as R  # noqa: E402
-from common import OUT, ROOT, free_port, log  # noqa: E402
+from common import OUT, ROOT, free_port, get, log  # noqa: E402
 
 PY = os.environ.get("VRAMFORK_PYTHON", sys.executable)
 
 
 def receiver():
-    """The OTLP receiver on loopback: (process, port)."""
-    p = subprocess.Popen([PY, os.path.join(ROOT, "tests", "support", "otlp_receiver.py"), "ok"],
-                         stdout=subprocess.PIPE, text=True)
-    first = json.loads(p.stdout.readline())
-    # Its span lines are read by nobody: a thread discards them.
-    threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
-    return p, first["listening"]
+    """The collector on loopback (otlp_sink.py): (process, port)."""
+    p = subprocess.Popen([PY, os.path.join(HERE, "otlp_sink.py")], stdout=subprocess.PIPE,
+                         text=True)
+    return p, json.loads(p.stdout.readline())["listening"]
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read()
+    fields = st[st.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def received(port):
+    return json.loads(get(port, "/count")[1])
 
 
 def server(model, tag, otel):
@@ -82,7 +91,19 @@ def main():
             try:
                 for s in srvs.values():
                     R.wrk(s.port, body, 2, 1)  # warm-up
-                runs = R.interleaved(list(srvs), reps, lambda k: R.wrk(srvs[k].port, body, 16, secs))
+                sink = {"cpu_s": 0.0, "seconds": 0.0}
+
+                def one(k):
+                    before = cpu_s(rx.pid) if k == "on" else None
+                    r = R.wrk(srvs[k].port, body, 16, secs)
+                    if before is not None:
+                        sink["cpu_s"] += cpu_s(rx.pid) - before
+                        sink["seconds"] += secs
+                    return r
+
+                spans_before = received(rx_port)["spans"]
+                runs = R.interleaved(list(srvs), reps, one)
+                spans = received(rx_port)["spans"] - spans_before
             finally:
                 for s in srvs.values():
                     s.stop()
@@ -91,10 +112,15 @@ def main():
                                                                          "failed", "rps_all")}
                                                for k in got}}
             row["on_ratio"] = got["on"]["rps"] / got["off"]["rps"]
+            # The collector's share of the two cores while the traced server ran, and the spans
+            # it took (over every round).
+            row["collector_cpu_share"] = sink["cpu_s"] / sink["seconds"]
+            row["spans_received"] = spans
             row["unreachable_ratio"] = got["unreachable"]["rps"] / got["off"]["rps"]
             log(f"tracing {model} c=16: off {got['off']['rps']:.0f}, on {got['on']['rps']:.0f} "
                 f"({row['on_ratio']:.3f}), unreachable {got['unreachable']['rps']:.0f} "
-                f"({row['unreachable_ratio']:.3f}) req/s")
+                f"({row['unreachable_ratio']:.3f}) req/s; the collector took "
+                f"{row['collector_cpu_share']:.2f} of a core for {spans} spans")
             rows.append(row)
     finally:
         rx.kill()
@@ -107,14 +133,16 @@ def main():
     md = [f"# What exporting spans costs\n\n`{a.command}`, {res['when']}, binaries of `{res['bin']}`, "
           f"{res['cpus']} CPUs shared with wrk and the receiver; 2 workers, c=16, {reps} runs of "
           f"{secs} s per server, interleaved; medians. *on*: every request sampled and exported to "
-          "an OTLP receiver on loopback that decodes every span; *unreachable*: exported to a port "
-          "nobody listens on (all dropped and counted).\n",
-          "| model | off (req/s) | on (req/s, ratio) | unreachable (req/s, ratio) | p99 ms off / on / unreachable |",
-          "|---|---|---|---|---|"]
+          "a collector on loopback that decodes every export (its CPU, in cores, while the traced "
+          "server ran: the last column; it shares the server's cores); *unreachable*: exported to "
+          "a port nobody listens on (all dropped and counted).\n",
+          "| model | off (req/s) | on (req/s, ratio) | unreachable (req/s, ratio) | p99 ms off / on / unreachable | collector CPU |",
+          "|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['model']} | {r['off']['rps']:.0f} | {r['on']['rps']:.0f}, **{r['on_ratio']:.3f}** | "
                   f"{r['unreachable']['rps']:.0f}, **{r['unreachable_ratio']:.3f}** | "
-                  f"{r['off']['p99_ms']:.1f} / {r['on']['p99_ms']:.1f} / {r['unreachable']['p99_ms']:.1f} |")
+                  f"{r['off']['p99_ms']:.1f} / {r['on']['p99_ms']:.1f} / {r['unreachable']['p99_ms']:.1f} | "
+                  f"{r['collector_cpu_share']:.2f} |")
     with open(os.path.join(OUT, "tracing.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
