@@ -86,6 +86,10 @@ pub struct GpuAssignment {
     /// starts; never above the limit the server inherited ([`gpu_env`]).
     #[serde(default)]
     pub mps_limit_mb: Option<u64>,
+    /// The GPU's CUDA compute capability, `major.minor`, as the master's NVML reads it
+    /// (`None`: not told): an AOTInductor package compiled for another is refused at boot.
+    #[serde(default)]
+    pub compute_capability: Option<String>,
 }
 
 /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: an MPS client's limit on the device memory it may
