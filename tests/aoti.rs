@@ -84,10 +84,13 @@ fn a_package_answers_as_the_torchscript_export_on_post_and_v2() {
     let (oa, ot) = (&ra.json()["outputs"][0], &rt.json()["outputs"][0]);
     assert_eq!(oa["shape"], json!([3, 3]), "{oa}");
     assert!(within_1e5(&oa["data"], &ot["data"]), "{oa} vs {ot}");
+    // Its v2 metadata names the format as Triton's platform for AOTInductor packages does.
+    let meta = a.get("/v2/models/test%20app").json();
+    assert_eq!(meta["platform"], "torch_aoti", "{meta}");
 }
 
 /// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`) gets torch's answers from a
-/// package, raw and typed.
+/// package, raw and typed, and its metadata's platform `torch_aoti`.
 #[test]
 fn tritonclient_grpc_gets_torchs_answers_from_a_package() {
     let app = App::new(&mlp(), &format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 4"#));
@@ -100,6 +103,7 @@ fn tritonclient_grpc_gets_torchs_answers_from_a_package() {
         &["basics", &url, "test app", cases.to_str().unwrap()],
         b"",
     );
+    assert_eq!(r["model_metadata"]["platform"], "torch_aoti", "{r}");
     let cases = r["cases"].as_array().unwrap();
     assert!(cases.len() >= 3, "{r}");
     for c in cases {
