@@ -378,6 +378,21 @@ mod tests {
     }
 
     #[test]
+    fn the_device_and_its_index_are_read() {
+        let text = |device: serde_json::Value| {
+            json!({"graph_module": {
+                "signature": {"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": "x"}}}}]},
+                "graph": {"tensor_values": {"x": {"dtype": 7, "device": device, "sizes": [{"as_int": 4}]}}}
+            }})
+            .to_string()
+        };
+        let s = Signature::parse(text(json!({"type": "cuda", "index": 1})).as_bytes()).unwrap();
+        assert_eq!((s.device.as_str(), s.device_index), ("cuda", Some(1)));
+        let s = Signature::parse(text(json!({"type": "cpu"})).as_bytes()).unwrap();
+        assert_eq!((s.device.as_str(), s.device_index), ("cpu", None));
+    }
+
+    #[test]
     fn the_user_inputs_and_their_bounds_are_read() {
         let s = program();
         assert_eq!(s.device, "cpu");
