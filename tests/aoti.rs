@@ -11,6 +11,8 @@
 //! mode.
 
 mod common;
+#[path = "support/nvml_sim.rs"]
+mod nvml_sim;
 
 use std::path::{Path, PathBuf};
 
@@ -82,10 +84,13 @@ fn a_package_answers_as_the_torchscript_export_on_post_and_v2() {
     let (oa, ot) = (&ra.json()["outputs"][0], &rt.json()["outputs"][0]);
     assert_eq!(oa["shape"], json!([3, 3]), "{oa}");
     assert!(within_1e5(&oa["data"], &ot["data"]), "{oa} vs {ot}");
+    // Its v2 metadata names the format as Triton's platform for AOTInductor packages does.
+    let meta = a.get("/v2/models/test%20app").json();
+    assert_eq!(meta["platform"], "torch_aoti", "{meta}");
 }
 
 /// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`) gets torch's answers from a
-/// package, raw and typed.
+/// package, raw and typed, and its metadata's platform `torch_aoti`.
 #[test]
 fn tritonclient_grpc_gets_torchs_answers_from_a_package() {
     let app = App::new(&mlp(), &format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 4"#));
@@ -98,6 +103,7 @@ fn tritonclient_grpc_gets_torchs_answers_from_a_package() {
         &["basics", &url, "test app", cases.to_str().unwrap()],
         b"",
     );
+    assert_eq!(r["model_metadata"]["platform"], "torch_aoti", "{r}");
     let cases = r["cases"].as_array().unwrap();
     assert!(cases.len() >= 3, "{r}");
     for c in cases {
@@ -237,6 +243,75 @@ fn packages_for_another_cpu_or_device_and_unfit_metadata_are_refused() {
         MLP_INPUT_DECL,
         &["dynamic batch starts at 2 rows; set max_batch_size"],
     );
+}
+
+/// On a GPU the plan chose (simulated: `tests/nvml-mock`, whose compute capability the
+/// master reads through NVML and tells the worker): a CPU package is refused naming
+/// `--device cpu`; a CUDA package for compute capability 9.0 is refused on an A100 (8.0),
+/// naming both, and on an H100 (9.0) passes that check and is refused only because a
+/// simulated GPU's worker runs on the CPU. No CUDA compiler here: the "CUDA package" is
+/// mlp's CPU package with its metadata saying `AOTI_DEVICE_KEY cuda` and
+/// `AOTI_COMPUTE_CAPABILITY 90` (`tests/support/aoti_edit_metadata.py`), which is all the
+/// checks before the load read.
+#[test]
+fn packages_are_checked_against_the_gpu_the_plan_chose() {
+    use nvml_sim::{SimGpu, SimGpus};
+    let dir = tempfile::tempdir().unwrap();
+    let cuda = edited(
+        dir.path(),
+        "cuda90.pt2",
+        &["AOTI_DEVICE_KEY=cuda", "AOTI_COMPUTE_CAPABILITY=90"],
+    );
+    let cases = [
+        (
+            mlp(),
+            SimGpu::h100_80gb(),
+            vec![
+                "compiled for the CPU (AOTI_DEVICE_KEY cpu), but this worker runs on a GPU",
+                "serve it with --device cpu",
+            ],
+        ),
+        (
+            cuda.clone(),
+            SimGpu::a100_40gb(),
+            vec![
+                "compiled for GPUs of compute capability 9.0 (AOTI_COMPUTE_CAPABILITY 90",
+                "of compute capability 8.0 (as NVML reports it)",
+            ],
+        ),
+        (
+            cuda,
+            SimGpu::h100_80gb(),
+            vec!["compiled for CUDA, and --simulated-gpus runs the model on the CPU"],
+        ),
+    ];
+    let lib = nvml_sim::mock_library().display().to_string();
+    for (model, gpu, want) in cases {
+        let meta = r#""max_batch_size": 4, "est_gpu_mem_min": 500, "est_gpu_mem_typ": 1000"#;
+        let app = App::new(&model, &format!("{MLP_INPUT_DECL}, {meta}"));
+        let file = app.dir.path().join("gpus.json");
+        SimGpus::new(vec![gpu.clone()]).write(&file);
+        let args = [
+            "--production",
+            "--workers",
+            "1",
+            "--nvml-library",
+            &lib,
+            "--simulated-gpus",
+        ];
+        let env = [(nvml_sim::ENV_FILE, file.to_str().unwrap())];
+        let mut s = Server::spawn(&app, &args, &env);
+        let st = s.wait_exit(PATIENCE);
+        let log = s.log_text();
+        assert_eq!(st.code(), Some(3), "{} on {}: {log}", model, gpu.name);
+        for w in want {
+            assert!(
+                log.contains(w),
+                "{model} on {}: no {w:?} in\n{log}",
+                gpu.name
+            );
+        }
+    }
 }
 
 /// Stops `s` as an operator does (SIGTERM) and waits for it.

@@ -296,3 +296,37 @@ fn outside_the_hosts_pid_namespace_no_process_figure_is_ours() {
     let p = p.with_pids_ours(true);
     assert_eq!(p.process_used_bytes(0, 7).unwrap(), Some(30_000 * MB));
 }
+
+/// Each GPU's CUDA compute capability as NVML tells it (`nvmlDeviceGetCudaComputeCapability`),
+/// a MIG instance's that of its GPU; unknown (`None`) where the call fails, the GPU still
+/// listed.
+#[test]
+fn compute_capabilities_are_read_and_a_failure_leaves_them_unknown() {
+    use nvml_sim::{nvml_return, SimMig, SimMigInstance};
+    let sim = SimGpus::new(vec![
+        SimGpu::h100_80gb(),
+        SimGpu::t4(),
+        SimGpu::rtx_4090().error(
+            "nvmlDeviceGetCudaComputeCapability",
+            nvml_return::NOT_SUPPORTED,
+        ),
+        SimGpu::a100_40gb()
+            .mig(SimMig::enabled().instance(SimMigInstance::a100_3g_20gb("MIG-cccc", 1))),
+    ]);
+    let s = Sim::new(&sim);
+    let (res, _p) = probe(Some(&s.lib)).unwrap();
+    let got: Vec<(u32, Option<String>)> = res
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.compute_capability.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, Some("9.0".into())),
+            (1, Some("7.5".into())),
+            (2, None),
+            (4, Some("8.0".into())),
+        ]
+    );
+}

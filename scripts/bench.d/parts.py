@@ -123,10 +123,11 @@ PARTS = [
          "WINDOW_UPDATE(+1) frames on HTTP/2 connections, and beside 4 that reconnect whenever "
          "one is ended; to bench/h2flood.{json,md}", ["python3", f"{D}/h2_flood.py"], 600,
          quick=False),
-    Part("pt2", 12, "each format served ÷ its own loop: the MLP 64-256-256-16 and the CNN as "
-         "TorchScript, a torch.export program (Native Runtime) and an AOTInductor package, "
-         "c=1/4/16, load time, PSS of 2 workers; to bench/pt2.{json,md}",
-         [PY, f"{D}/pt2.py"]),
+    Part("pt2", 30, "each format served ÷ its own loop: the MLP 64-256-256-16, the CNN, "
+         "ResNet-50 and BERT-base (random weights, made and compiled once: about 3 minutes on "
+         "two cores) as TorchScript, a torch.export program (Native Runtime) and an "
+         "AOTInductor package, c=1/4/16, load time, PSS of 2 workers; to bench/pt2.{json,md}",
+         [PY, f"{D}/pt2.py"], 3600),
     Part("tracing", 4, "what exporting spans costs: the small MLP and the CNN at c=16 with "
          "tracing off, on (every request sampled, exported to an OTLP receiver on loopback) and "
          "on to a collector nobody listens on, interleaved; to bench/tracing.{json,md}",

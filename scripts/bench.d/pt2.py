@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/bench --only pt2: each format vramfork serves against its own loop (issue 55).
 
-For the MLP 64-256-256-16 and the CIFAR-style CNN, each as TorchScript, as a torch.export
+For the MLP 64-256-256-16, the CIFAR-style CNN, ResNet-50 and BERT-base (random weights,
+made here: pt2_models.py), each as TorchScript, as a torch.export
 program (the Native Runtime) and as an AOTInductor package (dynamic threads), built once by
 pt2_models.py in bench/tmp/pt2: `app --production`, 2 workers x 1 torch thread, POST / JSON of
 one row; at c = 1, 4, 16 each served run (wrk) between two runs of the artifact's own loop
@@ -10,7 +11,7 @@ this shared machine hits both sides of each ratio (every format with `max_batch_
 pt2_models.py); also the first worker's load time (from
 its `ready in` line) and the PSS of the 2 workers. Writes bench/pt2.{json,md}.
 
-Usage: pt2.py --command CMD [--quick] [--models mlp256,cnn]
+Usage: pt2.py --command CMD [--quick] [--models mlp256,cnn,resnet50,bert_base]
 """
 import argparse
 import json
@@ -28,7 +29,7 @@ from common import OUT, ROOT, log, median  # noqa: E402
 PY = os.environ.get("VRAMFORK_PYTHON", sys.executable)
 DIR = os.path.join(OUT, "tmp", "pt2")
 KINDS = {"torchscript": "pt", "program": "pt2", "aoti": "aoti.pt2"}
-MODELS = ("mlp256", "cnn")
+MODELS = ("mlp256", "cnn", "resnet50", "bert_base")
 READY = re.compile(r"^worker \d+ \(pid (\d+), generation \d+\) ready in ([\d.]+) ms")
 
 
@@ -79,7 +80,7 @@ def main():
     a = ap.parse_args()
     reps, secs = (1, 2) if a.quick else (3, 3)
     os.makedirs(R.TMP, exist_ok=True)
-    subprocess.run([PY, os.path.join(HERE, "pt2_models.py"), "build", DIR], check=True,
+    subprocess.run([PY, os.path.join(HERE, "pt2_models.py"), "build", DIR, a.models], check=True,
                    stdout=subprocess.DEVNULL)
     rows = [measure(m, k, reps, secs) for m in a.models.split(",") for k in KINDS]
     res = {"command": a.command, "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

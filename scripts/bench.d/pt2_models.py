@@ -2,7 +2,8 @@
 """The models of `scripts/bench --only pt2`, each in the three formats vramfork serves, and
 each artifact's own loop.
 
-    pt2_models.py build DIR          writes DIR/<model>.{pt,pt2,aoti.pt2,json…} (once)
+    pt2_models.py build DIR [MODELS] writes DIR/<model>.{pt,pt2,aoti.pt2,json…} (once), for
+                                     the comma list MODELS (default: all)
     pt2_models.py loop PATH KIND MODEL SECONDS
                                      passes/s of the artifact's own loop, one thread: KIND
                                      torchscript (torch.jit.load), program (the Native
@@ -13,8 +14,12 @@ Every format is served with `max_batch_size` 8 (an AOTInductor package's batch s
 rows, and the server pads a lone row only with batching on; the CNN's package bounds its batch at 15); the package's own loop runs the
 2-row pass a lone request becomes.
 
-Models (random weights, fixed seeds): `mlp256` (64-256-256-16, one row of 64) and `cnn`
-(scripts/bench.d/make_real.py's CIFAR-style CNN, one 3x32x32 image). Exported with
+Models (random weights, fixed seeds, made here): `mlp256` (64-256-256-16, one row of 64),
+`cnn` (scripts/bench.d/make_real.py's CIFAR-style CNN, one 3x32x32 image), `resnet50`
+(torchvision's, one 3x224x224 image) and `bert_base` (transformers' BertModel with its
+default config, one sequence of 128 token ids; it answers last_hidden_state and
+pooler_output). Compiling the larger packages takes minutes on two cores: each model is built
+once (`<model>.done`). Exported with
 torch.export.Dim for the batch; the AOTInductor packages with
 TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1 (what vramfork serves).
 """
@@ -28,43 +33,80 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def modules():
+def mlp256():
     torch.manual_seed(0)
-    mlp = torch.nn.Sequential(
+    return torch.nn.Sequential(
         torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 16)).eval()
+
+
+def cnn():
+    torch.manual_seed(0)
 
     def block(i, o):
         return [torch.nn.Conv2d(i, o, 3, padding=1), torch.nn.ReLU()]
 
-    cnn = torch.nn.Sequential(*(
+    return torch.nn.Sequential(*(
         block(3, 96) + block(96, 96) + [torch.nn.MaxPool2d(2)] + block(96, 192)
         + block(192, 192) + [torch.nn.MaxPool2d(2)] + block(192, 384) + block(384, 384)
         + block(384, 384) + [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
                              torch.nn.Linear(384, 10)])).eval()
-    return {"mlp256": (mlp, [64]), "cnn": (cnn, [3, 32, 32])}
 
 
-def example(name):
-    shape = modules()[name][1]
-    return torch.randn(1, *shape, generator=torch.Generator().manual_seed(1))
+def resnet50():
+    import torchvision
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
 
 
-def build(out):
-    os.makedirs(out, exist_ok=True)
+def bert_base():
+    """BERT-base (transformers' BertModel, its default config: 12 layers, hidden 768), random
+    weights; returns the tuple (last_hidden_state, pooler_output) (`torchscript=True`)."""
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    return BertModel(BertConfig(torchscript=True)).eval()
+
+
+# name: (module maker, one row's shape, dtype, the export's batch bound)
+MODELS = {
+    "mlp256": (mlp256, [64], torch.float32, 64),
+    "cnn": (cnn, [3, 32, 32], torch.float32, 64),
+    "resnet50": (resnet50, [3, 224, 224], torch.float32, 64),
+    # token ids of a 128-token sequence (BertConfig's vocabulary: 30522)
+    "bert_base": (bert_base, [128], torch.int64, 64),
+}
+
+
+def example(name, rows=1):
+    _, shape, dtype, _ = MODELS[name]
+    g = torch.Generator().manual_seed(1)
+    if dtype == torch.int64:
+        return torch.randint(0, 30522, (rows, *shape), generator=g)
+    return torch.randn(rows, *shape, generator=g)
+
+
+def build_one(out, name):
     import torch._inductor.config as inductor
-    for name, (m, shape) in modules().items():
+    make, shape, dtype, bound = MODELS[name]
+    m = make()
+    x2 = example(name, 2)
+    torch.jit.trace(m, x2).save(os.path.join(out, f"{name}.pt"))
+    program = torch.export.export(
+        m, (x2,), dynamic_shapes=({0: torch.export.Dim("batch", max=bound)},))
+    torch.export.save(program, os.path.join(out, f"{name}.pt2"))
+    with inductor.patch({"cpp.dynamic_threads": True}):
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=os.path.join(out, f"{name}.aoti.pt2"))
+    open(os.path.join(out, f"{name}.done"), "w").close()
+
+
+def build(out, names):
+    os.makedirs(out, exist_ok=True)
+    for name in names:
         if not os.path.exists(os.path.join(out, f"{name}.done")):
-            x2 = torch.zeros(2, *shape)
-            torch.jit.trace(m, x2).save(os.path.join(out, f"{name}.pt"))
-            program = torch.export.export(
-                m, (x2,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
-            torch.export.save(program, os.path.join(out, f"{name}.pt2"))
-            with inductor.patch({"cpp.dynamic_threads": True}):
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=os.path.join(out, f"{name}.aoti.pt2"))
-            open(os.path.join(out, f"{name}.done"), "w").close()
-        x = example(name)
+            build_one(out, name)
+        _, shape, dtype, _ = MODELS[name]
+        dt = "int64" if dtype == torch.int64 else "float32"
         for kind, file in (("torchscript", f"{name}.pt"), ("program", f"{name}.pt2"),
                            ("aoti", f"{name}.aoti.pt2")):
             with open(os.path.join(out, f"{name}.{kind}.json"), "w") as f:
@@ -73,9 +115,9 @@ def build(out):
                 # only with batching on.
                 json.dump({"name": f"{name}-{kind}", "model": os.path.join(out, file),
                            "max_batch_size": 8,
-                           "input": {"shape": [-1, *shape], "dtype": "float32"}}, f)
+                           "input": {"shape": [-1, *shape], "dtype": dt}}, f)
         with open(os.path.join(out, f"{name}.body"), "w") as f:
-            json.dump({"inputs": x.tolist()}, f)
+            json.dump({"inputs": example(name).tolist()}, f)
     print(json.dumps({"built": out}))
 
 
@@ -105,6 +147,6 @@ def loop(path, kind, name, seconds):
 
 if __name__ == "__main__":
     if sys.argv[1] == "build":
-        build(sys.argv[2])
+        build(sys.argv[2], sys.argv[3].split(",") if len(sys.argv) > 3 else list(MODELS))
     else:
         loop(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))

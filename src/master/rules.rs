@@ -212,6 +212,7 @@ mod tests {
             cap_mb: Some(4000),
             mig: None,
             mps_limit_mb: None,
+            compute_capability: None,
         };
         // (target, slots, footprint cap, where the plan puts one more, outcome)
         let rows: Vec<(u32, usize, Option<u32>, Target, Ttin)> = vec![
@@ -364,6 +365,7 @@ mod tests {
             mps_client_limit_mb: None,
             gpu_instance: None,
             ledger_mb: 0,
+            compute_capability: None,
         }
     }
 

@@ -356,6 +356,8 @@ pub struct SimGpu {
     /// Fill calls of a process list that find one process more than the count call before
     /// them (a client started in between), answered `INSUFFICIENT_SIZE`.
     pub lists_grow: u32,
+    /// CUDA compute capability `major.minor` (`None`: the mock's default, 9.0).
+    pub compute_capability: Option<String>,
 }
 
 impl SimGpu {
@@ -380,19 +382,24 @@ impl SimGpu {
             mps_processes: Vec::new(),
             errors: BTreeMap::new(),
             lists_grow: 0,
+            compute_capability: None,
         }
     }
     pub fn a100_40gb() -> SimGpu {
-        SimGpu::new("NVIDIA A100-SXM4-40GB", 40_960)
+        SimGpu::new("NVIDIA A100-SXM4-40GB", 40_960).compute_capability("8.0")
     }
     pub fn h100_80gb() -> SimGpu {
-        SimGpu::new("NVIDIA H100 80GB HBM3", 81_559)
+        SimGpu::new("NVIDIA H100 80GB HBM3", 81_559).compute_capability("9.0")
     }
     pub fn rtx_4090() -> SimGpu {
-        SimGpu::new("NVIDIA GeForce RTX 4090", 24_564)
+        SimGpu::new("NVIDIA GeForce RTX 4090", 24_564).compute_capability("8.9")
     }
     pub fn t4() -> SimGpu {
-        SimGpu::new("Tesla T4", 15_360)
+        SimGpu::new("Tesla T4", 15_360).compute_capability("7.5")
+    }
+    pub fn compute_capability(mut self, cc: &str) -> SimGpu {
+        self.compute_capability = Some(cc.to_string());
+        self
     }
     pub fn free_mb(mut self, mb: u64) -> SimGpu {
         self.free_mb = mb;
@@ -570,6 +577,9 @@ impl SimGpus {
                 );
                 if let Some(n) = g.pid_namespace_offset {
                     gpu["pid_namespace_offset"] = json!(n);
+                }
+                if let Some(cc) = &g.compute_capability {
+                    gpu["compute_capability"] = json!(cc);
                 }
                 if let Some(m) = g.compute_mode {
                     gpu["compute_mode"] = json!(m.as_str());

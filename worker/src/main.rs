@@ -224,7 +224,7 @@ fn load(
         wanted,
         cap_bytes,
         preloaded,
-        declared: runner::Declared::of(metadata, cfg.max_batch_size),
+        declared: runner::Declared::of(metadata, cfg.max_batch_size).placed(cfg.gpu.as_ref()),
         batching,
         profile,
         warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),

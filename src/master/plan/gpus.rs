@@ -66,6 +66,10 @@ pub struct GpuPlan {
     /// `free_mb` is at most `total × fraction` less them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ledger_mb: u64,
+    /// CUDA compute capability, `major.minor`, as NVML tells it (told to its workers: an
+    /// AOTInductor package runs only on the GPU kind it was compiled for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -83,6 +87,7 @@ impl GpuPlan {
             cap_mb: g.cap_mb,
             mig: g.mig,
             mps_limit_mb: g.mps_limit_mb,
+            compute_capability: g.compute_capability.clone(),
         }
     }
 
@@ -338,6 +343,7 @@ fn gpu_plan(
         mps_client_limit_mb: client_limit,
         gpu_instance: g.gpu_instance,
         ledger_mb: g.ledger_mb,
+        compute_capability: g.compute_capability.clone(),
     };
     if mode == PlacementMode::GpuMemory {
         (plan.cap_mb, plan.memory_fraction, plan.mps_limit_mb) =

@@ -328,6 +328,7 @@ mod tests {
             mig: None,
             gpu_instance: None,
             ledger_mb: 0,
+            compute_capability: None,
             index,
             uuid: format!("GPU-{index:08}"),
             name: name.into(),

@@ -108,6 +108,11 @@ pub struct GpuInfo {
     /// (`master::ledger`): the plan counts them as used.
     #[serde(skip_serializing_if = "is_zero")]
     pub ledger_mb: u64,
+    /// CUDA compute capability, `major.minor` (`nvmlDeviceGetCudaComputeCapability`; a MIG
+    /// instance's GPU's): what an AOTInductor package compiled for another GPU is checked
+    /// against. `None` where NVML does not tell it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {

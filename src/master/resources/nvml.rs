@@ -222,6 +222,14 @@ impl NvmlProbe {
             Err(e) => return Err(nvml_err("nvmlDeviceGetComputeMode", index)(e)),
         };
         let gpu_instance = mig.and_then(|_| gpu_instance_id(&self.nvml, &dev));
+        // The GPU's own figure for a MIG instance too (its instances share its SMs' kind).
+        let capability_of = match mig {
+            Some(_) => self
+                .nvml
+                .device_by_index(nvml_index)
+                .and_then(|g| g.cuda_compute_capability()),
+            None => dev.cuda_compute_capability(),
+        };
         Ok(GpuInfo {
             index,
             uuid,
@@ -237,6 +245,11 @@ impl NvmlProbe {
             }),
             gpu_instance,
             ledger_mb: 0,
+            // Unknown where NVML does not say (an old driver, an error): the checks that
+            // need it leave the question to the load.
+            compute_capability: capability_of
+                .ok()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
         })
     }
 

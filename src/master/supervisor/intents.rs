@@ -293,6 +293,7 @@ mod tests {
                 mig: None,
                 gpu_instance: None,
                 ledger_mb: 0,
+                compute_capability: None,
             })
             .collect();
         let res = Resources {

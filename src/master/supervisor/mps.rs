@@ -308,6 +308,7 @@ mod tests {
             mps_client_limit_mb: None,
             gpu_instance: None,
             ledger_mb: 0,
+            compute_capability: None,
         };
         assert!(w.blocks(&g));
         g.compute_mode = ComputeMode::Default;

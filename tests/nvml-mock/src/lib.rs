@@ -73,6 +73,9 @@
 //! - `compute_mode`: `"default"` | `"exclusive_thread"` | `"prohibited"` |
 //!   `"exclusive_process"` (or the integer `nvmlComputeMode_t` 0–3; default `"default"`):
 //!   `nvmlDeviceGetComputeMode`.
+//! - `compute_capability` (string `"major.minor"`, default `"9.0"`, an H100's):
+//!   `nvmlDeviceGetCudaComputeCapability`, which answers it for the GPU's MIG instances
+//!   too (they run on its SMs).
 //! - `lost` (bool): every call on this GPU (and on its MIG instances) fails with
 //!   `GPU_IS_LOST`.
 //! - `errors`: as the top-level one, for calls on this GPU's handle (and
@@ -326,6 +329,8 @@ struct Mig {
 struct Gpu {
     node: Node,
     lost: bool,
+    /// CUDA compute capability (major, minor).
+    capability: (c_int, c_int),
     /// `lists_grow`: fill calls of a process list that find one process more than the
     /// count call before them reported.
     lists_grow: u32,
@@ -511,6 +516,22 @@ fn parse_compute_mode(v: &Value, ctx: &str, default: c_uint) -> Result<c_uint, S
     }
 }
 
+/// `compute_capability`: `"major.minor"` (default 9.0).
+fn parse_capability(v: &Value, ctx: &str) -> Result<(c_int, c_int), String> {
+    let Some(cc) = v.get("compute_capability") else {
+        return Ok((9, 0));
+    };
+    let bad = || format!("{ctx}compute_capability {cc} is not \"major.minor\" (e.g. \"8.0\")");
+    let (major, minor) = cc
+        .as_str()
+        .and_then(|t| t.split_once('.'))
+        .ok_or_else(bad)?;
+    Ok((
+        major.parse().map_err(|_| bad())?,
+        minor.parse().map_err(|_| bad())?,
+    ))
+}
+
 /// What a device's JSON object and its surroundings give `parse_node`.
 struct NodeCtx<'a> {
     ctx: String,
@@ -690,6 +711,7 @@ fn parse_gpu(i: usize, g: &Value, top_offset: u32) -> Result<Gpu, String> {
     Ok(Gpu {
         node,
         lost: flag(g, "lost", false),
+        capability: parse_capability(g, &ctx)?,
         lists_grow: g.get("lists_grow").and_then(Value::as_u64).unwrap_or(0) as u32,
         mig,
     })
@@ -1274,6 +1296,27 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: Handle, mode: *mut c_u
     // SAFETY: checked non-null; the caller guarantees it is writable.
     with_device("nvmlDeviceGetComputeMode", device, |_, d| unsafe {
         put(mode, d.node().compute_mode)
+    })
+}
+
+/// # Safety
+/// `major` and `minor` must be valid for writes of an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: Handle,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> Ret {
+    if major.is_null() || minor.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device("nvmlDeviceGetCudaComputeCapability", device, |_, d| {
+        let (Dev::Gpu(_, g) | Dev::Mig(_, g, _)) = d;
+        // SAFETY: both checked non-null; the caller guarantees they are writable.
+        unsafe {
+            put(major, g.capability.0);
+            put(minor, g.capability.1)
+        }
     })
 }
 

@@ -8,8 +8,15 @@
 //! every server's directory it finds of a dead server at start.
 //!
 //! Before the load, the package is checked ([`super::package`]): one model, compiled for
-//! the CPU and an instruction set this CPU has, its kernels' threads not fixed at compile
-//! time, and its inputs read from the wrapper's generated checks.
+//! the device the plan put the worker on (on the CPU: an instruction set this CPU has; on a
+//! GPU: kernels its compute capability runs, [`super::placement`]), its kernels' threads not
+//! fixed at compile time, and its inputs read from the wrapper's generated checks.
+//!
+//! On a GPU the runner is the registry's `cuda` one, given the device string `cuda:0`
+//! (`AOTIModelContainerRunnerCuda`, whose header takes "cuda" or "cuda:0"; what
+//! `AOTIModelPackageLoader` builds for a `device_index` ≥ 0): the worker's one GPU is device 0
+//! to it (`CUDA_VISIBLE_DEVICES` = its UUID). Inputs reach it on that device and outputs
+//! leave it as for TorchScript (`runner::tensors::to_ivalue`, the encoders' copy to the CPU).
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::{Path, PathBuf};
@@ -19,7 +26,7 @@ use tch::{IValue, Tensor};
 
 use super::package::{self, Contents};
 use super::signature::Dim;
-use super::{archive, PassError, Signature};
+use super::{archive, PassError, Placement, Signature};
 
 mod ffi {
     use std::ffi::{c_char, c_int, c_void};
@@ -70,16 +77,16 @@ pub struct Checked {
     signature: Signature,
 }
 
-/// Reads and checks the package at `path` for a worker on `device` (`cpu`, `cuda`):
-/// `names` are the metadata's declared input names (for messages).
-pub fn check(path: &str, device: &str, names: &[String]) -> Result<Checked, String> {
+/// Reads and checks the package at `path` for a worker placed `at`: `names` are the
+/// metadata's declared input names (for messages).
+pub fn check(path: &str, at: &Placement, names: &[String]) -> Result<Checked, String> {
     let records = archive::records(path)?;
     let contents = package::contents(&records)?;
     let meta = match contents.metadata() {
         Some(file) => package::parse_metadata(&read(path, &contents, file)?)?,
         None => Default::default(),
     };
-    package::check_metadata(&meta, device)?;
+    package::check_metadata(&meta, at)?;
     contents.library()?;
     let wrapper = contents.wrapper_source()?.to_string();
     for file in contents.sources() {
@@ -87,7 +94,8 @@ pub fn check(path: &str, device: &str, names: &[String]) -> Result<Checked, Stri
         package::check_threads(file, &String::from_utf8_lossy(&text))?;
     }
     let wrapper = String::from_utf8_lossy(&read(path, &contents, &wrapper)?).into_owned();
-    let signature = package::parse_inputs(&wrapper, names)?;
+    let mut signature = package::parse_inputs(&wrapper, names)?;
+    signature.device = if at.gpu { "cuda" } else { "cpu" }.into();
     Ok(Checked {
         contents,
         signature,
@@ -115,11 +123,18 @@ pub fn unpack_root() -> PathBuf {
 }
 
 impl Package {
-    /// Unpacks the checked package's model into `<root>/<pid>/`, loads it, removes the
-    /// files. `pad` enables padding a short batch to the package's minimum rows.
-    pub fn load(path: &str, checked: Checked, pad: bool, root: &Path) -> Result<Package, String> {
+    /// Unpacks the checked package's model into `<root>/<pid>/`, loads it for `device`
+    /// (`cpu`, or `cuda:0`: a worker sees its one GPU as device 0), removes the files.
+    /// `pad` enables padding a short batch to the package's minimum rows.
+    pub fn load(
+        path: &str,
+        checked: Checked,
+        device: &str,
+        pad: bool,
+        root: &Path,
+    ) -> Result<Package, String> {
         let dir = root.join(std::process::id().to_string());
-        let loaded = unpack_and_load(path, &checked.contents, &dir);
+        let loaded = unpack_and_load(path, &checked.contents, device, &dir);
         let _ = std::fs::remove_dir_all(&dir);
         let mine = vramfork::unpacked::dir(&std::env::temp_dir(), std::process::id());
         if root == mine {
@@ -238,8 +253,14 @@ fn pad(t: &Tensor, rows: i64) -> Tensor {
     Tensor::cat(&parts, 0)
 }
 
-/// Writes the model's files into `dir` and loads its library.
-fn unpack_and_load(path: &str, contents: &Contents, dir: &Path) -> Result<NonNull<c_void>, String> {
+/// Writes the model's files into `dir` (a CUDA package's kernels, `.cubin`, beside its
+/// library: the runner's `cubin_dir`) and loads its library for `device`.
+fn unpack_and_load(
+    path: &str,
+    contents: &Contents,
+    device: &str,
+    dir: &Path,
+) -> Result<NonNull<c_void>, String> {
     if let Some(root) = dir.parent() {
         vramfork::unpacked::private_dir(root)?;
     }
@@ -247,11 +268,16 @@ fn unpack_and_load(path: &str, contents: &Contents, dir: &Path) -> Result<NonNul
     let _ = std::fs::remove_dir_all(dir);
     vramfork::unpacked::private_dir(dir)?;
     for file in &contents.files {
-        if file.contains('/') || file.starts_with('.') {
+        if !safe_relative(file) {
             continue;
         }
+        let to = dir.join(file);
+        if let Some(parent) = to.parent().filter(|p| *p != dir) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot unpack {file} into {}: {e}", dir.display()))?;
+        }
         let bytes = read(path, contents, file)?;
-        std::fs::write(dir.join(file), bytes)
+        std::fs::write(&to, bytes)
             .map_err(|e| format!("cannot unpack {file} into {}: {e}", dir.display()))?;
     }
     let so = dir.join(contents.library()?);
@@ -259,7 +285,8 @@ fn unpack_and_load(path: &str, contents: &Contents, dir: &Path) -> Result<NonNul
         CString::new(p.to_string_lossy().as_bytes())
             .map_err(|_| "a path with a NUL byte".to_string())
     };
-    let (so, bin, device) = (c(&so)?, c(dir)?, CString::new("cpu").expect("no NUL"));
+    let device = CString::new(device).map_err(|_| "a device with a NUL byte".to_string())?;
+    let (so, bin) = (c(&so)?, c(dir)?);
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: the strings are NUL-terminated and alive for the call; `out` is a valid
     // out-pointer; the shim catches every C++ exception.
@@ -268,6 +295,16 @@ fn unpack_and_load(path: &str, contents: &Contents, dir: &Path) -> Result<NonNul
         Some(h) if rc == 0 => Ok(h),
         _ => Err(super::last_error()),
     }
+}
+
+/// A record path that stays inside the directory it is unpacked into: relative, no `..`,
+/// no hidden component.
+fn safe_relative(file: &str) -> bool {
+    !file.is_empty()
+        && !file.starts_with('/')
+        && file
+            .split('/')
+            .all(|part| !part.is_empty() && !part.starts_with('.'))
 }
 
 /// The runner's call spec (input spec, output spec), as text.
@@ -308,6 +345,15 @@ mod tests {
         assert!(output_is_leaf(&["in".into(), leaf.into()]));
         assert!(!output_is_leaf(&["in".into(), tuple.into()]));
         assert!(!output_is_leaf(&[]));
+    }
+
+    #[test]
+    fn only_paths_inside_the_directory_are_unpacked() {
+        assert!(safe_relative("a.wrapper.so"));
+        assert!(safe_relative("triton/k.cubin"));
+        for bad in ["", "/etc/x", "../x", "a/../x", ".hidden", "a//b"] {
+            assert!(!safe_relative(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -9,16 +9,19 @@
 //! | `program.rs` | a program loaded with the Native Runtime, its passes |
 //! | `package.rs` | an AOTInductor package's records, and the checks made with them |
 //! | `aoti.rs` | an AOTInductor package unpacked, loaded and run |
+//! | `placement.rs` | where the plan put the worker (CPU, a GPU and its compute capability) |
 
 pub mod aoti;
 pub mod archive;
 mod package;
+mod placement;
 mod program;
 mod signature;
 
 use std::ffi::{c_char, CStr};
 
 pub use aoti::Package;
+pub use placement::Placement;
 pub use program::{PassError, Program};
 pub use signature::Signature;
 

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use vramfork::metadata::Dtype;
 
+use super::placement::{capability_mismatch, Placement};
 use super::signature::{Dim, Input, Signature};
 
 /// The records of one model of a package (`data/aotinductor/<model>/…`), by file name.
@@ -107,26 +108,32 @@ pub fn parse_metadata(json: &[u8]) -> Result<BTreeMap<String, String>, String> {
         .collect())
 }
 
-/// `device` is where this worker runs (`cpu` or `cuda`): the package must be compiled for
-/// it, and (on the CPU) for an instruction set this CPU has.
-pub fn check_metadata(meta: &BTreeMap<String, String>, device: &str) -> Result<(), String> {
-    let key = meta
-        .get("AOTI_DEVICE_KEY")
-        .map(String::as_str)
-        .unwrap_or("");
-    match (key, device) {
-        ("cpu", "cpu") => {}
-        ("cuda", "cpu") => return Err(
-            "it is an AOTInductor package compiled for CUDA (AOTI_DEVICE_KEY cuda), but this worker runs on the CPU: compile it with the model and example inputs on the CPU to serve it there".into(),
+/// The package against where the plan put this worker: compiled for its device, and for
+/// an instruction set this CPU has (on the CPU) or its GPU's compute capability (on a GPU).
+pub fn check_metadata(meta: &BTreeMap<String, String>, at: &Placement) -> Result<(), String> {
+    let get = |k: &str| meta.get(k).map(String::as_str).unwrap_or("");
+    match (get("AOTI_DEVICE_KEY"), at.gpu) {
+        ("cpu", false) => {}
+        ("cuda", false) => return Err(
+            "it is an AOTInductor package compiled for CUDA (AOTI_DEVICE_KEY cuda), but this worker runs on the CPU: compile it with the model and example inputs on the CPU to serve it there, or serve it on a GPU".into(),
         ),
-        ("cpu", _) => return Err(
-            "it is an AOTInductor package compiled for the CPU (AOTI_DEVICE_KEY cpu), but this worker runs on a GPU: serve it with --device cpu, or compile it on the GPU".into(),
+        ("cpu", true) => return Err(
+            "it is an AOTInductor package compiled for the CPU (AOTI_DEVICE_KEY cpu), but this worker runs on a GPU: serve it with --device cpu, or compile it on the GPU (the model and example inputs on cuda)".into(),
         ),
-        ("cuda", _) => return Err(
-            "it is an AOTInductor package compiled for CUDA: vramfork serves AOTInductor packages on the CPU only (so far); serve the ExportedProgram (torch.export.save) or the TorchScript export on the GPU".into(),
-        ),
+        ("cuda", true) => {
+            let cc = get("AOTI_COMPUTE_CAPABILITY");
+            if let Some(why) = at.capability.as_deref().and_then(|g| capability_mismatch(cc, g)) {
+                return Err(why);
+            }
+            if !at.cuda {
+                return Err(
+                    "it is an AOTInductor package compiled for CUDA, and --simulated-gpus runs the model on the CPU: serve it on a real GPU".into(),
+                );
+            }
+            return Ok(());
+        }
         (other, _) => return Err(format!(
-            "it is an AOTInductor package for the device {other:?} (AOTI_DEVICE_KEY); vramfork serves CPU packages"
+            "it is an AOTInductor package for the device {other:?} (AOTI_DEVICE_KEY); vramfork serves CPU and CUDA packages"
         )),
     }
     let isa = meta.get("AOTI_CPU_ISA").map(String::as_str).unwrap_or("");
@@ -301,6 +308,7 @@ pub fn parse_inputs(wrapper: &str, names: &[String]) -> Result<Signature, String
     Ok(Signature {
         inputs,
         device: "cpu".into(),
+        device_index: None,
     })
 }
 
@@ -373,24 +381,50 @@ AOTI_NOINLINE static void check_input_0(
     }
 
     fn meta(device: &str, isa: &str) -> BTreeMap<String, String> {
-        [("AOTI_DEVICE_KEY", device), ("AOTI_CPU_ISA", isa)]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        [
+            ("AOTI_DEVICE_KEY", device),
+            ("AOTI_CPU_ISA", isa),
+            ("AOTI_COMPUTE_CAPABILITY", "90"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    fn gpu(capability: Option<&str>, cuda: bool) -> Placement {
+        Placement {
+            gpu: true,
+            capability: capability.map(str::to_string),
+            cuda,
+        }
     }
 
     #[test]
     fn a_package_for_another_device_or_cpu_is_refused() {
-        assert_eq!(check_metadata(&meta("cpu", ""), "cpu"), Ok(()));
-        let e = check_metadata(&meta("cuda", ""), "cpu").unwrap_err();
+        let cpu = Placement::default();
+        assert_eq!(check_metadata(&meta("cpu", ""), &cpu), Ok(()));
+        let e = check_metadata(&meta("cuda", ""), &cpu).unwrap_err();
         assert!(
             e.contains("compiled for CUDA") && e.contains("on the CPU"),
             "{e}"
         );
-        let e = check_metadata(&meta("cpu", ""), "cuda").unwrap_err();
+        let e = check_metadata(&meta("cpu", ""), &gpu(None, true)).unwrap_err();
         assert!(e.contains("--device cpu"), "{e}");
-        let e = check_metadata(&meta("cpu", "NEON"), "cpu").unwrap_err();
+        let e = check_metadata(&meta("cpu", "NEON"), &cpu).unwrap_err();
         assert!(e.contains("compiled for NEON (AOTI_CPU_ISA"), "{e}");
+        let e = check_metadata(&meta("xpu", ""), &cpu).unwrap_err();
+        assert!(e.contains("\"xpu\""), "{e}");
+    }
+
+    #[test]
+    fn a_cuda_package_runs_on_its_gpu_kind() {
+        let cuda = meta("cuda", "AVX512");
+        assert_eq!(check_metadata(&cuda, &gpu(Some("9.0"), true)), Ok(()));
+        assert_eq!(check_metadata(&cuda, &gpu(None, true)), Ok(()), "not told");
+        let e = check_metadata(&cuda, &gpu(Some("8.0"), true)).unwrap_err();
+        assert!(e.contains("AOTI_COMPUTE_CAPABILITY 90"), "{e}");
+        let e = check_metadata(&cuda, &gpu(Some("9.0"), false)).unwrap_err();
+        assert!(e.contains("--simulated-gpus"), "{e}");
     }
 
     #[test]

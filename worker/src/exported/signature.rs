@@ -56,6 +56,8 @@ pub struct Signature {
     pub inputs: Vec<Input>,
     /// `cpu` or `cuda` (the first input's device, else `cpu`).
     pub device: String,
+    /// The first input's device index as exported (`cuda:1` → 1), when recorded.
+    pub device_index: Option<i64>,
 }
 
 /// torch.export's serialized dtypes (`torch/_export/serde/schema.py`, `ScalarType`).
@@ -103,12 +105,17 @@ impl Signature {
             };
             inputs.push(input(name, &values[name], ranges)?);
         }
-        let device = inputs
-            .first()
-            .and_then(|i| values[i.name.as_str()]["device"]["type"].as_str())
+        let first = inputs.first().map(|i| &values[i.name.as_str()]["device"]);
+        let device = first
+            .and_then(|d| d["type"].as_str())
             .unwrap_or("cpu")
             .to_string();
-        Ok(Signature { inputs, device })
+        let device_index = first.and_then(|d| d["index"].as_i64());
+        Ok(Signature {
+            inputs,
+            device,
+            device_index,
+        })
     }
 
     /// A request's tensors against the program's inputs: their number, each dtype, rank,
@@ -368,6 +375,21 @@ mod tests {
             shape: Some(shape.to_vec()),
             document: None,
         }
+    }
+
+    #[test]
+    fn the_device_and_its_index_are_read() {
+        let text = |device: serde_json::Value| {
+            json!({"graph_module": {
+                "signature": {"input_specs": [{"user_input": {"arg": {"as_tensor": {"name": "x"}}}}]},
+                "graph": {"tensor_values": {"x": {"dtype": 7, "device": device, "sizes": [{"as_int": 4}]}}}
+            }})
+            .to_string()
+        };
+        let s = Signature::parse(text(json!({"type": "cuda", "index": 1})).as_bytes()).unwrap();
+        assert_eq!((s.device.as_str(), s.device_index), ("cuda", Some(1)));
+        let s = Signature::parse(text(json!({"type": "cpu"})).as_bytes()).unwrap();
+        assert_eq!((s.device.as_str(), s.device_index), ("cpu", None));
     }
 
     #[test]

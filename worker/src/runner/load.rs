@@ -101,6 +101,10 @@ const WEIGHTS_SHARE_LIMIT: f64 = 0.95;
 pub struct Declared {
     pub inputs: Option<Vec<TensorSpec>>,
     pub max_batch_size: u32,
+    /// The plan put the worker on a GPU (a simulated one too): a compiled package must be
+    /// compiled for CUDA, and for the GPU's compute capability when the master told it.
+    pub plan_gpu: bool,
+    pub capability: Option<String>,
 }
 
 impl Declared {
@@ -111,6 +115,17 @@ impl Declared {
                 .as_deref()
                 .map(super::declared::as_forward_takes),
             max_batch_size,
+            plan_gpu: false,
+            capability: None,
+        }
+    }
+
+    /// With the GPU the plan put the worker on, if any.
+    pub fn placed(self, gpu: Option<&vramfork::protocol::GpuAssignment>) -> Declared {
+        Declared {
+            plan_gpu: gpu.is_some(),
+            capability: gpu.and_then(|g| g.compute_capability.clone()),
+            ..self
         }
     }
 }
@@ -262,6 +277,13 @@ fn load_exported(path: &str, device: Device, declared: &Declared) -> Result<Mode
     }
     let (name, signature) = exported::open(path).map_err(|e| fail(exported_line(&e)))?;
     let on_gpu = signature.device == "cuda";
+    if let (Device::Cuda(_), Some(i @ 1..)) = (device, signature.device_index) {
+        // torch::nativert::ModelRunner applies an empty Placement (no device map) and
+        // ModelRunnerHandle takes no device: weights and graph stay where they were saved.
+        return Err(fail(format!(
+            "it was exported on cuda:{i}, and the Native Runtime runs it on the device it was exported on (ModelRunnerHandle takes no device), while a worker sees its own GPU as cuda:0: export it with the model and example inputs on cuda:0"
+        )));
+    }
     match (device, on_gpu) {
         (Device::Cuda(_), false) => return Err(fail(
             "it was exported on the CPU (its inputs and weights are CPU tensors), but this worker runs on a GPU: export the model and its example inputs on the GPU to serve it there, or serve it with --device cpu".into(),
@@ -288,14 +310,22 @@ fn load_aoti(path: &str, device: Device, declared: &Declared) -> Result<Model, S
         .flatten()
         .map(|s| s.name.clone())
         .collect();
-    let on = if device.is_cuda() { "cuda" } else { "cpu" };
-    let checked = exported::aoti::check(path, on, &names)?;
+    let at = exported::Placement {
+        gpu: declared.plan_gpu || device.is_cuda(),
+        capability: declared.capability.clone(),
+        cuda: device.is_cuda(),
+    };
+    let checked = exported::aoti::check(path, &at, &names)?;
     checked
         .signature()
         .check_declared(declared.inputs.as_deref(), declared.max_batch_size)?;
     let pad = declared.max_batch_size > 0;
     let root = exported::aoti::unpack_root();
-    exported::Package::load(path, checked, pad, &root).map(Model::Aoti)
+    let on = match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    };
+    exported::Package::load(path, checked, &on, pad, &root).map(Model::Aoti)
 }
 
 /// The archive reader's or the Native Runtime's message, on one line, with the way out for

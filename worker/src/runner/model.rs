@@ -42,13 +42,18 @@ pub fn is_exported(path: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("pt2"))
 }
 
-/// The model's format as v2 metadata names it (`platform`): `pytorch_export` for a `.pt2`,
+/// The model's format as v2 metadata names it (`platform`, on REST and gRPC): `torch_aoti`
+/// for an AOTInductor package (Triton's platform for them, so that clients written for
+/// Triton's `torch_aoti` models recognise it), `pytorch_export` for a `torch.export` program
+/// run by the Native Runtime (no other server serves these, so there is no name to follow),
 /// `pytorch_torchscript` otherwise.
 pub fn platform(path: &str) -> &'static str {
-    if is_exported(path) {
-        "pytorch_export"
-    } else {
-        "pytorch_torchscript"
+    if !is_exported(path) {
+        return "pytorch_torchscript";
+    }
+    match crate::exported::archive::kind(path) {
+        Ok(crate::exported::archive::Kind::Aoti) => "torch_aoti",
+        _ => "pytorch_export",
     }
 }
 
