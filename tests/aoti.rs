@@ -11,12 +11,11 @@
 //! mode.
 
 mod common;
-#[path = "support/nvml_sim.rs"]
-mod nvml_sim;
 
 use std::path::{Path, PathBuf};
 
 use common::exported::*;
+use common::nvml_sim;
 use common::*;
 use serde_json::json;
 
