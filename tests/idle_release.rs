@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::host::{mps_limits, Host};
+use common::host::{mps_limits, Host, A100_SHARE_MB};
 use common::*;
 
 fn now_ms() -> u64 {
@@ -156,12 +156,8 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
 #[test]
 fn under_mps_a_readmitted_server_gets_the_workers_the_room_holds_at_the_reserved_limit() {
     const TYP_MB: u64 = 4000;
-    let daemon = nvml_sim::MpsDaemon::start();
-    let exclusive = nvml_sim::SimGpu::a100_40gb()
-        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300);
-    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
-    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (_daemon, host) = Host::under_mps();
+    let shared = A100_SHARE_MB;
     let (a, b) = (host.app(TYP_MB), host.app(14_000));
     let (idle, n) = host.serving(&a, &["--workers", "3", "--idle-release", "1"]);
     assert_eq!(n, 3);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::host::{mps_limits, Host};
+use common::host::{mps_limits, Host, A100_SHARE_MB};
 use common::*;
 use serde_json::Value;
 
@@ -272,12 +272,8 @@ fn a_server_grows_into_the_room_a_neighbour_gave_back() {
 /// sum above the server's reservation, nor the reservations above the GPU's share.
 #[test]
 fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
-    let daemon = nvml_sim::MpsDaemon::start();
-    let exclusive = nvml_sim::SimGpu::a100_40gb()
-        .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
-        .mps(4_242, 300);
-    let host = Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
-    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let (_daemon, host) = Host::under_mps();
+    let shared = A100_SHARE_MB;
     let (a, b) = (host.app(TYP_MB), host.app(12_000));
     let (mine, n) = host.serving(&a, &["--workers", "2"]);
     assert_eq!(n, 2);
@@ -337,7 +333,7 @@ fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
 #[test]
 fn app_plan_shows_the_other_servers_reservations_and_what_is_left() {
     let host = Host::new();
-    let shared = (40_960.0_f64 * 0.9).floor() as u64;
+    let shared = A100_SHARE_MB;
     let (neighbour, n) = host.serving(&host.app(TYP_MB), &["--workers", "3"]);
     assert_eq!(n, 3);
     let theirs = host.reserved_by(neighbour.pid());

@@ -10,6 +10,10 @@ use serde_json::Value;
 use super::nvml_sim::{self, SimGpu, SimGpus};
 use super::{App, Server, PATIENCE};
 
+/// The A100 40 GB's share of its memory the servers plan on (the default usable fraction,
+/// 0.9, of its 40,960 MB), in MB.
+pub const A100_SHARE_MB: u64 = 36_864;
+
 /// A simulated GPU and the ledger directory its servers share.
 pub struct Host {
     pub dir: tempfile::TempDir,
@@ -21,6 +25,19 @@ impl Host {
     /// A host with one A100 40 GB.
     pub fn new() -> Host {
         Host::with_gpu(SimGpu::a100_40gb())
+    }
+
+    /// A host with one A100 40 GB in exclusive-process mode behind a running (simulated) MPS
+    /// control daemon, which every server started here is pointed at; the daemon is
+    /// returned too, so that it lives as long as the test holds it.
+    pub fn under_mps() -> (nvml_sim::MpsDaemon, Host) {
+        let daemon = nvml_sim::MpsDaemon::start();
+        let exclusive = SimGpu::a100_40gb()
+            .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
+            .mps(4_242, 300);
+        let host =
+            Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+        (daemon, host)
     }
 
     /// A host with `gpu`.
