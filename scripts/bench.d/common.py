@@ -1,6 +1,7 @@
 """What every part of the bench shares (written once here): where things are, the log line,
-the median, a free port, one HTTP GET, and `app --production` started in its own process
-group, waited for on a state it reports, and stopped.
+the median, a free port, a process's CPU time, one HTTP GET, and `app --production` (or
+another server) started in its own process group, waited for on a state it reports, and
+stopped.
 
 Stdlib only: every part imports it (`sys.path` holds this folder when a part runs as a
 script).
@@ -37,6 +38,14 @@ def free_port():
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds process `pid` has used so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read()
+    fields = st[st.rfind(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def get(port, path, timeout=5.0):
     """GET `path` on 127.0.0.1:`port`: (status, body bytes)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -54,13 +63,24 @@ class App:
     def __init__(self, args, log_path, env=None, wrap=(), binary_dir=None):
         """`wrap`: a command that execs `app` (joining a cgroup first, say); `binary_dir`:
         where `app` is, instead of BIN."""
+        self._start([*wrap, os.path.join(binary_dir or BIN, "app"), "--production", *args],
+                    log_path, env)
+
+    @classmethod
+    def other(cls, cmd, log_path):
+        """Another server's command line (a Python server a part compares with), started,
+        waited for and stopped as `app` is."""
+        srv = cls.__new__(cls)
+        srv._start(cmd, log_path, None)
+        return srv
+
+    def _start(self, cmd, log_path, env):
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         self.log_path = log_path
         self.logf = open(log_path, "w")
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [*wrap, os.path.join(binary_dir or BIN, "app"), "--production", *args],
-            stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
+            cmd, stdout=subprocess.DEVNULL, stderr=self.logf, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=ROOT, env=env if env is not None else dict(os.environ),
         )
 

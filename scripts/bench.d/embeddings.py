@@ -32,7 +32,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,22 +102,11 @@ def vramfork():
     return app, port
 
 
-class PythonServer(App):
-    """`cmd` (not `app`) in its own process group, waited for and stopped as `App` is."""
-
-    def __init__(self, cmd, log_path):  # noqa: the parent's starts `app`
-        self.log_path = log_path
-        self.logf = open(log_path, "w")
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.logf,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
-
-
 def litserve(max_batch):
     port = free_port()
-    srv = PythonServer([PY, os.path.join(HERE, "embeddings_litserve.py"), os.path.join(DIR, "hf"),
-                        str(port), str(max_batch)],
-                       os.path.join(TMP, f"log-embeddings-litserve-{max_batch}.txt"))
+    srv = App.other([PY, os.path.join(HERE, "embeddings_litserve.py"), os.path.join(DIR, "hf"),
+                     str(port), str(max_batch)],
+                    os.path.join(TMP, f"log-embeddings-litserve-{max_batch}.txt"))
     srv.wait(lambda: get(port, "/health", timeout=2)[0] == 200, 600)
     return srv, port
 

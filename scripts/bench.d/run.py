@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import BIN, ROOT, TMP, App, free_port, log, median  # noqa: E402
+from common import cpu_seconds as process_cpu_seconds  # noqa: E402
 
 MODELS = {
     "mlp": {
@@ -899,16 +900,13 @@ def measure_metrics(cfg):
 
 def cpu_seconds(server):
     """utime + stime of the master and its children (template, workers), in seconds."""
-    total = 0
+    total = 0.0
     for pid in server.pids():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                st = f.read()
-            fields = st[st.rfind(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
+            total += process_cpu_seconds(pid)
         except (OSError, ValueError, IndexError):
             pass
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def v2_bodies(model, shape, values):

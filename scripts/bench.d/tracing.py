@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as R  # noqa: E402
-from common import OUT, ROOT, free_port, get, log  # noqa: E402
+from common import OUT, ROOT, cpu_seconds, free_port, get, log  # noqa: E402
 
 PY = os.environ.get("VRAMFORK_PYTHON", sys.executable)
 
@@ -32,14 +32,6 @@ def receiver():
     p = subprocess.Popen([PY, os.path.join(HERE, "otlp_sink.py")], stdout=subprocess.PIPE,
                          text=True)
     return p, json.loads(p.stdout.readline())["listening"]
-
-
-def cpu_s(pid):
-    """User + system CPU seconds of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        st = f.read()
-    fields = st[st.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def received(port):
@@ -94,10 +86,10 @@ def main():
                 sink = {"cpu_s": 0.0, "seconds": 0.0}
 
                 def one(k):
-                    before = cpu_s(rx.pid) if k == "on" else None
+                    before = cpu_seconds(rx.pid) if k == "on" else None
                     r = R.wrk(srvs[k].port, body, 16, secs)
                     if before is not None:
-                        sink["cpu_s"] += cpu_s(rx.pid) - before
+                        sink["cpu_s"] += cpu_seconds(rx.pid) - before
                         sink["seconds"] += secs
                     return r
 
