@@ -19,7 +19,7 @@ import re
 import sys
 
 import torch
-from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+from transformers import BertConfig, BertModel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -70,9 +70,7 @@ def main():
         torch.jit.trace(Pooled(bert), (ids, torch.ones_like(ids)), strict=False).save(
             os.path.join(out, "pooled.pt"))
     bert.save_pretrained(os.path.join(out, "hf"))
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]",
-                            sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]",
-                            model_max_length=MAX_LENGTH).save_pretrained(os.path.join(out, "hf"))
+    wordpiece.save_pretrained(tok, os.path.join(out, "hf"), model_max_length=MAX_LENGTH)
     with open(os.path.join(out, "sentences.json"), "w") as f:
         json.dump(sentences(), f)
     open(os.path.join(out, "done"), "w").close()

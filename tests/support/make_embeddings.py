@@ -30,7 +30,7 @@ import tempfile
 import torch
 import wordpiece
 from sentence_transformers import SentenceTransformer, models
-from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+from transformers import BertConfig, BertModel
 
 out, readme = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)
@@ -108,8 +108,7 @@ with tempfile.TemporaryDirectory() as folder:
     # changes what the traced module returns) and the tokenizer, with its special tokens named.
     bert.config.torchscript = False
     bert.save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
-                            pad_token="[PAD]", mask_token="[MASK]").save_pretrained(folder)
+    wordpiece.save_pretrained(tok, folder)
     with torch.no_grad():
         by_st = sentence_transformers_vectors(folder)
 for kind, vectors in by_torch.items():

@@ -1,6 +1,7 @@
 """The tests' BERT-style WordPiece tokenizer, trained on local text (the project's README),
 with [CLS] ... [SEP] around each document, and the sentences the documents and embeddings
-tests tokenize: one definition for tests/support/make_documents.py and make_embeddings.py."""
+tests tokenize: one definition for tests/support/make_documents.py and make_embeddings.py (and
+the embeddings bench's model, scripts/bench.d/embeddings_model.py)."""
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 MAX_LENGTH = 24
@@ -28,3 +29,13 @@ def train(readme):
     )
     tok.decoder = decoders.WordPiece()
     return tok
+
+
+def save_pretrained(tok, folder, **kwargs):
+    """`tok` as a Hugging Face fast tokenizer with its special tokens named, saved in `folder`
+    (what transformers and sentence-transformers read); `kwargs` go to
+    `PreTrainedTokenizerFast` (e.g. `model_max_length`)."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                            pad_token="[PAD]", mask_token="[MASK]", **kwargs).save_pretrained(folder)
