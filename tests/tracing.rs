@@ -3,7 +3,8 @@
 //! (`tests/support/otlp_receiver.py`, opentelemetry-proto). A traced request shows up as
 //! one trace with its queue, forward and answer time under the caller's span; a batched
 //! pass is one span linking its members; a gRPC call handed to a sibling stays in its trace;
-//! `/v1/embeddings` has a `tokenize` span; probes are not exported; the sampled flag is
+//! `/v1/embeddings` has a `tokenize` span and documents' pre-processing on `POST /` and v2
+//! a `preprocess` span; probes are not exported; the sampled flag is
 //! honoured both ways; a collector that never answers, or answers 503, costs no
 //! request (the spans are dropped and counted); no span carries the payload; a
 //! configuration that cannot export is a start-up error; over https (a receiver with a
@@ -598,26 +599,121 @@ fn a_grpc_call_handed_to_a_sibling_stays_in_its_trace() {
     }
 }
 
+/// An app of the files in `art` (linked) with `metadata`.
+fn app_of(art: &std::path::Path, metadata: Value) -> App {
+    let app = App {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for f in std::fs::read_dir(art).unwrap() {
+        let f = f.unwrap().path();
+        std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+    app
+}
+
+/// `POST /` and v2 with documents: their pre-processing (texts tokenized, images decoded)
+/// is a `preprocess` span under the SERVER span, within the request and before its pass,
+/// with the counts of texts and images — never the documents.
+#[test]
+fn documents_pre_processing_is_a_preprocess_span_with_counts_and_no_document() {
+    let art = common::made_once("make_documents.py", &["wordpiece.py"], "documents");
+    let input = |name: &str, kind: &str, doc: Value| serde_json::json!([{"name": name, "datatype": "BYTES", "shape": [-1], kind: doc}]);
+    let text = app_of(
+        &art,
+        serde_json::json!({"name": "text app", "model": "bert.pt",
+            "inputs": input("text", "tokenizer", serde_json::json!({"file": "tokenizer.json", "max_length": 16}))}),
+    );
+    let image = app_of(
+        &art,
+        serde_json::json!({"name": "image app", "model": "ident.pt",
+            "inputs": input("image", "image", serde_json::json!({"size": [24, 36]}))}),
+    );
+    let rx = Receiver::start("ok");
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = ["--production", "--workers", "1", "--torch-threads", "1"];
+    let (ts, is) = (
+        Server::start_env(&text, &args, &env),
+        Server::start_env(&image, &args, &env),
+    );
+    ts.wait_workers(1);
+    is.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    let v2 = serde_json::json!({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3],
+        "data": ["a secret sentence", "another private text", "a third"]}]});
+    let cases = [
+        (
+            &ts,
+            "/",
+            "text/plain",
+            b"one secret sentence".to_vec(),
+            1,
+            0,
+        ),
+        (
+            &ts,
+            "/v2/models/text%20app/infer",
+            "application/json",
+            serde_json::to_vec(&v2).unwrap(),
+            3,
+            0,
+        ),
+        (&is, "/", "image/png", png, 0, 1),
+    ];
+    for (k, (s, path, ct, body, texts, images)) in cases.into_iter().enumerate() {
+        let trace = format!("{:032x}", 0x5eed_0000 + k);
+        let extra = format!("Content-Type: {ct}\r\n{}", traceparent(&trace, "01"));
+        let r = raw(s.port, "POST", path, &extra, &body);
+        assert_eq!(
+            r.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let spans = rx.spans_of(&trace, 5);
+        let server = spans
+            .iter()
+            .find(|s| s["kind"] == 2)
+            .expect("a SERVER span");
+        let pre = by_name(&spans, "preprocess");
+        assert_eq!(pre["parent_span_id"], server["span_id"], "{path}");
+        assert_eq!(pre["kind"], 1, "INTERNAL");
+        let a = &pre["attributes"];
+        assert_eq!(a["vramfork.preprocess.texts"], texts, "{path}: {pre:#}");
+        assert_eq!(a["vramfork.preprocess.images"], images, "{path}: {pre:#}");
+        let forward = by_name(&spans, "forward");
+        let at = |s: &Value, k: &str| s[k].as_u64().unwrap();
+        assert!(
+            at(server, "start") <= at(pre, "start")
+                && at(pre, "start") < at(pre, "end")
+                && at(pre, "end") <= at(forward, "start"),
+            "{path}: pre-processed within the request, before its pass: {spans:#?}"
+        );
+    }
+    for span in rx.all() {
+        let text = span.to_string();
+        for word in ["secret", "private", "PNG", "iVBOR"] {
+            assert!(!text.contains(word), "{word} in {text}");
+        }
+    }
+}
+
 /// `/v1/embeddings`: its tokenizing is a `tokenize` span under the SERVER span, before the
 /// pass, with the counts of inputs and tokens (what `usage` says) — never the text.
 #[test]
 fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
     let art = common::made_once("make_embeddings.py", &["wordpiece.py"], "embeddings");
-    let app = App {
-        dir: tempfile::tempdir().unwrap(),
-    };
-    for f in std::fs::read_dir(&art).unwrap() {
-        let f = f.unwrap().path();
-        std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
-    }
-    let metadata = serde_json::json!({
-        "name": "text-embedder",
-        "model": "bert.pt",
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
-                    "tokenizer": {"file": "tokenizer.json", "max_length": 24, "truncation": true}}],
-        "embeddings": {"pooling": "mean", "normalize": true},
-    });
-    std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+    let app = app_of(
+        &art,
+        serde_json::json!({
+            "name": "text-embedder",
+            "model": "bert.pt",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                        "tokenizer": {"file": "tokenizer.json", "max_length": 24, "truncation": true}}],
+            "embeddings": {"pooling": "mean", "normalize": true},
+        }),
+    );
     let rx = Receiver::start("ok");
     let s = Server::start_env(
         &app,

@@ -43,6 +43,20 @@ pub struct Trace {
     pass: std::sync::OnceLock<Arc<PassSpan>>,
     /// Its inputs' tokenizing, when its handler tokenized them (`/v1/embeddings`).
     tokenized: std::sync::OnceLock<Tokenize>,
+    /// Its documents' pre-processing, when the pipeline did it (`POST /`, v2 REST, gRPC).
+    preprocessed: std::sync::OnceLock<Preprocess>,
+}
+
+/// A request's documents pre-processed by the pipeline (texts tokenized, images decoded),
+/// for its `preprocess` span: counts, never the documents.
+#[derive(Debug, Clone, Copy)]
+pub struct Preprocess {
+    /// From the request's arrival to the start of the work (after its wait for a slot).
+    pub after: Duration,
+    pub took: Duration,
+    /// Documents given to text inputs, and to image inputs.
+    pub texts: u32,
+    pub images: u32,
 }
 
 /// A request's tokenizing (`/v1/embeddings`), for its `tokenize` span: counts, never text.
@@ -68,6 +82,7 @@ impl Default for Trace {
             inline: std::sync::atomic::AtomicBool::new(false),
             pass: std::sync::OnceLock::new(),
             tokenized: std::sync::OnceLock::new(),
+            preprocessed: std::sync::OnceLock::new(),
         }
     }
 }
@@ -94,6 +109,16 @@ impl Trace {
     /// Its tokenizing, when its handler tokenized its inputs.
     pub fn tokenize(&self) -> Option<Tokenize> {
         self.tokenized.get().copied()
+    }
+
+    /// Its documents were pre-processed (by the pipeline).
+    pub fn preprocessed(&self, p: Preprocess) {
+        let _ = self.preprocessed.set(p);
+    }
+
+    /// Its documents' pre-processing, when the pipeline did it.
+    pub fn preprocess(&self) -> Option<Preprocess> {
+        self.preprocessed.get().copied()
     }
 
     /// Its wait, its pass and the pass's size, once its pass ran (for its spans).

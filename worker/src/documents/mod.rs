@@ -158,6 +158,21 @@ impl Documents {
         }
     }
 
+    /// The documents `input` gives to text inputs, and to image inputs (its `preprocess`
+    /// span's counts).
+    pub fn counts(&self, input: &Inputs) -> (u32, u32) {
+        let (mut texts, mut images) = (0u32, 0u32);
+        for (arg, prep) in input.args.iter().zip(&self.inputs) {
+            let n = documents_in(arg).unwrap_or(0) as u32;
+            match prep {
+                Some(Prep::Text(_)) => texts += n,
+                Some(Prep::Image(_)) => images += n,
+                None => {}
+            }
+        }
+        (texts, images)
+    }
+
     /// 413 when `input` has more documents in an input than its `max_documents`, or when
     /// its documents, each at the largest it can become, make more than
     /// [`MAX_PREPROCESSED_BYTES`] of tensors: decided from the counts alone.

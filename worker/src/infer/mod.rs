@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use vramfork::protocol::RetireReason;
 
-use crate::access_log::Trace;
+use crate::access_log::{Preprocess, Trace};
 use crate::app::App;
 use crate::args::{Arg, Inputs};
 use crate::documents::DocError;
@@ -131,7 +131,14 @@ pub async fn work<T: Send + 'static, B: Send + 'static, H>(
         (a, b) => a.or(b),
     };
     let mut parsed = parsed;
-    let (inputs, preprocess) = preprocess(app, parsed.inputs, deadline.as_ref(), arrived).await?;
+    let (inputs, preprocess) = preprocess(
+        app,
+        parsed.inputs,
+        deadline.as_ref(),
+        arrived,
+        trace.as_deref(),
+    )
+    .await?;
     parsed.inputs = inputs;
     let job = Job {
         id,
@@ -163,11 +170,14 @@ pub type Handoff<'a, H> = std::pin::Pin<Box<dyn std::future::Future<Output = H> 
 /// The inputs as the model takes them, and how long that took (`None`: no document input).
 /// Inputs holding no documents (no `Strings` or `Blobs` argument) pass as they are: their
 /// handler tokenized them itself (`/v1/embeddings`, which counts tokens and takes ids).
+/// The work's start, length and document counts go in the request's `trace` (its
+/// `preprocess` span).
 async fn preprocess(
     app: &App,
     inputs: Inputs,
     deadline: Option<&Deadline>,
     arrived: Instant,
+    trace: Option<&Trace>,
 ) -> Result<(Inputs, Option<Duration>), ApiError> {
     let documents = |a: &Arg| matches!(a, Arg::Strings(_) | Arg::Blobs(_));
     let Some(docs) = app
@@ -177,6 +187,7 @@ async fn preprocess(
     else {
         return Ok((inputs, None));
     };
+    let (texts, images) = docs.counts(&inputs);
     let work = docs.run(
         &app.input_specs,
         inputs,
@@ -197,6 +208,16 @@ async fn preprocess(
     };
     if let Some(m) = &app.metrics {
         m.preprocessed(took);
+    }
+    if let Some(t) = trace {
+        // The work ended about now; it began `took` before (after its wait for a slot).
+        let began = Instant::now().checked_sub(took).unwrap_or(arrived);
+        t.preprocessed(Preprocess {
+            after: began.saturating_duration_since(arrived),
+            took,
+            texts,
+            images,
+        });
     }
     Ok((inputs, Some(took)))
 }

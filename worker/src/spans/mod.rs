@@ -7,7 +7,8 @@
 //!   method's full name …), child of the caller's span when it sent a `traceparent`, with the
 //!   id the answer's `traceparent` names;
 //! - for a model request, its children: `tokenize` (`/v1/embeddings`' tokenizing, with its
-//!   counts), `queue` (its wait, the listen queue and the model queue, ending at the start of
+//!   counts), `preprocess` (its documents tokenized or decoded by the pipeline, on
+//!   `POST /`, v2 and gRPC, with their counts), `queue` (its wait, the listen queue and the model queue, ending at the start of
 //!   its pass), `forward` (the pass, when it ran alone) and `answer` (from the end of the
 //!   pass to the answer);
 //! - a batched pass: one `forward` span of its own trace linking to its members' SERVER
@@ -284,6 +285,20 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
                     "vramfork.tokenize.truncated",
                     Value::Int(t.truncated.into()),
                 ),
+            ],
+        ));
+    }
+    if let Some(p) = r.trace.as_ref().and_then(|t| t.preprocess()) {
+        let from = start + p.after;
+        out.push(child(
+            &trace_id,
+            &server_id,
+            "preprocess",
+            from.min(end),
+            (from + p.took).min(end),
+            vec![
+                kv("vramfork.preprocess.texts", Value::Int(p.texts.into())),
+                kv("vramfork.preprocess.images", Value::Int(p.images.into())),
             ],
         ));
     }

@@ -88,10 +88,13 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
             "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
         ));
     }
-    let began = Instant::now();
     let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
     if let Some(t) = &meta.trace {
+        // The work ended about now; it began `preprocess` before (after its wait for a slot).
+        let began = Instant::now()
+            .checked_sub(preprocess)
+            .unwrap_or(meta.arrived);
         t.tokenized(Tokenize {
             after: began.saturating_duration_since(meta.arrived),
             took: preprocess,
