@@ -712,12 +712,20 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
             "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
                         "tokenizer": {"file": "tokenizer.json", "max_length": 24, "truncation": true}}],
             "embeddings": {"pooling": "mean", "normalize": true},
+            "max_batch_size": 2,
         }),
     );
     let rx = Receiver::start("ok");
     let s = Server::start_env(
         &app,
-        &["--production", "--workers", "1", "--torch-threads", "1"],
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--torch-threads",
+            "1",
+            "--access-log",
+        ],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
     );
     s.wait_workers(1);
@@ -759,6 +767,60 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
             && te <= forward["start"].as_u64().unwrap(),
         "tokenized within the request, before its pass: {spans:#?}"
     );
+    // Five inputs, two a pass: three passes, each its queue and forward, one after another.
+    let trace = "8bf92f3577b34da6a3ce929d0e0e4732";
+    let body = serde_json::json!({"model": "text-embedder", "input": ["a", "b", "c", "d", "e"]});
+    let extra = format!(
+        "Content-Type: application/json\r\n{}",
+        traceparent(trace, "01")
+    );
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/embeddings",
+        &extra,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let spans = rx.spans_of(trace, 9);
+    let named = |name: &str| -> Vec<&Value> {
+        let mut v: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
+        v.sort_by_key(|s| s["start"].as_u64());
+        v
+    };
+    let (queues, forwards, answers) = (named("queue"), named("forward"), named("answer"));
+    assert_eq!(
+        (queues.len(), forwards.len(), answers.len()),
+        (3, 3, 1),
+        "{spans:#?}"
+    );
+    let at = |s: &Value, k: &str| s[k].as_u64().unwrap();
+    for (k, f) in forwards.iter().enumerate() {
+        assert_eq!(f["attributes"]["vramfork.batch.size"], 1, "{f:#}");
+        assert!(at(queues[k], "end") <= at(f, "start"), "{spans:#?}");
+        if let Some(next) = queues.get(k + 1) {
+            assert!(
+                at(f, "end") <= at(next, "end"),
+                "pass {k} before the next: {spans:#?}"
+            );
+        }
+    }
+    assert!(
+        at(forwards[2], "end") <= at(answers[0], "start"),
+        "{spans:#?}"
+    );
+    // Its access line's model_ms is its three passes (µs, as the spans are).
+    let line = s.poll("the access line of the three passes", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "access" && e.str("trace_id") == Some(trace))
+    });
+    let passes_us: u64 = forwards
+        .iter()
+        .map(|f| (at(f, "end") - at(f, "start")) / 1000)
+        .sum();
+    let model_us = (line.f64("model_ms").unwrap() * 1000.0).round() as u64;
+    assert_eq!(model_us, passes_us, "{line:?} {forwards:#?}");
     for span in rx.all() {
         let text = span.to_string();
         for word in ["secret", "private", "sentence"] {

@@ -40,7 +40,10 @@ pub struct Trace {
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
     /// The pass it shared with other requests, when it was batched.
-    pass: std::sync::OnceLock<Arc<PassSpan>>,
+    pass: Mutex<Option<Arc<PassSpan>>>,
+    /// Its passes before the last, when it ran in several (`/v1/embeddings` with more
+    /// inputs than one pass takes).
+    earlier: Mutex<Vec<Timing>>,
     /// Its inputs' tokenizing, when its handler tokenized them (`/v1/embeddings`).
     tokenized: std::sync::OnceLock<Tokenize>,
     /// Its documents' pre-processing, when the pipeline did it (`POST /`, v2 REST, gRPC).
@@ -80,7 +83,8 @@ impl Default for Trace {
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
             inline: std::sync::atomic::AtomicBool::new(false),
-            pass: std::sync::OnceLock::new(),
+            pass: Mutex::new(None),
+            earlier: Mutex::new(Vec::new()),
             tokenized: std::sync::OnceLock::new(),
             preprocessed: std::sync::OnceLock::new(),
         }
@@ -93,8 +97,17 @@ impl Trace {
     }
 
     /// Its pass started after it waited `waited` (listen queue and model queue), `began`
-    /// after the request arrived.
+    /// after the request arrived. A pass after one that ran keeps that one's timing among
+    /// its earlier passes (its spans).
     pub fn started(&self, waited: Duration, began: Duration) {
+        if let Some(done) = self.timing() {
+            self.model_us.store(u64::MAX, Ordering::Relaxed);
+            *self.pass.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            self.earlier
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(done);
+        }
         self.began_us
             .store(began.as_micros() as u64, Ordering::Relaxed);
         self.wait_us
@@ -137,15 +150,38 @@ impl Trace {
             took: Duration::from_micros(model),
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
-            pass: self.pass.get().cloned(),
+            pass: self.pass.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         })
+    }
+
+    /// The waits and the passes of its passes before the last, in µs (0, 0: one pass).
+    fn earlier_us(&self) -> (u64, u64) {
+        let earlier = self.earlier.lock().unwrap_or_else(|p| p.into_inner());
+        earlier.iter().fold((0, 0), |(w, m), t| {
+            (
+                w + t.waited.as_micros() as u64,
+                m + t.took.as_micros() as u64,
+            )
+        })
+    }
+
+    /// The timing of each of its passes that ran, in order (one, but for a request run in
+    /// several passes).
+    pub fn passes(&self) -> Vec<Timing> {
+        let mut all = self
+            .earlier
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        all.extend(self.timing());
+        all
     }
 
     /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
     /// `pass`: the pass, when it was batched.
     pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<PassSpan>>) {
         if let Some(p) = pass {
-            let _ = self.pass.set(p.clone());
+            *self.pass.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
         }
         self.inline.store(inline, Ordering::Relaxed);
         self.model_us
@@ -155,6 +191,7 @@ impl Trace {
 }
 
 /// What the pipeline learnt of a model request's time (`Trace::timing`), for its spans.
+#[derive(Debug, Clone)]
 pub struct Timing {
     /// Its wait: the listen queue and the model queue.
     pub waited: Duration,
@@ -269,8 +306,10 @@ impl AccessLog {
         let t = r.trace.as_deref();
         let us = |a: Option<u64>| a.filter(|v| *v != u64::MAX);
         let bytes_in = t.map_or(0, |t| t.bytes_in.load(Ordering::Relaxed));
-        let wait = us(t.map(|t| t.wait_us.load(Ordering::Relaxed)));
-        let model = us(t.map(|t| t.model_us.load(Ordering::Relaxed)));
+        // A request of several passes: its waits and its passes summed.
+        let (wait_before, model_before) = t.map_or((0, 0), Trace::earlier_us);
+        let wait = us(t.map(|t| t.wait_us.load(Ordering::Relaxed))).map(|w| w + wait_before);
+        let model = us(t.map(|t| t.model_us.load(Ordering::Relaxed))).map(|m| m + model_before);
         let batch = t.map_or(0, |t| t.batch.load(Ordering::Relaxed));
         let inline = t.is_some_and(|t| t.inline.load(Ordering::Relaxed));
         let ms = |v: u64| v as f64 / 1e3;

@@ -137,12 +137,19 @@ struct Answered {
 
 impl export::Build for Answered {
     fn count(&self) -> usize {
-        let trace = self.record.trace.as_ref();
-        let passes = trace.and_then(|t| t.timing()).map_or(0, |t| match t.pass {
-            Some(_) => 2,
-            None => 3,
-        });
-        1 + passes + usize::from(trace.is_some_and(|t| t.tokenize().is_some()))
+        let Some(trace) = self.record.trace.as_ref() else {
+            return 1;
+        };
+        let passes = trace.passes();
+        // Each pass's queue, and its forward when it ran alone; one answer after the last.
+        let per_pass: usize = passes
+            .iter()
+            .map(|t| 1 + usize::from(t.pass.is_none()))
+            .sum();
+        1 + per_pass
+            + usize::from(!passes.is_empty())
+            + usize::from(trace.tokenize().is_some())
+            + usize::from(trace.preprocess().is_some())
     }
 
     fn build(self: Box<Self>) -> Vec<otlp::Span> {
@@ -153,12 +160,8 @@ impl export::Build for Answered {
                 .attributes
                 .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
         }
-        let pass = r
-            .trace
-            .as_ref()
-            .and_then(|t| t.timing())
-            .and_then(|t| t.pass);
-        if let Some(pass) = pass {
+        let passes = r.trace.as_ref().map(|t| t.passes()).unwrap_or_default();
+        for pass in passes.into_iter().filter_map(|t| t.pass) {
             let ctx = &r.context;
             pass.link(
                 otlp::hex_bytes(ctx.trace_id()),
@@ -246,8 +249,8 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
     ));
     attributes.push(kv("process.pid", Value::Int(pid.into())));
     attributes.push(kv("vramfork.worker.slot", Value::Int(slot.into())));
-    let timing = r.trace.as_ref().and_then(|t| t.timing());
-    if let Some(t) = &timing {
+    let passes = r.trace.as_ref().map(|t| t.passes()).unwrap_or_default();
+    if let Some(t) = passes.last() {
         attributes.push(kv("vramfork.batch.size", Value::Int(t.batch.into())));
         if let Some(p) = &t.pass {
             attributes.push(kv("vramfork.pass.trace_id", Value::String(p.trace_hex())));
@@ -302,13 +305,14 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
             ],
         ));
     }
-    if let Some(t) = timing {
+    let id = (&trace_id, &server_id);
+    let mut done = None;
+    for t in &passes {
         // The pass began `began` after arrival; its wait (listen and model queue, less
         // reading, parsing and pre-processing the body) ends there.
         let ran = (start + t.began).min(end);
-        let done = (ran + t.took).min(end);
+        let ended = (ran + t.took).min(end);
         let queued = ran.checked_sub(t.waited).unwrap_or(start).max(start);
-        let id = (&trace_id, &server_id);
         out.push(child(id.0, id.1, "queue", queued, ran, Vec::new()));
         // A batched pass is one span of its own (`pass.rs`), not a child of each member.
         if t.pass.is_none() {
@@ -316,8 +320,11 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
                 kv("vramfork.batch.size", Value::Int(t.batch.into())),
                 kv("vramfork.inline", Value::Bool(t.inline)),
             ];
-            out.push(child(id.0, id.1, "forward", ran, done, attributes));
+            out.push(child(id.0, id.1, "forward", ran, ended, attributes));
         }
+        done = Some(ended);
+    }
+    if let Some(done) = done {
         out.push(child(id.0, id.1, "answer", done, end, Vec::new()));
     }
     out
