@@ -165,6 +165,20 @@ impl Trace {
         })
     }
 
+    /// How many of its passes ran, and how many of those ran alone (not batched), without
+    /// building their timings (on the request's path: its spans' count).
+    pub fn pass_counts(&self) -> (usize, usize) {
+        let earlier = self.earlier.lock().unwrap_or_else(|p| p.into_inner());
+        let alone = earlier.iter().filter(|t| t.pass.is_none()).count();
+        let mut n = (earlier.len(), alone);
+        drop(earlier);
+        if let Some(t) = self.timing() {
+            n.0 += 1;
+            n.1 += usize::from(t.pass.is_none());
+        }
+        n
+    }
+
     /// The timing of each of its passes that ran, in order (one, but for a request run in
     /// several passes).
     pub fn passes(&self) -> Vec<Timing> {

@@ -27,13 +27,18 @@ const BATCH: usize = 512;
 /// How long the exporter waits for more spans before it sends what it has
 /// (`OTEL_BSP_SCHEDULE_DELAY` is 5 s by default; spans of a served request are wanted sooner).
 const DELAY: Duration = Duration::from_millis(500);
+/// After an export failed, how long the exporter waits before it tries the next one: the
+/// queue fills meanwhile and further records are dropped as they come, unbuilt (a collector
+/// that is down costs neither the building of spans nobody takes nor a connection attempt
+/// per batch).
+const PAUSE: Duration = Duration::from_secs(1);
 
 /// What becomes spans on the exporter thread: an answered request's record.
 pub trait Build: Send {
     /// How many spans it makes (what it takes of the queue's room).
     fn count(&self) -> usize;
-    /// Its spans (on the exporter thread).
-    fn build(self: Box<Self>) -> Vec<otlp::Span>;
+    /// Its spans (on the exporter thread), added to `into`.
+    fn build(self: Box<Self>, into: &mut Vec<otlp::Span>);
 }
 
 /// One entry of the queue: spans made already (a batched pass's), or a record to build.
@@ -103,12 +108,15 @@ impl Exporter {
     fn add(&self, e: Entry) {
         let n = e.count();
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let fits = q.spans + n <= QUEUE;
+        let before = q.spans;
+        let fits = before + n <= QUEUE;
         if fits {
             q.spans += n;
             q.entries.push_back(e);
         }
-        let full = q.spans >= BATCH;
+        // The thread is woken once, when a batch is first waiting (a wake is a system call:
+        // not one per request while it is busy; when busy it finds the batch on its return).
+        let full = before < BATCH && q.spans >= BATCH;
         drop(q);
         if !fits {
             self.dropped.fetch_add(n as u64, Ordering::Relaxed);
@@ -128,6 +136,7 @@ impl Exporter {
         let mut failing: Option<u64> = None; // dropped when the failures began
                                              // An https endpoint's certificates are read here, off every request's path.
         let transport = Transport::new(config);
+        let (mut batch, mut body) = (Vec::with_capacity(BATCH), Vec::new());
         loop {
             let entries: Vec<Entry> = {
                 let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -148,18 +157,32 @@ impl Exporter {
                 taken
             };
             // Built here, with no lock held: a record's building may queue a pass's span.
-            let batch: Vec<otlp::Span> = entries
-                .into_iter()
-                .flat_map(|e| match e {
-                    Entry::Built(s) => vec![s],
-                    Entry::Later(b, _) => b.build(),
-                })
-                .collect();
+            batch.clear();
+            for e in entries {
+                match e {
+                    Entry::Built(s) => batch.push(s),
+                    Entry::Later(b, _) => b.build(&mut batch),
+                }
+            }
             if batch.is_empty() {
                 continue;
             }
             let n = batch.len() as u64;
-            match transport.post(config, &request(config, &resource, batch)) {
+            // The spans' vector and the body are kept from export to export (a body of
+            // 512 spans is over 100 kB: allocated anew, each would be mapped and unmapped).
+            let mut message = request(config, &resource, std::mem::take(&mut batch));
+            body.clear();
+            if message.encode(&mut body).is_err() {
+                continue; // a Vec grows: unreachable
+            }
+            if let Some(spans) = message
+                .resource_spans
+                .pop()
+                .and_then(|mut r| r.scope_spans.pop())
+            {
+                batch = spans.spans;
+            }
+            match transport.post(config, &body) {
                 Ok(()) => {
                     if let Some(before) = failing.take() {
                         tracing::info!(
@@ -181,6 +204,7 @@ impl Exporter {
                         );
                     }
                     self.dropped.fetch_add(n, Ordering::Relaxed);
+                    std::thread::sleep(PAUSE);
                 }
             }
         }
@@ -188,7 +212,11 @@ impl Exporter {
 }
 
 /// One export request of `spans`, with this worker's resource.
-fn request(config: &OtelConfig, resource: &[otlp::KeyValue], spans: Vec<otlp::Span>) -> Vec<u8> {
+fn request(
+    config: &OtelConfig,
+    resource: &[otlp::KeyValue],
+    spans: Vec<otlp::Span>,
+) -> otlp::ExportTraceServiceRequest {
     let mut attributes = vec![otlp::kv(
         "service.name",
         otlp::Value::String(config.service_name.clone()),
@@ -212,7 +240,6 @@ fn request(config: &OtelConfig, resource: &[otlp::KeyValue], spans: Vec<otlp::Sp
             }],
         }],
     }
-    .encode_to_vec()
 }
 
 #[cfg(test)]
@@ -226,9 +253,7 @@ mod tests {
             3
         }
 
-        fn build(self: Box<Self>) -> Vec<otlp::Span> {
-            Vec::new()
-        }
+        fn build(self: Box<Self>, _: &mut Vec<otlp::Span>) {}
     }
 
     #[test]

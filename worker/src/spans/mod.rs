@@ -140,23 +140,21 @@ impl export::Build for Answered {
         let Some(trace) = self.record.trace.as_ref() else {
             return 1;
         };
-        let passes = trace.passes();
         // Each pass's queue, and its forward when it ran alone; one answer after the last.
-        let per_pass: usize = passes
-            .iter()
-            .map(|t| 1 + usize::from(t.pass.is_none()))
-            .sum();
-        1 + per_pass
-            + usize::from(!passes.is_empty())
+        let (passes, alone) = trace.pass_counts();
+        1 + passes
+            + alone
+            + usize::from(passes > 0)
             + usize::from(trace.tokenize().is_some())
             + usize::from(trace.preprocess().is_some())
     }
 
-    fn build(self: Box<Self>) -> Vec<otlp::Span> {
+    fn build(self: Box<Self>, into: &mut Vec<otlp::Span>) {
         let r = &self.record;
-        let mut spans = spans_of(r, self.pid, self.slot);
+        let server = into.len();
+        spans_of(r, self.pid, self.slot, into);
         if let Some(seat) = self.handoff {
-            spans[0]
+            into[server]
                 .attributes
                 .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
         }
@@ -170,7 +168,6 @@ impl export::Build for Answered {
                 &self.exporter,
             );
         }
-        spans
     }
 }
 
@@ -235,8 +232,9 @@ fn route(path: &str) -> String {
     format!("/v2/models/{}", parts.join("/"))
 }
 
-/// The SERVER span of `r` and, for a model request, its queue, forward and answer spans.
-fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
+/// The SERVER span of `r` and, for a model request, its queue, forward and answer spans,
+/// added to `out` (the SERVER span first).
+fn spans_of(r: &Record, pid: u32, slot: u32, out: &mut Vec<otlp::Span>) {
     let ctx = &r.context;
     let trace_id = otlp::hex_bytes(ctx.trace_id());
     let server_id = otlp::hex_bytes(ctx.span_id());
@@ -272,7 +270,7 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
     server.span_id = server_id.clone();
     server.kind = otlp::KIND_SERVER;
     server.status = status;
-    let mut out = vec![server];
+    out.push(server);
     if let Some(t) = r.trace.as_ref().and_then(|t| t.tokenize()) {
         let from = start + t.after;
         out.push(child(
@@ -327,7 +325,6 @@ fn spans_of(r: &Record, pid: u32, slot: u32) -> Vec<otlp::Span> {
     if let Some(done) = done {
         out.push(child(id.0, id.1, "answer", done, end, Vec::new()));
     }
-    out
 }
 
 /// An INTERNAL span of its own id in `trace_id`, child of `parent`, from `from` to `to`.
