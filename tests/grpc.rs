@@ -72,7 +72,7 @@ fn tritonclient_grpc_drives_health_metadata_inference_streams_and_errors_beside_
     let m = &r["model_metadata"];
     assert_eq!(m["name"], "test app");
     assert_eq!(m["versions"], json!(["3"]));
-    assert_eq!(m["platform"], "pytorch_torchscript");
+    assert_eq!(m["platform"], "pytorch_libtorch");
     assert_eq!(
         m["inputs"],
         json!([{"name": "input__0", "datatype": "FP32", "shape": ["-1", "4"]}])

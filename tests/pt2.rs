@@ -51,7 +51,7 @@ fn an_exported_mlp_answers_as_its_torchscript_export_on_post_and_v2() {
     // Its v2 metadata names the format.
     let meta = |s: &Server| s.get("/v2/models/test%20app").json()["platform"].clone();
     assert_eq!(meta(&pt2), "pytorch_export");
-    assert_eq!(meta(&pt), "pytorch_torchscript");
+    assert_eq!(meta(&pt), "pytorch_libtorch");
 }
 
 /// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`, as `tests/grpc.rs` drives

@@ -45,7 +45,7 @@ fn tritonclient_drives_health_metadata_and_inference_with_json_and_binary_data()
     let m = &r["model_metadata"];
     assert_eq!(m["name"], "test app");
     assert_eq!(m["versions"], serde_json::json!(["3"]));
-    assert_eq!(m["platform"], "pytorch_torchscript");
+    assert_eq!(m["platform"], "pytorch_libtorch");
     assert_eq!(
         m["inputs"],
         serde_json::json!([{"name": "input__0", "datatype": "FP32", "shape": [-1, 4]}])

@@ -46,10 +46,11 @@ pub fn is_exported(path: &str) -> bool {
 /// for an AOTInductor package (Triton's platform for them, so that clients written for
 /// Triton's `torch_aoti` models recognise it), `pytorch_export` for a `torch.export` program
 /// run by the Native Runtime (no other server serves these, so there is no name to follow),
-/// `pytorch_torchscript` otherwise.
+/// and for TorchScript `pytorch_libtorch`, Triton's name for TorchScript models (its
+/// PyTorch backend's `platform`).
 pub fn platform(path: &str) -> &'static str {
     if !is_exported(path) {
-        return "pytorch_torchscript";
+        return "pytorch_libtorch";
     }
     match crate::exported::archive::kind(path) {
         Ok(crate::exported::archive::Kind::Aoti) => "torch_aoti",
