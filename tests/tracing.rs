@@ -936,3 +936,88 @@ fn a_collector_certificate_that_cannot_be_verified_costs_no_request_and_is_named
         );
     }
 }
+
+/// Three traced requests one after another, each one's spans waited for: three exports.
+fn three_exports(s: &Server, rx: &Receiver, case: &str) {
+    for i in 0..3 {
+        let trace = format!("5bf92f3577b34da6a3ce929d0e0e47{i:02}");
+        let r = raw(
+            s.port,
+            "POST",
+            "/",
+            &traceparent(&trace, "01"),
+            INPUT.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{case}: request {i}");
+        rx.spans_of(&trace, 4);
+    }
+}
+
+/// The receiver's lines with `key` (`connection`: one per connection it accepted).
+fn lines_with(rx: &Receiver, key: &str) -> Vec<Value> {
+    rx.all().into_iter().filter(|l| l[key].is_u64()).collect()
+}
+
+/// Exports keep their connection (HTTP/1.1 keep-alive): three exports one after another
+/// reach the collector over ONE connection, over http and over https (one TLS handshake).
+#[test]
+fn exports_keep_one_connection_over_http_and_https() {
+    for scheme in ["http", "https"] {
+        let app = mlp();
+        let pki = Pki::new(app.dir.path(), "ca");
+        pki.issue("ca", "server");
+        let ca = pki.path("ca.pem");
+        let (rx, mut env) = if scheme == "http" {
+            (Receiver::start("ok"), vec![])
+        } else {
+            (
+                tls_receiver(&pki, None),
+                vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+            )
+        };
+        let endpoint = format!("{scheme}://127.0.0.1:{}", rx.port);
+        env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
+        let s = Server::start_env(&app, &["--production", "--workers", "1"], &env);
+        s.wait_workers(1);
+        three_exports(&s, &rx, scheme);
+        let connections = lines_with(&rx, "connection");
+        assert_eq!(connections.len(), 1, "{scheme}: {connections:?}");
+    }
+}
+
+/// A collector that closes its connections — after every answer, unannounced (`close`), or
+/// just as the next export arrives on it, unanswered (`once`, an idle connection closed at
+/// the wrong moment) — still gets every batch: the exporter finds the connection closed and
+/// opens a new one at once; nothing is dropped, nothing is logged as failing.
+#[test]
+fn a_collector_closing_its_connections_still_gets_every_batch() {
+    for mode in ["close", "once"] {
+        let rx = Receiver::start(mode);
+        let app = mlp();
+        let s = Server::start_env(
+            &app,
+            &["--production", "--workers", "1", "--metrics-port", "0"],
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+        );
+        s.wait_workers(1);
+        three_exports(&s, &rx, mode);
+        assert_eq!(
+            lines_with(&rx, "connection").len(),
+            3,
+            "{mode}: a connection per export"
+        );
+        if mode == "once" {
+            // The second and third exports were each sent on a connection the receiver
+            // then closed unanswered, and sent again on a new one.
+            assert_eq!(lines_with(&rx, "unanswered").len(), 2, "{mode}");
+        }
+        assert_eq!(dropped(&scrape(s.metrics_port())), 0, "{mode}");
+        let failing: Vec<_> = s
+            .all_events()
+            .into_iter()
+            .filter(|e| e.name == "trace_export_failing")
+            .map(|e| e.message().to_string())
+            .collect();
+        assert!(failing.is_empty(), "{mode}: {failing:?}");
+    }
+}
