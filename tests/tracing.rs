@@ -382,6 +382,9 @@ fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() 
     let junk = app.dir.path().join("junk.pem");
     std::fs::write(&junk, "not a certificate\n").unwrap();
     let junk = junk.display().to_string();
+    let empty = app.dir.path().join("no-certs");
+    std::fs::create_dir(&empty).unwrap();
+    let empty = empty.display().to_string();
     let https = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318");
     for (env, want) in [
         (
@@ -401,6 +404,14 @@ fn an_export_that_cannot_work_is_a_start_up_error_and_a_bad_sampler_a_warning() 
         (
             vec![https, ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", &junk)],
             format!("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE={junk}: holds no PEM certificate"),
+        ),
+        (
+            vec![https, ("SSL_CERT_DIR", "/nonexistent/certs")],
+            "SSL_CERT_DIR=/nonexistent/certs: cannot be read".to_string(),
+        ),
+        (
+            vec![https, ("SSL_CERT_DIR", &empty)],
+            format!("SSL_CERT_DIR={empty}: holds no PEM certificate"),
         ),
     ] {
         let mut s = Server::spawn(&app, &["--production", "--workers", "1"], &env);
@@ -1020,4 +1031,50 @@ fn a_collector_closing_its_connections_still_gets_every_batch() {
             .collect();
         assert!(failing.is_empty(), "{mode}: {failing:?}");
     }
+}
+
+/// With no OTLP certificate, the collector's is verified by the CAs of `SSL_CERT_DIR` (a
+/// directory as `openssl rehash` makes it: the CA under the name `HASH.0`).
+#[test]
+fn spans_go_over_https_verified_by_a_ca_of_ssl_cert_dir() {
+    let app = mlp();
+    let pki = Pki::new(app.dir.path(), "ca");
+    pki.issue("ca", "server");
+    let certs = app.dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let hash = Command::new("openssl")
+        .args(["x509", "-hash", "-noout", "-in", &pki.path("ca.pem")])
+        .output()
+        .unwrap();
+    assert!(hash.status.success());
+    let hash = String::from_utf8(hash.stdout).unwrap();
+    std::fs::copy(pki.path("ca.pem"), certs.join(format!("{}.0", hash.trim()))).unwrap();
+    let rx = tls_receiver(&pki, None);
+    let endpoint = format!("https://127.0.0.1:{}", rx.port);
+    let certs = certs.display().to_string();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("SSL_CERT_DIR", &certs),
+        ],
+    );
+    let e = s.wait_event("trace_export", |_| true);
+    assert!(
+        e.message().contains(&format!("{certs} (SSL_CERT_DIR)")),
+        "{}",
+        e.message()
+    );
+    s.wait_workers(1);
+    let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let r = raw(
+        s.port,
+        "POST",
+        "/",
+        &traceparent(trace, "01"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+    rx.spans_of(trace, 4);
 }
