@@ -8,8 +8,10 @@
 //! honoured both ways; a collector that never answers, or answers 503, costs no
 //! request (the spans are dropped and counted); no span carries the payload; a
 //! configuration that cannot export is a start-up error; over https (a receiver with a
-//! certificate made on the spot) spans arrive verified by the CA given, with a client
-//! certificate, and a collector certificate from another CA costs no request.
+//! certificate made on the spot) spans arrive verified by the CA given (or one of
+//! `SSL_CERT_DIR`), with a client certificate, and a collector certificate from another CA
+//! costs no request; exports keep one connection (http and https), and a collector that
+//! closes its connections still gets every batch.
 
 mod common;
 
