@@ -834,13 +834,18 @@ fn health_probes_are_not_exported() {
 /// The receiver over TLS with a certificate `ca` signed (`server`), in `app`'s directory;
 /// `client_ca`: a client certificate signed by it is required.
 fn tls_receiver(pki: &Pki, client_ca: Option<&str>) -> Receiver {
+    tls_receiver_in("ok", pki, client_ca)
+}
+
+/// [`tls_receiver`] in another mode of the receiver's.
+fn tls_receiver_in(mode: &str, pki: &Pki, client_ca: Option<&str>) -> Receiver {
     let mut args = vec![
         "--tls".into(),
         pki.path("server.pem"),
         pki.path("server.key"),
     ];
     args.extend(client_ca.map(|ca| pki.path(&format!("{ca}.pem"))));
-    Receiver::start_with("ok", &args)
+    Receiver::start_with(mode, &args)
 }
 
 /// An https endpoint whose CA is given by the variable, with a client certificate (mutual
@@ -1001,25 +1006,44 @@ fn exports_keep_one_connection_over_http_and_https() {
 /// A collector that closes its connections — after every answer, unannounced (`close`), or
 /// just as the next export arrives on it, unanswered (`once`, an idle connection closed at
 /// the wrong moment) — still gets every batch: the exporter finds the connection closed and
-/// opens a new one at once; nothing is dropped, nothing is logged as failing.
+/// opens a new one at once; nothing is dropped, nothing is logged as failing. Over http and
+/// over https (where the closed connection reads as TLS's end, without close_notify).
 #[test]
 fn a_collector_closing_its_connections_still_gets_every_batch() {
-    for mode in ["close", "once"] {
-        let rx = Receiver::start(mode);
+    for (mode, scheme) in [
+        ("close", "http"),
+        ("once", "http"),
+        ("close", "https"),
+        ("once", "https"),
+    ] {
         let app = mlp();
+        let pki = Pki::new(app.dir.path(), "ca");
+        pki.issue("ca", "server");
+        let ca = pki.path("ca.pem");
+        let (rx, mut env) = if scheme == "http" {
+            (Receiver::start(mode), vec![])
+        } else {
+            (
+                tls_receiver_in(mode, &pki, None),
+                vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+            )
+        };
+        let endpoint = format!("{scheme}://127.0.0.1:{}", rx.port);
+        env.push(("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint));
         let s = Server::start_env(
             &app,
             &["--production", "--workers", "1", "--metrics-port", "0"],
-            &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+            &env,
         );
         s.wait_workers(1);
+        let mode = &format!("{mode} over {scheme}");
         three_exports(&s, &rx, mode);
         assert_eq!(
             lines_with(&rx, "connection").len(),
             3,
             "{mode}: a connection per export"
         );
-        if mode == "once" {
+        if mode.starts_with("once") {
             // The second and third exports were each sent on a connection the receiver
             // then closed unanswered, and sent again on a new one.
             assert_eq!(lines_with(&rx, "unanswered").len(), 2, "{mode}");
