@@ -81,15 +81,21 @@ pub type PemFile = (&'static str, PathBuf);
 pub struct OtelTls {
     /// The endpoint's host (without brackets): the name sent (SNI) and verified.
     pub host: String,
-    /// The certificates trusted for the collector's: `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`,
-    /// else `SSL_CERT_FILE`, else the system's bundle.
-    pub roots: PemFile,
+    /// The certificates trusted for the collector's: `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`
+    /// alone, else `SSL_CERT_FILE` and `SSL_CERT_DIR` (either or both; one named
+    /// [`CERT_DIR`] is a directory), else the system's bundle.
+    pub roots: Vec<PemFile>,
     /// `OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE` and `_CLIENT_KEY` (mutual TLS).
     pub client: Option<(PemFile, PemFile)>,
 }
 
+/// The variable naming a directory of trusted certificates (OpenSSL's: files named
+/// `HASH.N` as `openssl rehash` makes them, or `*.pem`, `*.crt`).
+pub const CERT_DIR: &str = "SSL_CERT_DIR";
+
 /// Where distributions keep the system's CA bundle (PEM), looked at in this order when
-/// neither `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` nor `SSL_CERT_FILE` is set.
+/// none of `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`, `SSL_CERT_FILE` and `SSL_CERT_DIR` is
+/// set.
 pub const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Arch, Alpine (ca-certificates)
     "/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL, CentOS
@@ -347,22 +353,26 @@ fn tls(
         }
         return Ok(None);
     }
+    // The explicit OTLP certificate alone; else OpenSSL's variables, both when both are set
+    // (as OpenSSL and rustls-native-certs read them); else the system's bundle.
+    let openssl: Vec<PemFile> = ["SSL_CERT_FILE", CERT_DIR]
+        .into_iter()
+        .filter_map(|v| set(v).map(|p| (v, PathBuf::from(p.trim()))))
+        .collect();
     let roots = match ca {
-        Some(ca) => ca,
-        None => match set("SSL_CERT_FILE") {
-            Some(f) => ("SSL_CERT_FILE", PathBuf::from(f.trim())),
-            None => SYSTEM_BUNDLES
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.exists())
-                .map(|p| ("the system's CA bundle", p))
-                .ok_or_else(|| {
-                    format!(
-                        "an https:// endpoint needs the certificates to trust for the collector's: set OTEL_EXPORTER_OTLP_CERTIFICATE to a PEM file of its CA (no system CA bundle was found at {}: install ca-certificates, or set SSL_CERT_FILE)",
-                        SYSTEM_BUNDLES.join(", ")
-                    )
-                })?,
-        },
+        Some(ca) => vec![ca],
+        None if !openssl.is_empty() => openssl,
+        None => vec![SYSTEM_BUNDLES
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .map(|p| ("the system's CA bundle", p))
+            .ok_or_else(|| {
+                format!(
+                    "an https:// endpoint needs the certificates to trust for the collector's: set OTEL_EXPORTER_OTLP_CERTIFICATE to a PEM file of its CA (no system CA bundle was found at {}: install ca-certificates, or set SSL_CERT_FILE or SSL_CERT_DIR)",
+                    SYSTEM_BUNDLES.join(", ")
+                )
+            })?],
     };
     let client = match (cert, key) {
         (None, None) => None,
@@ -587,10 +597,10 @@ mod tests {
         assert_eq!(tls.host, "collector.example");
         assert_eq!(
             tls.roots,
-            (
+            vec![(
                 "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
                 "/traces-ca.pem".into()
-            )
+            )]
         );
         assert_eq!(
             tls.client,
@@ -617,7 +627,7 @@ mod tests {
             (c.host_port.as_str(), tls.host.as_str()),
             ("[::1]:4318", "::1")
         );
-        assert_eq!(tls.roots, ("SSL_CERT_FILE", "/bundle.pem".into()));
+        assert_eq!(tls.roots, vec![("SSL_CERT_FILE", "/bundle.pem".into())]);
         let (c, w) = read(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem"),
@@ -627,6 +637,34 @@ mod tests {
         assert!(
             w[0].contains("OTEL_EXPORTER_OTLP_CERTIFICATE is set but the endpoint is http://"),
             "{w:?}"
+        );
+    }
+
+    #[test]
+    fn openssl_s_file_and_directory_are_read_together_and_the_otlp_certificate_alone() {
+        let roots = |vars: &[(&str, &str)]| {
+            let mut v = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c")];
+            v.extend_from_slice(vars);
+            read(&v).unwrap().0.unwrap().tls.unwrap().roots
+        };
+        assert_eq!(
+            roots(&[("SSL_CERT_DIR", "/certs")]),
+            vec![("SSL_CERT_DIR", "/certs".into())]
+        );
+        assert_eq!(
+            roots(&[("SSL_CERT_DIR", "/certs"), ("SSL_CERT_FILE", "/b.pem")]),
+            vec![
+                ("SSL_CERT_FILE", "/b.pem".into()),
+                ("SSL_CERT_DIR", "/certs".into())
+            ]
+        );
+        assert_eq!(
+            roots(&[
+                ("SSL_CERT_DIR", "/certs"),
+                ("SSL_CERT_FILE", "/b.pem"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem")
+            ]),
+            vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem".into())]
         );
     }
 }

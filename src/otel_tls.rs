@@ -5,14 +5,16 @@
 //!
 //! - The collector's certificate is verified (chain, validity, and the endpoint's host as a
 //!   DNS name or IP address in its subject alternative names) against the PEM certificates
-//!   of `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` when set, else of `SSL_CERT_FILE`, else of
-//!   the system's bundle (`crate::otel::SYSTEM_BUNDLES`: read from the file the distribution
-//!   keeps, as OpenSSL and curl do, so no crate beyond rustls is needed and the roots are
-//!   the ones the operator's `update-ca-certificates` manages).
+//!   of `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` when set, else of `SSL_CERT_FILE` and of
+//!   the directory `SSL_CERT_DIR` (either or both, as OpenSSL reads them; the directory's
+//!   files named `HASH.N` as `openssl rehash` makes them, or `*.pem`, `*.crt`, not its
+//!   subdirectories), else of the system's bundle (`crate::otel::SYSTEM_BUNDLES`: read from
+//!   the file the distribution keeps, as OpenSSL and curl do, so no crate beyond rustls is
+//!   needed and the roots are the ones the operator's `update-ca-certificates` manages).
 //! - A client certificate and key (mutual TLS) are sent when both are set.
 //!
-//! The master builds it once at start to check the files (a file that cannot be read, holds
-//! no certificate, or a key that does not parse: exit 2 naming the variable); each worker
+//! The master builds it once at start to check the files (a file or directory that cannot
+//! be read, holds no certificate, or a key that does not parse: exit 2 naming the variable); each worker
 //! builds it on its exporter thread. rustls with the *ring* provider; TLS 1.2 and 1.3.
 
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::otel::{OtelTls, PemFile};
+use crate::otel::{OtelTls, PemFile, CERT_DIR};
 
 /// The largest PEM file read (a system bundle is about 200 KiB).
 const MAX_PEM_BYTES: u64 = 4 << 20;
@@ -59,14 +61,64 @@ fn certificates(file: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> 
     Ok(certs)
 }
 
+/// Whether a directory entry is one of the certificates a CA directory holds: `HASH.N`
+/// (eight hex digits, a dot, a digit: `openssl rehash`'s links), or `*.pem`, `*.crt`.
+fn is_certificate_name(name: &str) -> bool {
+    let hashed = name.len() == 10
+        && name[..8].chars().all(|c| c.is_ascii_hexdigit())
+        && name[8..9] == *"."
+        && name[9..].chars().all(|c| c.is_ascii_digit());
+    hashed || name.ends_with(".pem") || name.ends_with(".crt")
+}
+
+/// The certificates of a CA directory (`SSL_CERT_DIR`): those of each of its files
+/// [`is_certificate_name`] takes (links followed; a dangling link, a subdirectory or a file
+/// without a certificate is passed over); at least one.
+fn directory(dir: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
+    let cannot = |e: std::io::Error| format!("{}: cannot be read: {e}", named(dir));
+    let mut certs = Vec::new();
+    for entry in std::fs::read_dir(&dir.1).map_err(cannot)? {
+        let path = entry.map_err(cannot)?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let is_file = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
+        if !is_file || !is_certificate_name(name) {
+            continue;
+        }
+        let file = (dir.0, path.clone());
+        let pem = read(&file)?;
+        let found = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("{}: {}: {e}", named(dir), path.display()))?;
+        certs.extend(found);
+    }
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: holds no PEM certificate (files named HASH.0 as `openssl rehash` makes them, or *.pem, *.crt)",
+            named(dir)
+        ));
+    }
+    Ok(certs)
+}
+
 /// The client configuration for an `https://` endpoint, or why it cannot be made.
 pub fn client_config(tls: &OtelTls) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut anchors = Vec::new();
+    for source in &tls.roots {
+        anchors.extend(if source.0 == CERT_DIR {
+            directory(source)?
+        } else {
+            certificates(source)?
+        });
+    }
+    anchors.sort_by(|a, b| a.as_ref().cmp(b.as_ref()));
+    anchors.dedup();
     let mut roots = rustls::RootCertStore::empty();
-    let (added, _) = roots.add_parsable_certificates(certificates(&tls.roots)?);
+    let (added, _) = roots.add_parsable_certificates(anchors);
     if added == 0 {
+        let names: Vec<String> = tls.roots.iter().map(named).collect();
         return Err(format!(
             "{}: none of its certificates can be used as a trust anchor",
-            named(&tls.roots)
+            names.join(" and ")
         ));
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -105,7 +157,7 @@ mod tests {
     fn tls(roots: &std::path::Path) -> OtelTls {
         OtelTls {
             host: "localhost".into(),
-            roots: ("OTEL_EXPORTER_OTLP_CERTIFICATE", roots.to_path_buf()),
+            roots: vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", roots.to_path_buf())],
             client: None,
         }
     }
@@ -126,5 +178,45 @@ mod tests {
         std::fs::write(&junk, "not a certificate\n").unwrap();
         let e = client_config(&tls(&junk)).unwrap_err();
         assert!(e.contains("junk.pem: holds no PEM certificate"), "{e}");
+    }
+
+    #[test]
+    fn a_ca_directory_takes_hashed_pem_and_crt_names_only() {
+        for yes in ["0123abcd.0", "ABCDEF01.9", "ca.pem", "corp.crt"] {
+            assert!(is_certificate_name(yes), "{yes}");
+        }
+        for no in ["0123abcd.a", "0123abc.0", "ca.key", "README", "0123abcdx0"] {
+            assert!(!is_certificate_name(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_ca_directory_missing_or_without_a_certificate_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let named_dir = |p: &std::path::Path| OtelTls {
+            host: "localhost".into(),
+            roots: vec![(CERT_DIR, p.to_path_buf())],
+            client: None,
+        };
+        let missing = dir.path().join("missing");
+        let e = client_config(&named_dir(&missing)).unwrap_err();
+        assert!(
+            e.starts_with(&format!(
+                "SSL_CERT_DIR={}: cannot be read",
+                missing.display()
+            )),
+            "{e}"
+        );
+        // Empty, then only files that are not certificates (by name or by content).
+        let e = client_config(&named_dir(dir.path())).unwrap_err();
+        assert!(e.contains("holds no PEM certificate"), "{e}");
+        std::fs::write(dir.path().join("README"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+        std::fs::write(dir.path().join("empty.pem"), "").unwrap();
+        std::fs::create_dir(dir.path().join("sub.pem")).unwrap();
+        let e = client_config(&named_dir(dir.path())).unwrap_err();
+        assert!(
+            e == format!("SSL_CERT_DIR={}: holds no PEM certificate (files named HASH.0 as `openssl rehash` makes them, or *.pem, *.crt)", dir.path().display()),
+            "{e}"
+        );
     }
 }

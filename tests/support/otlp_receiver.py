@@ -1,11 +1,18 @@
 """An OTLP/HTTP trace receiver for the tests (tests/tracing.rs): decodes each POST's body
 with the official protobuf definitions (the opentelemetry-proto package) and prints one JSON
 line per span on stdout: ids as hex, name, kind, times, attributes, status, its resource's
-attributes. Its first line is `{"listening": PORT}`.
+attributes. Its first line is `{"listening": PORT}`; each connection it accepts (after the
+TLS handshake, over TLS) is a line `{"connection": N}` (N counting from 1).
 
     otlp_receiver.py ok      answer 200 (as a collector that takes them)
     otlp_receiver.py 503     answer 503 to every export (one line {"refused": N} each)
     otlp_receiver.py hang    accept and read every export, answer nothing, ever
+    otlp_receiver.py close   as ok, then close the connection without a word (no
+                             `Connection: close`: the exporter finds it closed later)
+    otlp_receiver.py once    as ok for a connection's first export; a second export on
+                             the same connection is read and the connection closed
+                             unanswered (one line {"unanswered": N} each): a collector
+                             closing an idle connection just as an export arrives
 
     ... MODE --tls CERT KEY [CLIENT_CA]
         over TLS (https://) with the server certificate CERT and its key KEY (PEM); with
@@ -23,6 +30,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 MODE = sys.argv[1]
 OUT = threading.Lock()
 REFUSED = [0]
+COUNT = threading.Lock()
+CONNECTIONS = [0]
+UNANSWERED = [0]
 
 
 def say(obj):
@@ -56,8 +66,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def setup(self):
+        super().setup()
+        self.exports = 0
+        with COUNT:
+            CONNECTIONS[0] += 1
+            n = CONNECTIONS[0]
+        say({"connection": n})
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.exports += 1
+        if MODE == "once" and self.exports > 1:
+            with COUNT:
+                UNANSWERED[0] += 1
+                n = UNANSWERED[0]
+            say({"unanswered": n})
+            self.close_connection = True
+            return
         if MODE == "hang":
             threading.Event().wait()  # never answers
         if MODE == "503":
@@ -96,6 +122,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
         self.end_headers()
+        if MODE == "close":
+            self.close_connection = True
 
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -36,9 +36,12 @@ impl Tracing {
             let trust = match &e.tls {
                 None => String::new(),
                 Some(t) => format!(
-                    ", verifying its certificate against {} ({})",
-                    t.roots.1.display(),
-                    t.roots.0
+                    ", verifying its certificate against {}",
+                    t.roots
+                        .iter()
+                        .map(|(var, path)| format!("{} ({var})", path.display()))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
                 ),
             };
             tracing::info!(

@@ -1,7 +1,8 @@
 //! The export: a bounded queue the request path pushes what its spans are made of into (one
 //! uncontended lock, never a wait: an answered request's record, [`Build`]), drained by a
 //! thread of its own that builds the spans, encodes them and POSTs them to the collector as
-//! OTLP/HTTP protobuf (over TLS for an `https://` endpoint: [`super::transport`]). A collector that is slow, down or answering errors
+//! OTLP/HTTP protobuf over one connection kept open between exports (over TLS for an
+//! `https://` endpoint: [`super::transport`]). A collector that is slow, down or answering errors
 //! costs spans, never a request: when the queue is full a span is dropped and counted, and
 //! a batch the collector did not take is dropped and counted (no retry: the next batch is
 //! newer). The counter is `vramfork_trace_spans_dropped_total`; a warning is logged when
@@ -135,7 +136,7 @@ impl Exporter {
     fn run(&self, config: &OtelConfig, resource: Vec<otlp::KeyValue>) {
         let mut failing: Option<u64> = None; // dropped when the failures began
                                              // An https endpoint's certificates are read here, off every request's path.
-        let transport = Transport::new(config);
+        let mut transport = Transport::new(config);
         let (mut batch, mut body) = (Vec::with_capacity(BATCH), Vec::new());
         loop {
             let entries: Vec<Entry> = {

@@ -23,9 +23,14 @@
 //! | file | owns |
 //! |---|---|
 //! | `otlp.rs` | OTLP's trace messages (protobuf) |
-//! | `export.rs` | the bounded queue, the exporter thread, the POST, the drop counter |
+//! | `export.rs` | the bounded queue, the exporter thread, the drop counter |
+//! | `transport.rs` | one export's trip: the connection kept open, or a new one (each address in turn) |
+//! | `connection.rs` | a kept connection (TCP or TLS): its exchange, whether it is still open |
+//! | `answer.rs` | the collector's answer read whole (its length known, or the connection closed) |
 //! | `pass.rs` | a batched pass's one span and its links |
 
+mod answer;
+mod connection;
 mod export;
 mod otlp;
 pub mod pass;
