@@ -1,7 +1,7 @@
 //! The export: a bounded queue the request path pushes what its spans are made of into (one
 //! uncontended lock, never a wait: an answered request's record, [`Build`]), drained by a
-//! thread of its own that builds the spans, encodes them and POSTs them to the collector as
-//! OTLP/HTTP protobuf over one connection kept open between exports (over TLS for an
+//! thread of its own that writes the spans straight into protobuf (`otlp.rs`) and POSTs them
+//! to the collector as OTLP/HTTP protobuf over one connection kept open between exports (over TLS for an
 //! `https://` endpoint: [`super::transport`]). A collector that is slow, down or answering errors
 //! costs spans, never a request: when the queue is full a span is dropped and counted, and
 //! a batch the collector did not take is dropped and counted (no retry: the next batch is
@@ -13,8 +13,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-
-use prost::Message;
 
 use super::otlp;
 use super::transport::Transport;
@@ -38,13 +36,15 @@ const PAUSE: Duration = Duration::from_secs(1);
 pub trait Build: Send {
     /// How many spans it makes (what it takes of the queue's room).
     fn count(&self) -> usize;
-    /// Its spans (on the exporter thread), added to `into`.
-    fn build(self: Box<Self>, into: &mut Vec<otlp::Span>);
+    /// Its spans (on the exporter thread), written into `into` as an export's
+    /// `ScopeSpans.spans` entries (`otlp::span`); how many.
+    fn build(self: Box<Self>, into: &mut Vec<u8>) -> usize;
 }
 
-/// One entry of the queue: spans made already (a batched pass's), or a record to build.
+/// One entry of the queue: a span written already (a batched pass's, as `Span`'s message
+/// body: `otlp::span_body`), or a record to build.
 enum Entry {
-    Built(otlp::Span),
+    Built(Vec<u8>),
     Later(Box<dyn Build>, usize),
 }
 
@@ -73,7 +73,7 @@ struct Queue {
 
 impl Exporter {
     /// Starts the exporter thread for `config`; `resource`: the attributes of this worker.
-    pub fn start(config: OtelConfig, resource: Vec<otlp::KeyValue>) -> Arc<Exporter> {
+    pub fn start(config: OtelConfig, resource: Vec<(&'static str, i64)>) -> Arc<Exporter> {
         let e = Arc::new(Exporter {
             queue: Mutex::new(Queue::default()),
             more: Condvar::new(),
@@ -92,11 +92,9 @@ impl Exporter {
         e
     }
 
-    /// Takes finished spans (never waits on the collector).
-    pub fn push(&self, spans: Vec<otlp::Span>) {
-        for s in spans {
-            self.add(Entry::Built(s));
-        }
+    /// Takes a finished span, its message body written (never waits on the collector).
+    pub fn push(&self, span: Vec<u8>) {
+        self.add(Entry::Built(span));
     }
 
     /// Takes a record whose spans the exporter thread builds (the request path: never waits
@@ -133,11 +131,14 @@ impl Exporter {
     }
 
     /// The exporter thread: a batch when BATCH spans are waiting or DELAY passed.
-    fn run(&self, config: &OtelConfig, resource: Vec<otlp::KeyValue>) {
+    fn run(&self, config: &OtelConfig, resource: Vec<(&'static str, i64)>) {
         let mut failing: Option<u64> = None; // dropped when the failures began
                                              // An https endpoint's certificates are read here, off every request's path.
         let mut transport = Transport::new(config);
-        let (mut batch, mut body) = (Vec::with_capacity(BATCH), Vec::new());
+        let head = head(config, &resource);
+        // The spans and the body are kept from export to export (a body of 512 spans is
+        // tens of kB: allocated anew, each could be mapped and unmapped).
+        let (mut spans, mut body) = (Vec::new(), Vec::new());
         loop {
             let entries: Vec<Entry> = {
                 let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -158,31 +159,21 @@ impl Exporter {
                 taken
             };
             // Built here, with no lock held: a record's building may queue a pass's span.
-            batch.clear();
+            spans.clear();
+            let mut n = 0u64;
             for e in entries {
-                match e {
-                    Entry::Built(s) => batch.push(s),
-                    Entry::Later(b, _) => b.build(&mut batch),
-                }
+                n += match e {
+                    Entry::Built(s) => {
+                        otlp::span_written(&mut spans, &s);
+                        1
+                    }
+                    Entry::Later(b, _) => b.build(&mut spans) as u64,
+                };
             }
-            if batch.is_empty() {
+            if n == 0 {
                 continue;
             }
-            let n = batch.len() as u64;
-            // The spans' vector and the body are kept from export to export (a body of
-            // 512 spans is over 100 kB: allocated anew, each would be mapped and unmapped).
-            let mut message = request(config, &resource, std::mem::take(&mut batch));
-            body.clear();
-            if message.encode(&mut body).is_err() {
-                continue; // a Vec grows: unreachable
-            }
-            if let Some(spans) = message
-                .resource_spans
-                .pop()
-                .and_then(|mut r| r.scope_spans.pop())
-            {
-                batch = spans.spans;
-            }
+            otlp::request(&mut body, &head, &spans);
             match transport.post(config, &body) {
                 Ok(()) => {
                     if let Some(before) = failing.take() {
@@ -212,35 +203,18 @@ impl Exporter {
     }
 }
 
-/// One export request of `spans`, with this worker's resource.
-fn request(
-    config: &OtelConfig,
-    resource: &[otlp::KeyValue],
-    spans: Vec<otlp::Span>,
-) -> otlp::ExportTraceServiceRequest {
-    let mut attributes = vec![otlp::kv(
-        "service.name",
-        otlp::Value::String(config.service_name.clone()),
-    )];
+/// What every export of this worker repeats: its resource (`service.name`, the
+/// `OTEL_RESOURCE_ATTRIBUTES`, then `resource`) and the instrumentation scope.
+fn head(config: &OtelConfig, resource: &[(&'static str, i64)]) -> otlp::Head {
+    let mut attributes = vec![("service.name", otlp::Value::Str(&config.service_name))];
     attributes.extend(
         config
             .resource
             .iter()
-            .map(|(k, v)| otlp::kv(k, otlp::Value::String(v.clone()))),
+            .map(|(k, v)| (k.as_str(), otlp::Value::Str(v))),
     );
-    attributes.extend_from_slice(resource);
-    otlp::ExportTraceServiceRequest {
-        resource_spans: vec![otlp::ResourceSpans {
-            resource: Some(otlp::Resource { attributes }),
-            scope_spans: vec![otlp::ScopeSpans {
-                scope: Some(otlp::InstrumentationScope {
-                    name: "vramfork".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                }),
-                spans,
-            }],
-        }],
-    }
+    attributes.extend(resource.iter().map(|(k, v)| (*k, otlp::Value::Int(*v))));
+    otlp::Head::new(&attributes, "vramfork", env!("CARGO_PKG_VERSION"))
 }
 
 #[cfg(test)]
@@ -254,7 +228,9 @@ mod tests {
             3
         }
 
-        fn build(self: Box<Self>, _: &mut Vec<otlp::Span>) {}
+        fn build(self: Box<Self>, _: &mut Vec<u8>) -> usize {
+            0
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `otlp.rs` | OTLP's trace messages (protobuf) |
+//! | `otlp.rs` | OTLP's trace messages, written straight into protobuf bytes |
 //! | `export.rs` | the bounded queue, the exporter thread, the drop counter |
 //! | `transport.rs` | one export's trip: the connection kept open, or a new one (each address in turn) |
 //! | `connection.rs` | a kept connection (TCP or TLS): its exchange, whether it is still open |
@@ -44,7 +44,7 @@ use hyper::header::HeaderMap;
 use crate::access_log::Record;
 use crate::trace_context::TraceContext;
 use export::Exporter;
-use otlp::{kv, Value};
+use otlp::Value;
 use vramfork::otel::Sampler;
 
 /// This worker's spans: the sampler, and the exporter they go to.
@@ -73,8 +73,8 @@ impl Spans {
         };
         let pid = std::process::id();
         let resource = vec![
-            kv("process.pid", Value::Int(pid.into())),
-            kv("vramfork.worker.slot", Value::Int(slot.into())),
+            ("process.pid", i64::from(pid)),
+            ("vramfork.worker.slot", i64::from(slot)),
         ];
         Some(Spans {
             sampler: config.sampler.clone(),
@@ -154,25 +154,18 @@ impl export::Build for Answered {
             + usize::from(trace.preprocess().is_some())
     }
 
-    fn build(self: Box<Self>, into: &mut Vec<otlp::Span>) {
+    fn build(self: Box<Self>, into: &mut Vec<u8>) -> usize {
         let r = &self.record;
-        let server = into.len();
-        spans_of(r, self.pid, self.slot, into);
-        if let Some(seat) = self.handoff {
-            into[server]
-                .attributes
-                .push(kv("vramfork.handoff.seat", Value::Int(seat.into())));
-        }
         let passes = r.trace.as_ref().map(|t| t.passes()).unwrap_or_default();
+        let ids = Ids {
+            trace: otlp::hex_bytes(r.context.trace_id()),
+            server: otlp::hex_bytes(r.context.span_id()),
+        };
+        let n = spans_of(r, &passes, &ids, (self.pid, self.slot, self.handoff), into);
         for pass in passes.into_iter().filter_map(|t| t.pass) {
-            let ctx = &r.context;
-            pass.link(
-                otlp::hex_bytes(ctx.trace_id()),
-                otlp::hex_bytes(ctx.span_id()),
-                &r.request_id,
-                &self.exporter,
-            );
+            pass.link(ids.trace, ids.server, &r.request_id, &self.exporter);
         }
+        n
     }
 }
 
@@ -198,34 +191,45 @@ fn nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The span's name and its protocol's attributes: the HTTP method and route (the path with
-/// the model's name and version as templates), or the gRPC service and method.
-fn name_and_protocol(r: &Record) -> (String, Vec<otlp::KeyValue>) {
+/// The SERVER span's name (in parts) and, written by the returned closure, its protocol's
+/// attributes: the HTTP method and route (the path with the model's name and version as
+/// templates), or the gRPC service and method.
+fn name_and_protocol<'a>(
+    r: &'a Record,
+    route: &'a str,
+) -> ([&'a str; 3], impl Fn(&mut Vec<u8>) + 'a) {
     let path = r.target.split('?').next().unwrap_or("");
-    if let Some(full) = path.strip_prefix("/inference.") {
-        let (service, method) = full.split_once('/').unwrap_or((full, ""));
-        let attrs = vec![
-            kv("rpc.system", Value::String("grpc".into())),
-            kv("rpc.service", Value::String(format!("inference.{service}"))),
-            kv("rpc.method", Value::String(method.into())),
-        ];
-        return (path.trim_start_matches('/').to_string(), attrs);
-    }
-    let route = route(path);
-    let attrs = vec![
-        kv("http.request.method", Value::String(r.method.clone())),
-        kv("url.path", Value::String(path.to_string())),
-        kv("http.route", Value::String(route.clone())),
-        kv("http.response.status_code", Value::Int(r.status.into())),
-    ];
-    (format!("{} {route}", r.method), attrs)
+    let a = otlp::SPAN_ATTRIBUTES;
+    let grpc = path
+        .strip_prefix("/inference.")
+        .map(|full| full.split_once('/').unwrap_or((full, "")))
+        .map(|(service, method)| (&path[1.."/inference.".len() + service.len()], method));
+    let name = match grpc {
+        Some(_) => [path.trim_start_matches('/'), "", ""],
+        None => [r.method.as_str(), " ", route],
+    };
+    let write = move |b: &mut Vec<u8>| match grpc {
+        Some((service, method)) => {
+            otlp::attribute(b, a, "rpc.system", Value::Str("grpc"));
+            otlp::attribute(b, a, "rpc.service", Value::Str(service));
+            otlp::attribute(b, a, "rpc.method", Value::Str(method));
+        }
+        None => {
+            otlp::attribute(b, a, "http.request.method", Value::Str(&r.method));
+            otlp::attribute(b, a, "url.path", Value::Str(path));
+            otlp::attribute(b, a, "http.route", Value::Str(route));
+            let status = Value::Int(r.status.into());
+            otlp::attribute(b, a, "http.response.status_code", status);
+        }
+    };
+    (name, write)
 }
 
 /// `/v2/models/NAME[/versions/V]/…` with the name and version as templates; other paths as
 /// they are (they name no data).
-fn route(path: &str) -> String {
+fn route(path: &str) -> std::borrow::Cow<'_, str> {
     let Some(rest) = path.strip_prefix("/v2/models/") else {
-        return path.to_string();
+        return path.into();
     };
     let mut parts: Vec<&str> = rest.split('/').collect();
     if !parts.is_empty() {
@@ -234,127 +238,159 @@ fn route(path: &str) -> String {
     if parts.len() > 2 && parts[1] == "versions" {
         parts[2] = "{model_version}";
     }
-    format!("/v2/models/{}", parts.join("/"))
+    format!("/v2/models/{}", parts.join("/")).into()
 }
 
-/// The SERVER span of `r` and, for a model request, its queue, forward and answer spans,
-/// added to `out` (the SERVER span first).
-fn spans_of(r: &Record, pid: u32, slot: u32, out: &mut Vec<otlp::Span>) {
-    let ctx = &r.context;
-    let trace_id = otlp::hex_bytes(ctx.trace_id());
-    let server_id = otlp::hex_bytes(ctx.span_id());
+/// A request's trace id and its SERVER span's id.
+struct Ids {
+    trace: [u8; 16],
+    server: [u8; 8],
+}
+
+/// The SERVER span of `r` and, for a model request, its tokenize or preprocess span and
+/// each pass's queue and forward spans, then its answer span, written into `out` as an
+/// export's entries; how many. `worker`: this worker's pid and slot, and the sibling's seat
+/// when the call was handed to it.
+fn spans_of(
+    r: &Record,
+    passes: &[crate::access_log::Timing],
+    ids: &Ids,
+    worker: (u32, u32, Option<u32>),
+    out: &mut Vec<u8>,
+) -> usize {
     let end = r.time;
     let start = end.checked_sub(r.total).unwrap_or(end);
-    let (name, mut attributes) = name_and_protocol(r);
-    attributes.push(kv(
-        "vramfork.request_id",
-        Value::String(r.request_id.clone()),
-    ));
-    attributes.push(kv("process.pid", Value::Int(pid.into())));
-    attributes.push(kv("vramfork.worker.slot", Value::Int(slot.into())));
-    let passes = r.trace.as_ref().map(|t| t.passes()).unwrap_or_default();
-    if let Some(t) = passes.last() {
-        attributes.push(kv("vramfork.batch.size", Value::Int(t.batch.into())));
-        if let Some(p) = &t.pass {
-            attributes.push(kv("vramfork.pass.trace_id", Value::String(p.trace_hex())));
-            attributes.push(kv("vramfork.pass.span_id", Value::String(p.span_hex())));
-        }
-    }
-    let status = (r.status >= 400).then(|| {
-        attributes.push(kv("error.type", Value::String(r.status.to_string())));
-        otlp::Status {
-            message: String::new(),
-            code: otlp::STATUS_ERROR,
-        }
-    });
-    let parent = ctx
+    server_span(r, passes, ids, worker, (start, end), out);
+    1 + children(r, passes, ids, (start, end), out)
+}
+
+/// The SERVER span of `r`, from `start` to `end`.
+fn server_span(
+    r: &Record,
+    passes: &[crate::access_log::Timing],
+    ids: &Ids,
+    worker: (u32, u32, Option<u32>),
+    (start, end): (SystemTime, SystemTime),
+    out: &mut Vec<u8>,
+) {
+    let (pid, slot, handoff) = worker;
+    let path = r.target.split('?').next().unwrap_or("");
+    let route = route(path);
+    let (name, protocol) = name_and_protocol(r, &route);
+    let parent: [u8; 8] = r
+        .context
         .parent_span_id()
         .map(otlp::hex_bytes)
         .unwrap_or_default();
-    let mut server = child(&trace_id, &parent, &name, start, end, attributes);
-    server.span_id = server_id.clone();
-    server.kind = otlp::KIND_SERVER;
-    server.status = status;
-    out.push(server);
+    let has_parent = r.context.parent_span_id().is_some();
+    let server = otlp::Span {
+        trace_id: &ids.trace,
+        span_id: &ids.server,
+        parent: if has_parent { &parent } else { &[] },
+        name: &name,
+        kind: otlp::KIND_SERVER,
+        start_unix_nano: nanos(start),
+        end_unix_nano: nanos(end),
+        error: r.status >= 400,
+    };
+    otlp::span(out, &server, |b| {
+        let a = otlp::SPAN_ATTRIBUTES;
+        protocol(b);
+        otlp::attribute(b, a, "vramfork.request_id", Value::Str(&r.request_id));
+        otlp::attribute(b, a, "process.pid", Value::Int(pid.into()));
+        otlp::attribute(b, a, "vramfork.worker.slot", Value::Int(slot.into()));
+        if let Some(t) = passes.last() {
+            otlp::attribute(b, a, "vramfork.batch.size", Value::Int(t.batch.into()));
+            if let Some(p) = &t.pass {
+                let (mut th, mut sh) = ([0u8; 32], [0u8; 16]);
+                let (trace, span) = p.ids();
+                let trace = Value::Str(otlp::hex_str(trace, &mut th));
+                otlp::attribute(b, a, "vramfork.pass.trace_id", trace);
+                let span = Value::Str(otlp::hex_str(span, &mut sh));
+                otlp::attribute(b, a, "vramfork.pass.span_id", span);
+            }
+        }
+        if r.status >= 400 {
+            let code = r.status.to_string();
+            otlp::attribute(b, a, "error.type", Value::Str(&code));
+        }
+        if let Some(seat) = handoff {
+            otlp::attribute(b, a, "vramfork.handoff.seat", Value::Int(seat.into()));
+        }
+    });
+}
+
+/// The children of `r`'s SERVER span (`start` to `end`): its tokenize or preprocess span,
+/// each pass's queue and forward spans, then its answer span; how many.
+fn children(
+    r: &Record,
+    passes: &[crate::access_log::Timing],
+    ids: &Ids,
+    (start, end): (SystemTime, SystemTime),
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut n = 0;
+    let mut child = |name: &str, from: SystemTime, to: SystemTime, attributes: &[(&str, Value)]| {
+        let id = crate::request_id::unique().max(1).to_be_bytes();
+        let span = otlp::Span {
+            trace_id: &ids.trace,
+            span_id: &id,
+            parent: &ids.server,
+            name: &[name],
+            kind: otlp::KIND_INTERNAL,
+            start_unix_nano: nanos(from.min(end)),
+            end_unix_nano: nanos(to.min(end)),
+            error: false,
+        };
+        otlp::span(out, &span, |b| {
+            for (k, v) in attributes {
+                otlp::attribute(b, otlp::SPAN_ATTRIBUTES, k, *v);
+            }
+        });
+        n += 1;
+    };
     if let Some(t) = r.trace.as_ref().and_then(|t| t.tokenize()) {
         let from = start + t.after;
-        out.push(child(
-            &trace_id,
-            &server_id,
-            "tokenize",
-            from.min(end),
-            (from + t.took).min(end),
-            vec![
-                kv("vramfork.tokenize.inputs", Value::Int(t.inputs.into())),
-                kv("vramfork.tokenize.tokens", Value::Int(t.tokens as i64)),
-                kv(
-                    "vramfork.tokenize.truncated",
-                    Value::Int(t.truncated.into()),
-                ),
-            ],
-        ));
+        let counts = [
+            ("vramfork.tokenize.inputs", Value::Int(t.inputs.into())),
+            ("vramfork.tokenize.tokens", Value::Int(t.tokens as i64)),
+            (
+                "vramfork.tokenize.truncated",
+                Value::Int(t.truncated.into()),
+            ),
+        ];
+        child("tokenize", from, from + t.took, &counts);
     }
     if let Some(p) = r.trace.as_ref().and_then(|t| t.preprocess()) {
         let from = start + p.after;
-        out.push(child(
-            &trace_id,
-            &server_id,
-            "preprocess",
-            from.min(end),
-            (from + p.took).min(end),
-            vec![
-                kv("vramfork.preprocess.texts", Value::Int(p.texts.into())),
-                kv("vramfork.preprocess.images", Value::Int(p.images.into())),
-            ],
-        ));
+        let counts = [
+            ("vramfork.preprocess.texts", Value::Int(p.texts.into())),
+            ("vramfork.preprocess.images", Value::Int(p.images.into())),
+        ];
+        child("preprocess", from, from + p.took, &counts);
     }
-    let id = (&trace_id, &server_id);
     let mut done = None;
-    for t in &passes {
+    for t in passes {
         // The pass began `began` after arrival; its wait (listen and model queue, less
         // reading, parsing and pre-processing the body) ends there.
         let ran = (start + t.began).min(end);
         let ended = (ran + t.took).min(end);
         let queued = ran.checked_sub(t.waited).unwrap_or(start).max(start);
-        out.push(child(id.0, id.1, "queue", queued, ran, Vec::new()));
+        child("queue", queued, ran, &[]);
         // A batched pass is one span of its own (`pass.rs`), not a child of each member.
         if t.pass.is_none() {
-            let attributes = vec![
-                kv("vramfork.batch.size", Value::Int(t.batch.into())),
-                kv("vramfork.inline", Value::Bool(t.inline)),
+            let attributes = [
+                ("vramfork.batch.size", Value::Int(t.batch.into())),
+                ("vramfork.inline", Value::Bool(t.inline)),
             ];
-            out.push(child(id.0, id.1, "forward", ran, ended, attributes));
+            child("forward", ran, ended, &attributes);
         }
         done = Some(ended);
     }
     if let Some(done) = done {
-        out.push(child(id.0, id.1, "answer", done, end, Vec::new()));
+        child("answer", done, end, &[]);
     }
-}
-
-/// An INTERNAL span of its own id in `trace_id`, child of `parent`, from `from` to `to`.
-fn child(
-    trace_id: &[u8],
-    parent: &[u8],
-    name: &str,
-    from: SystemTime,
-    to: SystemTime,
-    attributes: Vec<otlp::KeyValue>,
-) -> otlp::Span {
-    otlp::Span {
-        trace_id: trace_id.to_vec(),
-        span_id: crate::request_id::unique().max(1).to_be_bytes().to_vec(),
-        trace_state: String::new(),
-        parent_span_id: parent.to_vec(),
-        name: name.to_string(),
-        kind: otlp::KIND_INTERNAL,
-        start_time_unix_nano: nanos(from),
-        end_time_unix_nano: nanos(to),
-        attributes,
-        links: Vec::new(),
-        status: None,
-        flags: 1,
-    }
+    n
 }
 
 #[cfg(test)]

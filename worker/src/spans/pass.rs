@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::export::Exporter;
-use super::otlp::{self, kv, Value};
+use super::otlp::{self, Value};
 
 /// One batched pass: its ids, its time, and the links its members add.
 pub struct PassSpan {
@@ -25,9 +25,12 @@ pub struct PassSpan {
     sink: Mutex<Sink>,
 }
 
+/// A member's SERVER span: its trace and span ids, and its request id.
+type Member = ([u8; 16], [u8; 8], String);
+
 #[derive(Default)]
 struct Sink {
-    links: Vec<otlp::Link>,
+    links: Vec<Member>,
     /// Where the span goes: set by the first member that links to it.
     exporter: Option<Arc<Exporter>>,
 }
@@ -50,30 +53,21 @@ impl PassSpan {
         })
     }
 
-    /// Its trace id, as 32 hex digits.
-    pub fn trace_hex(&self) -> String {
-        hex(&self.trace_id)
-    }
-
-    /// Its span id, as 16 hex digits.
-    pub fn span_hex(&self) -> String {
-        hex(&self.span_id)
+    /// Its trace id and span id.
+    pub fn ids(&self) -> (&[u8; 16], &[u8; 8]) {
+        (&self.trace_id, &self.span_id)
     }
 
     /// A member's SERVER span (`trace_id`, `span_id` as bytes), to link to.
     pub(super) fn link(
         &self,
-        trace_id: Vec<u8>,
-        span_id: Vec<u8>,
+        trace_id: [u8; 16],
+        span_id: [u8; 8],
         request_id: &str,
         exporter: &Arc<Exporter>,
     ) {
         let mut s = self.sink.lock().unwrap_or_else(|p| p.into_inner());
-        s.links.push(otlp::Link {
-            trace_id,
-            span_id,
-            attributes: vec![kv("vramfork.request_id", Value::String(request_id.into()))],
-        });
+        s.links.push((trace_id, span_id, request_id.to_string()));
         s.exporter.get_or_insert_with(|| exporter.clone());
     }
 }
@@ -89,38 +83,42 @@ impl Drop for PassSpan {
             t.duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64)
         };
-        exporter.push(vec![otlp::Span {
-            trace_id: self.trace_id.to_vec(),
-            span_id: self.span_id.to_vec(),
-            trace_state: String::new(),
-            parent_span_id: Vec::new(),
-            name: "forward".into(),
+        let span = otlp::Span {
+            trace_id: &self.trace_id,
+            span_id: &self.span_id,
+            parent: &[],
+            name: &["forward"],
             kind: otlp::KIND_INTERNAL,
-            start_time_unix_nano: nanos(self.start),
-            end_time_unix_nano: nanos(self.start + self.took),
-            attributes: vec![
-                kv("vramfork.batch.size", Value::Int(self.requests.into())),
-                kv("vramfork.batch.rows", Value::Int(self.rows.into())),
-                kv("vramfork.inline", Value::Bool(false)),
-            ],
-            links: s.links,
-            status: None,
-            flags: 1,
-        }]);
+            start_unix_nano: nanos(self.start),
+            end_unix_nano: nanos(self.start + self.took),
+            error: false,
+        };
+        let mut body = Vec::with_capacity(160 + 64 * s.links.len());
+        otlp::span_body(&mut body, &span, |b| {
+            let a = otlp::SPAN_ATTRIBUTES;
+            otlp::attribute(
+                b,
+                a,
+                "vramfork.batch.size",
+                Value::Int(self.requests.into()),
+            );
+            otlp::attribute(b, a, "vramfork.batch.rows", Value::Int(self.rows.into()));
+            otlp::attribute(b, a, "vramfork.inline", Value::Bool(false));
+            for (trace_id, span_id, request_id) in &s.links {
+                otlp::link(b, trace_id, span_id, "vramfork.request_id", request_id);
+            }
+        });
+        exporter.push(body);
     }
 }
 
 impl std::fmt::Debug for PassSpan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PassSpan")
-            .field("span_id", &self.span_hex())
+            .field("span_id", &otlp::hex_str(&self.span_id, &mut [0u8; 16]))
             .field("requests", &self.requests)
             .finish()
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -128,14 +126,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_hex_of_the_right_length_and_not_zero() {
+    fn ids_are_not_zero_and_differ_between_passes() {
         let p = PassSpan::new(SystemTime::now(), Duration::from_millis(1), 4, 4);
-        let (t, s) = (p.trace_hex(), p.span_hex());
-        assert_eq!((t.len(), s.len()), (32, 16));
-        assert!(t.bytes().any(|b| b != b'0') && s.bytes().any(|b| b != b'0'));
-        assert_ne!(
-            t,
-            PassSpan::new(SystemTime::now(), Duration::ZERO, 2, 2).trace_hex()
-        );
+        let (t, s) = p.ids();
+        assert!(t.iter().any(|b| *b != 0) && s.iter().any(|b| *b != 0));
+        let q = PassSpan::new(SystemTime::now(), Duration::ZERO, 2, 2);
+        assert_ne!(t, q.ids().0);
+        assert_ne!(s, q.ids().1);
     }
 }
