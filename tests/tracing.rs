@@ -376,6 +376,57 @@ fn a_dead_or_refusing_collector_costs_no_request() {
     }
 }
 
+/// A collector that refused an export and then takes them again: after the first refusal
+/// (its spans dropped and counted, `trace_export_failing` logged) the exporter pauses, then
+/// its next export goes through: newer requests' spans arrive and `trace_export_recovered`
+/// says how many were dropped meanwhile.
+#[test]
+fn a_collector_that_comes_back_gets_spans_again_and_the_recovery_is_logged() {
+    let rx = Receiver::start("503-once");
+    let app = mlp();
+    let s = Server::start_env(
+        &app,
+        &["--production", "--workers", "1", "--metrics-port", "0"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
+    );
+    s.wait_workers(1);
+    let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+    assert_eq!(r.status, 200);
+    let warned = s.poll("the refusal", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "trace_export_failing")
+    });
+    assert!(warned.message().contains("503"), "{:?}", warned.fields);
+    // Requests go on being answered; once the exporter tries again, their spans arrive.
+    let arrived = s.poll("spans after the refusal", || {
+        let r = raw(s.port, "POST", "/", "", INPUT.as_bytes());
+        assert_eq!(r.status, 200);
+        let spans = rx.all();
+        spans.iter().any(|l| l["name"] == "POST /").then_some(spans)
+    });
+    assert_eq!(
+        rx.all().iter().filter(|l| l["refused"].is_u64()).count(),
+        1,
+        "one refusal: {arrived:#?}"
+    );
+    let recovered = s.poll("the recovery", || {
+        s.all_events()
+            .into_iter()
+            .find(|e| e.name == "trace_export_recovered")
+    });
+    let dropped_then = recovered.u64("dropped").expect("dropped");
+    assert!(
+        dropped_then >= 4,
+        "the refused export's spans: {:?}",
+        recovered.fields
+    );
+    assert!(
+        dropped(&scrape(s.metrics_port())) >= dropped_then,
+        "the counter holds them"
+    );
+}
+
 /// What cannot be exported to stops the start (exit 2) naming the variable; what the
 /// standard makes a warning is logged, and the server starts.
 #[test]

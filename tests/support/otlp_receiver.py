@@ -6,6 +6,8 @@ TLS handshake, over TLS) is a line `{"connection": N}` (N counting from 1).
 
     otlp_receiver.py ok      answer 200 (as a collector that takes them)
     otlp_receiver.py 503     answer 503 to every export (one line {"refused": N} each)
+    otlp_receiver.py 503-once  answer 503 to the first export (as 503 does), then as ok:
+                             a collector that comes back
     otlp_receiver.py hang    accept and read every export, answer nothing, ever
     otlp_receiver.py close   as ok, then close the connection without a word (no
                              `Connection: close`: the exporter finds it closed later)
@@ -86,7 +88,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if MODE == "hang":
             threading.Event().wait()  # never answers
-        if MODE == "503":
+        if MODE == "503" or (MODE == "503-once" and REFUSED[0] == 0):
             REFUSED[0] += 1
             say({"refused": REFUSED[0]})
             self.send_response(503)
