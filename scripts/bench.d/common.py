@@ -46,6 +46,26 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_seconds(pids, name):
+    """User + system CPU seconds the threads called `name` (their comm) of processes `pids`
+    have used so far (from /proc/PID/task); threads or processes gone count 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    if f.read().strip() != name:
+                        continue
+                total += cpu_seconds(f"{pid}/task/{tid}")
+            except OSError:
+                pass
+    return total
+
+
 def get(port, path, timeout=5.0):
     """GET `path` on 127.0.0.1:`port`: (status, body bytes)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
