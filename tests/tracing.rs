@@ -793,24 +793,28 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", &rx.endpoint())],
     );
     s.wait_workers(1);
+    // `input` embedded in a request of trace `trace`, sampled: the answer.
+    let embed = |trace: &str, input: Value| {
+        let body = serde_json::json!({"model": "text-embedder", "input": input});
+        let extra = format!(
+            "Content-Type: application/json\r\n{}",
+            traceparent(trace, "01")
+        );
+        let r = raw(
+            s.port,
+            "POST",
+            "/v1/embeddings",
+            &extra,
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        serde_json::from_slice::<Value>(&r.body).unwrap()
+    };
     let trace = "8bf92f3577b34da6a3ce929d0e0e4731";
-    let body = serde_json::json!({
-        "model": "text-embedder",
-        "input": ["a secret sentence", "another private text here"],
-    });
-    let extra = format!(
-        "Content-Type: application/json\r\n{}",
-        traceparent(trace, "01")
+    let answer = embed(
+        trace,
+        serde_json::json!(["a secret sentence", "another private text here"]),
     );
-    let r = raw(
-        s.port,
-        "POST",
-        "/v1/embeddings",
-        &extra,
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let answer: Value = serde_json::from_slice(&r.body).unwrap();
     let spans = rx.spans_of(trace, 5);
     let server = by_name(&spans, "POST /v1/embeddings");
     let tok = by_name(&spans, "tokenize");
@@ -833,19 +837,7 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
     );
     // Five inputs, two a pass: three passes, each its queue and forward, one after another.
     let trace = "8bf92f3577b34da6a3ce929d0e0e4732";
-    let body = serde_json::json!({"model": "text-embedder", "input": ["a", "b", "c", "d", "e"]});
-    let extra = format!(
-        "Content-Type: application/json\r\n{}",
-        traceparent(trace, "01")
-    );
-    let r = raw(
-        s.port,
-        "POST",
-        "/v1/embeddings",
-        &extra,
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    embed(trace, serde_json::json!(["a", "b", "c", "d", "e"]));
     let spans = rx.spans_of(trace, 9);
     let named = |name: &str| -> Vec<&Value> {
         let mut v: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
