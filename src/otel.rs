@@ -354,11 +354,17 @@ fn tls(
         return Ok(None);
     }
     // The explicit OTLP certificate alone; else OpenSSL's variables, both when both are set
-    // (as OpenSSL and rustls-native-certs read them); else the system's bundle.
-    let openssl: Vec<PemFile> = ["SSL_CERT_FILE", CERT_DIR]
-        .into_iter()
-        .filter_map(|v| set(v).map(|p| (v, PathBuf::from(p.trim()))))
-        .collect();
+    // (as OpenSSL and rustls-native-certs read them); else the system's bundle. SSL_CERT_DIR
+    // may list several directories separated by `:`, as OpenSSL's X509_LOOKUP_add_dir reads
+    // it on Unix (empty entries passed over).
+    let mut openssl: Vec<PemFile> = Vec::new();
+    if let Some(f) = set("SSL_CERT_FILE") {
+        openssl.push(("SSL_CERT_FILE", PathBuf::from(f.trim())));
+    }
+    if let Some(dirs) = set(CERT_DIR) {
+        let dirs = dirs.split(':').map(str::trim).filter(|d| !d.is_empty());
+        openssl.extend(dirs.map(|d| (CERT_DIR, PathBuf::from(d))));
+    }
     let roots = match ca {
         Some(ca) => vec![ca],
         None if !openssl.is_empty() => openssl,
@@ -665,6 +671,14 @@ mod tests {
                 ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem")
             ]),
             vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem".into())]
+        );
+        // OpenSSL's list of directories.
+        assert_eq!(
+            roots(&[("SSL_CERT_DIR", "/certs:/more/certs::")]),
+            vec![
+                ("SSL_CERT_DIR", "/certs".into()),
+                ("SSL_CERT_DIR", "/more/certs".into())
+            ]
         );
     }
 }

@@ -6,7 +6,8 @@
 //! - The collector's certificate is verified (chain, validity, and the endpoint's host as a
 //!   DNS name or IP address in its subject alternative names) against the PEM certificates
 //!   of `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE` when set, else of `SSL_CERT_FILE` and of
-//!   the directory `SSL_CERT_DIR` (either or both, as OpenSSL reads them; the directory's
+//!   the directories of `SSL_CERT_DIR` (one, or several separated by `:`; either or both
+//!   variables, as OpenSSL reads them; a directory's
 //!   files named `HASH.N` as `openssl rehash` makes them, or `*.pem`, `*.crt`, not its
 //!   subdirectories), else of the system's bundle (`crate::otel::SYSTEM_BUNDLES`: read from
 //!   the file the distribution keeps, as OpenSSL and curl do, so no crate beyond rustls is

@@ -1165,7 +1165,8 @@ fn a_collector_closing_its_connections_still_gets_every_batch() {
 }
 
 /// With no OTLP certificate, the collector's is verified by the CAs of `SSL_CERT_DIR` (a
-/// directory as `openssl rehash` makes it: the CA under the name `HASH.0`).
+/// directory as `openssl rehash` makes it: the CA under the name `HASH.0`, the second of a
+/// `:` list as OpenSSL reads the variable).
 #[test]
 fn spans_go_over_https_verified_by_a_ca_of_ssl_cert_dir() {
     let app = mlp();
@@ -1180,15 +1181,22 @@ fn spans_go_over_https_verified_by_a_ca_of_ssl_cert_dir() {
     assert!(hash.status.success());
     let hash = String::from_utf8(hash.stdout).unwrap();
     std::fs::copy(pki.path("ca.pem"), certs.join(format!("{}.0", hash.trim()))).unwrap();
+    // The collector's CA is in the second directory of OpenSSL's `:` list; the first holds
+    // another CA only.
+    Pki::new(app.dir.path(), "other");
+    let first = app.dir.path().join("other-certs");
+    std::fs::create_dir(&first).unwrap();
+    std::fs::copy(pki.path("other.pem"), first.join("other.pem")).unwrap();
     let rx = tls_receiver(&pki, None);
     let endpoint = format!("https://127.0.0.1:{}", rx.port);
     let certs = certs.display().to_string();
+    let list = format!("{}:{certs}", first.display());
     let s = Server::start_env(
         &app,
         &["--production", "--workers", "1"],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("SSL_CERT_DIR", &certs),
+            ("SSL_CERT_DIR", &list),
         ],
     );
     let e = s.wait_event("trace_export", |_| true);
