@@ -134,6 +134,19 @@ fn traceparent(trace: &str, flags: &str) -> String {
     format!("traceparent: 00-{trace}-{CALLER_SPAN}-{flags}\r\n")
 }
 
+/// `INPUT` POSTed to `/` on `port` in trace `trace`, sampled: its 200 answer.
+fn post_traced(port: u16, trace: &str) -> common::Raw {
+    let r = raw(
+        port,
+        "POST",
+        "/",
+        &traceparent(trace, "01"),
+        INPUT.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r
+}
+
 fn by_name<'a>(spans: &'a [Value], name: &str) -> &'a Value {
     spans
         .iter()
@@ -919,14 +932,7 @@ fn health_probes_are_not_exported() {
     assert!(back.ends_with("-00"), "{back}");
     // A model request after them: once its spans are in, the probes' would have been.
     let after = "9bf92f3577b34da6a3ce929d0e0e4799";
-    let r = raw(
-        s.port,
-        "POST",
-        "/",
-        &traceparent(after, "01"),
-        INPUT.as_bytes(),
-    );
-    assert_eq!(r.status, 200);
+    post_traced(s.port, after);
     rx.spans_of(after, 4);
     let probed: Vec<Value> = rx
         .all()
@@ -983,14 +989,7 @@ fn spans_go_over_https_verified_by_the_given_ca_with_a_client_certificate() {
     );
     s.wait_workers(1);
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let r = raw(
-        s.port,
-        "POST",
-        "/",
-        &traceparent(trace, "01"),
-        INPUT.as_bytes(),
-    );
-    assert_eq!(r.status, 200);
+    post_traced(s.port, trace);
     let spans = rx.spans_of(trace, 1);
     let server = by_name(&spans, "POST /");
     assert_eq!(server["parent_span_id"], CALLER_SPAN, "{server:#?}");
@@ -1207,13 +1206,6 @@ fn spans_go_over_https_verified_by_a_ca_of_ssl_cert_dir() {
     );
     s.wait_workers(1);
     let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
-    let r = raw(
-        s.port,
-        "POST",
-        "/",
-        &traceparent(trace, "01"),
-        INPUT.as_bytes(),
-    );
-    assert_eq!(r.status, 200);
+    post_traced(s.port, trace);
     rx.spans_of(trace, 4);
 }
