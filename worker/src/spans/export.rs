@@ -132,8 +132,9 @@ impl Exporter {
 
     /// The exporter thread: a batch when BATCH spans are waiting or DELAY passed.
     fn run(&self, config: &OtelConfig, resource: Vec<(&'static str, i64)>) {
-        let mut failing: Option<u64> = None; // dropped when the failures began
-                                             // An https endpoint's certificates are read here, off every request's path.
+        // What had been dropped when the failures began.
+        let mut failing: Option<u64> = None;
+        // An https endpoint's certificates are read here, off every request's path.
         let mut transport = Transport::new(config);
         let head = head(config, &resource);
         // The spans and the body are kept from export to export (a body of 512 spans is

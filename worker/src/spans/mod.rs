@@ -37,7 +37,7 @@ pub mod pass;
 mod transport;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use hyper::header::HeaderMap;
 
@@ -186,11 +186,6 @@ pub fn is_probe(target: &str) -> bool {
     ) || (path.starts_with("/v2/models/") && path.ends_with("/ready"))
 }
 
-fn nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// The SERVER span's name (in parts) and, written by the returned closure, its protocol's
 /// attributes: the HTTP method and route (the path with the model's name and version as
 /// templates), or the gRPC service and method.
@@ -277,20 +272,15 @@ fn server_span(
     let path = r.target.split('?').next().unwrap_or("");
     let route = route(path);
     let (name, protocol) = name_and_protocol(r, &route);
-    let parent: [u8; 8] = r
-        .context
-        .parent_span_id()
-        .map(otlp::hex_bytes)
-        .unwrap_or_default();
-    let has_parent = r.context.parent_span_id().is_some();
+    let parent: Option<[u8; 8]> = r.context.parent_span_id().map(otlp::hex_bytes);
     let server = otlp::Span {
         trace_id: &ids.trace,
         span_id: &ids.server,
-        parent: if has_parent { &parent } else { &[] },
+        parent: parent.as_ref().map_or(&[], |p| p),
         name: &name,
         kind: otlp::KIND_SERVER,
-        start_unix_nano: nanos(start),
-        end_unix_nano: nanos(end),
+        start_unix_nano: otlp::unix_nanos(start),
+        end_unix_nano: otlp::unix_nanos(end),
         error: r.status >= 400,
     };
     otlp::span(out, &server, |b| {
@@ -338,8 +328,8 @@ fn children(
             parent: &ids.server,
             name: &[name],
             kind: otlp::KIND_INTERNAL,
-            start_unix_nano: nanos(from.min(end)),
-            end_unix_nano: nanos(to.min(end)),
+            start_unix_nano: otlp::unix_nanos(from.min(end)),
+            end_unix_nano: otlp::unix_nanos(to.min(end)),
             error: false,
         };
         otlp::span(out, &span, |b| {

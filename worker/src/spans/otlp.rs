@@ -29,12 +29,21 @@ const LINK_ATTRIBUTES: u32 = 4;
 /// `Span.links`.
 pub const SPAN_LINKS: u32 = 13;
 
-fn varint(buf: &mut Vec<u8>, mut v: u64) {
+/// `v` as a varint: its bytes, and how many of them.
+fn varint_array(mut v: u64) -> ([u8; 10], usize) {
+    let (mut out, mut n) = ([0u8; 10], 0);
     while v >= 0x80 {
-        buf.push(v as u8 | 0x80);
+        out[n] = v as u8 | 0x80;
+        n += 1;
         v >>= 7;
     }
-    buf.push(v as u8);
+    out[n] = v as u8;
+    (out, n + 1)
+}
+
+fn varint(buf: &mut Vec<u8>, v: u64) {
+    let (bytes, n) = varint_array(v);
+    buf.extend_from_slice(&bytes[..n]);
 }
 
 fn varint_len(v: u64) -> usize {
@@ -81,10 +90,17 @@ fn message(buf: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
         buf[at] = len as u8;
         return;
     }
-    let mut head = Vec::with_capacity(10);
-    varint(&mut head, len as u64);
+    let (head, n) = varint_array(len as u64);
     buf[at] = head[0];
-    buf.splice(at + 1..at + 1, head[1..].iter().copied());
+    buf.splice(at + 1..at + 1, head[1..n].iter().copied());
+}
+
+/// An embedded message at `field` whose body `content` is written already (written even
+/// when empty: a message present, as prost writes one).
+fn embedded(buf: &mut Vec<u8>, field: u32, content: &[u8]) {
+    key(buf, field, LEN);
+    varint(buf, content.len() as u64);
+    buf.extend_from_slice(content);
 }
 
 /// An attribute's value (`AnyValue`).
@@ -181,9 +197,7 @@ pub fn span(buf: &mut Vec<u8>, s: &Span<'_>, more: impl FnOnce(&mut Vec<u8>)) {
 
 /// A span's message body written before ([`span_body`]), as one `ScopeSpans.spans` entry.
 pub fn span_written(buf: &mut Vec<u8>, body: &[u8]) {
-    key(buf, SCOPE_SPANS_SPANS, LEN);
-    varint(buf, body.len() as u64);
-    buf.extend_from_slice(body);
+    embedded(buf, SCOPE_SPANS_SPANS, body);
 }
 
 /// A link (`Span.links`) to span `span_id` of `trace_id`, with one string attribute.
@@ -227,18 +241,17 @@ pub fn request(out: &mut Vec<u8>, head: &Head, spans: &[u8]) {
     // ExportTraceServiceRequest.resource_spans 1 { resource 1, scope_spans 2 { scope 1, spans } }
     key(out, 1, LEN);
     varint(out, resource_spans as u64);
-    bytes(out, 1, &[&head.resource]);
-    if head.resource.is_empty() {
-        // An empty resource is still written (as prost would write a present message).
-        key(out, 1, LEN);
-        out.push(0);
-    }
+    embedded(out, 1, &head.resource);
     key(out, 2, LEN);
     varint(out, scope_spans as u64);
-    key(out, 1, LEN);
-    varint(out, head.scope.len() as u64);
-    out.extend_from_slice(&head.scope);
+    embedded(out, 1, &head.scope);
     out.extend_from_slice(spans);
+}
+
+/// `t` in nanoseconds since the Unix epoch (0 before it), as spans give their times.
+pub fn unix_nanos(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// 16 or 32 hex digits as `N` bytes (zeros when not hex of that length).

@@ -79,18 +79,14 @@ impl Drop for PassSpan {
         let Some(exporter) = s.exporter else {
             return;
         };
-        let nanos = |t: SystemTime| {
-            t.duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        };
         let span = otlp::Span {
             trace_id: &self.trace_id,
             span_id: &self.span_id,
             parent: &[],
             name: &["forward"],
             kind: otlp::KIND_INTERNAL,
-            start_unix_nano: nanos(self.start),
-            end_unix_nano: nanos(self.start + self.took),
+            start_unix_nano: otlp::unix_nanos(self.start),
+            end_unix_nano: otlp::unix_nanos(self.start + self.took),
             error: false,
         };
         let mut body = Vec::with_capacity(160 + 64 * s.links.len());
