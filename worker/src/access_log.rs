@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::spans::pass::PassSpan;
 
@@ -48,6 +48,15 @@ pub struct Trace {
     tokenized: std::sync::OnceLock<Tokenize>,
     /// Its documents' pre-processing, when the pipeline did it (`POST /`, v2 REST, gRPC).
     preprocessed: std::sync::OnceLock<Preprocess>,
+}
+
+/// From a request's arrival to the start of work that took `took` and has just ended (its
+/// `tokenize` or `preprocess` span's start: after any wait for a pool slot).
+pub fn work_began_after(arrived: Instant, took: Duration) -> Duration {
+    Instant::now()
+        .checked_sub(took)
+        .unwrap_or(arrived)
+        .saturating_duration_since(arrived)
 }
 
 /// A request's documents pre-processed by the pipeline (texts tokenized, images decoded),

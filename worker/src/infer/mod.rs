@@ -210,10 +210,8 @@ async fn preprocess(
         m.preprocessed(took);
     }
     if let Some(t) = trace {
-        // The work ended about now; it began `took` before (after its wait for a slot).
-        let began = Instant::now().checked_sub(took).unwrap_or(arrived);
         t.preprocessed(Preprocess {
-            after: began.saturating_duration_since(arrived),
+            after: crate::access_log::work_began_after(arrived, took),
             took,
             texts,
             images,

@@ -91,12 +91,8 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
     if let Some(t) = &meta.trace {
-        // The work ended about now; it began `preprocess` before (after its wait for a slot).
-        let began = Instant::now()
-            .checked_sub(preprocess)
-            .unwrap_or(meta.arrived);
         t.tokenized(Tokenize {
-            after: began.saturating_duration_since(meta.arrived),
+            after: crate::access_log::work_began_after(meta.arrived, preprocess),
             took: preprocess,
             inputs: lengths.len() as u32,
             tokens: lengths.iter().sum::<usize>() as u64,
