@@ -204,17 +204,7 @@ impl Sim {
         let st = s.wait_exit(PATIENCE);
         let log = s.log_text();
         assert_eq!(st.code(), Some(0), "app plan {args:?}:\n{log}");
-        // The pretty-printed plan (log lines are one-line JSON).
-        let start = log
-            .find("\n{\n")
-            .map(|i| i + 1)
-            .or_else(|| log.starts_with("{\n").then_some(0))
-            .unwrap_or_else(|| panic!("no JSON in:\n{log}"));
-        serde_json::Deserializer::from_str(&log[start..])
-            .into_iter::<Value>()
-            .next()
-            .unwrap()
-            .unwrap_or_else(|e| panic!("bad JSON ({e}):\n{log}"))
+        s.stdout_json()
     }
 
     /// `app plan` as text.

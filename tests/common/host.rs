@@ -122,12 +122,7 @@ impl Host {
         let st = s.wait_exit(PATIENCE);
         let log = s.log_text();
         assert_eq!(st.code(), Some(0), "app plan:\n{log}");
-        let start = log.find("\n{\n").map_or(0, |i| i + 1);
-        serde_json::Deserializer::from_str(&log[start..])
-            .into_iter::<Value>()
-            .next()
-            .unwrap()
-            .unwrap()
+        s.stdout_json()
     }
 
     /// The live reservations in the ledger file, read as any tool would: per server, its

@@ -86,6 +86,9 @@ pub struct Server {
     pub child: Option<Child>,
     pub port: u16,
     pub log: Arc<Mutex<String>>,
+    /// Its stdout's lines alone (they are in `log` too, interleaved with stderr's as the two
+    /// readers happened to take them).
+    stdout: Arc<Mutex<String>>,
     /// Output streams (stdout, stderr) that reached their end.
     closed: Arc<(Mutex<usize>, Condvar)>,
 }
@@ -203,15 +206,27 @@ impl Server {
             .process_group(0);
         let mut child = cmd.spawn().expect("start app");
         let log = Arc::new(Mutex::new(String::new()));
+        let stdout = Arc::new(Mutex::new(String::new()));
         let closed = Arc::new((Mutex::new(0usize), Condvar::new()));
-        for stream in [
-            Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stdout.take().unwrap()),
+        for (stream, own) in [
+            (
+                Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
+                None,
+            ),
+            (
+                Box::new(child.stdout.take().unwrap()),
+                Some(Arc::clone(&stdout)),
+            ),
         ] {
             let log = Arc::clone(&log);
             let closed = Arc::clone(&closed);
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if let Some(own) = &own {
+                        let mut o = own.lock().unwrap();
+                        o.push_str(&line);
+                        o.push('\n');
+                    }
                     let mut l = log.lock().unwrap();
                     l.push_str(&line);
                     l.push('\n');
@@ -224,6 +239,7 @@ impl Server {
             child: Some(child),
             port: 0,
             log,
+            stdout,
             closed,
         }
     }
@@ -234,6 +250,22 @@ impl Server {
 
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// The pretty-printed JSON document it wrote on stdout (`app plan --json` and the like),
+    /// read from stdout alone: its log lines on stderr can never fall inside it.
+    pub fn stdout_json(&self) -> serde_json::Value {
+        let out = self.stdout.lock().unwrap().clone();
+        let start = out
+            .find("\n{\n")
+            .map(|i| i + 1)
+            .or_else(|| out.starts_with("{\n").then_some(0))
+            .unwrap_or_else(|| panic!("no JSON document on stdout:\n{}", self.log_text()));
+        serde_json::Deserializer::from_str(&out[start..])
+            .into_iter::<serde_json::Value>()
+            .next()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bad JSON ({e}):\n{out}"))
     }
 
     fn log_port(&self) -> Option<u16> {
