@@ -745,10 +745,9 @@ impl Inner {
         } else {
             // The GOAWAY process has begun. All streams with a greater ID than
             // specified as part of GOAWAY should be ignored, as their HEADERS, DATA and
-            // RST_STREAM are. (vramfork's one change to h2 0.4.20: a client's WINDOW_UPDATE
-            // for a stream it opened before it saw the server's last GOAWAY was taken for a
-            // frame on an idle stream, PROTOCOL_ERROR, which ended the connection under the
-            // streams it had in flight; vendor/README.md.)
+            // RST_STREAM are (RFC 9113 section 6.8). Treating the WINDOW_UPDATE as a frame
+            // on an idle stream would end the connection with PROTOCOL_ERROR under every
+            // stream still in flight on it.
             if id > self.actions.recv.max_stream_id() {
                 tracing::trace!(
                     "id ({:?}) > max_stream_id ({:?}), ignoring WINDOW_UPDATE",
