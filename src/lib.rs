@@ -1,4 +1,5 @@
-//! vramfork: a GPU-memory-aware pre-fork supervisor for TorchScript models served over HTTP.
+//! vramfork: a GPU-memory-aware pre-fork supervisor that serves PyTorch models (TorchScript,
+//! `torch.export` programs and AOTInductor packages) over HTTP and gRPC.
 //!
 //! Nothing here links libtorch. The library has two roles, and its layout shows them:
 //!

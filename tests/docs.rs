@@ -2,7 +2,8 @@
 //! which every page of `docs/` is reached; every internal link and anchor resolves; every page
 //! opens with a contents list that is exactly its headings; the options table is exactly the
 //! flags `app --help` lists; every app-metadata example is accepted by the real parser;
-//! docs/architecture.md names every source file of `src/` and `worker/src/`, and no other.
+//! docs/architecture.md names every source file of `src/` and `worker/src/`, and no other,
+//! and every other path it names exists.
 
 mod common;
 
@@ -422,5 +423,89 @@ fn the_architecture_map_names_every_source_file() {
     assert!(
         gone.is_empty(),
         "docs/architecture.md names files that do not exist: {gone:?}"
+    );
+}
+
+/// Every file and folder docs/architecture.md names in backquotes exists: a path with a `/`
+/// as a path from the root or as the end of one (`grpc/mod.rs` for `worker/src/grpc/mod.rs`),
+/// a bare file name as some file's name. A page that sends a reader to a file that was moved
+/// or deleted fails here. Names of users' own files are listed apart.
+#[test]
+fn the_architecture_page_names_only_paths_that_exist() {
+    const USERS_FILES: &[&str] = &["tokenizer.json"];
+    const KINDS: &[&str] = &[
+        "rs", "py", "cpp", "h", "md", "toml", "json", "sh", "service", "yaml", "yml", "txt",
+        "proto", "patch",
+    ];
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeSet<String>, dirs: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            if name == "target" || name.starts_with('.') {
+                continue;
+            }
+            let rel = p
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if p.is_dir() {
+                dirs.insert(format!("{rel}/"));
+                walk(root, &p, files, dirs);
+            } else {
+                files.insert(rel);
+            }
+        }
+    }
+    let (mut files, mut dirs) = (BTreeSet::new(), BTreeSet::new());
+    walk(&root(), &root(), &mut files, &mut dirs);
+    let names: BTreeSet<&str> = files
+        .iter()
+        .map(|f| f.rsplit('/').next().unwrap())
+        .collect();
+    let text = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut checked = 0;
+    let mut gone = Vec::new();
+    for line in prose(&text) {
+        for quoted in line.split('`').skip(1).step_by(2) {
+            let path = quoted
+                .split("::")
+                .next()
+                .unwrap()
+                .split('#')
+                .next()
+                .unwrap();
+            if path.contains(char::is_whitespace)
+                || path.contains('<')
+                || path.starts_with(['/', '.'])
+            {
+                continue;
+            }
+            let is_file = path
+                .rsplit_once('.')
+                .is_some_and(|(stem, ext)| !stem.is_empty() && KINDS.contains(&ext));
+            let is_dir = path.ends_with('/') && path.len() > 1 && !path.contains("://");
+            let found = if is_file && path.contains('/') {
+                files.contains(path) || files.iter().any(|f| f.ends_with(&format!("/{path}")))
+            } else if is_file {
+                names.contains(path) || USERS_FILES.contains(&path)
+            } else if is_dir {
+                dirs.contains(path) || dirs.iter().any(|d| d.ends_with(&format!("/{path}")))
+            } else {
+                continue;
+            };
+            checked += 1;
+            if !found {
+                gone.push(quoted.to_string());
+            }
+        }
+    }
+    assert!(
+        checked > 200,
+        "only {checked} paths read: is the page's format changed?"
+    );
+    assert!(
+        gone.is_empty(),
+        "docs/architecture.md names paths that do not exist: {gone:?}"
     );
 }
