@@ -69,21 +69,6 @@ impl Model {
             Model::Aoti(p) => p.run(&tensors(args)?).map_err(failure),
         }
     }
-
-    /// The metadata's declared inputs and `max_batch_size` against what the model takes,
-    /// where the format records it (a `torch.export` program; TorchScript's is found by the
-    /// warm-up pass instead).
-    pub fn check_declared(
-        &self,
-        declared: Option<&[vramfork::metadata::TensorSpec]>,
-        max_batch_size: u32,
-    ) -> Result<(), String> {
-        match self {
-            Model::TorchScript(_) => Ok(()),
-            Model::Exported(p) => p.signature.check_declared(declared, max_batch_size),
-            Model::Aoti(p) => p.signature.check_declared(declared, max_batch_size),
-        }
-    }
 }
 
 /// A pass's arguments as the tensors a `.pt2` takes.
