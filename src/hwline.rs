@@ -1,4 +1,4 @@
-//! hwFetch (SPEC section 9), the pure parts: parsing the `hwFetch` query parameter and
+//! hwFetch, the pure parts: parsing the `hwFetch` query parameter and
 //! formatting the one-line hardware description. The worker gathers the numbers (NVML, the
 //! CUDA allocator, `/proc`); this module only turns them into text, so it is unit-tested here.
 

@@ -1,4 +1,4 @@
-//! Outputs people can read (issue 27): an output of the metadata may carry a `labels` block —
+//! Outputs people can read: an output of the metadata may carry a `labels` block —
 //! the class names of a classification output (a JSON file: an array of names, or an object
 //! of index → name as Hugging Face's `id2label`), how many to give (`top_k`) and whether the
 //! scores are the model's own or its softmax. `POST /` then answers each row's best classes

@@ -1,4 +1,4 @@
-//! Misspelt field names in the app metadata (issues 21, 47). A field vramfork does not read
+//! Misspelt field names in the app metadata. A field vramfork does not read
 //! is kept as written (CLAMS metadata carries many), so one misspelt by a letter or two —
 //! `est_gpu_mem_type`, `inputs[0].tokeniser`, `outputs[0].label` — would be ignored in
 //! silence and the field it was meant to be would take its default. One rule, used at every

@@ -1,4 +1,4 @@
-//! Whether NVML's process ids are this process's own (issue 52, item 7). NVML lists the
+//! Whether NVML's process ids are this process's own. NVML lists the
 //! processes on a GPU by their ids in the initial pid namespace — the host's — since the
 //! driver knows no other (which is why `nvidia-smi` inside a container lists no processes of
 //! its own, or host pids). A process in a container

@@ -486,7 +486,7 @@ mod tests {
         }
     }
 
-    /// Issue 44, item 8: `--max-worker-gpu-mb` compares what `nvidia-smi` shows of a
+    /// `--max-worker-gpu-mb` compares what `nvidia-smi` shows of a
     /// worker — its allocator's reserved bytes plus its context — not the allocator's bytes
     /// alone, which passed the limit about a context (~500 MB) late.
     #[test]

@@ -3,7 +3,7 @@
 //! (`--tls-cert`, `--tls-key`, `--tls-client-ca`) — **as the master last accepted them**:
 //! read and checked at start and at every accepted HUP (`master::config`), and handed to each
 //! worker as it boots, so that a file emptied, half-written, deleted or swapped between
-//! reloads never reaches a worker that recycling or a crash starts (issue 46: such a file
+//! reloads never reaches a worker that recycling or a crash starts (such a file
 //! made every replacement exit 2 and took the pool down).
 //!
 //! The hand-over is a sealed `memfd` (never on disk, never in the environment, never in a

@@ -1,4 +1,4 @@
-//! The access log (issue 26): the real `app` with `--access-log`, its lines read from its
+//! The access log: the real `app` with `--access-log`, its lines read from its
 //! JSON log output. One line per answered request with what the request did; nothing
 //! without the flag; lines of a worker that retires are not lost; and a stderr nobody reads
 //! never makes a request wait: lines are dropped and counted in `/metrics` instead.
@@ -271,7 +271,7 @@ fn scrape(port: u16) -> String {
     common::parse_response(&raw).unwrap().body
 }
 
-/// W3C Trace Context (issue 58, its first part): a request's `traceparent` is continued on
+/// W3C Trace Context: a request's `traceparent` is continued on
 /// its answer (the same trace id and flags, this worker's own span id) and its trace id
 /// written in its access line — on HTTP and gRPC alike; a request without one, or with one
 /// that is not valid, gets a new unsampled trace, never a refusal.

@@ -1,4 +1,4 @@
-//! Token auth (issue 28): `--api-key-file` on the serving port and `--metrics-api-key-file`
+//! Token auth: `--api-key-file` on the serving port and `--metrics-api-key-file`
 //! on the metrics port, end to end with the real `app`: 401 + `WWW-Authenticate` before the
 //! body is read, the health checks open, NVIDIA's client through its `headers=`, refusals
 //! counted by reason, keys re-read on HUP, never logged; bad key files refused at start.
@@ -219,7 +219,7 @@ fn keys_are_read_again_on_hup() {
     );
 }
 
-/// A key file emptied, then replaced by a FIFO, with no HUP (issue 46): the workers that
+/// A key file emptied, then replaced by a FIFO, with no HUP: the workers that
 /// recycling starts afterwards serve with the keys the master last accepted, so every
 /// request is answered; the master says the file on disk does not load; a HUP then is
 /// refused at once (a FIFO is never opened to wait for a writer) and the master goes on.

@@ -1,4 +1,4 @@
-//! The autoscaling and KServe manifests (issue 45): valid, strictly, against schemas pinned in
+//! The autoscaling and KServe manifests: valid, strictly, against schemas pinned in
 //! `tests/schemas/` (KServe's and KEDA's CRDs, KEDA's Prometheus scaler's parameters,
 //! prometheus-adapter's configuration types; `tests/support/validate_schemas.py`), each pinned
 //! file the very blob its repository has at the tag named in `tests/schemas/README.md`; and

@@ -429,7 +429,7 @@ fn a_request_with_a_refused_row_fails_alone() {
     assert_eq!(r.pid(), pid);
 }
 
-/// Issue 44, item 2: a CUDA error that leaves the context usable (cudaerr.pt raises
+/// A CUDA error that leaves the context usable (cudaerr.pt raises
 /// libtorch's text for `invalid configuration argument` on a row starting with 7) fails the
 /// request that causes it alone — 500 `cuda_request_error`, its batch-mates answered after
 /// running alone — and the worker serves on; a sticky one (666: an illegal address) is 500

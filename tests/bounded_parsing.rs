@@ -1,4 +1,4 @@
-//! Bounded parsing, kept by process tests (issue 28): what a hostile or broken client can
+//! Bounded parsing, kept by process tests: what a hostile or broken client can
 //! send to the serving port, and the limit that bounds each, so that no refactor of the
 //! decoders or the connection code loses one. Each test starts the real `app --production`
 //! with one worker on the MLP fixture (`[N, 4]` float32 in, `[N, 3]` out) and checks, after
@@ -291,8 +291,8 @@ fn one_byte_chunks(body: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
 ///
 /// `--max-queue-wait 0`: today the queue wait counts from the request's head, so a body
 /// that takes longer than `--max-queue-wait` (10 s) to arrive can be refused with 503 as if
-/// it had waited for a worker (reported with issue 28); a loaded machine takes seconds to
-/// decode 200,000 chunks in a debug build, and this test is about reading them.
+/// it had waited for a worker; a loaded machine takes seconds to decode 200,000 chunks in a
+/// debug build, and this test is about reading them.
 #[test]
 fn bodies_in_200000_one_byte_pieces_are_answered_as_sent_at_once() {
     let app = mlp();

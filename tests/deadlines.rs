@@ -1,4 +1,4 @@
-//! Client deadlines (issue 26): `X-Request-Timeout` (seconds) on `POST /` and v2, and the v2
+//! Client deadlines: `X-Request-Timeout` (seconds) on `POST /` and v2, and the v2
 //! `parameters.timeout` (microseconds, Triton's) as NVIDIA's own client sends it. A request
 //! whose deadline passes before its pass starts is not run and gets the refusal
 //! (`DEADLINE_STATUS` in worker/src/error.rs); one whose deadline passes during its pass is
@@ -119,7 +119,7 @@ fn bad_timeouts_are_refused_with_400() {
         assert!(e.contains("X-Request-Timeout"), "{e}");
     }
     let infer = "/v2/models/test%20app/infer";
-    // Over a day (86,400,000,000 µs), the header's bound too (issue 46).
+    // Over a day (86,400,000,000 µs), the header's bound too.
     for bad in ["-1", "1.5", "\"100\"", "true", "86400000001"] {
         let v2 = format!(
             r#"{{"parameters": {{"timeout": {bad}}}, "inputs": [{{"name": "input__0", "shape": [1, 1], "datatype": "FP32", "data": [1]}}]}}"#

@@ -1,4 +1,4 @@
-//! Every example in README.md and docs/ runs as written, or says where it is run (issue 59).
+//! Every example in README.md and docs/ runs as written, or says where it is run.
 //!
 //! Each fenced shell, console or Python block carries a marker on the line above it:
 //! - `<!-- example: serves FIXTURE at PORT[, FIXTURE at PORT] -->`: the test serves each

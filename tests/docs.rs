@@ -1,4 +1,4 @@
-//! The documents tell the truth about themselves and the code (issue 42): a short README from
+//! The documents tell the truth about themselves and the code: a short README from
 //! which every page of `docs/` is reached; every internal link and anchor resolves; every page
 //! opens with a contents list that is exactly its headings; the options table is exactly the
 //! flags `app --help` lists; every app-metadata example is accepted by the real parser;

@@ -1,4 +1,4 @@
-//! The rehearsal of the GPU check (issues 41, 52): runs the commands `docs/gpu-checks.md`
+//! The rehearsal of the GPU check: runs the commands `docs/gpu-checks.md`
 //! gives for a GPU machine reached for a short window, the way that machine runs them, so
 //! that they do not rot between the rare windows.
 //!
@@ -32,7 +32,7 @@ use nvml_sim::{MpsDaemon, SimComputeMode, SimGpu, SimGpus};
 /// The commands, exactly as `docs/gpu-checks.md` gives them for the GPU machine.
 const LEASE_1: &str = "bash gpu-pack/gpu-check --lease 1";
 const LEASE_2: &str = "bash gpu-pack/gpu-check --lease 2";
-/// What each command may take (issue 41: the first within 8 minutes), and the time limit
+/// What each command may take (the first within 8 minutes), and the time limit
 /// the docs give it there: the budget and 20 s to bundle and return the files.
 const LEASE_1_BUDGET_S: u32 = 480;
 const LEASE_2_BUDGET_S: u32 = 240;
@@ -603,7 +603,7 @@ fn a_python3_with_another_torch_is_refused_naming_both_versions() {
     assert!(!text(&listing).contains(".app-"), "{}", text(&listing));
 }
 
-/// Issue 41, item 1: where the operator's CUDA_VISIBLE_DEVICES hides a GPU, the plan leaves it
+/// Where the operator's CUDA_VISIBLE_DEVICES hides a GPU, the plan leaves it
 /// out (as CUDA does), and step plan must compare only the GPUs the plan may use — not flag
 /// the hidden one as missing from the plan.
 #[test]
@@ -704,7 +704,7 @@ fn need_glibc_2_99(bytes: &mut [u8]) -> usize {
     n
 }
 
-/// Issue 52: on a machine whose glibc is older than the packed binaries need, the check stops
+/// On a machine whose glibc is older than the packed binaries need, the check stops
 /// in its first seconds, before any step, naming what is missing — instead of letting every
 /// step fail one by one. Here the packed app-worker needs GLIBC_2.99.
 #[test]
@@ -764,7 +764,7 @@ fn old_libstdcxx(dir: &Path) {
     assert!(out.status.success(), "cc failed:\n{}", text(&out));
 }
 
-/// Issue 52: the same for a libstdc++ older than the binaries need: the one the loader would
+/// The same for a libstdc++ older than the binaries need: the one the loader would
 /// pick (here, an old one first on LD_LIBRARY_PATH) is read, and the run stops naming it.
 #[test]
 fn a_libstdcxx_older_than_the_binaries_need_stops_the_check_in_its_first_seconds() {
@@ -796,7 +796,7 @@ fn all_logs(m: &Machine) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Issue 52: on a GPU in compute mode Exclusive_Process (one CUDA process at a time) the steps
+/// On a GPU in compute mode Exclusive_Process (one CUDA process at a time) the steps
 /// that put several workers on it SKIP, saying why, instead of failing; the others run. And
 /// the libnvidia-ml.so.1 the check's NVML process found (here only through the loader's path:
 /// no VRAMFORK_NVML_LIBRARY given) is the one every server is told to load.
@@ -855,7 +855,7 @@ fn an_exclusive_process_gpu_skips_the_steps_with_several_workers() {
     m.check_smi_queries();
 }
 
-/// Issue 52: where an MPS control daemon answers, workers would be its clients (NVML reports
+/// Where an MPS control daemon answers, workers would be its clients (NVML reports
 /// their memory under the MPS server): the steps with several workers on one GPU SKIP, saying
 /// so; the one-worker steps run.
 #[test]

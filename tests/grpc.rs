@@ -1,4 +1,4 @@
-//! The KServe v2 gRPC service (issue 48) end to end: the real `app --production` driven by
+//! The KServe v2 gRPC service end to end: the real `app --production` driven by
 //! NVIDIA's own client from PyPI (`tritonclient[grpc]`, through
 //! `tests/support/triton_grpc.py`): health, metadata, inference with raw and typed contents
 //! against torch's outputs (`tests/fixtures/mlp_expected.json`), a stream, the error mapping
@@ -407,7 +407,7 @@ fn grpc_and_https_share_the_port_under_tls() {
     assert!(body.contains("outputs"), "{body}");
 }
 
-/// What grpcio never sends, answered as the gRPC HTTP/2 specification asks (issue 53), by a
+/// What grpcio never sends, answered as the gRPC HTTP/2 specification asks, by a
 /// client that sends frames as given (`tests/support/grpc_raw.py`): an expired deadline is
 /// `DEADLINE_EXCEEDED` (a client does not retry it), a subtype other than protobuf and an
 /// encoding other than `identity` are `UNIMPLEMENTED`, a content type that is not gRPC's on

@@ -1,5 +1,5 @@
-//! Attacks on the serving port's HTTP/2 (and HTTP/1.1), as public h2 servers are attacked
-//! (issue 53), by clients written with the Python h2 library (`tests/support/h2_attacks.py`)
+//! Attacks on the serving port's HTTP/2 (and HTTP/1.1), as public h2 servers are attacked,
+//! by clients written with the Python h2 library (`tests/support/h2_attacks.py`)
 //! against the real `app --production`: clients that never read their answers are dropped
 //! and their memory returned; a WINDOW_UPDATE flood gets GOAWAY `ENHANCE_YOUR_CALM` (the
 //! control-frame budget of the vendored h2) while a normal client is served, and Rapid Reset

@@ -1,4 +1,4 @@
-//! Process tests of host memory (issue 43): recycling on a worker's own memory
+//! Process tests of host memory: recycling on a worker's own memory
 //! (`--max-worker-memory-mb`), the plan bounded by the memory the server may use (a cgroup's
 //! limit, read from a directory `--memory-cgroup` names or from a real cgroup the server
 //! runs in), and the kernel's OOM killer taking a worker, never the master. Models are
@@ -572,7 +572,7 @@ fn undeclared_scratch(app: &App, mb: &str) {
     std::fs::write(app.metadata(), meta).unwrap();
 }
 
-/// Issue 52: nothing measured a pass at start (no declared input shape): one worker serves
+/// Nothing measured a pass at start (no declared input shape): one worker serves
 /// until its first answered request shows how far a pass takes its memory, then the pool
 /// opens within the host-memory bound, and TTIN is refused past it.
 #[test]

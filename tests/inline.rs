@@ -1,4 +1,4 @@
-//! Small CPU passes on the worker's event loop (`--inline-passes`, issue 40): the real `app`,
+//! Small CPU passes on the worker's event loop (`--inline-passes`): the real `app`,
 //! each request's access line saying where its pass ran (`inline`). A pass runs there only
 //! after a streak of fast passes, only with `--torch-threads 1`, never with
 //! `--inline-passes off`; a pass over 1 ms there ends the streak, one over 100 ms turns it

@@ -1,4 +1,4 @@
-//! KServe (issue 45): the real `app` started as KServe starts the serving runtime's container
+//! KServe: the real `app` started as KServe starts the serving runtime's container
 //! for the example InferenceService (`deploy/kserve/`) — the image's entrypoint
 //! (`deploy/container/Containerfile`) with the runtime's arguments, `{{.Name}}` filled in as
 //! KServe's ReplacePlaceholders does, the image's environment, the runtime's, and the

@@ -1,4 +1,4 @@
-//! Logging never stops serving (issue 46, items 1 and 4). The real `app` gets as its stderr
+//! Logging never stops serving. The real `app` gets as its stderr
 //! a pipe this test creates and holds:
 //!
 //! - filled to the brim once the pool is ready and never read (a stalled journal, a log
@@ -232,8 +232,8 @@ impl Drop for Stalled {
     }
 }
 
-/// The SPEC's invariant: "nothing outside a request can stop serving: a log reader that
-/// stalls". Once the pipe is full every process's next line meets it: the workers' on
+/// Nothing outside a request can stop serving, a log reader that stalls included
+/// (docs/production.md). Once the pipe is full every process's next line meets it: the workers' on
 /// recycling (and their access lines), the master's on every reap, start, reload and stop.
 #[test]
 fn a_stderr_nobody_reads_stops_nothing() {
@@ -360,7 +360,7 @@ fn a_reader_that_comes_back_learns_what_was_dropped() {
     }
 }
 
-/// Issue 46, item 4: a request target is the client's to choose, so an access line can be
+/// A request target is the client's to choose, so an access line can be
 /// longer than the 4 KiB a pipe takes in one piece. Two workers write such lines at once
 /// into a one-page pipe that the test reads: every line comes out as one JSON object.
 #[test]

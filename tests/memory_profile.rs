@@ -397,7 +397,7 @@ fn a_footprint_file_carries_the_measurement_to_the_next_start() {
     );
 }
 
-/// Issue 24, item 3: in a container without the host's PID namespace NVML lists host pids,
+/// In a container without the host's PID namespace NVML lists host pids,
 /// so the profiling worker's own figure is never found; the footprint is then the fall of
 /// the GPU's free memory while it started (CUDA context included), with a warning.
 #[test]
@@ -432,7 +432,7 @@ fn a_worker_nvml_cannot_see_is_measured_from_free_memory() {
     );
 }
 
-/// Issue 44, item 1: in a container without the host's PID namespace NVML lists the
+/// In a container without the host's PID namespace NVML lists the
 /// workers under host pids *while they serve* too. Their footprint is then taken from the
 /// GPU's free memory (context included), shared among them — not left unlearnt (or, on
 /// CUDA, the allocator's peak alone) — so the high-water mark, TTIN and `--adapt-workers`

@@ -692,7 +692,7 @@ fn readiness_fails_when_stopping_and_when_no_worker_can_start_for_a_while() {
     assert_eq!(status, 404, "{v}");
 }
 
-/// Issue 24: a GPU in MIG mode shows in `/metrics` as its instances, each with its own
+/// A GPU in MIG mode shows in `/metrics` as its instances, each with its own
 /// memory under its `MIG-…` UUID; the whole GPU in MIG mode is not a row of its own.
 #[test]
 fn mig_instances_show_as_gpus_of_their_own() {

@@ -1,4 +1,4 @@
-//! A newcomer's first hour (issue 59), as process tests: the README's "Serve your own
+//! A newcomer's first hour, as process tests: the README's "Serve your own
 //! model" run as written — its Python export of a real ResNet-18 and a BERT encoder, its two
 //! metadata files, its `app --production` command, its curl call and its tritonclient
 //! call — and the mistakes a newcomer makes on the way: the object form of `inputs` for a
@@ -110,7 +110,7 @@ fn start(app: &App, flags: &[String]) -> Server {
     Server::start(app, &args)
 }
 
-/// Issue 59: every step of the README's "Serve your own model", as written — the export,
+/// Every step of the README's "Serve your own model", as written — the export,
 /// the metadata, the start command, the curl call and the tritonclient call — gives the
 /// answers the README shows; and its CPU recipe (no `est_gpu_mem_*`, or both 0) starts.
 #[test]
@@ -193,7 +193,7 @@ fn zeros_image() -> String {
     format!("[[{}]]", [plane.as_str(); 3].join(","))
 }
 
-/// Issue 59, item 2: an image model declared channels-last (NHWC) for an NCHW model
+/// An image model declared channels-last (NHWC) for an NCHW model
 /// booted "ready" and answered 500 to every request; now the start fails (exit 3), naming
 /// the shape, what the program takes and the fix — in production (the template loads it)
 /// and in development mode (the worker does). The README's image model is a `torch.export`
@@ -248,7 +248,7 @@ fn an_image_model_declared_channels_last_is_refused_at_start_naming_the_fix() {
     }
 }
 
-/// Issue 59, item 1: the object form the docs lead with (`{"inputs": {"<name>": …}}`)
+/// The object form the docs lead with (`{"inputs": {"<name>": …}}`)
 /// works for a model with one numeric input, answering as the bare array does.
 #[test]
 fn one_numeric_input_is_accepted_by_name_as_the_docs_say() {
@@ -271,7 +271,7 @@ fn one_numeric_input_is_accepted_by_name_as_the_docs_say() {
     );
 }
 
-/// Issue 59, items 3 and 4: the two metadata mistakes a newcomer from CLAMS makes stop
+/// The two metadata mistakes a newcomer from CLAMS makes stop
 /// the start (exit 2) with the fix named: the GPU figures of a CPU app half-zeroed, and
 /// CLAMS's `input` list kept.
 #[test]

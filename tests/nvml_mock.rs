@@ -512,7 +512,7 @@ fn gpu_instance_id(nvml: &Nvml, dev: &Device) -> u32 {
     id
 }
 
-/// Issue 44: two compute instances of one GPU instance (a 3g.20gb GPU instance split into
+/// Two compute instances of one GPU instance (a 3g.20gb GPU instance split into
 /// two compute instances) are two MIG devices, each reporting the GPU instance's memory,
 /// which falls with the processes of either.
 #[test]
@@ -576,7 +576,7 @@ fn compute_instances_of_one_gpu_instance_share_its_memory() {
     assert_eq!(c.memory_info().unwrap().total, 4_864 * MB);
 }
 
-/// Issue 44: under MPS the compute list shows the MPS server and the MPS list its clients
+/// Under MPS the compute list shows the MPS server and the MPS list its clients
 /// (host pids, as any list); a GPU without MPS answers an empty MPS list.
 #[test]
 fn under_mps_the_clients_are_in_the_mps_list() {

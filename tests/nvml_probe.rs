@@ -152,7 +152,7 @@ fn explicit_library_that_cannot_initialise_is_an_error() {
 }
 
 /// Memory info v2: `reserved` is read and kept apart from `used`; the driver's CUDA
-/// version is read (issue 24).
+/// version is read.
 #[test]
 fn reserved_memory_and_the_drivers_cuda_version() {
     let sim = SimGpus::new(vec![SimGpu::h100_80gb().free_mb(80_000).reserved_mb(600)])
@@ -267,7 +267,7 @@ fn an_implausible_process_list_is_not_trusted() {
     assert_eq!(p.process_used_bytes(0, 10).unwrap(), Some(500 * MB));
 }
 
-/// Issue 52, item 9: nvml-wrapper sizes a process list exactly (a count call, then a fill
+/// Nvml-wrapper sizes a process list exactly (a count call, then a fill
 /// call), so an MPS client starting between the two makes the fill `INSUFFICIENT_SIZE`. The
 /// probe asks again rather than reading that as "NVML does not list the pid".
 #[test]
@@ -282,7 +282,7 @@ fn a_process_list_that_grows_between_count_and_fill_is_read_again() {
     assert_eq!(p.process_used_bytes(0, 4_242).unwrap(), Some(300 * MB));
 }
 
-/// Issue 52, item 7: in a container's pid namespace NVML lists host pids, and one may equal
+/// In a container's pid namespace NVML lists host pids, and one may equal
 /// a worker's: the probe then reads no per-process figure as ours (the callers take the
 /// device's free memory, as for a pid NVML does not list), so a foreign process's 30 GB is
 /// never a worker's footprint, hwFetch figure or metric. In the host's namespace the same

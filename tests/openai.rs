@@ -1,4 +1,4 @@
-//! OpenAI's embeddings API (issue 56): `POST /v1/embeddings`, `GET /v1/models`, called by
+//! OpenAI's embeddings API: `POST /v1/embeddings`, `GET /v1/models`, called by
 //! OpenAI's own Python SDK and LangChain's `OpenAIEmbeddings` against the real `app` serving
 //! a BERT encoder made on the spot by `tests/support/make_embeddings.py` (a WordPiece
 //! `tokenizer.json` trained on the README, transformers' BertModel with random weights,

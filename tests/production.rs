@@ -253,7 +253,7 @@ fn a_file_that_is_not_torchscript_says_how_to_export_one() {
     );
 }
 
-/// Issue 29: a worker binary the dynamic loader cannot start (a shared library it needs is
+/// A worker binary the dynamic loader cannot start (a shared library it needs is
 /// missing: exit 127, as with libtorch out of reach) is named as such, not as a model that
 /// could not be loaded. The binary is a real one, linked here against a library then removed.
 #[test]
@@ -300,7 +300,7 @@ fn a_worker_that_cannot_find_a_shared_library_is_named_as_such() {
     assert!(!log.contains("the model could not be loaded"), "{log}");
 }
 
-/// Issue 29: a model calling a custom operator (`torchvision::nms`, as every torchvision
+/// A model calling a custom operator (`torchvision::nms`, as every torchvision
 /// detection model does) needs the library that registers it. Without it the boot fails
 /// naming the operator and `op_libraries`; with torchvision's `_C.so` alone, dlopen's
 /// message gets the hint to list libpython first; with both, the model serves and answers
@@ -371,7 +371,7 @@ fn op_libraries_load_custom_operators_before_the_model() {
     }
 }
 
-/// Issue 26: X-Request-Id is echoed on every answer — 200, 400, 404, 504 — and used as the
+/// X-Request-Id is echoed on every answer — 200, 400, 404, 504 — and used as the
 /// v2 `id` when the body gives none (the body's own `id` wins); an unusable one (spaces)
 /// is replaced by a made one, never refused.
 #[test]
@@ -426,7 +426,7 @@ fn request_ids_are_echoed_on_every_answer() {
     );
 }
 
-/// Issue 26: the model thread's log lines carry the request id (the `request` span).
+/// The model thread's log lines carry the request id (the `request` span).
 #[test]
 fn the_model_threads_log_lines_carry_the_request_id() {
     let app = mlp();
@@ -548,7 +548,7 @@ fn max_requests_one_recycles_after_every_request() {
     assert_no_failed_boot(&s);
 }
 
-/// Issues 52 and 59: a warm-up pass that fails on the declared shape used to leave the
+/// A warm-up pass that fails on the declared shape used to leave the
 /// template forking cold workers that answered 500 to every request of that shape; now the
 /// start stops (exit 3), naming the shape and the model's message.
 #[test]
@@ -746,7 +746,7 @@ fn ttin_and_ttou_add_and_remove_a_worker() {
     assert_eq!(s.post("/", MLP_INPUT).status, 200);
 }
 
-/// Issue 29: USR1 (gunicorn's "reopen logs", which log rotation sends) and USR2 (its binary
+/// USR1 (gunicorn's "reopen logs", which log rotation sends) and USR2 (its binary
 /// upgrade) would end the master by their default action; they are acknowledged and the
 /// server goes on serving with the same workers.
 #[test]

@@ -1,4 +1,4 @@
-//! The waiting queue in `/metrics` (issue 45): the real `app` serving slow.pt, its workers
+//! The waiting queue in `/metrics`: the real `app` serving slow.pt, its workers
 //! held busy by passes that outlast the test, clients waiting behind them. The gauge
 //! `vramfork_requests_waiting` reads them — in the listening socket's accept queue, read
 //! from the kernel by the master (also on a socket handed over by systemd), and in a

@@ -334,7 +334,7 @@ fn kserve_rest_client_serves_the_two_input_and_the_text_model() {
     }
 }
 
-/// Issue 29: a two-input model whose metadata declares one input would boot "ready" and
+/// A two-input model whose metadata declares one input would boot "ready" and
 /// answer 500 to every request; the warm-up pass finds the mismatch (libtorch checks the
 /// arguments against forward()'s schema) and the boot fails naming both sides. Both ways a
 /// worker starts: forked from the template (`--production`) and exec'd (development mode).

@@ -1,4 +1,4 @@
-//! Torch's intra-op threads where the passes run (issue 40). libtorch keeps its intra-op
+//! Torch's intra-op threads where the passes run. libtorch keeps its intra-op
 //! setting per thread (OpenMP's team size and MKL's thread count are the calling thread's),
 //! so `--torch-threads` must be applied on the model thread itself: set on the worker's main
 //! thread only, a plain MLP's matrix products ran on OpenMP teams of one thread per core and

@@ -1,4 +1,4 @@
-//! TLS (issue 28): `--tls-cert`, `--tls-key` and `--tls-client-ca` end to end with the real
+//! TLS: `--tls-cert`, `--tls-key` and `--tls-client-ca` end to end with the real
 //! `app`, certificates made on the spot by the `openssl` command: `curl --cacert` and
 //! NVIDIA's tritonclient (`ssl=True`) on the serving port, the metrics port over TLS,
 //! mutual TLS refusing a client without a (good) certificate, a certificate swapped by a
@@ -169,7 +169,7 @@ fn mutual_tls_refuses_clients_without_a_certificate_signed_by_the_client_ca() {
     );
 
     // An X.509 version 1 certificate from the right CA (`openssl x509 -req` without
-    // extensions makes one): refused, and the log says why (issue 46).
+    // extensions makes one): refused, and the log says why.
     openssl(
         &pki.dir,
         &[
@@ -322,7 +322,7 @@ fn a_certificate_swapped_by_hup_reaches_new_connections_while_a_keep_alive_clien
     wait_tls_event(&s, "tls_reload_failed", false);
 }
 
-/// A certificate file broken on disk with no HUP (issue 46): a certificate whose key is
+/// A certificate file broken on disk with no HUP: a certificate whose key is
 /// another's, copied over the certificate alone (a rotation half done). The workers that
 /// recycling starts afterwards begin from the certificate the master last accepted, so
 /// every request is answered with it, and they say the files on disk do not load.

@@ -171,7 +171,7 @@ fn every_v2_error_has_its_status_and_the_worker_survives_a_fuzz() {
         (&"test app".into(), &"3".into())
     );
     // No `id` in the body: the answer's is the request id, made by the worker and sent back
-    // as X-Request-Id (issue 26).
+    // as X-Request-Id.
     let made = r
         .header("x-request-id")
         .expect("every answer carries X-Request-Id");

@@ -1,4 +1,4 @@
-//! Warm workers (issue 26): `--warmup-passes N` forward passes before a process serves, at
+//! Warm workers: `--warmup-passes N` forward passes before a process serves, at
 //! the metadata's `warmup_inputs` (or declared) shapes and, with batching, at
 //! `max_batch_size` rows too — run by the template before it forks workers and by a worker
 //! that loads the model itself (development mode execs one). Checked with a model that

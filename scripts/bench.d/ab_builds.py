@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two builds of vramfork served side by side: `ab_builds.py DIR_A DIR_B [ROUNDS [WORD]]`, where each
 DIR holds a release `app` and `app-worker` (e.g. target/release of two checkouts). For a
-layout or refactoring change that must not change behaviour (issue 42: "show one bench run
+layout or refactoring change that must not change behaviour ("show one bench run
 before and after").
 
 Each round starts `app --production --workers 2 --torch-threads 1` from A and from B in turn

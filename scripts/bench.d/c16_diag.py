@@ -1,4 +1,4 @@
-"""Where the CNN's c=16 loss goes (docs/performance.md, issue 30): serves the real CNN with 2
+"""Where the CNN's c=16 loss goes (docs/performance.md): serves the real CNN with 2
 workers and --metrics-port, runs wrk at c=4, 16, 4, 16 and prints, per run, req/s, the
 forward passes and their mean time (vramfork_forward_duration_seconds), how busy the two
 model threads were, and the new TCP connections the kernel counted (nstat TcpPassiveOpens).

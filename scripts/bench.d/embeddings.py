@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench --only embeddings: embeddings/s through OpenAI's `/v1/embeddings` (issue 56).
+"""scripts/bench --only embeddings: embeddings/s through OpenAI's `/v1/embeddings`.
 
 One sentence encoder of all-MiniLM-L6-v2's shape (random weights; embeddings_model.py), the
 same weights and tokenizer on three sides, each on 2 workers of 1 torch thread:

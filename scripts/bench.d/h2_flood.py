@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench --only h2flood: a normal client's rate beside a WINDOW_UPDATE flood (issue 53).
+"""scripts/bench --only h2flood: a normal client's rate beside a WINDOW_UPDATE flood.
 
 `app --production --workers 2` serving the small MLP; a normal client (one process, HTTP/1.1
 keep-alive, one request at a time) counts its answers for SECONDS alone, then for SECONDS

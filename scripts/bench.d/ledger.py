@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench --only ledger: the GPU-memory ledger's cost and --idle-release (issue 57).
+"""scripts/bench --only ledger: the GPU-memory ledger's cost and --idle-release.
 
 On one simulated A100 (the NVML stand-in of tests/nvml-mock with `--simulated-gpus`: the
 workers run the small MLP fixture on the CPU, declaring 4000 MB each):

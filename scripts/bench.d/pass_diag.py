@@ -1,4 +1,4 @@
-"""Where a real model's served ÷ loop falls short (docs/performance.md, issue 30): for MODEL
+"""Where a real model's served ÷ loop falls short (docs/performance.md): for MODEL
 (cnn, cnn_v2, resnet50 or bert, built by `scripts/bench --only real`), alternates the model's own loop
 (2 forward-loop processes × 1 torch thread) with the server under wrk at concurrency C (2
 workers × 1 torch thread, --metrics-port), ROUNDS times, and prints per run: passes or

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench --only pt2: each format vramfork serves against its own loop (issue 55).
+"""scripts/bench --only pt2: each format vramfork serves against its own loop.
 
 For the MLP 64-256-256-16, the CIFAR-style CNN, ResNet-50 and BERT-base (random weights,
 made here: pt2_models.py), each as TorchScript, as a torch.export

@@ -287,14 +287,14 @@ def measure_floor(cfg):
     return out
 
 
-# ---------------------------------------------------------------- model shapes (issue 40)
+# ---------------------------------------------------------------- model shapes
 
 SHAPES = os.path.join(TMP, "shapes")
 # Plain models of other shapes than the fixtures (tests/support/make_shapes.py builds the first
 # five in SHAPES, scripts/bench.d/make_real.py the CNN in REAL): forward-loop's SHAPE, label.
 SHAPE_MODELS = {
     "mlp64": {"shape": "1,64", "label": "MLP 64-64-64-16"},
-    "mlp256": {"shape": "1,64", "label": "MLP 64-256-256-16 (issue 40's)"},
+    "mlp256": {"shape": "1,64", "label": "MLP 64-256-256-16 (the inline-pass case)"},
     "mlp1024": {"shape": "1,64", "label": "MLP 64-1024-1024-16"},
     "conv1d": {"shape": "1,16,256", "label": "1-D conv net, 16x256"},
     "attention": {"shape": "1,32,128", "label": "transformer encoder block, 32x128"},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/bench --only tracing: what exporting spans costs (issue 58).
+"""scripts/bench --only tracing: what exporting spans costs.
 
 Four servers of the same model, 2 workers each, their wrk runs at c=16 interleaved (the order
 alternating from round to round): tracing off (no OTEL_* variable); on, every request sampled

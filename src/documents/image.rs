@@ -98,7 +98,7 @@ pub const MAX_SIDE: u32 = 8192;
 /// The default `max_request_pixels`: the pixels one request's images may have together
 /// (64 photos of 4 megapixels; decoding them takes one to two seconds of one core).
 /// Without it, 64 solid-colour 40-megapixel PNGs (130 kB each, within `max_pixels` and
-/// `max_documents`) held a worker for 14–16 s (issue 46).
+/// `max_documents`) held a worker for 14–16 s.
 pub const DEFAULT_MAX_REQUEST_PIXELS: u64 = 256_000_000;
 /// An `image` block at `at`.
 pub(super) fn image(at: &str, v: &Value) -> Result<ImageSpec, String> {

@@ -1,4 +1,4 @@
-//! Declared pre-processing of documents (issue 27): a `BYTES` input of the metadata may
+//! Declared pre-processing of documents: a `BYTES` input of the metadata may
 //! carry a `tokenizer` block (text the worker tokenizes into `input_ids`,
 //! `attention_mask`, `token_type_ids`) or an `image` block (JPEG or PNG the worker decodes,
 //! resizes and normalises into `[N, 3, H, W]`). These files own what the metadata says and

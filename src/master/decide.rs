@@ -668,7 +668,7 @@ mod tests {
         assert_eq!(w.decide(), vec![spawn(0), spawn(1)]);
         w.first_boot_failures = FIRST_BOOT_TRIES;
         assert!(matches!(w.decide()[..], [Action::Exit { code: 3, .. }]));
-        // Issue 29: a worker that never started is named as such, not as the model.
+        // A worker that never started is named as such, not as the model.
         w.last_boot_code = Some(127);
         match &w.decide()[..] {
             [Action::Exit { code: 3, why }] => {

@@ -1,4 +1,4 @@
-//! The exit statuses of `app`, in one table (SPEC section 5). A systemd unit lists 2, 3
+//! The exit statuses of `app`, in one table. A systemd unit lists 2, 3
 //! and 5 in `RestartPreventExitStatus=` (they do not heal by restarting).
 
 /// Clean stop (TERM, INT, QUIT; `app plan`).

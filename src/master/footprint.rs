@@ -302,7 +302,7 @@ mod tests {
         }
     }
 
-    /// Issue 44, item 1, on CUDA: NVML lists no figure for the workers (container PID
+    /// On CUDA: NVML lists no figure for the workers (container PID
     /// namespace), so each one's footprint is its allocator peak plus its share of what the
     /// GPU's free memory fell by beyond the allocators' reserved bytes — the context — not
     /// the peak alone (which is what the worker's heartbeat used to send).

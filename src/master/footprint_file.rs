@@ -186,7 +186,7 @@ mod tests {
         assert_eq!(fb.recorded_mb().unwrap(), Some(700));
         fa.record(3500, None).unwrap();
         assert_eq!(fa.recorded_mb().unwrap(), Some(3500));
-        // Issue 52, item 9: the context profiling measured is kept beside the footprint,
+        // The context profiling measured is kept beside the footprint,
         // through later records of a higher footprint.
         let context = |f: &FootprintFile| f.recorded().unwrap().and_then(|r| r.context_mb);
         assert_eq!(context(&fa), None);

@@ -315,7 +315,7 @@ mod tests {
         assert_eq!(asked.get(), 4);
     }
 
-    /// Issue 44, item 5: a plan made from a profile leaves each worker the context that
+    /// A plan made from a profile leaves each worker the context that
     /// profiling measured beside its allocator (NVML's figure less the allocator's reserved
     /// bytes), not the 500 MB constant, in its cap and in what it reports.
     #[test]
@@ -361,7 +361,7 @@ mod tests {
         assert_eq!(p.cuda_context_mb, 800, "the measured context, not 500");
         let g = &p.gpus[0];
         assert_eq!(g.cap_mb, Some(p.planned_typ_mb - 800));
-        // Issue 52, item 9: a measurement that missed most of the context (NVML's figure
+        // A measurement that missed most of the context (NVML's figure
         // barely above the allocator's) is taken at the floor, never as a few MB…
         let missed = Measured {
             nvml_used: Some(1510 * MB),

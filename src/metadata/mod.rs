@@ -1,4 +1,4 @@
-//! The app metadata file (SPEC section 3): parsing, validation with errors that name the
+//! The app metadata file: parsing, validation with errors that name the
 //! file, the field, and (for syntax errors) the line and column. The parsed JSON is kept
 //! whole, unknown fields included, because `GET /` returns it as it was written.
 //!
@@ -596,7 +596,7 @@ mod tests {
                 r#"{"name": "a", "input": [1]}"#,
                 "field `input` must be an object",
             ),
-            // Issue 59: the newcomer's two traps, each with its fix named.
+            // The newcomer's two traps, each with its fix named.
             (
                 r#"{"name": "a", "est_gpu_mem_min": 700, "est_gpu_mem_typ": 0}"#,
                 "for a CPU-only app set both to 0 (or leave both out)",

@@ -42,7 +42,7 @@ const HEADER_READ: Duration = Duration::from_secs(10);
 /// scrape and read again when it changed, so a changed file counts at the next scrape; a
 /// file that no longer loads (emptied, half-written, a FIFO) is logged once per change and
 /// the last good keys stay, so a scraper with a valid key is never locked out by a bad
-/// write (issue 46).
+/// write.
 #[derive(Default)]
 pub struct MetricsAuth {
     pub key_file: Option<std::path::PathBuf>,

@@ -94,7 +94,7 @@ fn labels_name_the_best_classes_of_each_row() {
 }
 
 /// The README's export recipe traces transformers models with `torchscript=True`, which
-/// return a one-element tuple `(logits,)` (issue 47: with `labels` on that output every
+/// return a one-element tuple `(logits,)` (with `labels` on that output every
 /// `POST /` answered 500, while v2 served it). A classifier traced on the spot to return
 /// `(x @ w + b,)`: `POST /` answers the tuple as it is, labelled from the logits v2 gives,
 /// with and without batching.
@@ -171,7 +171,7 @@ fn a_one_element_tuple_with_labels_is_labelled_on_post_as_on_v2() {
     }
 }
 
-/// A field misspelt inside an `inputs[]` or `outputs[]` entry (issue 47: `"label"` for
+/// A field misspelt inside an `inputs[]` or `outputs[]` entry (`"label"` for
 /// `labels` booted and answered without labels; `"tokeniser"` failed the boot with "declare
 /// every argument of forward()") stops `app` with exit 2, naming its path and the field.
 #[test]
@@ -201,7 +201,7 @@ fn misspelt_nested_fields_stop_the_start_naming_their_path() {
     }
 }
 
-/// A `max_length` beyond the model's position embeddings (issue 47: the warm-up ran on short
+/// A `max_length` beyond the model's position embeddings (the warm-up ran on short
 /// zeros and the first long text got a 500). The BERT-architecture model has 64 positions:
 /// 64 tokens boot, 100 end the boot (exit 3) naming the field and what the model said.
 #[test]
@@ -236,11 +236,11 @@ fn a_max_length_beyond_the_models_positions_stops_the_boot_naming_the_field() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
 
-/// The examples a newcomer is given for documents (issue 47; the text is in
-/// docs/handoff/documents-newcomer.md), run as written: tritonclient sending sentences and
-/// image files as `BYTES` (`tests/support/documents_example.py`), and a `tokenizer.json`
-/// written by transformers' `save_pretrained` and `backend_tokenizer.save`, offline, which
-/// the worker reads into the ids Python's tokenizer gives (`tokenizer_json_example.py`).
+/// The examples a newcomer is given for documents (docs/metadata.md), run as written:
+/// tritonclient sending sentences and image files as `BYTES`
+/// (`tests/support/documents_example.py`), and a `tokenizer.json` written by transformers'
+/// `save_pretrained` and `backend_tokenizer.save`, offline, which the worker reads into the
+/// ids Python's tokenizer gives (`tokenizer_json_example.py`).
 #[test]
 fn the_newcomer_examples_run_as_written() {
     let art = artefacts();

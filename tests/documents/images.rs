@@ -248,7 +248,7 @@ fn crc32(data: &[u8]) -> u32 {
     !c
 }
 
-/// 64 solid-colour 40-megapixel PNGs (127 kB each) in one request (issue 46: it held a
+/// 64 solid-colour 40-megapixel PNGs (127 kB each) in one request (it held a
 /// worker for 14–16 s, and a request queued behind it for as long). By default refused
 /// from the headers for `max_request_pixels` (413), before anything is decoded; with the
 /// bound raised, stopped between images at `--request-timeout` (504) and at the client's

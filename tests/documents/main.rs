@@ -1,4 +1,4 @@
-//! Documents in, answers out (issue 27): text tokenized and images decoded inside the
+//! Documents in, answers out: text tokenized and images decoded inside the
 //! worker, declared in the metadata. The artefacts are made on the spot by
 //! `tests/support/make_documents.py` with the test venv's packages — a WordPiece
 //! `tokenizer.json` trained on the README, a BERT-architecture classifier (transformers,

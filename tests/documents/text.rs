@@ -222,7 +222,7 @@ fn batched_documents_of_mixed_lengths_equal_one_by_one() {
 }
 
 /// A `text/plain` body that is a JSON request, as a browser's `fetch()` sends a string body,
-/// to a model whose one input is text (issue 47: tokenized as the document, a 200 with wrong
+/// to a model whose one input is text (tokenized as the document, a 200 with wrong
 /// logits): a 400 saying to send it as application/json; the same body as JSON is answered,
 /// and a text that merely starts with a brace is still a text.
 #[test]

@@ -1,4 +1,4 @@
-"""The tritonclient example for document inputs (issue 47), as the docs show it: sentences,
+"""The tritonclient example for document inputs, as the docs show it: sentences,
 and image files as they are, sent as BYTES with NVIDIA's client (PyPI tritonclient[http]).
 Run by tests/documents.rs (`the_newcomer_examples_run_as_written`) against a text model
 (input `text` with a `tokenizer` block) and an image model (input `image` with an `image`

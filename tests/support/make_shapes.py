@@ -1,5 +1,5 @@
 """Plain models of other shapes than the project's fixtures, built on the spot with fixed seeds
-(issue 40: a plain MLP from another project's benchmark served 50-100x slower while every
+(a plain MLP from another project's benchmark served 50-100x slower while every
 fixture-based test and bench passed). Used by tests/threads.rs and `scripts/bench --only shapes`.
 
     make_shapes.py DIR NAME...
@@ -19,7 +19,7 @@ from torch import nn
 
 def mlp(hidden):
     """The plain MLP of other projects' benchmarks: Linear(64, h)-ReLU-Linear(h, h)-ReLU-
-    Linear(h, 16); `mlp(256)` is the one issue 40 was found with."""
+    Linear(h, 16); `mlp(256)` is the one inline passes were found with."""
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                          nn.Linear(hidden, 16))
 
@@ -54,7 +54,7 @@ class Attention(nn.Module):
 
 SHAPES = {
     "mlp64": (lambda: mlp(64), [1, 64], "MLP 64-64-64-16"),
-    "mlp256": (lambda: mlp(256), [1, 64], "MLP 64-256-256-16 (issue 40's)"),
+    "mlp256": (lambda: mlp(256), [1, 64], "MLP 64-256-256-16 (the inline-pass case)"),
     "mlp1024": (lambda: mlp(1024), [1, 64], "MLP 64-1024-1024-16"),
     "conv1d": (Conv1d, [1, 16, 256], "1-D conv net, 16x256 input"),
     "attention": (Attention, [1, 32, 128], "transformer encoder block, 32x128 tokens"),

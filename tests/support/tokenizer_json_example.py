@@ -1,4 +1,4 @@
-"""How to get the `tokenizer.json` a `tokenizer` block reads, as the docs show it (issue 47),
+"""How to get the `tokenizer.json` a `tokenizer` block reads, as the docs show it,
 run offline by tests/documents.rs (`the_newcomer_examples_run_as_written`): transformers'
 AutoTokenizer loads a checkpoint (a model hub name online; here a local folder made on the
 spot, holding a WordPiece vocabulary as a hub folder does) and `save_pretrained` writes

@@ -126,7 +126,7 @@ impl App {
     /// `--max-worker-memory-mb`.
     pub fn retire_if_grown(&self, gpu_reserved: Option<u64>) {
         if let (Some(limit), Some(reserved)) = (self.max_gpu_bytes, gpu_reserved) {
-            // What nvidia-smi shows of it, context included (issue 44, item 8).
+            // What nvidia-smi shows of it, context included.
             let context = self.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
             if vramfork::protocol::gpu_used(reserved, context) > limit {
                 self.shared.retire(RetireReason::GpuMemory);

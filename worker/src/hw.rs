@@ -1,4 +1,4 @@
-//! hwFetch data for this worker (SPEC section 9). On CUDA: NVML (initialised lazily, once,
+//! hwFetch data for this worker. On CUDA: NVML (initialised lazily, once,
 //! from `nvml_library` when given) for the GPU's name, total and free memory at its NVML
 //! index, and this worker's peak from the CUDA caching allocator, falling back to NVML's
 //! per-process figure. On CPU: `/proc/meminfo` and the worker's VmHWM; NVML is never

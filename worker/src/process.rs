@@ -84,7 +84,7 @@ pub fn set_interop_thread() {
 /// when it first calls `at::get_num_threads` or `at::parallel_for`
 /// (`at::internal::lazy_init_num_threads`, thread-local) — and MKL's matrix products, most
 /// of a small MLP's pass, reach neither: set on another thread, the model thread ran its
-/// products on teams of one thread per core (issue 40). So the model thread calls this
+/// products on teams of one thread per core. So the model thread calls this
 /// itself, first thing (`runner::Runner::start`).
 pub fn set_intra_threads(n: usize) {
     let n = i32::try_from(n).unwrap_or(i32::MAX).max(1);

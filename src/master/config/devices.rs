@@ -124,8 +124,8 @@ fn nvml_library(
     Ok(nvml_library)
 }
 
-/// The operator's settings of PyTorch's CUDA allocator that bear on the per-worker cap
-/// (issue 44, item 7), as torch 2.11 reads them.
+/// The operator's settings of PyTorch's CUDA allocator that bear on the per-worker cap, as
+/// torch 2.11 reads them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AllocatorEnv {
     /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1`: the caching allocator is off (torch's
@@ -178,7 +178,7 @@ mod tests {
         AllocatorEnv::read(&|k: &str| (k == "PYTORCH_CUDA_ALLOC_CONF").then(|| conf.clone()))
     }
 
-    /// Issue 52, item 9: a fraction of 0 is a configuration error naming why, not a
+    /// A fraction of 0 is a configuration error naming why, not a
     /// server whose every load fails; the fractions torch takes are kept.
     #[test]
     fn the_operators_fraction_must_leave_memory() {

@@ -1,4 +1,4 @@
-//! The trace export (issue 58): the standard `OTEL_*` variables, read by `crate::otel`
+//! The trace export: the standard `OTEL_*` variables, read by `crate::otel`
 //! (which each worker reads again: they inherit the variables), and for an `https://`
 //! endpoint its certificate files (`crate::otel_tls`). An error stops the start (exit 2);
 //! the standard's warnings are logged at start (`Tracing::warn`).

@@ -11,7 +11,7 @@
 /// process's figure; the allocator's cap does not.
 pub const CUDA_CONTEXT_MB: u64 = 500;
 
-/// The least context a measurement is taken as, in MB (issue 52, item 9). A figure below it
+/// The least context a measurement is taken as, in MB. A figure below it
 /// means the measurement missed part of the context — NVML read before libtorch's lazily
 /// loaded kernels and library handles were in, or the allocator's reserved bytes read after
 /// they grew — since a CUDA context with torch's libraries takes several hundred MB on
@@ -77,7 +77,7 @@ pub fn workers_fitting(usable_mb: u64, per_worker_mb: u64) -> u32 {
     }
 }
 
-/// Admission (SPEC, from djl-serving), the one rule for it: a GPU with `free_mb` free takes
+/// Admission (from djl-serving), the one rule for it: a GPU with `free_mb` free takes
 /// one more worker only when that covers `est_gpu_mem_min` plus the reserve. The plan asks
 /// it of each GPU's free memory at start (rule 3); the supervisor asks it before every
 /// start on a GPU and before it places a slot beyond the plan

@@ -156,7 +156,7 @@ pub(crate) fn listen_as_daemon(dir: &Path) -> std::os::fd::OwnedFd {
 mod tests {
     use super::*;
 
-    /// Issue 52, item 1: the daemon listens as `SOCK_SEQPACKET`; a stream socket there is
+    /// The daemon listens as `SOCK_SEQPACKET`; a stream socket there is
     /// not it (the workers' CUDA could not connect), and a socket left behind is nothing.
     #[test]
     fn a_listening_seqpacket_control_socket_is_mps_and_anything_else_is_not() {

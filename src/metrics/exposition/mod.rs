@@ -199,7 +199,7 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// docs/metrics.md's table names exactly the families a scrape declares (issue 54): a
+    /// docs/metrics.md's table names exactly the families a scrape declares: a
     /// family added, renamed or dropped without its row fails here.
     #[test]
     fn the_metrics_page_names_exactly_the_families_a_scrape_declares() {

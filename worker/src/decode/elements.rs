@@ -802,7 +802,7 @@ mod tests {
         let e = strings_from_json("docs", json!(["a\u{0}b"]), &[1]).unwrap_err();
         assert!(e.contains("element 0 contains a NUL"), "{e}");
         // A document input's strings go to the worker's tokenizer, not to TorchScript: a
-        // NUL is an ordinary character there, as in a text/plain body (issue 46).
+        // NUL is an ordinary character there, as in a text/plain body.
         let docs = arg_from_json(
             "docs",
             &raw(json!(["a\u{0}b"])),

@@ -197,7 +197,7 @@ mod tests {
         }
     }
 
-    /// Issue 59: the object form the docs lead with works for one numeric input too, with
+    /// The object form the docs lead with works for one numeric input too, with
     /// the same tensor as the bare array; a wrong name is refused naming the right one.
     #[test]
     fn one_numeric_input_may_be_given_by_name() {

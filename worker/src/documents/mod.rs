@@ -1,4 +1,4 @@
-//! Documents in (issue 27): the declared pre-processing of `BYTES` inputs, run on a
+//! Documents in: the declared pre-processing of `BYTES` inputs, run on a
 //! request's parsed input before it joins the model's queue. Text is tokenized with the
 //! input's `tokenizer.json` ([`text`]), images are decoded, resized and normalised
 //! ([`image`]); every other argument passes through. A bad document is a 400 naming the
@@ -12,7 +12,7 @@
 //! pre-processing never has more cores than the model would use. It runs under the
 //! request's deadlines (`--request-timeout` from its start, the client's own): past them it
 //! stops between documents ([`DocError::Stopped`]) and the HTTP side answers at once, so a
-//! costly request holds neither its client nor the worker (issue 46).
+//! costly request holds neither its client nor the worker.
 
 pub mod image;
 pub mod text;

@@ -1,9 +1,9 @@
 //! What a `POST /` body is: JSON (`{"inputs": …}`), or one document as it is — an image
 //! for a model whose one input is an image, a text for one whose one input is text —
 //! decided from its `Content-Type` and, where that says nothing useful, its first bytes.
-//! Every refusal names what the body was sent as and what this model takes (issues 46, 47:
-//! a GIF, a multipart upload or an image sent as `application/octet-stream` were told
-//! "request body is not valid JSON").
+//! Every refusal names what the body was sent as and what this model takes (a GIF, a
+//! multipart upload or an image sent as `application/octet-stream` were told "request body
+//! is not valid JSON").
 //!
 //! | Content-Type | one image input | one text input | otherwise |
 //! |---|---|---|---|

@@ -1,4 +1,4 @@
-//! The endpoints at `/` (SPEC section 8): `GET /` the metadata (with the measured footprint
+//! The endpoints at `/`: `GET /` the metadata (with the measured footprint
 //! and hwFetch when asked), `POST /` inference, `GET /healthz`.
 
 use hyper::body::Incoming;

@@ -258,7 +258,7 @@ pub(crate) fn queue_wait_refusal(app: &App, arrived: Instant) -> Option<ApiError
 /// (about 12,000 of 20 characters) parse in about a quarter of a millisecond; below that the
 /// hop to another thread and back costs more than it saves: with 64 KiB, a transformer block
 /// or 1-D conv net's 85 kB body (4,096 numbers, pass ~0.13 ms) served 4,378–4,968 req/s at
-/// c = 4 against 4,943–5,232 inline (2 workers, builds alternating, issue 40).
+/// c = 4 against 4,943–5,232 inline (2 workers, builds alternating).
 const PARSE_INLINE_MAX: usize = 256 << 10;
 
 /// Gives the heap back (`heap::trim`) when a request with an unusually large body ends:

@@ -1,4 +1,4 @@
-//! Small CPU passes on the event loop's own thread (`--inline-passes auto`, issue 40).
+//! Small CPU passes on the event loop's own thread (`--inline-passes auto`).
 //!
 //! For a pass of tens of microseconds the hop to the model thread and back (a futex wake
 //! one way, an eventfd wake the other, two threads taking turns on the cores) costs more

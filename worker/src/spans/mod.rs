@@ -1,4 +1,4 @@
-//! OpenTelemetry spans of the requests this worker answers (issue 58), exported over
+//! OpenTelemetry spans of the requests this worker answers, exported over
 //! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`; off by
 //! default). A sampled request's record (what its access line is made of) is queued when it
 //! is answered; the exporter thread builds its spans, encodes and sends them:

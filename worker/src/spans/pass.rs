@@ -1,4 +1,4 @@
-//! A batched forward pass as one span (issue 58): the model thread makes a [`PassSpan`]
+//! A batched forward pass as one span: the model thread makes a [`PassSpan`]
 //! for each pass of several requests and hands it to every member with its outputs; each
 //! sampled member, once answered and recorded, adds a link to its SERVER span
 //! ([`PassSpan::link`]); when the last member lets go of it, the pass's `forward` span is
