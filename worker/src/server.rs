@@ -8,7 +8,7 @@
 //! (`vramfork::board`) shows free or taking, for at most [`DEFER_AT_MOST`].
 //! After each accept the loop lets the new connection read what it has before deciding on
 //! the next one. When connections have waited in the listen queue for a while
-//! (`state::QUEUED_FOR`), answers carry `Connection: close` (`Shared::must_close`), so that a
+//! (`QUEUED_FOR`, `state/queue.rs`), answers carry `Connection: close` (`Shared::must_close`), so that a
 //! keep-alive client goes to the back of the queue rather than holding a worker while others
 //! wait.
 //!

@@ -11,7 +11,7 @@
 //! last [`FRESH_FOR`] still waiting for its first answer ([`Counters::in_hand`]). Siblings
 //! with something in hand leave new connections to a free worker (`server.rs`).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 
 use tokio::sync::watch;
 use vramfork::board::{Board, Seat};
@@ -19,91 +19,13 @@ use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
 
 use crate::control::Control;
 
-/// Connections a worker keeps waiting for a request head at once; past this it stops
-/// accepting until some send theirs or hit the header deadline.
-pub const MAX_AWAITING: u32 = 1024;
+mod board;
+mod closing;
+mod counters;
+mod queue;
 
-/// How long a newly accepted connection counts as work in hand until its first request is
-/// answered: long enough for a client's request to follow its connect (head and body may
-/// come in separate packets), short enough that a silent client soon stops counting.
-pub const FRESH_FOR: std::time::Duration = std::time::Duration::from_millis(250);
-
-#[derive(Debug, Clone, Default)]
-pub struct Counters {
-    /// Model requests (POST /) taken so far.
-    pub served: u64,
-    /// Requests being handled now (any route), bodies still arriving included.
-    pub in_flight: u32,
-    /// Requests that have all their input and are being worked on (parsed, queued for or in
-    /// the model, answered): what keeps the worker from taking new connections.
-    pub working: u32,
-    /// Connections from siblings that hand requests to this worker (`siblings/`): not
-    /// clients' (not in `open`), but drained like them.
-    pub links: u32,
-    /// Connections waiting for a request head (new ones, and kept-alive ones whose next
-    /// request has begun to arrive).
-    pub awaiting: u32,
-    /// Open connections.
-    pub open: u32,
-    /// Connections accepted less than [`FRESH_FOR`] ago whose first request is not answered
-    /// yet (nor the connection closed): a request is most likely on its way.
-    pub fresh: u32,
-    /// Set once the worker stops accepting.
-    pub retiring: Option<RetireReason>,
-    /// The model can no longer be used (stuck forward pass, CUDA error): refuse new work.
-    pub model_unusable: bool,
-    /// Status to exit with once drained.
-    pub exit_code: i32,
-    /// Stopping for a reason that is not a retirement (a fatal CUDA error).
-    pub fatal: bool,
-}
-
-impl Counters {
-    pub fn stopping(&self) -> bool {
-        self.retiring.is_some() || self.fatal
-    }
-
-    /// Whether the accept loop may take a new connection: fewer than `concurrency` requests
-    /// are being worked on (1 without batching, so an idle sibling is not passed over;
-    /// `max_batch_size` with it, so concurrent requests can meet in one batch), fewer than
-    /// [`MAX_AWAITING`] connections wait for their request head, and no more connections
-    /// than requests left before `max_requests`.
-    pub fn can_accept(&self, max_requests: u64, concurrency: u32) -> bool {
-        if self.stopping() || self.working >= concurrency || self.awaiting >= MAX_AWAITING {
-            return false;
-        }
-        max_requests == 0 || u64::from(self.open) < max_requests.saturating_sub(self.served)
-    }
-
-    /// Whether this worker has something in hand: a request worked on, or a connection
-    /// just taken whose request is on its way.
-    pub fn in_hand(&self) -> bool {
-        self.working > 0 || self.fresh > 0
-    }
-
-    /// Whether this worker is free: it would accept, and has nothing in hand (what it shows
-    /// on the idle board).
-    pub fn free(&self, max_requests: u64, concurrency: u32) -> bool {
-        !self.in_hand() && self.can_accept(max_requests, concurrency)
-    }
-
-    pub fn drained(&self) -> bool {
-        self.open == 0 && self.in_flight == 0 && self.links == 0
-    }
-
-    /// What the receivers of [`Shared::subscribe`] wait on (the accept loop: stopping, can
-    /// accept, something in hand; the drain: drained; a queued request: the model usable):
-    /// a change of anything else is not worth waking them for.
-    fn watched(&self, max_requests: u64, concurrency: u32) -> [bool; 5] {
-        [
-            self.stopping(),
-            self.can_accept(max_requests, concurrency),
-            self.in_hand(),
-            self.model_unusable,
-            self.drained(),
-        ]
-    }
-}
+pub use counters::{Counters, FRESH_FOR};
+use queue::SIBLING_FREE_FOR;
 
 pub struct Shared {
     tx: watch::Sender<Counters>,
@@ -130,15 +52,6 @@ pub struct Shared {
     free_spell: std::time::Duration,
 }
 
-/// How long connections must have been seen waiting in the listen queue before answers
-/// close their keep-alive connections (see [`Shared::must_close`]).
-pub const QUEUED_FOR: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// How long a sibling must have shown free before a full worker sends a kept-alive client
-/// there (see [`Shared::full_while_a_sibling_is_free`]): as long as connections must wait
-/// in the listen queue before the fairness rule closes theirs.
-pub const SIBLING_FREE_FOR: std::time::Duration = QUEUED_FOR;
-
 impl Shared {
     pub fn new(control: Control, max_requests: u64, concurrency: u32) -> Shared {
         Shared {
@@ -153,92 +66,6 @@ impl Shared {
             shown: AtomicU32::new(Seat::Busy as u32),
             free_spell: SIBLING_FREE_FOR,
         }
-    }
-
-    /// Takes part in the idle board on `seat`.
-    pub fn with_board(mut self, board: Option<(Board, u32)>) -> Shared {
-        self.board = board;
-        self
-    }
-
-    /// Shows `state` on the board, if it differs from what was shown.
-    fn show(&self, state: Seat) {
-        if let Some((board, seat)) = &self.board {
-            if self.shown.swap(state as u32, Ordering::SeqCst) != state as u32 {
-                board.show(*seat, state);
-            }
-        }
-    }
-
-    /// Shows on the board what the counters say now.
-    pub fn show_state(&self) {
-        self.update(|_| ());
-    }
-
-    /// Shows "taking" while this worker tries to take a connection ([`Seat::Taking`]);
-    /// [`Shared::show_state`] after.
-    pub fn show_taking(&self) {
-        self.show(Seat::Taking);
-    }
-
-    /// Whether this worker should leave a waiting connection to a sibling: it has
-    /// something in hand, and the board shows another worker free.
-    pub fn defer_to_sibling(&self) -> bool {
-        match &self.board {
-            Some((board, seat)) => self.tx.borrow().in_hand() && board.other_free(*seat),
-            None => false,
-        }
-    }
-
-    /// The idle board and this worker's seat on it, when it has one.
-    pub fn board(&self) -> Option<(&Board, u32)> {
-        self.board.as_ref().map(|(b, s)| (b, *s))
-    }
-
-    /// Whether a request taken now would wait for the model: this worker already works on
-    /// as many as it takes at once.
-    pub fn would_queue(&self) -> bool {
-        self.tx.borrow().working >= self.concurrency
-    }
-
-    /// Whether a request being worked on here waits behind others: more are being worked
-    /// on than the worker takes at once.
-    pub fn queue_behind(&self) -> bool {
-        self.tx.borrow().working > self.concurrency
-    }
-
-    /// The listening socket this worker accepts on (set by the accept loop, cleared before
-    /// it closes the socket).
-    pub fn set_listener(&self, fd: Option<std::os::fd::RawFd>) {
-        *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner()) = fd;
-    }
-
-    /// The listening socket's accept queue, as the kernel counts it (`None` once this worker
-    /// stopped accepting): read under the lock the accept loop takes to clear the socket
-    /// before closing it, so never on a closed or reused descriptor.
-    pub fn listen_backlog(&self) -> Option<vramfork::metrics::listen_queue::Backlog> {
-        let fd = self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
-        fd.and_then(vramfork::metrics::listen_queue::read)
-    }
-
-    /// Whether connections wait in the listen queue that no worker has taken yet.
-    pub fn others_waiting(&self) -> bool {
-        let fd = *self.listen_fd.lock().unwrap_or_else(|p| p.into_inner());
-        fd.is_some_and(crate::listen_queue::readable)
-    }
-
-    /// Whether connections have waited in the listen queue for at least [`QUEUED_FOR`], as
-    /// far as this worker has seen at its answers (the queue seen empty starts it afresh). A
-    /// connection that just arrived (a client reconnecting after a `Connection: close`) is
-    /// normally taken by an idle moment of some worker within that time; closing for it
-    /// would make the next client reconnect and keep the queue from ever emptying.
-    fn others_kept_waiting(&self, now: std::time::Instant) -> bool {
-        let mut since = self.queue_since.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.others_waiting() {
-            *since = None;
-            return false;
-        }
-        now.saturating_duration_since(*since.get_or_insert(now)) >= QUEUED_FOR
     }
 
     pub fn update<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
@@ -296,65 +123,6 @@ impl Shared {
         self.update(|c| c.served = c.served.saturating_sub(1));
     }
 
-    /// Whether an answer should carry `Connection: close`: the worker is stopping; or it
-    /// has fewer requests left before `max_requests` than open connections, so a client
-    /// keeping this connection might find it closed under its next request; or other
-    /// connections have waited in the listen queue for [`QUEUED_FOR`], so that this client
-    /// goes to the back of it instead of holding the worker (fairness across connections);
-    /// or this worker is full while a sibling is free ([`Shared::full_while_a_sibling_is_free`]).
-    pub fn must_close(&self) -> bool {
-        let c = self.get();
-        let max = self.max_requests;
-        c.stopping()
-            || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
-            || self.others_kept_waiting(std::time::Instant::now())
-            || self.full_while_a_sibling_is_free(&c)
-    }
-
-    /// Whether this worker holds other connections (or `multiplexed`: a connection that
-    /// carries other requests, whose requests siblings can take one by one) while the idle
-    /// board shows a sibling free for [`SIBLING_FREE_FOR`]: its passes then go through the
-    /// model thread, not its event loop (`runner/inline.rs`). A pass on the event loop leaves
-    /// the other requests unread, where nothing counts them, so neither
-    /// [`Shared::must_close`] nor a gRPC hand-off would ever move one to the idle sibling:
-    /// four kept-alive clients (or one gRPC channel's calls) that all landed on one worker
-    /// would stay there, served one pass at a time on one core, while the other idled.
-    pub fn sibling_idle_beside_others(&self, multiplexed: bool) -> bool {
-        (multiplexed || self.tx.borrow().open > 1)
-            && self
-                .board
-                .as_ref()
-                .is_some_and(|(board, seat)| board.other_free_for(*seat, self.free_spell))
-    }
-
-    /// [`Shared::must_close`] for a multiplexed (HTTP/2) connection: as HTTP/1.1's but for a
-    /// sibling being free — a gRPC request that would queue is handed to it instead
-    /// (`grpc/`), so the client need not reconnect to reach it.
-    pub fn must_close_multiplexed(&self) -> bool {
-        let c = self.get();
-        let max = self.max_requests;
-        c.stopping()
-            || (max > 0 && max.saturating_sub(c.served) < u64::from(c.open))
-            || self.others_kept_waiting(std::time::Instant::now())
-    }
-
-    /// Whether this worker has as much work as it takes at once (other connections'
-    /// requests, once this answer's is done) while the idle board shows a sibling that has
-    /// been free for [`SIBLING_FREE_FOR`]: the client's next request would wait behind that
-    /// work, so its connection closes and it reconnects to the idle sibling. Without this,
-    /// kept-alive connections stay on the worker they first landed on: two clients that
-    /// connected while one worker was busy (or alone) shared it for as long as their
-    /// connections lived while another idled. The spell keeps a sibling that is only between
-    /// two requests of its own clients (microseconds, under load) from counting: closing for
-    /// it made small models' clients reconnect thousands of times a second.
-    fn full_while_a_sibling_is_free(&self, c: &Counters) -> bool {
-        c.working >= self.concurrency
-            && self
-                .board
-                .as_ref()
-                .is_some_and(|(board, seat)| board.other_free_for(*seat, self.free_spell))
-    }
-
     /// Stops accepting and tells the master why (first reason wins).
     pub fn retire(&self, reason: RetireReason) {
         self.retire_with(reason, None);
@@ -398,6 +166,8 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+    use super::counters::MAX_AWAITING;
+    use super::queue::QUEUED_FOR;
     use super::*;
 
     #[test]
