@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::spans::pass::PassSpan;
+use crate::runner::SharedPass;
 
 /// How often the writer thread writes what has gathered.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
@@ -40,7 +40,7 @@ pub struct Trace {
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
     /// The pass it shared with other requests, when it was batched.
-    pass: Mutex<Option<Arc<PassSpan>>>,
+    pass: Mutex<Option<Arc<SharedPass>>>,
     /// Its passes before the last, when it ran in several (`/v1/embeddings` with more
     /// inputs than one pass takes).
     earlier: Mutex<Vec<Timing>>,
@@ -202,7 +202,7 @@ impl Trace {
 
     /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
     /// `pass`: the pass, when it was batched.
-    pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<PassSpan>>) {
+    pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<SharedPass>>) {
         if let Some(p) = pass {
             *self.pass.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
         }
@@ -227,7 +227,7 @@ pub struct Timing {
     /// The pass ran on the event loop's thread.
     pub inline: bool,
     /// The pass, when it was batched: its span is the pass's own (`spans/pass.rs`).
-    pub pass: Option<Arc<PassSpan>>,
+    pub pass: Option<Arc<SharedPass>>,
 }
 
 /// One answered request.

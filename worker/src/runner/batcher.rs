@@ -31,7 +31,6 @@ use tokio::sync::mpsc;
 use super::batch::{self, ArgKey, Batching};
 use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
-use crate::spans::pass::PassSpan;
 
 /// Forward passes by rows, as `/metrics` reports them.
 pub type BatchCounts = Arc<Mutex<BTreeMap<u32, u64>>>;
@@ -240,9 +239,9 @@ fn together(module: &Model, device: Device, jobs: Vec<Taken>, counts: &BatchCoun
         "batched forward"
     );
     let batch = jobs.len() as u32;
-    // One span for the pass, each member's outputs holding it (the last one moved, not
-    // cloned: the model thread keeps none of it).
-    let pass = PassSpan::new(wall, forward, batch, rows.iter().sum::<usize>() as u32);
+    // The pass, each member's outputs holding it (the last one moved, not cloned: the model
+    // thread keeps none of it).
+    let pass = super::SharedPass::new(wall, forward, batch, rows.iter().sum::<usize>() as u32);
     let passes = std::iter::repeat_n(pass, jobs.len());
     for ((job, w), pass) in jobs.into_iter().zip(written).zip(passes) {
         job.answer(w.map(|outputs| RunOutput {

@@ -21,6 +21,7 @@ mod job;
 mod load;
 mod model;
 mod ops;
+mod shared_pass;
 mod tensors;
 pub mod v2out;
 mod warmup;
@@ -43,6 +44,7 @@ pub use load::{configure_executor, load_cpu, Declared, LoadError};
 use model::Failure;
 pub use model::{platform, Model, ModelInfo};
 pub use ops::load_all as load_op_libraries;
+pub use shared_pass::SharedPass;
 pub use v2out::{OutTensor, Wanted};
 pub use warmup::{warm, Warmed, Warmup};
 
@@ -110,8 +112,8 @@ pub struct RunOutput {
     pub inline: bool,
     /// Its documents' pre-processing (set by the pipeline; `None`: it had none).
     pub preprocess: Option<std::time::Duration>,
-    /// The pass it shared with other requests, for its span (`None`: it ran alone).
-    pub pass: Option<Arc<crate::spans::pass::PassSpan>>,
+    /// The pass it shared with other requests (`None`: it ran alone).
+    pub pass: Option<Arc<SharedPass>>,
 }
 
 /// The profiling pass's outcome: its duration in ms, or the model's error.

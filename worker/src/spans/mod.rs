@@ -33,7 +33,7 @@ mod answer;
 mod connection;
 mod export;
 mod otlp;
-pub mod pass;
+mod pass;
 mod transport;
 
 use std::sync::Arc;
@@ -163,7 +163,7 @@ impl export::Build for Answered {
         };
         let n = spans_of(r, &passes, &ids, (self.pid, self.slot, self.handoff), into);
         for pass in passes.into_iter().filter_map(|t| t.pass) {
-            pass.link(ids.trace, ids.server, &r.request_id, &self.exporter);
+            pass::PassSpan::of(&pass).link(ids.trace, ids.server, &r.request_id, &self.exporter);
         }
         n
     }
@@ -293,7 +293,7 @@ fn server_span(
             otlp::attribute(b, a, "vramfork.batch.size", Value::Int(t.batch.into()));
             if let Some(p) = &t.pass {
                 let (mut th, mut sh) = ([0u8; 32], [0u8; 16]);
-                let (trace, span) = p.ids();
+                let (trace, span) = pass::PassSpan::of(p).ids();
                 let trace = Value::Str(otlp::hex_str(trace, &mut th));
                 otlp::attribute(b, a, "vramfork.pass.trace_id", trace);
                 let span = Value::Str(otlp::hex_str(span, &mut sh));

@@ -1,8 +1,9 @@
-//! A batched forward pass as one span: the model thread makes a [`PassSpan`]
-//! for each pass of several requests and hands it to every member with its outputs; each
-//! sampled member, once answered and recorded, adds a link to its SERVER span
-//! ([`PassSpan::link`]); when the last member lets go of it, the pass's `forward` span is
-//! queued for export with those links (none sampled: nothing). Its trace is a new one of its
+//! A batched forward pass as one span: the model thread hands each pass of several requests
+//! to every member with its outputs ([`SharedPass`], plain timings); the first member that
+//! asks attaches a [`PassSpan`] to it ([`PassSpan::of`]: its ids); each sampled member, once
+//! answered and recorded, adds a link to its SERVER span ([`PassSpan::link`]); when the last
+//! member lets go of the pass, the pass's `forward` span is queued for export with those
+//! links (none sampled: nothing). Its trace is a new one of its
 //! own (a root span): the OpenTelemetry specification's model of a batch, a span "initiated
 //! by multiple initiating spans" that links to each of them
 //! (<https://github.com/open-telemetry/opentelemetry-specification/blob/main/specification/overview.md#links-between-spans>),
@@ -10,6 +11,8 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+
+use crate::runner::SharedPass;
 
 use super::export::Exporter;
 use super::otlp::{self, Value};
@@ -36,13 +39,18 @@ struct Sink {
 }
 
 impl PassSpan {
+    /// The span of `pass`, made the first time a member asks.
+    pub fn of(pass: &SharedPass) -> &PassSpan {
+        pass.attached(|p| PassSpan::new(p.start, p.took, p.requests, p.rows))
+    }
+
     /// A pass of `requests` requests and `rows` rows that started at `start` and took `took`.
-    pub fn new(start: SystemTime, took: Duration, requests: u32, rows: u32) -> Arc<PassSpan> {
+    fn new(start: SystemTime, took: Duration, requests: u32, rows: u32) -> PassSpan {
         let id = || crate::request_id::unique().max(1).to_be_bytes();
         let mut trace_id = [0u8; 16];
         trace_id[..8].copy_from_slice(&id());
         trace_id[8..].copy_from_slice(&id());
-        Arc::new(PassSpan {
+        PassSpan {
             trace_id,
             span_id: id(),
             start,
@@ -50,7 +58,7 @@ impl PassSpan {
             requests,
             rows,
             sink: Mutex::new(Sink::default()),
-        })
+        }
     }
 
     /// Its trace id and span id.
@@ -73,7 +81,8 @@ impl PassSpan {
 }
 
 impl Drop for PassSpan {
-    /// Its last member is done with it: its span goes to the exporter, if any member linked.
+    /// Its pass's last member is done with it: its span goes to the exporter, if any member
+    /// linked.
     fn drop(&mut self) {
         let s = std::mem::take(self.sink.get_mut().unwrap_or_else(|p| p.into_inner()));
         let Some(exporter) = s.exporter else {
@@ -122,11 +131,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_not_zero_and_differ_between_passes() {
-        let p = PassSpan::new(SystemTime::now(), Duration::from_millis(1), 4, 4);
+    fn ids_are_not_zero_and_differ_between_passes_and_a_pass_has_one_span() {
+        let pass = SharedPass::new(SystemTime::now(), Duration::from_millis(1), 4, 4);
+        let p = PassSpan::of(&pass);
         let (t, s) = p.ids();
         assert!(t.iter().any(|b| *b != 0) && s.iter().any(|b| *b != 0));
-        let q = PassSpan::new(SystemTime::now(), Duration::ZERO, 2, 2);
+        assert_eq!(PassSpan::of(&pass).ids(), (t, s), "one span per pass");
+        let other = SharedPass::new(SystemTime::now(), Duration::ZERO, 2, 2);
+        let q = PassSpan::of(&other);
         assert_ne!(t, q.ids().0);
         assert_ne!(s, q.ids().1);
     }
