@@ -9,13 +9,20 @@
 //! one; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turns it off whatever else
 //! is set. What the standard says is a warning (an unknown sampler, a bad sampler argument,
 //! an unknown `OTEL_TRACES_EXPORTER`) is a warning and the default; what would make the
-//! server export somewhere it cannot (a URL that is not `http://` or `https://`, a protocol
-//! other than `http/protobuf`, a header that does not parse, a client certificate without
-//! its key) is an error. An `https://` endpoint's certificate files are read by
-//! [`crate::otel_tls`] (the master checks them at start).
+//! server export somewhere it cannot, or send what it was not given, is an error: a URL
+//! that is not `http://` or `https://` or that could not be sent as written (`endpoint`), a
+//! protocol other than `http/protobuf`, a header that does not parse or would not be one
+//! header on the wire (`pairs`), a client certificate without its key. An `https://`
+//! endpoint's certificate files are read by [`crate::otel_tls`] (the master checks them at
+//! start).
+
+mod endpoint;
+mod pairs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use endpoint::Url;
 
 /// OTLP/HTTP's default endpoint for traces (the specification's, for `http/protobuf`).
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4318/v1/traces";
@@ -134,7 +141,9 @@ pub fn from_env(
         return Ok((None, warnings));
     };
     protocol(&set)?;
-    let url = split_url(&endpoint).map_err(|e| format!("{var}={endpoint}: {e}"))?;
+    // The value is quoted escaped: it may hold the line break it is refused for.
+    let url = endpoint::parse(&endpoint)
+        .map_err(|e| format!("{var}={}: {e}", endpoint.escape_debug()))?;
     let tls = tls(&set, &url, &mut warnings)?;
     let (host_port, path) = (url.host_port, url.path);
     let headers = match set("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
@@ -142,7 +151,7 @@ pub fn from_env(
         .or_else(|| set("OTEL_EXPORTER_OTLP_HEADERS").map(|h| ("OTEL_EXPORTER_OTLP_HEADERS", h)))
     {
         None => Vec::new(),
-        Some((var, h)) => pairs(&h).map_err(|e| format!("{var}: {e}"))?,
+        Some((var, h)) => pairs::headers(&h).map_err(|e| format!("{var}: {e}"))?,
     };
     let timeout_ms = match set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
         .or_else(|| set("OTEL_EXPORTER_OTLP_TIMEOUT"))
@@ -160,7 +169,7 @@ pub fn from_env(
     };
     let mut resource = match set("OTEL_RESOURCE_ATTRIBUTES") {
         None => BTreeMap::new(),
-        Some(r) => match pairs(&r) {
+        Some(r) => match pairs::pairs(&r) {
             Ok(p) => p.into_iter().collect(),
             Err(e) => {
                 warnings.push(format!("OTEL_RESOURCE_ATTRIBUTES: {e}; ignored"));
@@ -261,54 +270,6 @@ fn sampler(name: Option<&str>, arg: Option<&str>, warnings: &mut Vec<String>) ->
     }
 }
 
-/// An endpoint's parts.
-struct Url {
-    https: bool,
-    /// The host, without the brackets of an IPv6 address.
-    host: String,
-    host_port: String,
-    path: String,
-}
-
-/// `http(s)://host[:port][/path]`. The port defaults to 80 (http) or 443 (https).
-fn split_url(url: &str) -> Result<Url, String> {
-    let (https, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
-        (Some(rest), _) => (false, rest),
-        (None, Some(rest)) => (true, rest),
-        (None, None) => {
-            return Err(
-                "expected an http:// or https:// URL such as http://otel-collector:4318".into(),
-            )
-        }
-    };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    if authority.is_empty() || authority.contains('@') || authority.contains(char::is_whitespace) {
-        return Err("expected a host (and port) after the scheme".into());
-    }
-    // The port: after the last ':' (after the ']' of an IPv6 address), else the scheme's.
-    let (host, port) = match authority.rfind(':') {
-        Some(i) if !authority[i..].contains(']') => (&authority[..i], Some(&authority[i + 1..])),
-        _ => (authority, None),
-    };
-    let host_port = match port {
-        Some(p) if p.parse::<u16>().is_ok() => authority.to_string(),
-        Some(p) => return Err(format!("'{p}' is not a port")),
-        None => format!("{authority}:{}", if https { 443 } else { 80 }),
-    };
-    Ok(Url {
-        https,
-        host: host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string(),
-        host_port,
-        path: path.to_string(),
-    })
-}
-
 /// The signal's variable, else the base one: (the variable, its value as a path).
 fn either(set: &dyn Fn(&str) -> Option<String>, vars: [&'static str; 2]) -> Option<PemFile> {
     vars.into_iter()
@@ -399,43 +360,6 @@ fn tls(
         roots,
         client,
     }))
-}
-
-/// `k=v,k2=v2` with percent-encoded values (the specification's W3C Baggage-like form).
-fn pairs(s: &str) -> Result<Vec<(String, String)>, String> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let (k, v) = p
-                .split_once('=')
-                .ok_or_else(|| format!("'{}' is not key=value", p.trim()))?;
-            let k = k.trim();
-            if k.is_empty() {
-                return Err(format!("'{}' has no key", p.trim()));
-            }
-            Ok((k.to_string(), percent_decode(v.trim())?))
-        })
-        .collect()
-}
-
-fn percent_decode(v: &str) -> Result<String, String> {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = v
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("'{v}' has a bad percent escape"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("'{v}' is not UTF-8 once decoded"))
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The trace export over `https://` (issue 58): the rustls client configuration built from
+//! The trace export over `https://`: the rustls client configuration built from
 //! what [`crate::otel::OtelTls`] names, as the OTLP exporter specification's "Certificate
 //! File", "Client Certificate File" and "Client Key File" options say
 //! (<https://opentelemetry.io/docs/specs/otel/protocol/exporter/#configuration-options>).
@@ -14,8 +14,11 @@
 //!   needed and the roots are the ones the operator's `update-ca-certificates` manages).
 //! - A client certificate and key (mutual TLS) are sent when both are set.
 //!
-//! The master builds it once at start to check the files (a file or directory that cannot
-//! be read, holds no certificate, or a key that does not parse: exit 2 naming the variable); each worker
+//! Every file is read as the serving TLS files are: a regular file (links followed) of
+//! bounded size, opened without waiting; a FIFO, a device or an oversized file is refused
+//! naming the variable. The master builds it once at start to check the files (a file or
+//! directory that cannot be read, holds no certificate, or a key that does not parse: exit 2
+//! naming the variable); each worker
 //! builds it on its exporter thread. rustls with the *ring* provider; TLS 1.2 and 1.3.
 
 use std::sync::Arc;
@@ -27,6 +30,10 @@ use crate::otel::{OtelTls, PemFile, CERT_DIR};
 
 /// The largest PEM file read (a system bundle is about 200 KiB).
 const MAX_PEM_BYTES: u64 = 4 << 20;
+/// The most bytes of a CA directory's certificate files read in all (Debian's
+/// `/etc/ssl/certs`, its bundle included, is under 1 MiB): a directory of thousands of
+/// large files is refused rather than held in memory.
+const MAX_DIR_BYTES: u64 = 32 << 20;
 
 /// How a file is named in messages: `VAR=path`, or `the system's CA bundle (path)`.
 fn named((var, path): &PemFile) -> String {
@@ -37,15 +44,13 @@ fn named((var, path): &PemFile) -> String {
     }
 }
 
+/// A PEM file's bytes, read as the serving TLS files are ([`crate::files::read_regular`]):
+/// a regular file of at most [`MAX_PEM_BYTES`], opened without waiting, so that a FIFO
+/// (whose open waits for a writer) or a device (`/dev/zero`, endless) named by a variable is
+/// refused at once instead of holding the start or growing the master without bound.
 fn read(file: &PemFile) -> Result<Vec<u8>, String> {
-    let too_big = std::fs::metadata(&file.1).map(|m| m.len() > MAX_PEM_BYTES);
-    if let Ok(true) = too_big {
-        return Err(format!(
-            "{}: larger than {MAX_PEM_BYTES} bytes, not a PEM file",
-            named(file)
-        ));
-    }
-    std::fs::read(&file.1).map_err(|e| format!("{}: cannot be read: {e}", named(file)))
+    crate::files::read_regular(&file.1, MAX_PEM_BYTES)
+        .map_err(|e| format!("{}: cannot be read: {e}", named(file)))
 }
 
 /// The PEM certificates of `file` (at least one).
@@ -78,6 +83,7 @@ fn is_certificate_name(name: &str) -> bool {
 fn directory(dir: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
     let cannot = |e: std::io::Error| format!("{}: cannot be read: {e}", named(dir));
     let mut certs = Vec::new();
+    let mut read_bytes = 0u64;
     for entry in std::fs::read_dir(&dir.1).map_err(cannot)? {
         let path = entry.map_err(cannot)?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -87,6 +93,13 @@ fn directory(dir: &PemFile) -> Result<Vec<CertificateDer<'static>>, String> {
         }
         let file = (dir.0, path.clone());
         let pem = read(&file)?;
+        read_bytes += pem.len() as u64;
+        if read_bytes > MAX_DIR_BYTES {
+            return Err(format!(
+                "{}: its certificate files hold more than {MAX_DIR_BYTES} bytes in all",
+                named(dir)
+            ));
+        }
         let found = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("{}: {}: {e}", named(dir), path.display()))?;
@@ -179,6 +192,27 @@ mod tests {
         std::fs::write(&junk, "not a certificate\n").unwrap();
         let e = client_config(&tls(&junk)).unwrap_err();
         assert!(e.contains("junk.pem: holds no PEM certificate"), "{e}");
+    }
+
+    #[test]
+    fn a_fifo_or_a_device_is_refused_at_once_naming_the_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("ca.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = client_config(&tls(&fifo)).unwrap_err();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_CERTIFICATE=") && e.contains("a FIFO"),
+            "{e}"
+        );
+        let e = client_config(&tls(std::path::Path::new("/dev/zero"))).unwrap_err();
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE=/dev/zero: cannot be read: it is a device"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -15,6 +15,14 @@ TLS handshake, over TLS) is a line `{"connection": N}` (N counting from 1).
                              the same connection is read and the connection closed
                              unanswered (one line {"unanswered": N} each): a collector
                              closing an idle connection just as an export arrives
+    otlp_receiver.py continue-forever  answer each export with `100 Continue` answers,
+                             without end and as fast as the exporter reads them
+    otlp_receiver.py trailers-forever  answer each export 200, chunked: the last chunk, then
+                             trailer lines without end
+    otlp_receiver.py drip    answer each export 200 one byte every half second (a whole
+                             answer takes 19 s)
+    (the last three print one line {"answering": N} per export they take, and stop when
+    the exporter drops the connection)
 
     ... MODE --tls CERT KEY [CLIENT_CA]
         over TLS (https://) with the server certificate CERT and its key KEY (PEM); with
@@ -26,6 +34,7 @@ import json
 import ssl
 import sys
 import threading
+import time
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -35,6 +44,14 @@ REFUSED = [0]
 COUNT = threading.Lock()
 CONNECTIONS = [0]
 UNANSWERED = [0]
+ANSWERING = [0]
+# What the modes that never finish an answer write: once, then again and again.
+ENDLESS = {
+    "continue-forever": (b"", b"HTTP/1.1 100 Continue\r\n\r\n"),
+    "trailers-forever": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n",
+                         b"X-Trailer: more\r\n"),
+}
+DRIP = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 
 
 def say(obj):
@@ -88,6 +105,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         if MODE == "hang":
             threading.Event().wait()  # never answers
+        if MODE in ENDLESS or MODE == "drip":
+            with COUNT:
+                ANSWERING[0] += 1
+                n = ANSWERING[0]
+            say({"answering": n})
+            self.close_connection = True
+            try:
+                if MODE == "drip":
+                    for i in range(len(DRIP)):
+                        self.connection.sendall(DRIP[i:i + 1])
+                        time.sleep(0.5)
+                    return
+                first, again = ENDLESS[MODE]
+                self.connection.sendall(first)
+                while True:
+                    self.connection.sendall(again * 64)
+            except OSError:
+                return  # the exporter gave up on the answer and dropped the connection
         if MODE == "503" or (MODE == "503-once" and REFUSED[0] == 0):
             REFUSED[0] += 1
             say({"refused": REFUSED[0]})

@@ -4,11 +4,21 @@
 //! a body larger than [`MAX_BODY`], a malformed length) or the collector said
 //! `Connection: close` (or answered HTTP/1.0 without `keep-alive`), the answer is still
 //! taken by its status line but the connection is not reused.
+//!
+//! What a collector can make the exporter read is bounded: a few interim (1xx) answers at
+//! most ([`MAX_INTERIM`]), a head of [`MAX_HEAD`] bytes with a chunked body's trailers
+//! counted in it, a body of [`MAX_BODY`]; past the first two the answer is a failure (the
+//! connection is dropped). How long the reading may take is bounded by the stream: the
+//! export's deadline (`super::connection`).
 
 use std::io::{self, Read};
 
-/// The most bytes of a status line and headers (an answer's head) read.
+/// The most bytes of a status line and headers (an answer's head), and of a chunked body's
+/// trailers counted with them, read.
 const MAX_HEAD: usize = 64 << 10;
+/// The most interim (1xx) answers taken before the real one: `100 Continue` once, a
+/// `103 Early Hints` or two; a collector sending them without end is not answering.
+const MAX_INTERIM: usize = 4;
 /// The most bytes of a body read to keep the connection (an OTLP answer's body is a small
 /// protobuf message, usually empty); a larger one closes it.
 const MAX_BODY: u64 = 1 << 20;
@@ -39,17 +49,32 @@ pub fn read(s: &mut impl Read) -> Result<Answer, NoAnswer> {
         buf: Vec::new(),
         at: 0,
         seen: false,
+        head_size: 0,
+        unbounded: false,
     };
     // 1xx answers (100 Continue) come before the real one.
+    let mut interim = 0;
     let (line, head) = loop {
         let (line, head) = r.head()?;
         let status = status_of(&line)?;
         if !(100..200).contains(&status) || status == 101 {
             break (line, head);
         }
+        interim += 1;
+        if interim > MAX_INTERIM {
+            return Err(NoAnswer::Failed(format!(
+                "more than {MAX_INTERIM} interim (1xx) answers before the answer"
+            )));
+        }
     };
     let status = status_of(&line)?;
-    let framed = r.body(status, &head).unwrap_or(false);
+    let framed = match r.body(status, &head) {
+        Ok(framed) => framed,
+        // Trailers without end: no answer, whatever its status line said.
+        Err(e) if r.unbounded => return Err(e),
+        // A body cut short (closed, out of time): the status stands, the connection goes.
+        Err(_) => false,
+    };
     let keep = if line.starts_with("HTTP/1.1") {
         !has_token(&head, "connection", "close")
     } else {
@@ -90,6 +115,10 @@ struct Bytes<'a, R> {
     at: usize,
     /// Whether any byte was read (an end before one is [`NoAnswer::Closed`]).
     seen: bool,
+    /// The bytes of the last head's lines, to which a chunked body's trailers add.
+    head_size: usize,
+    /// Whether the head (or the trailers) went past [`MAX_HEAD`].
+    unbounded: bool,
 }
 
 impl<R: Read> Bytes<'_, R> {
@@ -137,20 +166,32 @@ impl<R: Read> Bytes<'_, R> {
     fn head(&mut self) -> Result<(String, Vec<(String, String)>), NoAnswer> {
         let line = self.line(MAX_HEAD)?;
         let mut head = Vec::new();
-        let mut size = line.len();
-        loop {
-            let h = self.line(MAX_HEAD)?;
-            if h.is_empty() {
-                return Ok((line, head));
-            }
-            size += h.len();
-            if size > MAX_HEAD {
-                return Err(NoAnswer::Failed(format!("headers over {MAX_HEAD} bytes")));
-            }
+        self.head_size = line.len();
+        while let Some(h) = self.field("headers")? {
             if let Some((k, v)) = h.split_once(':') {
                 head.push((k.trim().to_string(), v.trim().to_string()));
             }
         }
+        Ok((line, head))
+    }
+
+    /// The next header (or trailer) line; `None` at the empty line that ends them. Each
+    /// counts against [`MAX_HEAD`] with the head's other lines.
+    fn field(&mut self, what: &str) -> Result<Option<String>, NoAnswer> {
+        let h = self.line(MAX_HEAD).inspect_err(|e| {
+            self.unbounded = matches!(e, NoAnswer::Failed(why) if why.starts_with("a line over"));
+        })?;
+        if h.is_empty() {
+            return Ok(None);
+        }
+        self.head_size += h.len();
+        if self.head_size > MAX_HEAD {
+            self.unbounded = true;
+            return Err(NoAnswer::Failed(format!(
+                "{what} over {MAX_HEAD} bytes (with the head)"
+            )));
+        }
+        Ok(Some(h))
     }
 
     /// Skips `n` bytes.
@@ -219,7 +260,7 @@ impl<R: Read> Bytes<'_, R> {
                 return Ok(false);
             }
             if n == 0 {
-                while !self.line(MAX_HEAD)?.is_empty() {}
+                while self.field("trailers")?.is_some() {}
                 return Ok(true);
             }
             self.skip(n)?;
@@ -285,6 +326,41 @@ mod tests {
                 String::from_utf8_lossy(raw)
             );
         }
+    }
+
+    #[test]
+    fn interim_answers_and_trailers_without_end_are_no_answer() {
+        let interim = |n: usize| {
+            let mut raw = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(n);
+            raw.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+            answer(&raw)
+        };
+        assert_eq!(interim(MAX_INTERIM).unwrap().status, 200);
+        let e = interim(MAX_INTERIM + 1).unwrap_err();
+        assert_eq!(
+            e,
+            NoAnswer::Failed("more than 4 interim (1xx) answers before the answer".into())
+        );
+        let trailed = |trailers: usize, one: &[u8]| {
+            let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n".to_vec();
+            for _ in 0..trailers {
+                raw.extend_from_slice(one);
+            }
+            raw.extend_from_slice(b"\r\n");
+            answer(&raw)
+        };
+        assert!(trailed(100, b"X-T: 1\r\n").unwrap().reusable);
+        let e = trailed(MAX_HEAD / 6 + 1, b"X-T: 1\r\n").unwrap_err();
+        assert!(
+            matches!(&e, NoAnswer::Failed(w) if w.starts_with("trailers over 65536 bytes")),
+            "{e:?}"
+        );
+        // One trailer line without end.
+        let e = trailed(1, &vec![b'x'; 2 * MAX_HEAD]).unwrap_err();
+        assert!(
+            matches!(&e, NoAnswer::Failed(w) if w.starts_with("a line over")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! HTTP/1.1 over a connection kept between exports ([`super::connection`]: a new TCP
 //! connection, or TLS handshake, only when there is none open), plain TCP or TLS (rustls,
 //! sync: `StreamOwned`) for an `https://` endpoint, the collector's certificate verified as
-//! `vramfork::otel_tls` says; the configured timeout for each step.
+//! `vramfork::otel_tls` says; the configured timeout for the export whole (connecting, the
+//! handshake, sending and the answer share one deadline).
 //!
 //! An idle connection the collector closed is found closed before it is used, and a request
 //! sent on one it closed just then (no byte of an answer before its end) is sent again, at
@@ -18,7 +19,7 @@ use rustls::pki_types::ServerName;
 use vramfork::otel::OtelConfig;
 
 use super::answer::Answer;
-use super::connection::{Connection, Trip};
+use super::connection::{Connection, Timed, Trip};
 
 /// How exports reach the collector: plain TCP, or TLS with the configuration made once.
 pub struct Transport {
@@ -45,7 +46,10 @@ impl Transport {
         if let Some(Err(why)) = &self.tls {
             return Err(why.clone());
         }
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let deadline = Instant::now() + timeout;
         if let Some(mut c) = self.open.take() {
+            c.restart(timeout);
             if c.alive() {
                 match c.exchange(config, body) {
                     Ok(a) => return self.taken(c, a, config),
@@ -55,7 +59,7 @@ impl Transport {
                 }
             }
         }
-        let mut c = self.connect(config)?;
+        let mut c = self.connect(config, deadline, timeout)?;
         match c.exchange(config, body) {
             Ok(a) => self.taken(c, a, config),
             Err(Trip::Closed(why) | Trip::Failed(why)) => Err(why),
@@ -74,19 +78,23 @@ impl Transport {
         }
     }
 
-    /// A new connection (and its TLS handshake, for https).
-    fn connect(&self, config: &OtelConfig) -> Result<Connection, String> {
-        let timeout = Duration::from_millis(config.timeout_ms);
+    /// A new connection (and its TLS handshake, for https), by `deadline`.
+    fn connect(
+        &self,
+        config: &OtelConfig,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Connection, String> {
         let addrs: Vec<SocketAddr> = config
             .host_port
             .to_socket_addrs()
             .map_err(|e| format!("{}: {e}", config.host_port))?
             .collect();
-        let (s, addr) = first_to_connect(&addrs, timeout, TcpStream::connect_timeout)
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (s, addr) = first_to_connect(&addrs, left, TcpStream::connect_timeout)
             .map_err(|e| format!("{}: {e}", config.host_port))?;
-        s.set_write_timeout(Some(timeout)).ok();
-        s.set_read_timeout(Some(timeout)).ok();
         s.set_nodelay(true).ok();
+        let s = Timed::new(s, deadline, timeout);
         let Some(Ok((client, name))) = &self.tls else {
             return Ok(Connection::plain(s));
         };
