@@ -428,7 +428,7 @@ mod tests {
             ),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"), ("OTEL_EXPORTER_OTLP_HEADERS", "novalue")][..],
-                "OTEL_EXPORTER_OTLP_HEADERS: 'novalue' is not key=value",
+                "OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not key=value (not shown",
             ),
         ] {
             let e = read(vars).unwrap_err();

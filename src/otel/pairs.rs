@@ -24,13 +24,18 @@ pub const RESERVED: &[&str] = &[
 pub fn pairs(s: &str) -> Result<Vec<(String, String)>, String> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let (k, v) = p
-                .split_once('=')
-                .ok_or_else(|| format!("'{}' is not key=value", p.trim()))?;
+        .enumerate()
+        .map(|(n, p)| {
+            // Not quoted: an entry without its '=' may be a credential written whole.
+            let (k, v) = p.split_once('=').ok_or_else(|| {
+                format!(
+                    "entry {} is not key=value (not shown: it may be a credential)",
+                    n + 1
+                )
+            })?;
             let k = k.trim();
             if k.is_empty() {
-                return Err(format!("'{}' has no key", p.trim()));
+                return Err(format!("entry {} has no key", n + 1));
             }
             let v = percent_decode(v.trim()).map_err(|e| format!("'{k}': {e}"))?;
             Ok((k.to_string(), v))
@@ -127,8 +132,8 @@ mod tests {
     #[test]
     fn a_header_that_would_not_be_sent_as_one_is_refused_by_name_never_by_value() {
         for (h, want) in [
-            ("novalue", "'novalue' is not key=value"),
-            ("=v", "has no key"),
+            ("novalue", "entry 1 is not key=value (not shown"),
+            ("=v", "entry 1 has no key"),
             ("a=%zz", "'a': its value has a bad percent escape at byte 0"),
             ("a=%ff", "'a': its value is not UTF-8"),
             ("bad key=v", "'bad key' is not a header name: a space"),
