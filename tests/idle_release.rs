@@ -227,3 +227,115 @@ fn idle_release_is_checked_and_does_nothing_on_the_cpu() {
     let r = cpu.post("/", INPUT);
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// Sends `P` on a new connection (its first byte wakes the released master), then one more
+/// byte of a request every 150 ms for up to `for_s` seconds, or until the server closes.
+fn dripping(port: u16, for_s: u64) -> std::thread::JoinHandle<()> {
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(&mut c, b"P").unwrap();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        for b in b"OST / HTTP/1.1\r\nHost: x\r\n".iter().cycle() {
+            if t0.elapsed().as_secs() >= for_s || std::io::Write::write_all(&mut c, &[*b]).is_err()
+            {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+    })
+}
+
+/// A released server with no room answers its 503s on the master: a client that sends its
+/// request a byte every 150 ms must hold neither another client's 503 (answered within a
+/// second) nor a TERM (acted on within a few seconds: the master exits).
+#[test]
+fn a_dripping_client_holds_neither_another_clients_503_nor_a_term() {
+    const TYP_MB: u64 = 20_000;
+    const DRIP_S: u64 = 12;
+    let host = Host::new();
+    let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
+    let (idle, _) = host.serving(&a, &["--idle-release", "1"]);
+    idle.wait_event("idle_released", |_| true);
+    idle.poll("the reservation given back", || {
+        (host.reserved() == 0).then_some(())
+    });
+    let (_neighbour, _) = host.serving(&b, &[]);
+    let refusals = || idle.events_named("idle_readmission").len();
+
+    let drip = dripping(idle.port, DRIP_S);
+    idle.poll("the dripping client taken", || {
+        (refusals() >= 1).then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    let r = idle.post("/", INPUT);
+    let waited = t0.elapsed();
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        waited < std::time::Duration::from_secs(1),
+        "a good client waited {waited:?} for its 503 while another dripped its request"
+    );
+
+    let before = refusals();
+    let drip2 = dripping(idle.port, DRIP_S);
+    idle.poll("the second dripping client taken", || {
+        (refusals() > before).then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    idle.signal(libc::SIGTERM);
+    let mut idle = idle;
+    let status = idle.wait_exit(PATIENCE);
+    let took = t0.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", idle.log_text());
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "TERM acted on {took:?} after it was sent, while a client dripped"
+    );
+    drip.join().unwrap();
+    drip2.join().unwrap();
+}
+
+/// Keep-alive connections across an idle release: the retiring workers close each idle one
+/// the standard way, with a FIN and no byte of an answer (never a reset, never a request
+/// taken and dropped), so a client that checks a pooled connection before reusing it, as
+/// urllib3, Go and curl do, finds it closed and opens a new one — whose request re-admits
+/// the server and is answered 200, every time.
+#[test]
+fn kept_alive_connections_across_a_release_are_closed_gracefully() {
+    const TYP_MB: u64 = 4000;
+    let host = Host::new();
+    let a = host.app(TYP_MB);
+    let (idle, _) = host.serving(&a, &["--idle-release", "1", "--workers", "1"]);
+    for round in 0..3 {
+        let mut kept: Vec<std::net::TcpStream> = (0..4)
+            .map(|_| {
+                let mut c = std::net::TcpStream::connect(("127.0.0.1", idle.port)).unwrap();
+                c.set_read_timeout(Some(PATIENCE)).unwrap();
+                let req = format!(
+                    "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{INPUT}",
+                    INPUT.len()
+                );
+                std::io::Write::write_all(&mut c, req.as_bytes()).unwrap();
+                let r = read_one(&mut c).unwrap();
+                assert_eq!(r.status, 200, "round {round}: {}", r.body);
+                assert_ne!(r.header("connection"), Some("close"), "kept alive");
+                c
+            })
+            .collect();
+        let released = idle.events_named("idle_released").len();
+        idle.poll("released", || {
+            (idle.events_named("idle_released").len() > released).then_some(())
+        });
+        // Every kept connection was closed: an end of stream, no byte of an answer, no reset.
+        for c in &mut kept {
+            let mut buf = [0u8; 64];
+            let n = std::io::Read::read(c, &mut buf);
+            assert!(
+                matches!(n, Ok(0)),
+                "round {round}: a kept connection after the release read {n:?}"
+            );
+        }
+        // The checking client opens a new connection: re-admitted, answered.
+        let r = idle.post("/", INPUT);
+        assert_eq!(r.status, 200, "round {round}: {}", r.body);
+    }
+}

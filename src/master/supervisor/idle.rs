@@ -8,7 +8,8 @@
 //! boot, not for several sharing the CPUs) — and the connection stays in the kernel's
 //! accept queue until that first worker takes it. When not even one
 //! fits, the master takes the connection itself and answers `503` with `Retry-After`,
-//! never starting a worker that would meet a CUDA out-of-memory error.
+//! never starting a worker that would meet a CUDA out-of-memory error — at once, without
+//! waiting on the client (`refuse.rs`).
 //!
 //! "No request" is what the workers report at each heartbeat (1 s): their `served` count
 //! did not change, none had a request in flight or queued for its model, and the listen
@@ -16,21 +17,17 @@
 //! model requests: they neither keep the server from releasing nor are counted as such —
 //! but one arriving while released is a connection like any other, and re-admits.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::Supervisor;
+use super::{refuse, Supervisor};
 use crate::master::slot::Phase;
 
 /// What the 503 of a re-admission without room asks a client to wait, in seconds: the
 /// other servers renew (and shrink) their reservations at this pace.
 pub(super) const RETRY_AFTER_S: u64 = crate::master::ledger::RENEW_EVERY.as_secs();
-/// How long the master waits for a refused client's request before answering it.
-const READ_REQUEST_FOR: Duration = Duration::from_millis(200);
 
 /// Where `--idle-release` stands.
 #[derive(Debug)]
@@ -256,16 +253,22 @@ impl Supervisor {
             }),
         };
         if n == 0 {
+            let refused = self.refuse_waiting();
+            if refused == 0 {
+                return;
+            }
             tracing::warn!(
                 event = "idle_readmission",
                 outcome = "no_room",
                 workers = 0,
-                "a request arrived, but the GPUs have no room for one worker now (the other servers' reservations in the ledger, or NVML's free memory): answered 503 with Retry-After: {RETRY_AFTER_S}"
+                connections = refused,
+                "a request arrived, but the GPUs have no room for one worker now (the other servers' reservations in the ledger, or NVML's free memory): {refused} connections answered 503 with Retry-After: {RETRY_AFTER_S}"
             );
             if let Some(m) = &self.metrics {
-                m.readmission("no_room");
+                for _ in 0..refused {
+                    m.readmission("no_room");
+                }
             }
-            self.refuse_one();
             return;
         }
         tracing::info!(
@@ -287,49 +290,26 @@ impl Supervisor {
         self.target = 1;
     }
 
-    /// Takes one connection from the accept queue and answers it 503 with `Retry-After`
-    /// (plain HTTP/1.1: with `--tls` it is closed unanswered).
-    fn refuse_one(&mut self) {
+    /// Answers the connections waiting (as many as one turn takes) 503 with `Retry-After`
+    /// (plain HTTP/1.1: with `--tls` they are closed unanswered), never waiting on a client
+    /// (`refuse.rs`).
+    fn refuse_waiting(&mut self) -> usize {
         let Some(l) = &self.listener else {
-            return;
+            return 0;
         };
-        // The workers' accept loops set the shared socket non-blocking already; a
-        // connection taken meanwhile by nobody else is still there, but never wait.
-        let _ = l.set_nonblocking(true);
-        let Ok((conn, _)) = l.accept() else {
-            return;
-        };
-        if self.cfg.access.tls.is_some() {
-            return;
-        }
-        answer_503(conn);
+        refuse::refuse_waiting(l, self.cfg.access.tls.is_some(), answer_503().as_bytes())
     }
 }
 
-/// Reads what the client sent of its request (briefly), answers 503 with `Retry-After`,
-/// and closes the connection.
-fn answer_503(mut conn: TcpStream) {
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(READ_REQUEST_FOR));
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while head.len() < 64 << 10 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
+/// The 503 of a re-admission without room.
+fn answer_503() -> String {
     let body = format!(
         "{{\"error\": \"this server released its GPU memory for being idle (--idle-release) and the GPUs have no room to start a worker again now; retry in {RETRY_AFTER_S} s\", \"type\": \"idle_no_room\"}}"
     );
-    let answer = format!(
+    format!(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    );
-    let _ = conn.write_all(answer.as_bytes());
-    let _ = conn.shutdown(std::net::Shutdown::Write);
-    // What is left of the request is read, so that closing sends no reset over the answer.
-    let _ = conn.read(&mut buf);
+    )
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod host;
 mod idle;
 mod intents;
 mod mps;
+mod refuse;
 mod reload;
 mod template;
 

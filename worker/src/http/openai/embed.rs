@@ -7,6 +7,7 @@
 //! `usage` (tokens given to the model), `X-Truncated-Inputs` (inputs cut to `max_length`) and
 //! `Server-Timing` (the tokenizing, and the passes' forward time summed).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use serde::Serialize;
 
 use super::declaration::{self, Declaration};
 use super::error::OaiError;
-use super::request::{self, Format, Input};
+use super::request::{self, Format, Input, Rules};
 use super::tokens::{tokenize, Tokenized};
 use super::vectors::{base64, finish, Output};
 use crate::access_log::{Tokenize, Trace};
@@ -34,6 +35,16 @@ use crate::runner::{Encoding, Wanted};
 
 /// The header saying how many inputs were cut to the model's `max_length`.
 pub const TRUNCATED: &str = "x-truncated-inputs";
+
+/// The width of the vectors this worker's model makes, learnt from its first pass (0 until
+/// then): `dimensions` is checked against it before the inputs are tokenized.
+static WIDTH: AtomicUsize = AtomicUsize::new(0);
+
+/// The text input's `max_length` (0 without one: such a model answers 404 before this).
+fn max_length(app: &App) -> usize {
+    let text = app.documents.as_ref().and_then(|d| d.text(0));
+    text.map_or(0, |t| t.spec().max_length)
+}
 
 #[derive(Serialize)]
 struct Item {
@@ -78,15 +89,17 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     // Work from here, as a parsed request is: each pass then counts as its own.
     let working = Working::enter(&app.shared);
     let size = body.len();
-    let asked = tokio::task::spawn_blocking(move || request::parse(&body))
+    let rules = Rules {
+        token_ids: decl.token_ids,
+        max_ids: max_length(app).max(request::MAX_IDS_PER_INPUT),
+    };
+    let asked = tokio::task::spawn_blocking(move || request::parse(&body, rules))
         .await
         .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))??;
-    if matches!(asked.input, Input::Ids(_)) && !decl.token_ids {
-        return Err(OaiError::invalid(
-            "input",
-            "token_ids_not_accepted",
-            "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
-        ));
+    // The vectors' width, once a pass has shown it: a wrong `dimensions` costs no tokenizing.
+    match WIDTH.load(Ordering::Relaxed) {
+        0 => {}
+        width => check_dimensions(asked.dimensions, &decl, width)?,
     }
     let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
@@ -111,7 +124,9 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         last,
     )
     .await?;
-    check_dimensions(asked.dimensions, &decl, vectors.first().map_or(0, Vec::len))?;
+    let width = vectors.first().map_or(0, Vec::len);
+    WIDTH.store(width, Ordering::Relaxed);
+    check_dimensions(asked.dimensions, &decl, width)?;
     let data: Vec<Item> = vectors
         .into_iter()
         .enumerate()

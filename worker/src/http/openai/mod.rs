@@ -1,6 +1,6 @@
 //! OpenAI's embeddings API (issue 56), so that OpenAI's SDKs and LangChain's
 //! `OpenAIEmbeddings` work against a text model unchanged: `POST /v1/embeddings`
-//! (`embed.rs`: the request read by `request.rs`, tokenized by `tokens.rs`, pooled by
+//! (`embed.rs`: the request read by `request.rs` in one streaming pass, `walk.rs`, tokenized by `tokens.rs`, pooled by
 //! `vectors.rs`, as the model's `embeddings` block declares, `declaration.rs`), `GET
 //! /v1/models` and `GET /v1/models/{id}` (here). Every answer under `/v1/`, refusals
 //! included, is in OpenAI's shape (`error.rs`).
@@ -11,6 +11,7 @@ pub mod error;
 pub mod request;
 pub mod tokens;
 pub mod vectors;
+mod walk;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};

@@ -2,14 +2,20 @@
 //! strings, an array of token ids, or an array of arrays of token ids; at most
 //! [`MAX_INPUTS`]), `model` (required, echoed), `encoding_format` (`float` or `base64`),
 //! `dimensions` (a positive integer) and `user` (accepted, unused). Each refusal is a 400
-//! naming the field.
+//! naming the field. The body is read by one streaming pass (`walk.rs`) that keeps only
+//! what the limits let a request hold; this file judges what it found.
 
-use serde_json::{Map, Value};
+pub use super::walk::Rules;
+use super::walk::{walk, Fault, Field, Kind, Seen};
 
 use super::error::OaiError;
 
 /// Inputs one request may carry (OpenAI's limit).
 pub const MAX_INPUTS: usize = 2048;
+/// Token ids one input may carry, unless the model's `max_length` is larger: what OpenAI's
+/// embedding models take (8,191 tokens), so a client that cuts its inputs for them —
+/// LangChain's `OpenAIEmbeddings` sends chunks of 8,191 ids — is never refused.
+pub const MAX_IDS_PER_INPUT: usize = 8192;
 
 /// What is to be embedded.
 #[derive(Debug, PartialEq)]
@@ -49,21 +55,26 @@ fn bad_input(message: String) -> OaiError {
     OaiError::invalid("input", "invalid_input", message)
 }
 
-/// The request in `body`.
-pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, OaiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
+/// The request in `body`, read in one streaming pass (`walk.rs`) that keeps no more than
+/// `rules` let it: refused at the first input past [`MAX_INPUTS`], at the first id of a
+/// model that takes text only (`token_ids_not_accepted`), at a row of more ids than
+/// `rules.max_ids`. Of several faults the one named is the one a reading of the whole body
+/// would name first: the body's syntax, `model`, `input`, `encoding_format`, `dimensions`,
+/// then token ids a model does not take.
+pub fn parse(body: &[u8], rules: Rules) -> Result<EmbeddingsRequest, OaiError> {
+    let w = walk(body, rules).map_err(|e| {
         OaiError::invalid("body", "invalid_json", format!("the body is not JSON: {e}"))
     })?;
-    let Value::Object(o) = v else {
+    if !w.object {
         return Err(OaiError::invalid(
             "body",
             "invalid_json",
             "the body must be a JSON object with `input` and `model`",
         ));
-    };
-    let model = match o.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        None | Some(Value::Null) => {
+    }
+    let model = match w.model {
+        Some(Field::Text(m)) => m,
+        None | Some(Field::Null) => {
             return Err(OaiError::invalid(
                 "model",
                 "missing_model",
@@ -78,62 +89,54 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, OaiError> {
             ))
         }
     };
+    let input = input(w.input, rules)?;
+    let format = format(w.encoding_format)?;
+    let dimensions = dimensions(w.dimensions)?;
+    if matches!(input, Input::Ids(_)) && !rules.token_ids {
+        return Err(token_ids_refusal());
+    }
     Ok(EmbeddingsRequest {
-        input: input(&o)?,
+        input,
         model,
-        format: format(&o)?,
-        dimensions: dimensions(&o)?,
+        format,
+        dimensions,
     })
 }
 
-fn input(o: &Map<String, Value>) -> Result<Input, OaiError> {
-    let items = match o.get("input") {
-        None | Some(Value::Null) => {
-            return Err(bad_input(format!("`input` is required: {SHAPES}")))
-        }
-        Some(Value::String(s)) => return Ok(Input::Texts(vec![text(s, None)?])),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err(bad_input(format!("`input` must be {SHAPES}"))),
+/// Token ids sent to a model that takes text only.
+pub fn token_ids_refusal() -> OaiError {
+    OaiError::invalid(
+        "input",
+        "token_ids_not_accepted",
+        "`input` holds token ids, and this model takes text only (its metadata's `embeddings.token_ids` is off): ids from another tokenizer mean nothing to it. Send the text; LangChain's OpenAIEmbeddings sends token ids unless made with check_embedding_ctx_length=False",
+    )
+}
+
+fn input(seen: Seen, rules: Rules) -> Result<Input, OaiError> {
+    let items = match seen {
+        Seen::Missing => return Err(bad_input(format!("`input` is required: {SHAPES}"))),
+        Seen::Text(s) if s.is_empty() => return Err(fault(Fault::EmptyText(None), rules)),
+        Seen::Text(s) => return Ok(Input::Texts(vec![s])),
+        Seen::Other => return Err(bad_input(format!("`input` must be {SHAPES}"))),
+        Seen::Array(items) => items,
     };
-    if items.is_empty() {
+    let Some(kind) = items.kind else {
         return Err(bad_input("`input` is an empty array".into()));
+    };
+    if matches!(kind, Kind::Texts | Kind::Rows) && items.n > MAX_INPUTS {
+        return Err(bad_input(format!(
+            "`input` has {} inputs; a request takes at most {MAX_INPUTS}: send them in several requests",
+            items.n
+        )));
     }
-    match &items[0] {
-        // One input of token ids.
-        Value::Number(_) => Ok(Input::Ids(vec![ids(items, None)?])),
-        Value::String(_) | Value::Array(_) => {
-            if items.len() > MAX_INPUTS {
-                return Err(bad_input(format!(
-                    "`input` has {} inputs; a request takes at most {MAX_INPUTS}: send them in several requests",
-                    items.len()
-                )));
-            }
-            if let Value::String(_) = items[0] {
-                let texts = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| match v {
-                        Value::String(s) => text(s, Some(i)),
-                        _ => Err(bad_input(format!(
-                            "`input[{i}]` is not a string; an array of strings must hold strings only"
-                        ))),
-                    })
-                    .collect::<Result<_, _>>()?;
-                return Ok(Input::Texts(texts));
-            }
-            let rows = items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v {
-                    Value::Array(row) => ids(row, Some(i)),
-                    _ => Err(bad_input(format!(
-                        "`input[{i}]` is not an array of token ids; an array of arrays must hold arrays of token ids only"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?;
-            Ok(Input::Ids(rows))
-        }
-        _ => Err(bad_input(format!("`input` must be {SHAPES}"))),
+    if let Some(f) = items.fault {
+        return Err(fault(f, rules));
+    }
+    match kind {
+        Kind::Texts => Ok(Input::Texts(items.texts)),
+        // Ids not kept for a model that takes none: `parse` refuses them.
+        Kind::Ids | Kind::Rows => Ok(Input::Ids(items.rows)),
+        Kind::Other => Err(bad_input(format!("`input` must be {SHAPES}"))),
     }
 }
 
@@ -141,73 +144,68 @@ fn at(i: Option<usize>) -> String {
     i.map_or_else(|| "`input`".into(), |i| format!("`input[{i}]`"))
 }
 
-fn text(s: &str, i: Option<usize>) -> Result<String, OaiError> {
-    if s.is_empty() {
-        return Err(bad_input(format!("{} is an empty string", at(i))));
-    }
-    Ok(s.to_string())
-}
-
-fn ids(row: &[Value], i: Option<usize>) -> Result<Vec<u32>, OaiError> {
-    if row.is_empty() {
-        return Err(bad_input(format!(
-            "{} is an empty array of token ids",
+fn fault(f: Fault, rules: Rules) -> OaiError {
+    bad_input(match f {
+        Fault::EmptyText(i) => format!("{} is an empty string", at(i)),
+        Fault::NotText(i) => format!(
+            "`input[{i}]` is not a string; an array of strings must hold strings only"
+        ),
+        Fault::NotRow(i) => format!(
+            "`input[{i}]` is not an array of token ids; an array of arrays must hold arrays of token ids only"
+        ),
+        Fault::EmptyRow(i) => format!("{} is an empty array of token ids", at(i)),
+        Fault::NotId(i, j, v) => format!(
+            "{} element {j} is {v}, not a token id (an integer from 0 to 4294967295)",
             at(i)
-        )));
-    }
-    row.iter()
-        .enumerate()
-        .map(|(j, v)| {
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    bad_input(format!(
-                        "{} element {j} is {v}, not a token id (an integer from 0 to 4294967295)",
-                        at(i)
-                    ))
-                })
-        })
-        .collect()
+        ),
+        Fault::LongRow(i) => format!(
+            "{} holds more than {} token ids, the most one input may hold here (the model's `max_length`, or 8192, OpenAI's own limit, if larger): cut it before sending",
+            at(i),
+            rules.max_ids
+        ),
+    })
 }
 
-fn format(o: &Map<String, Value>) -> Result<Format, OaiError> {
-    match o.get("encoding_format") {
-        None | Some(Value::Null) => Ok(Format::Float),
-        Some(Value::String(s)) if s == "float" => Ok(Format::Float),
-        Some(Value::String(s)) if s == "base64" => Ok(Format::Base64),
+fn format(f: Option<Field>) -> Result<Format, OaiError> {
+    match f {
+        None | Some(Field::Null) => Ok(Format::Float),
+        Some(Field::Text(s)) if s == "float" => Ok(Format::Float),
+        Some(Field::Text(s)) if s == "base64" => Ok(Format::Base64),
         Some(v) => Err(OaiError::invalid(
             "encoding_format",
             "invalid_encoding_format",
-            format!("`encoding_format` is {v}; it takes \"float\" (the default) or \"base64\""),
+            format!(
+                "`encoding_format` is {}; it takes \"float\" (the default) or \"base64\"",
+                v.shown()
+            ),
         )),
     }
 }
 
-fn dimensions(o: &Map<String, Value>) -> Result<Option<usize>, OaiError> {
-    match o.get("dimensions") {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .filter(|&n| n >= 1)
-            .and_then(|n| usize::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| {
-                OaiError::invalid(
-                    "dimensions",
-                    "invalid_dimensions",
-                    format!("`dimensions` is {v}; it takes a positive integer"),
-                )
-            }),
+fn dimensions(f: Option<Field>) -> Result<Option<usize>, OaiError> {
+    match f {
+        None | Some(Field::Null) => Ok(None),
+        Some(Field::Unsigned(n)) if n >= 1 && usize::try_from(n).is_ok() => Ok(Some(n as usize)),
+        Some(v) => Err(OaiError::invalid(
+            "dimensions",
+            "invalid_dimensions",
+            format!("`dimensions` is {}; it takes a positive integer", v.shown()),
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
+
+    const IDS: Rules = Rules {
+        token_ids: true,
+        max_ids: MAX_IDS_PER_INPUT,
+    };
 
     fn p(v: Value) -> Result<EmbeddingsRequest, OaiError> {
-        parse(&serde_json::to_vec(&v).unwrap())
+        parse(&serde_json::to_vec(&v).unwrap(), IDS)
     }
 
     fn refused(v: Value) -> Value {
@@ -269,5 +267,122 @@ mod tests {
             "{e}"
         );
         assert!(p(json!({"input": vec!["x"; MAX_INPUTS], "model": "m"})).is_ok());
+    }
+
+    /// Bodies of every shape, well and badly made, read by the pass and by the whole-body
+    /// reading it replaced: the same request or the same refusal, word for word.
+    #[test]
+    fn the_streaming_pass_agrees_with_a_whole_reading_of_every_body() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let many_texts = serde_json::to_string(&vec!["ab"; 2100]).unwrap();
+        let many_rows = serde_json::to_string(&vec![[7]; 2100]).unwrap();
+        let mut bodies: Vec<String> = [
+            r#"{"input": "hi", "model": "m"}"#,
+            r#"{"input": ["a", "b\u00e9"], "model": "m", "user": {"x": [1]}}"#,
+            r#"{"input": [1, 2], "model": "m", "input": "later wins"}"#,
+            r#"{"input": [[1, 2], [3]], "model": "m", "dimensions": 4}"#,
+            r#"{"input": [1, 2], "model": "m"}"#,
+            r#"{"model": "m", "input": [[5, 6]]}"#,
+            r#"{"input": [1, [2, {"a": [3, "x"]}]], "model": "m"}"#,
+            r#"{"input": [1, 1.5, -2, 4294967296], "model": "m"}"#,
+            r#"{"input": [[1], [2, true], [null]], "model": "m"}"#,
+            r#"{"input": [[1], "a", 7], "model": "m"}"#,
+            r#"{"input": ["a", "", 3], "model": "m"}"#,
+            r#"{"input": [[], [1]], "model": "m"}"#,
+            r#"{"input": [true], "model": "m"}"#,
+            r#"{"input": [{"a": 1}], "model": "m"}"#,
+            r#"{"input": {"a": 1}, "model": "m"}"#,
+            r#"{"input": 7, "model": 7}"#,
+            r#"{"input": "x", "model": null}"#,
+            r#"{"input": null, "model": "m"}"#,
+            r#"{"model": "m"}"#,
+            r#"{"input": "x", "model": "m", "encoding_format": [1, 2, {"b": "c"}]}"#,
+            r#"{"input": "x", "model": "m", "encoding_format": null, "dimensions": null}"#,
+            r#"{"input": "x", "model": "m", "dimensions": 1e3}"#,
+            r#"{"input": "x", "model": "m", "dimensions": -1}"#,
+            r#"{"input": "x", "model": "m", "dimensions": 18446744073709551615}"#,
+            r#"{"input": ["x", 1], "model": "m", "encoding_format": "int8"}"#,
+            r#"{"input": [1.5, 2], "model": "m", "dimensions": 0}"#,
+            r#"[1, 2, 3]"#,
+            r#""text""#,
+            r#"{"input": "x", "model": "m"} trailing"#,
+            r#"{"input": ["x", 1, "#,
+            r#"{"input": "\ud800", "model": "m"}"#,
+            r#"{"input": [1e999], "model": "m"}"#,
+            "",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        bodies.push(format!(r#"{{"input": {deep}, "model": "m"}}"#));
+        bodies.push(format!(r#"{{"user": {deep}, "input": "x", "model": "m"}}"#));
+        bodies.push(format!(r#"{{"input": [1, {deep}], "model": "m"}}"#));
+        bodies.push(format!(r#"{{"input": {many_texts}, "model": "m"}}"#));
+        bodies.push(format!(r#"{{"input": {many_rows}, "model": 5}}"#));
+        bodies.push(format!(r#"{{"input": {many_rows}, "model": "m"}}"#));
+        let mut bytes: Vec<Vec<u8>> = bodies.into_iter().map(String::into_bytes).collect();
+        bytes.push(b"{\"input\": \"\xff\", \"model\": \"m\"}".to_vec());
+        for body in &bytes {
+            for token_ids in [true, false] {
+                let rules = Rules {
+                    token_ids,
+                    max_ids: MAX_IDS_PER_INPUT,
+                };
+                let new = parse(body, rules).map(|r| {
+                    format!(
+                        "{:?} {} {:?} {:?}",
+                        r.input, r.model, r.format, r.dimensions
+                    )
+                });
+                let new = new.map_err(|e| e.body());
+                let old = crate::http::openai::walk::oracle::outcome(body, token_ids);
+                let what = String::from_utf8_lossy(&body[..body.len().min(120)]);
+                assert_eq!(new, old, "{what} (token ids {token_ids})");
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_kept_is_bounded_by_the_limits_not_by_the_body() {
+        // Ids of a model that takes text only are never kept: refused.
+        let ids = serde_json::to_vec(&json!({"input": vec![7; 100_000], "model": "m"})).unwrap();
+        let off = Rules {
+            token_ids: false,
+            max_ids: MAX_IDS_PER_INPUT,
+        };
+        let e = parse(&ids, off).unwrap_err().body();
+        assert_eq!(e["error"]["code"], "token_ids_not_accepted", "{e}");
+        // A row longer than the bound is refused, naming it; one at the bound is taken.
+        let small = Rules {
+            token_ids: true,
+            max_ids: 10,
+        };
+        let e = parse(&ids, small).unwrap_err().body();
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("`input` holds more than 10 token ids"),
+            "{e}"
+        );
+        let rows = serde_json::to_vec(&json!({"input": [vec![7; 10], vec![7; 11]], "model": "m"}));
+        let e = parse(&rows.unwrap(), small).unwrap_err().body();
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("`input[1]` holds more than 10"),
+            "{e}"
+        );
+        // Past 2,048 inputs, the rest is counted, not kept.
+        let mut items = crate::http::openai::walk::walk(
+            &serde_json::to_vec(&json!({"input": vec![[7]; 5000], "model": "m"})).unwrap(),
+            IDS,
+        )
+        .unwrap();
+        let crate::http::openai::walk::Seen::Array(items) = std::mem::take(&mut items.input) else {
+            panic!("an array")
+        };
+        assert_eq!((items.n, items.rows.len()), (5000, MAX_INPUTS));
     }
 }
