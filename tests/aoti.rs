@@ -10,48 +10,16 @@
 //! directory by recycled or killed workers, by a server that is gone, or in development
 //! mode.
 
+mod aoti_common;
 mod common;
 
 use std::path::{Path, PathBuf};
 
+use aoti_common::{mlp, package};
 use common::exported::*;
 use common::nvml_sim;
 use common::*;
 use serde_json::json;
-
-/// An AOTInductor package of `module` (`mlp`, `mlp256`) compiled with `threads` (`dynamic`:
-/// TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1; `default`: a team of 4 fixed in the kernels), made
-/// once (about a minute) and cached in the build's temporary directory, keyed by the
-/// scripts that make it.
-fn package(module: &str, threads: &str) -> PathBuf {
-    use std::hash::{Hash, Hasher};
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for f in [
-        "tests/support/make_aoti_package.py",
-        "scripts/make_pt2_models.py",
-    ] {
-        std::fs::read(root.join(f)).unwrap().hash(&mut h);
-    }
-    let cached = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("aoti-{module}-{threads}-{:x}.pt2", h.finish()));
-    if !cached.exists() {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let fresh = dir.path().join("package.pt2");
-        python_json(
-            "make_aoti_package.py",
-            &[fresh.to_str().unwrap(), module, threads],
-            b"",
-        );
-        // Another test may have made it meanwhile: the rename replaces it atomically.
-        std::fs::rename(&fresh, &cached).unwrap();
-    }
-    cached
-}
-
-fn mlp() -> String {
-    package("mlp", "dynamic").to_str().unwrap().to_string()
-}
 
 /// mlp.pt's module served as a package and as TorchScript: the same answers (≤ 1e-5) for
 /// every case of mlp_expected.json (one-row cases padded to the package's two rows, the
@@ -321,6 +289,27 @@ fn terminate(s: &mut Server) {
     s.wait_exit(PATIENCE);
 }
 
+/// The unpack directory of the server whose master is `master`, under `tmp`: named
+/// `vramfork-unpack-<master>-<16 hex digits>`, mode 0700.
+fn own_unpack_dir(tmp: &Path, master: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let prefix = format!("vramfork-unpack-{master}-");
+    let found: Vec<PathBuf> = std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.strip_prefix(&prefix)
+                .is_some_and(|hex| hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{:?}", listing(tmp));
+    let mode = std::fs::metadata(&found[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{}", found[0].display());
+    found[0].clone()
+}
+
 /// Entries under `dir`, for messages.
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = walk(dir)
@@ -375,8 +364,10 @@ fn unpacked_packages_leave_nothing_in_the_temporary_directory() {
     }
     assert!(served.len() >= 5, "recycled workers: {served:?}");
     // A worker killed: what it had unpacked under <pid>/ goes when it is reaped.
+    // The server's directory: its master's pid and a random suffix (no other user can make
+    // it first), private to this user.
     let master = s.child.as_ref().unwrap().id();
-    let own = tmp.path().join(format!("vramfork-unpack-{master}"));
+    let own = own_unpack_dir(tmp.path(), master);
     let pid = s.wait_workers_where(1, |p| p[0] != first)[0];
     let left = own.join(pid.to_string());
     std::fs::create_dir_all(&left).unwrap();

@@ -1,6 +1,7 @@
 //! The CUDA caching allocator, through the small C++ shim in `shim.cpp`: statistics (peak
-//! and current allocated/reserved bytes), resetting the peak, `empty_cache` and the
-//! per-process memory-fraction cap. Safe wrappers; without a GPU every call reports
+//! and current allocated/reserved bytes, allocations failed for lack of memory), the
+//! device's free memory, resetting the peak, `empty_cache` and the per-process
+//! memory-fraction cap. Safe wrappers; without a GPU every call reports
 //! [`CudaError::NoCuda`].
 
 use std::ffi::{c_char, c_int, CStr};
@@ -18,6 +19,8 @@ mod ffi {
             reserved: *mut i64,
             peak_reserved: *mut i64,
         ) -> c_int;
+        pub fn vf_cuda_num_ooms(device: c_int, num_ooms: *mut i64) -> c_int;
+        pub fn vf_cuda_mem_get_info(device: c_int, free: *mut i64, total: *mut i64) -> c_int;
         #[cfg_attr(not(test), allow(dead_code))]
         pub fn vf_cuda_reset_peak(device: c_int) -> c_int;
         pub fn vf_cuda_empty_cache() -> c_int;
@@ -95,6 +98,25 @@ pub fn memory_stats(device: usize) -> Result<MemoryStats, CudaError> {
         reserved: b(r),
         peak_reserved: b(pr),
     })
+}
+
+/// How many allocations the caching allocator has failed on `device` for lack of memory.
+pub fn num_ooms(device: usize) -> Result<u64, CudaError> {
+    let mut n = 0i64;
+    // SAFETY: `n` is a valid out-pointer for the call; the shim catches all C++ exceptions
+    // and only writes it on success.
+    check(unsafe { ffi::vf_cuda_num_ooms(index(device), &mut n) })?;
+    Ok(n.max(0) as u64)
+}
+
+/// The device's free memory now as the driver reports it (`cudaMemGetInfo`), in bytes: it
+/// falls with allocations outside the caching allocator too.
+pub fn free_memory(device: usize) -> Result<u64, CudaError> {
+    let (mut free, mut total) = (0i64, 0i64);
+    // SAFETY: two valid, distinct out-pointers; the shim catches all C++ exceptions and only
+    // writes them on success.
+    check(unsafe { ffi::vf_cuda_mem_get_info(index(device), &mut free, &mut total) })?;
+    Ok(free.max(0) as u64)
 }
 
 /// Starts a new peak window (not used by the worker yet: its hwFetch peak covers its life).
@@ -245,6 +267,8 @@ mod tests {
             assert_eq!(total_memory(0), Err(CudaError::NoCuda));
             assert_eq!(memory_fraction(0), Err(CudaError::NoCuda));
             assert_eq!(synchronize(), Err(CudaError::NoCuda));
+            assert_eq!(num_ooms(0), Err(CudaError::NoCuda));
+            assert_eq!(free_memory(0), Err(CudaError::NoCuda));
             assert_eq!(cap_allocator(0, 1 << 30), Err(CudaError::NoCuda));
         }
     }

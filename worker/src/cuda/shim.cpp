@@ -106,6 +106,45 @@ int vf_cuda_memory_stats(int device, int64_t* allocated, int64_t* peak_allocated
   });
 }
 
+// How many allocations the caching allocator has failed on `device` for lack of memory
+// (DeviceStats::num_ooms, c10/core/CachingDeviceAllocator.h): read around a pass whose own
+// error text does not say why it failed.
+int vf_cuda_num_ooms(int device, int64_t* num_ooms) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device));
+    *num_ooms = stats.num_ooms;
+#endif
+    return VF_OK;
+  });
+}
+
+// The device's free and total memory as the driver reports them now (cudaMemGetInfo on
+// `device`): what the process allocates outside the caching allocator (a raw cudaMalloc)
+// shows only here.
+int vf_cuda_mem_get_info(int device, int64_t* free_bytes, int64_t* total_bytes) noexcept {
+  return guarded([&] {
+    int rc = check_device(device);
+    if (rc != VF_OK) {
+      return rc;
+    }
+#ifndef VF_NO_CUDA_BUILD
+    // The allocator's own cudaMemGetInfo under a device guard (libc10_cuda's: the worker
+    // does not link the CUDA runtime itself).
+    auto [f, t] = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(
+        static_cast<c10::DeviceIndex>(device));
+    *free_bytes = static_cast<int64_t>(f);
+    *total_bytes = static_cast<int64_t>(t);
+#endif
+    return VF_OK;
+  });
+}
+
 int vf_cuda_reset_peak(int device) noexcept {
   return guarded([&] {
     int rc = check_device(device);

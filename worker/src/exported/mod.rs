@@ -4,12 +4,13 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `archive.rs` | the archive's records, and what kind of `.pt2` it is |
+//! | `archive.rs` | the archive opened once: its records and their sizes, bounded before any is read; what kind of `.pt2` it is |
 //! | `signature.rs` | the program's inputs, their bounds, and the checks made with them |
 //! | `program.rs` | a program loaded with the Native Runtime, its passes |
 //! | `package.rs` | an AOTInductor package's records, and the checks made with them |
 //! | `aoti.rs` | an AOTInductor package unpacked, loaded and run |
 //! | `placement.rs` | where the plan put the worker (CPU, a GPU and its compute capability) |
+//! | `testzip.rs` | (tests) zip archives in the layout torch's reader opens |
 
 pub mod aoti;
 pub mod archive;
@@ -17,6 +18,8 @@ mod package;
 mod placement;
 mod program;
 mod signature;
+#[cfg(test)]
+mod testzip;
 
 use std::ffi::{c_char, CStr};
 
@@ -42,13 +45,14 @@ fn last_error() -> String {
 
 /// Opens the archive at `path`: its program's name and signature (not loaded yet).
 pub fn open(path: &str) -> Result<(String, Signature), String> {
-    let name = match archive::kind(path)? {
+    let archive = archive::Archive::open(path)?;
+    let name = match archive.kind()? {
         archive::Kind::Program { name } => name,
         archive::Kind::Aoti => {
             return Err("an AOTInductor package, not an ExportedProgram archive".into())
         }
     };
-    let json = archive::read(path, &format!("models/{name}.json"))?;
+    let json = archive.read(&format!("models/{name}.json"))?;
     let signature = Signature::parse(&json)?;
     Ok((name, signature))
 }

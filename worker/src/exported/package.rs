@@ -25,7 +25,10 @@ pub struct Contents {
     pub files: Vec<String>,
 }
 
-/// The one model of a package, from its record names.
+/// The one model of a package, from its record names: every name under the model's folder
+/// must be a plain relative path ([`safe_relative`]), or the package is refused naming it —
+/// the library loaded is one of these names, so none may lead outside the folder it is
+/// unpacked into.
 pub fn contents(records: &[String]) -> Result<Contents, String> {
     let mut models: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for r in records {
@@ -33,6 +36,11 @@ pub fn contents(records: &[String]) -> Result<Contents, String> {
             continue;
         };
         if let Some((model, file)) = rest.split_once('/') {
+            if !safe_relative(model) || !safe_relative(file) {
+                return Err(format!(
+                    "its record {r} names a path outside the package's folder (a `..`, `.` or empty part, or a hidden name): refused, as a package torch wrote never holds one"
+                ));
+            }
             models.entry(model).or_default().push(file.to_string());
         }
     }
@@ -50,6 +58,30 @@ pub fn contents(records: &[String]) -> Result<Contents, String> {
             models.keys().copied().collect::<Vec<_>>().join(", ")
         )),
     }
+}
+
+/// A record path that stays inside the directory it is unpacked into: relative, no `..`,
+/// no empty or hidden component.
+pub fn safe_relative(file: &str) -> bool {
+    !file.is_empty()
+        && !file.starts_with('/')
+        && file
+            .split('/')
+            .all(|part| !part.is_empty() && !part.starts_with('.'))
+}
+
+/// Whether the wrapper was compiled with its weights in the CUDA caching allocator
+/// (`aot_inductor.weight_use_caching_allocator`, which Inductor passes as the macro
+/// `AOT_INDUCTOR_USE_CACHING_ALLOCATOR`): read from the compile command Inductor writes
+/// after `// Compile cmd` at the wrapper's end. Without it the weights are `cudaMalloc`ed,
+/// outside the allocator and its cap.
+pub fn weights_in_allocator(wrapper: &str) -> bool {
+    let Some((_, tail)) = wrapper.rsplit_once("// Compile cmd") else {
+        return false;
+    };
+    tail.lines()
+        .take_while(|l| !l.starts_with("// Link cmd"))
+        .any(|l| l.starts_with("//") && l.contains("AOT_INDUCTOR_USE_CACHING_ALLOCATOR"))
 }
 
 impl Contents {
@@ -448,5 +480,49 @@ AOTI_NOINLINE static void check_input_0(
             "data/aotinductor/b/y.so",
         ]));
         assert!(two.unwrap_err().contains("holds 2 models (a, b)"));
+    }
+
+    /// A name under the model's folder that climbs out (`../`), is absolute inside it, or
+    /// hides a part is refused naming the record, before anything is unpacked or loaded.
+    #[test]
+    fn a_record_naming_a_path_outside_the_package_is_refused() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for bad in [
+            "data/aotinductor/model/../../../../tmp/x/outside.wrapper.so",
+            "data/aotinductor/model//etc/x.so",
+            "data/aotinductor/model/sub/.hidden.so",
+            "data/aotinductor/../model/a.so",
+        ] {
+            let e = contents(&names(&["data/aotinductor/model/a.wrapper.so", bad])).unwrap_err();
+            assert!(
+                e.contains(&format!("its record {bad} names a path outside")),
+                "{e}"
+            );
+        }
+        assert!(safe_relative("a.wrapper.so"));
+        assert!(safe_relative("triton/k.cubin"));
+        for bad in ["", "/etc/x", "../x", "a/../x", ".hidden", "a//b"] {
+            assert!(!safe_relative(bad), "{bad}");
+        }
+    }
+
+    /// Inductor's compile command names the macro when the weights were compiled into the
+    /// caching allocator (`-D  AOT_INDUCTOR_USE_CACHING_ALLOCATOR`); the sources themselves
+    /// never decide it.
+    #[test]
+    fn the_compile_command_says_where_the_weights_are_allocated() {
+        let tail = |defs: &str| {
+            format!("}} // namespace torch::aot_inductor\n\n// Compile cmd\n// g++ /tmp/x.wrapper.cpp -D TORCH_INDUCTOR_CPP_WRAPPER{defs} -O1 -c -o /tmp/x.wrapper.o\n// Link cmd\n// g++ /tmp/x.wrapper.o -D AOT_INDUCTOR_USE_CACHING_ALLOCATOR -shared\n")
+        };
+        assert!(weights_in_allocator(&tail(
+            " -D  AOT_INDUCTOR_USE_CACHING_ALLOCATOR"
+        )));
+        assert!(
+            !weights_in_allocator(&tail("")),
+            "only the compile command counts"
+        );
+        assert!(!weights_in_allocator(
+            "#ifdef AOT_INDUCTOR_USE_CACHING_ALLOCATOR\n#endif\n"
+        ));
     }
 }

@@ -9,6 +9,13 @@
 //! `sm_<cc>`, with the arch-specific `a` suffix from 9.0 on (`triton/backends/nvidia/
 //! compiler.py`, `sm_arch_from_capability`). CUDA runs a cubin of `sm_XY` on a GPU of
 //! compute capability X.Z with Z ≥ Y only; an `sm_90a`/`sm_100a` cubin on exactly its own.
+//!
+//! The worker requires the exact compute capability below 9.0 too: a later minor version
+//! runs the binary but may have less shared memory per block (163 KB on 8.0, 99 KB on 8.6
+//! and 8.9), and Triton configurations tuned on the compiling GPU then fail at their first
+//! launch (`cuFuncSetAttribute`), inside the package, with a message that does not say
+//! why. A package compiled with `aot_inductor.emit_multi_arch_kernel` (PTX beside the
+//! cubins) is held to the same rule: its PTX carries the same tuned configurations.
 
 /// Where this worker's model runs, for the package checks (`default()`: on the CPU).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -36,15 +43,16 @@ fn parse(cc: &str) -> Option<(u32, u32)> {
 /// either is unknown (left to the load).
 pub fn capability_mismatch(package: &str, gpu: &str) -> Option<String> {
     let ((pm, pn), (gm, gn)) = (parse(package)?, parse(gpu)?);
-    let runs = if pm >= 9 {
-        (pm, pn) == (gm, gn)
-    } else {
-        pm == gm && gn >= pn
-    };
+    let runs = (pm, pn) == (gm, gn);
     (!runs).then(|| {
         let cubin = if pm >= 9 { "a" } else { "" };
+        let why = if pm == gm && gn > pn && pm < 9 {
+            "would run with less shared memory than they were tuned for (their first launch can fail inside the package), so a package is served on its own compute capability only"
+        } else {
+            "cannot run"
+        };
         format!(
-            "it was compiled for GPUs of compute capability {pm}.{pn} (AOTI_COMPUTE_CAPABILITY {package}: its kernels are cubins for sm_{pm}{pn}{cubin}), which this worker's GPU, of compute capability {gm}.{gn} (as NVML reports it), cannot run: compile the package on a GPU of this kind with this torch, or serve the ExportedProgram (torch.export.save), which compiles nothing"
+            "it was compiled for GPUs of compute capability {pm}.{pn} (AOTI_COMPUTE_CAPABILITY {package}: its kernels are cubins for sm_{pm}{pn}{cubin}, tuned to that GPU's shared memory), which this worker's GPU, of compute capability {gm}.{gn} (as NVML reports it), {why}: compile the package on a GPU of this kind with this torch, or serve the ExportedProgram (torch.export.save), which compiles nothing"
         )
     })
 }
@@ -59,7 +67,12 @@ mod tests {
         assert_eq!(parse("8.6"), Some((8, 6)));
         assert_eq!(parse(""), None);
         assert_eq!(capability_mismatch("90", "9.0"), None);
-        assert_eq!(capability_mismatch("80", "8.6"), None, "sm_80 runs on 8.6");
+        let later = capability_mismatch("80", "8.6").expect("exact match below 9.0 too");
+        assert!(
+            later.contains("less shared memory than they were tuned for"),
+            "{later}"
+        );
+        assert_eq!(capability_mismatch("86", "8.6"), None);
         assert_eq!(
             capability_mismatch("", "9.0"),
             None,

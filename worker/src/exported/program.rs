@@ -38,6 +38,13 @@ pub enum PassError {
     Input(String),
     /// The runtime raised (libtorch's message).
     Runtime(String),
+    /// An AOTInductor package failed on CUDA: the runner's own text (which says nothing of
+    /// the cause: the CUDA error went to stderr), and whether the caching allocator counted
+    /// an allocation that failed during the pass.
+    Device {
+        message: String,
+        out_of_memory: bool,
+    },
 }
 
 /// A loaded program and its inputs' signature.

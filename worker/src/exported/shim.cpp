@@ -16,6 +16,9 @@
 #include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
 #include <torch/nativert/ModelRunnerHandle.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -107,26 +110,90 @@ void vf_export_last_error(char* buf, size_t len) noexcept {
 // Frees a buffer this shim malloc'ed (record bytes, names, an output array).
 void vf_export_free_bytes(void* bytes) noexcept { std::free(bytes); }
 
-// The archive's record names (without the archive's top folder), one per line.
-int vf_archive_records(const char* path, char** out, size_t* len) noexcept {
+// Opens the archive once: every later call on it (its records, their sizes, reading and
+// unpacking them) shares this one reader, whose construction reads the zip's central
+// directory.
+int vf_archive_open(const char* path, void** out) noexcept {
   return guarded([&] {
-    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
-    std::string names;
-    for (const auto& r : reader.getAllRecords()) {
-      names += r;
-      names += '\n';
-    }
-    give(names, out, len);
+    *out = new caffe2::serialize::PyTorchStreamReader{std::string(path)};
     return VF_OK;
   });
 }
 
-// One record of the archive, whole.
-int vf_archive_read(const char* path, const char* record, char** out, size_t* len) noexcept {
+void vf_archive_close(void* archive) noexcept {
+  try {
+    delete static_cast<caffe2::serialize::PyTorchStreamReader*>(archive);
+  } catch (...) {
+  }
+}
+
+// The archive's record names (without the archive's top folder), one per line, each after
+// the size it unpacks to (as its central-directory entry declares it) and a tab. Nothing of
+// a record's data is read.
+int vf_archive_records(void* archive, size_t max_records, char** out, size_t* len) noexcept {
   return guarded([&] {
-    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
-    auto [data, size] = reader.getRecord(std::string(record));
-    give(std::string(static_cast<const char*>(data.get()), size), out, len);
+    auto* reader = static_cast<caffe2::serialize::PyTorchStreamReader*>(archive);
+    auto names = reader->getAllRecords();
+    std::string text;
+    if (names.size() > max_records) {
+      // Too many to be worth sizing: the count alone, for the caller's refusal.
+      text = std::to_string(names.size()) + "\n";
+      give(text, out, len);
+      return VF_OK;
+    }
+    for (const auto& r : names) {
+      text += std::to_string(reader->getRecordSize(r));
+      text += '\t';
+      text += r;
+      text += '\n';
+    }
+    give(text, out, len);
+    return VF_OK;
+  });
+}
+
+// One record, whole, into `dst` (`n` bytes: the size its entry declares, which the caller
+// checked and allocated).
+int vf_archive_read(void* archive, const char* record, void* dst, size_t n) noexcept {
+  return guarded([&] {
+    auto* reader = static_cast<caffe2::serialize::PyTorchStreamReader*>(archive);
+    size_t got = reader->getRecord(std::string(record), dst, n);
+    if (got != n) {
+      throw std::runtime_error("record " + std::string(record) + " read " + std::to_string(got) +
+                               " bytes of " + std::to_string(n));
+    }
+    return VF_OK;
+  });
+}
+
+// One record written to the open file `fd`, in chunks of `chunk` bytes (never whole in
+// memory); `n` is the size its entry declares, which the caller checked.
+int vf_archive_extract(void* archive, const char* record, size_t n, size_t chunk, int fd) noexcept {
+  return guarded([&] {
+    auto* reader = static_cast<caffe2::serialize::PyTorchStreamReader*>(archive);
+    std::vector<char> buf(chunk);
+    auto iter = reader->createChunkReaderIter(std::string(record), n, chunk);
+    size_t done = 0;
+    while (done < n) {
+      size_t got = iter.next(buf.data());
+      if (got == 0) {
+        throw std::runtime_error("record " + std::string(record) + " ended after " +
+                                 std::to_string(done) + " bytes of " + std::to_string(n));
+      }
+      size_t off = 0;
+      while (off < got) {
+        ssize_t w = ::write(fd, buf.data() + off, got - off);
+        if (w < 0 && errno == EINTR) {
+          continue;
+        }
+        if (w <= 0) {
+          throw std::runtime_error("cannot write record " + std::string(record) + ": " +
+                                   std::strerror(errno));
+        }
+        off += static_cast<size_t>(w);
+      }
+      done += got;
+    }
     return VF_OK;
   });
 }
@@ -175,17 +242,21 @@ int vf_export_run(void* program, const at::Tensor* const* inputs, size_t n, at::
 }
 
 // Loads an AOTInductor model (`so_path`, unpacked from its package) for `device` ("cpu",
-// "cuda"...), with `bin_dir` where its other files (CUDA kernels) lie.
+// "cuda:0"...), with `bin_dir` where its other files (CUDA kernels) lie. The runner registry
+// is keyed by device type ("cpu", "cuda": RegisterAOTIModelRunner's keys, which
+// AOTIModelPackageLoader looks up by the package's AOTI_DEVICE_KEY); the full device string,
+// index included, is what the runner itself is given.
 int vf_aoti_load(const char* so_path, const char* device, const char* bin_dir, void** out) noexcept {
   return guarded([&] {
+    std::string full(device);
+    std::string type = full.substr(0, full.find(':'));
     auto& registry = torch::inductor::getAOTIModelRunnerRegistry();
-    auto found = registry.find(std::string(device));
+    auto found = registry.find(type);
     if (found == registry.end()) {
-      throw std::runtime_error(std::string("no AOTInductor runner for device ") + device +
+      throw std::runtime_error("no AOTInductor runner for device type " + type +
                                " in this libtorch");
     }
-    auto runner = found->second(std::string(so_path), 1, std::string(device),
-                                std::string(bin_dir), false);
+    auto runner = found->second(std::string(so_path), 1, full, std::string(bin_dir), false);
     *out = runner.release();
     return VF_OK;
   });

@@ -121,6 +121,27 @@ pub fn classify(msg: &str) -> RunError {
     }
 }
 
+/// What a failed pass of an AOTInductor package on CUDA is. The runner's text says nothing
+/// of the cause (`run_func_( container_handle_, … ) API call failed at …`: the package's
+/// CUDA error went to stderr), so the class comes from outside it: out of memory when the
+/// caching allocator counted a failed allocation during the pass (`out_of_memory`, from its
+/// `num_ooms`), else a CUDA error, which the model thread then checks the device after
+/// (`runner::pass`: a device that fails to synchronize makes it fatal). A text that does say
+/// (a sticky error's words) is believed.
+pub fn package_on_cuda(msg: &str, out_of_memory: bool) -> RunError {
+    let line = format!(
+        "{} (inside the AOTInductor package; its own message, with the CUDA error, is on the worker's standard error)",
+        useful_line(msg)
+    );
+    if out_of_memory || is_out_of_memory(msg) {
+        RunError::OutOfMemory(line)
+    } else if STICKY_MARKS.iter().any(|m| msg.contains(m)) {
+        RunError::CudaFatal(line)
+    } else {
+        RunError::Cuda(line)
+    }
+}
+
 /// The lines c10's CUDA check appends to every CUDA error's own line (torch 2.11,
 /// `c10/cuda/CUDAException.cpp` and `CUDAMiscFunctions.cpp`: `get_cuda_error_help`,
 /// `get_cuda_check_suffix`, `c10_retrieve_device_side_assertion_info`; their texts as
@@ -341,6 +362,33 @@ mod tests {
         for m in [&fatal, &request, &oom, &plain] {
             assert!(!useful_line(m).contains("TORCH_USE_CUDA_DSA"), "{m}");
         }
+    }
+
+    /// What torch 2.11's runner throws when a package's pass fails
+    /// (`AOTI_RUNTIME_ERROR_CODE_CHECK` in `model_container_runner.cpp`), whatever the CUDA
+    /// error was: out of memory when the allocator counted a failed allocation during the
+    /// pass (a 507, the cache emptied, the worker retired), else a CUDA error (the device is
+    /// checked), never the model's own error (a 500 with no device check).
+    #[test]
+    fn a_package_failing_on_cuda_is_a_cuda_error_and_oom_by_the_allocators_count() {
+        let runner = "run_func_( container_handle_, input_handles.data(), input_handles.size(), output_handles.data(), output_handles.size(), reinterpret_cast<AOTInductorStreamHandle>(stream_handle), proxy_executor_handle_) API call failed at /pytorch/torch/csrc/inductor/aoti_runner/model_container_runner.cpp, line 144";
+        let oom = package_on_cuda(runner, true);
+        assert!(
+            matches!(&oom, RunError::OutOfMemory(m) if m.contains("API call failed") && m.contains("on the worker's standard error")),
+            "{oom:?}"
+        );
+        let other = package_on_cuda(runner, false);
+        assert!(
+            matches!(&other, RunError::Cuda(m) if m.contains("inside the AOTInductor package")),
+            "{other:?}"
+        );
+        let sticky = "CUDA error: an illegal memory access was encountered";
+        assert!(matches!(
+            package_on_cuda(sticky, false),
+            RunError::CudaFatal(_)
+        ));
+        // The same text classified as any libtorch message is the model's own error.
+        assert!(matches!(classify(runner), RunError::Model(_)));
     }
 
     #[test]

@@ -211,6 +211,7 @@ pub fn load(
             set.total >> 20
         );
     }
+    let room = device_room(device);
     let module = if is_exported(path) {
         load_exported(path, device, declared)?
     } else {
@@ -218,6 +219,10 @@ pub fn load(
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
     if let (Device::Cuda(i), Some(cap)) = (device, cap_bytes) {
+        let cap = match &module {
+            Model::Aoti(p) => package_cap(path, i, cap, room, p.weights_in_allocator())?,
+            _ => cap,
+        };
         let weights = cuda::memory_stats(i).map(|s| s.allocated).unwrap_or(0);
         if too_big(weights, cap) {
             return Err(LoadError::TooBig {
@@ -232,6 +237,102 @@ pub fn load(
         device,
         model_ms,
     })
+}
+
+/// The device's free memory and the caching allocator's reserved bytes now (`None` on the
+/// CPU, or when either cannot be read).
+fn device_room(device: Device) -> Option<(u64, u64)> {
+    let Device::Cuda(i) = device else {
+        return None;
+    };
+    let free = cuda::free_memory(i).ok()?;
+    let reserved = cuda::memory_stats(i).ok()?.reserved;
+    Some((free, reserved))
+}
+
+/// What a package's weights allocated outside the caching allocator leave of its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutsideCap {
+    /// Nothing (to speak of) outside: the cap stands.
+    Within,
+    /// The cap, lowered by what was allocated outside it, so that both together stay
+    /// within what the plan gave the worker.
+    Lower { cap: u64 },
+    /// What was allocated outside leaves too little of the cap for any pass.
+    TooBig,
+}
+
+/// Below this, what the device lost across a load is noise (the context's own growth).
+const OUTSIDE_NOISE: u64 = 4 << 20;
+
+/// A package's weights against the allocator's `cap`: `raw` is what the device lost across
+/// the load beyond what the caching allocator reserved. A package compiled with its weights
+/// in the allocator (`in_allocator`) is checked by the allocator's own count instead.
+fn outside_cap(cap: u64, raw: u64, in_allocator: bool) -> OutsideCap {
+    if in_allocator || raw < OUTSIDE_NOISE {
+        OutsideCap::Within
+    } else if too_big(raw, cap) {
+        OutsideCap::TooBig
+    } else {
+        OutsideCap::Lower { cap: cap - raw }
+    }
+}
+
+/// After a package's load on CUDA device `i`: by default torch 2.11 `cudaMalloc`s a
+/// package's weights (`RAII_gpuMalloc` in `aoti_runtime/model_base.h`), outside the caching
+/// allocator and its cap, so the cap that bounds everything else is lowered by them (or the
+/// worker refused as too big); `room` is the device's free memory and the allocator's
+/// reservation before the load. Returns the cap in force.
+fn package_cap(
+    path: &str,
+    i: usize,
+    cap: u64,
+    room: Option<(u64, u64)>,
+    in_allocator: bool,
+) -> Result<u64, LoadError> {
+    let Some(((free, reserved), (free_after, reserved_after))) =
+        room.zip(device_room(Device::Cuda(i)))
+    else {
+        return Ok(cap);
+    };
+    let raw = free
+        .saturating_sub(free_after)
+        .saturating_sub(reserved_after.saturating_sub(reserved));
+    let hint = "compile the package with AOT_INDUCTOR_WEIGHT_USE_CACHING_ALLOCATOR=1 (aot_inductor.weight_use_caching_allocator) to keep its weights under the cap";
+    match outside_cap(cap, raw, in_allocator) {
+        OutsideCap::Within => Ok(cap),
+        OutsideCap::TooBig => {
+            tracing::warn!(
+                outside_mb = raw >> 20,
+                cap_mb = cap >> 20,
+                "the package's weights took {} MB outside the CUDA allocator: {hint}",
+                raw >> 20
+            );
+            Err(LoadError::TooBig {
+                path: path.into(),
+                weights_mb: Some(raw >> 20),
+                cap_mb: cap >> 20,
+            })
+        }
+        OutsideCap::Lower { cap: lowered } => {
+            let set = cuda::cap_allocator(i, lowered).map_err(|e| LoadError::Cap {
+                path: path.into(),
+                cap_mb: lowered >> 20,
+                reason: e.to_string(),
+            })?;
+            tracing::warn!(
+                event = "package_weights_outside_cap",
+                outside_mb = raw >> 20,
+                cap_mb = cap >> 20,
+                lowered_mb = set.allowed >> 20,
+                "the package's weights took {} MB outside the CUDA allocator; its cap is lowered from {} MB to {} MB so that both stay within the plan: {hint}",
+                raw >> 20,
+                cap >> 20,
+                set.allowed >> 20
+            );
+            Ok(lowered)
+        }
+    }
 }
 
 /// A TorchScript file, in eval mode.
@@ -325,7 +426,7 @@ fn load_aoti(path: &str, device: Device, declared: &Declared) -> Result<Model, S
         Device::Cuda(i) => format!("cuda:{i}"),
         _ => "cpu".to_string(),
     };
-    exported::Package::load(path, checked, &on, pad, &root).map(Model::Aoti)
+    exported::Package::load(checked, &on, pad, &root).map(Model::Aoti)
 }
 
 /// The archive reader's or the Native Runtime's message, on one line, with the way out for
@@ -429,6 +530,22 @@ mod tests {
             .exit_code(),
             vramfork::protocol::worker_exit::NO_CUDA
         );
+    }
+
+    /// A package's weights allocated outside the caching allocator lower its cap by as
+    /// much, or refuse the worker when they leave too little; compiled into the allocator,
+    /// or nothing outside, the cap stands.
+    #[test]
+    fn a_packages_weights_outside_the_allocator_lower_its_cap() {
+        let mb = 1u64 << 20;
+        assert_eq!(
+            outside_cap(4000 * mb, 1000 * mb, false),
+            OutsideCap::Lower { cap: 3000 * mb }
+        );
+        assert_eq!(outside_cap(4000 * mb, 3900 * mb, false), OutsideCap::TooBig);
+        assert_eq!(outside_cap(4000 * mb, 5000 * mb, false), OutsideCap::TooBig);
+        assert_eq!(outside_cap(4000 * mb, 1000 * mb, true), OutsideCap::Within);
+        assert_eq!(outside_cap(4000 * mb, mb, false), OutsideCap::Within);
     }
 
     /// Issue 44, item 9: docs/options.md says what the code does with a cap that cannot be

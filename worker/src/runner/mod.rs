@@ -328,6 +328,10 @@ fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError
         // The request's tensors are not what the program takes: the request's fault (400).
         Failure::Input(m) => RunError::Request(m),
         Failure::Torch(m) => classify(&m),
+        Failure::Device {
+            message,
+            out_of_memory,
+        } => failure::package_on_cuda(&message, out_of_memory),
     });
     // Kernels run asynchronously: an error of this pass's (a device-side assert, an illegal
     // address) is known only once the device has finished; wait here so that it is this

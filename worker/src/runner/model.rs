@@ -25,12 +25,19 @@ pub enum Failure {
     /// The request's tensors are not what the program takes (its bounds, dtype, rank): the
     /// request's fault, found before the pass.
     Input(String),
+    /// An AOTInductor package failed on CUDA: the runner's text, and whether the caching
+    /// allocator counted a failed allocation during the pass ([`PassError::Device`]).
+    Device {
+        message: String,
+        out_of_memory: bool,
+    },
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Torch(m) | Failure::Input(m) => f.write_str(m),
+            Failure::Device { message, .. } => f.write_str(message),
         }
     }
 }
@@ -87,6 +94,13 @@ fn failure(e: PassError) -> Failure {
     match e {
         PassError::Input(m) => Failure::Input(m),
         PassError::Runtime(m) => Failure::Torch(m),
+        PassError::Device {
+            message,
+            out_of_memory,
+        } => Failure::Device {
+            message,
+            out_of_memory,
+        },
     }
 }
 

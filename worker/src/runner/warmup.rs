@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use tch::{Device, IValue, Tensor};
 
-use super::model::Model;
+use super::model::{Failure, Model};
 use vramfork::documents::{Document, Feed, Padding, TextSpec};
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
@@ -127,18 +127,47 @@ pub fn signature_mismatch(msg: &str) -> bool {
         || (msg.contains("forward() Expected a value of type '") && msg.contains("for argument '"))
 }
 
-/// Why a warm-up pass failed: the pass itself raised, or the device reported an error
-/// when the pass was waited for (`cudaDeviceSynchronize`).
+/// Why a warm-up pass failed: the pass itself raised, the device reported an error when
+/// the pass was waited for (`cudaDeviceSynchronize`), or GPU memory ran out where the text
+/// does not say so (inside an AOTInductor package: told by the allocator's count).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failed {
     Pass(String),
     Device(String),
+    OutOfMemory(String),
 }
 
 impl Failed {
     fn message(&self) -> &str {
         match self {
-            Failed::Pass(m) | Failed::Device(m) => m,
+            Failed::Pass(m) | Failed::Device(m) | Failed::OutOfMemory(m) => m,
+        }
+    }
+
+    /// GPU memory ran out: by its class, or by its text.
+    fn out_of_memory(&self) -> bool {
+        matches!(self, Failed::OutOfMemory(_))
+            || matches!(
+                super::classify(self.message()),
+                super::RunError::OutOfMemory(_)
+            )
+    }
+
+    /// A pass's failure as the model reported it.
+    fn of(failure: Failure) -> Failed {
+        match failure {
+            Failure::Device {
+                message,
+                out_of_memory,
+            } => match super::failure::package_on_cuda(&message, out_of_memory) {
+                super::RunError::OutOfMemory(line) => Failed::OutOfMemory(line),
+                super::RunError::CudaFatal(line) => Failed::Device(line),
+                other => Failed::Pass(match other {
+                    super::RunError::Cuda(line) => line,
+                    e => e.to_string(),
+                }),
+            },
+            other => Failed::Pass(useful_line(&other.to_string())),
         }
     }
 }
@@ -171,7 +200,7 @@ pub fn boot_refusal(
             reason: format!("the warm-up pass on the declared inputs hit a CUDA error that leaves the GPU context unusable: {msg}"),
         });
     }
-    if matches!(class, super::RunError::OutOfMemory(_)) {
+    if failed.out_of_memory() {
         return None;
     }
     if signature_mismatch(msg) {
@@ -230,10 +259,7 @@ fn check_max_lengths(
             Some(refused) => return Err(refused),
         }
         let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
-        if matches!(
-            super::classify(e.message()),
-            super::RunError::OutOfMemory(_)
-        ) {
+        if e.out_of_memory() {
             tracing::warn!(
                 "{field} = {n}: a pass on a document of {n} tokens ran out of GPU memory ({e}); requests with documents that long will get 507"
             );
@@ -295,7 +321,7 @@ fn pass(
     }));
     let run = match run {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(Failed::Pass(useful_line(&e.to_string()))),
+        Ok(Err(e)) => Err(Failed::of(e)),
         Err(_) => Err(Failed::Pass("the model panicked".into())),
     };
     // The pass is over (and its peak reached) once the GPU has finished it; an
@@ -415,6 +441,37 @@ mod tests {
                 ),
                 other => panic!("{f:?}: {other:?}"),
             }
+        }
+    }
+
+    /// A package's pass failing on CUDA says only that the runner's call failed: when the
+    /// allocator counted a failed allocation it is out of memory (the worker starts cold,
+    /// no shape advice); otherwise the boot is refused, saying where the package's own
+    /// message went.
+    #[test]
+    fn a_package_out_of_memory_at_warm_up_starts_cold() {
+        let specs = vec![TensorSpec {
+            name: "x".into(),
+            datatype: Datatype::Tensor(Dtype::Float32),
+            shape: Some(vec![-1, 4]),
+            document: None,
+        }];
+        let shapes = vec![vec![2, 4]];
+        let runner = "run_func_( container_handle_, input_handles.data(), input_handles.size(), output_handles.data(), output_handles.size(), reinterpret_cast<AOTInductorStreamHandle>(stream_handle), proxy_executor_handle_) API call failed at /pytorch/torch/csrc/inductor/aoti_runner/model_container_runner.cpp, line 144";
+        let device = |out_of_memory| Failure::Device {
+            message: runner.into(),
+            out_of_memory,
+        };
+        let oom = Failed::of(device(true));
+        assert!(
+            boot_refusal("m.pt2", &specs, &shapes, &oom).is_none(),
+            "{oom:?}"
+        );
+        match boot_refusal("m.pt2", &specs, &shapes, &Failed::of(device(false))) {
+            Some(e @ LoadError::Warmup { .. }) => {
+                assert!(e.to_string().contains("standard error"), "{e}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 
