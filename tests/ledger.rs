@@ -129,29 +129,30 @@ fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     );
 }
 
-/// A ledger file that is no ledger is said and rebuilt; the server plans as if alone.
+/// A shared file that is no ledger (the earlier release's `gpu-ledger.json`, truncated or
+/// hand-edited) is said (`ledger_entry_dropped`) and counts for nothing; the server plans
+/// as if alone, and never rebuilds or removes what it did not write.
 #[test]
-fn a_ledger_file_that_is_no_ledger_is_rebuilt_not_a_crash() {
+fn a_ledger_file_that_is_no_ledger_is_said_not_a_crash() {
     let host = Host::new();
     std::fs::create_dir_all(host.ledger()).unwrap();
-    std::fs::write(
-        host.ledger().join("gpu-ledger.json"),
-        "{\"servers\": {\"x\"",
-    )
-    .unwrap();
+    let junk = "{\"servers\": {\"x\"";
+    std::fs::write(host.ledger().join("gpu-ledger.json"), junk).unwrap();
     let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off"])["workers"].clone();
     let app = host.app(TYP_MB);
     let Outcome::Serves(s, n) = outcome(host.spawn(&app, &["--production"])) else {
         panic!("refused");
     };
-    let e = s.wait_event("ledger_rebuilt", |_| true);
-    assert!(e.message().contains("rebuilt"), "{e:?}");
+    let e = s.wait_event("ledger_entry_dropped", |_| true);
+    assert!(e.message().contains("counts for nothing"), "{e:?}");
     assert_eq!(Value::from(n), alone);
     s.wait_workers(n as usize);
+    let kept = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")).unwrap();
+    assert_eq!(kept, junk);
 }
 
-/// `--ledger` is checked: an empty value is exit 2; a ledger that cannot be used (its
-/// directory cannot be made) is a warning, and the server plans alone.
+/// `--ledger` is checked: an empty value is exit 2; a ledger directory that is missing and
+/// cannot be made is a warning, and the server plans alone (nobody can be reserving there).
 #[test]
 fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     let host = Host::new();
@@ -171,19 +172,20 @@ fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     assert!(s.log_text().contains("--ledger"), "{}", s.log_text());
 }
 
-/// The ledger's live entries: (pid as its server sees it, expiry in ms since the epoch).
+/// The ledger's live entries: (pid as its server sees it, expiry in ms of CLOCK_BOOTTIME).
 fn entries(host: &Host) -> Vec<(u64, u64)> {
-    let text = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")).unwrap();
-    let book: Value = serde_json::from_str(&text).unwrap();
-    let servers = book["servers"].as_object().unwrap();
-    servers
-        .values()
+    let now = common::host::boot_ms();
+    let files = std::fs::read_dir(host.ledger()).unwrap().flatten();
+    let names = files.filter(|f| f.file_name().to_string_lossy().starts_with("server-"));
+    let read = names.filter_map(|f| std::fs::read_to_string(f.path()).ok());
+    read.map(|text| serde_json::from_str::<Value>(&text).unwrap())
         .map(|e| {
             (
                 e["pid"].as_u64().unwrap(),
-                e["expires_ms"].as_u64().unwrap(),
+                e["expires_boot_ms"].as_u64().unwrap(),
             )
         })
+        .filter(|e| e.1 > now)
         .collect()
 }
 
