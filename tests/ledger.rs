@@ -365,3 +365,37 @@ fn app_plan_shows_the_other_servers_reservations_and_what_is_left() {
         alone.log_text()
     );
 }
+
+/// A server that profiles its model (`--profile-memory on`) reserves its estimate and lets
+/// the ledger's lock go before it profiles, so that its profiling — minutes for a large
+/// model — never holds another server's start or a serving master: its first
+/// `ledger_reserved` comes before its `memory_profiling`, and the lock is free while it
+/// profiles; the measured figure is written afterwards.
+#[test]
+fn a_server_profiling_its_model_holds_no_lock_and_is_reserved_meanwhile() {
+    let host = Host::new();
+    let app = host.app(TYP_MB);
+    let s = host.spawn(&app, &["--production", "--profile-memory", "on"]);
+    let (at, _) = s.wait_event_after(0, "memory_profiling", |_| true);
+    let lock = std::fs::File::open(host.ledger().join("gpu-ledger.lock")).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    let free = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lock),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    // SAFETY: as above.
+    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_UN) };
+    let events = s.events();
+    let first = events.iter().position(|e| e.name == "ledger_reserved");
+    assert!(
+        first.is_some_and(|r| r < at),
+        "reserved before profiling (ledger_reserved at {first:?}, memory_profiling at {at}):\n{}",
+        s.log_text()
+    );
+    assert_eq!(free, 0, "the lock was held while the server profiled");
+    let n = s.wait_event("listening", |_| true).u64("workers").unwrap();
+    s.wait_workers(n as usize);
+    assert_eq!(host.reserved_by(s.pid()), n * TYP_MB);
+}

@@ -140,7 +140,11 @@ fn make_dir(dir: &Path) -> std::io::Result<()> {
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        // Another server made it meanwhile: it is checked as found.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        r => r?,
+    }
     let set = |m| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(m));
     set(DIR_MODE).or_else(|_| set(DIR_MODE & 0o777))
 }
