@@ -129,29 +129,30 @@ fn a_killed_servers_reservation_expires_and_a_live_ones_is_renewed() {
     );
 }
 
-/// A ledger file that is no ledger is said and rebuilt; the server plans as if alone.
+/// A shared file that is no ledger (the earlier release's `gpu-ledger.json`, truncated or
+/// hand-edited) is said (`ledger_entry_dropped`) and counts for nothing; the server plans
+/// as if alone, and never rebuilds or removes what it did not write.
 #[test]
-fn a_ledger_file_that_is_no_ledger_is_rebuilt_not_a_crash() {
+fn a_ledger_file_that_is_no_ledger_is_said_not_a_crash() {
     let host = Host::new();
     std::fs::create_dir_all(host.ledger()).unwrap();
-    std::fs::write(
-        host.ledger().join("gpu-ledger.json"),
-        "{\"servers\": {\"x\"",
-    )
-    .unwrap();
+    let junk = "{\"servers\": {\"x\"";
+    std::fs::write(host.ledger().join("gpu-ledger.json"), junk).unwrap();
     let alone = host.plan(&host.app(TYP_MB), &["--ledger", "off"])["workers"].clone();
     let app = host.app(TYP_MB);
     let Outcome::Serves(s, n) = outcome(host.spawn(&app, &["--production"])) else {
         panic!("refused");
     };
-    let e = s.wait_event("ledger_rebuilt", |_| true);
-    assert!(e.message().contains("rebuilt"), "{e:?}");
+    let e = s.wait_event("ledger_entry_dropped", |_| true);
+    assert!(e.message().contains("counts for nothing"), "{e:?}");
     assert_eq!(Value::from(n), alone);
     s.wait_workers(n as usize);
+    let kept = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")).unwrap();
+    assert_eq!(kept, junk);
 }
 
-/// `--ledger` is checked: an empty value is exit 2; a ledger that cannot be used (its
-/// directory cannot be made) is a warning, and the server plans alone.
+/// `--ledger` is checked: an empty value is exit 2; a ledger directory that is missing and
+/// cannot be made is a warning, and the server plans alone (nobody can be reserving there).
 #[test]
 fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     let host = Host::new();
@@ -171,19 +172,20 @@ fn a_ledger_that_cannot_be_used_is_a_warning_and_the_server_plans_alone() {
     assert!(s.log_text().contains("--ledger"), "{}", s.log_text());
 }
 
-/// The ledger's live entries: (pid as its server sees it, expiry in ms since the epoch).
+/// The ledger's live entries: (pid as its server sees it, expiry in ms of CLOCK_BOOTTIME).
 fn entries(host: &Host) -> Vec<(u64, u64)> {
-    let text = std::fs::read_to_string(host.ledger().join("gpu-ledger.json")).unwrap();
-    let book: Value = serde_json::from_str(&text).unwrap();
-    let servers = book["servers"].as_object().unwrap();
-    servers
-        .values()
+    let now = common::host::boot_ms();
+    let files = std::fs::read_dir(host.ledger()).unwrap().flatten();
+    let names = files.filter(|f| f.file_name().to_string_lossy().starts_with("server-"));
+    let read = names.filter_map(|f| std::fs::read_to_string(f.path()).ok());
+    read.map(|text| serde_json::from_str::<Value>(&text).unwrap())
         .map(|e| {
             (
                 e["pid"].as_u64().unwrap(),
-                e["expires_ms"].as_u64().unwrap(),
+                e["expires_boot_ms"].as_u64().unwrap(),
             )
         })
+        .filter(|e| e.1 > now)
         .collect()
 }
 
@@ -362,4 +364,38 @@ fn app_plan_shows_the_other_servers_reservations_and_what_is_left() {
         "{}",
         alone.log_text()
     );
+}
+
+/// A server that profiles its model (`--profile-memory on`) reserves its estimate and lets
+/// the ledger's lock go before it profiles, so that its profiling — minutes for a large
+/// model — never holds another server's start or a serving master: its first
+/// `ledger_reserved` comes before its `memory_profiling`, and the lock is free while it
+/// profiles; the measured figure is written afterwards.
+#[test]
+fn a_server_profiling_its_model_holds_no_lock_and_is_reserved_meanwhile() {
+    let host = Host::new();
+    let app = host.app(TYP_MB);
+    let s = host.spawn(&app, &["--production", "--profile-memory", "on"]);
+    let (at, _) = s.wait_event_after(0, "memory_profiling", |_| true);
+    let lock = std::fs::File::open(host.ledger().join("gpu-ledger.lock")).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    let free = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&lock),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    // SAFETY: as above.
+    unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_UN) };
+    let events = s.events();
+    let first = events.iter().position(|e| e.name == "ledger_reserved");
+    assert!(
+        first.is_some_and(|r| r < at),
+        "reserved before profiling (ledger_reserved at {first:?}, memory_profiling at {at}):\n{}",
+        s.log_text()
+    );
+    assert_eq!(free, 0, "the lock was held while the server profiled");
+    let n = s.wait_event("listening", |_| true).u64("workers").unwrap();
+    s.wait_workers(n as usize);
+    assert_eq!(host.reserved_by(s.pid()), n * TYP_MB);
 }

@@ -531,3 +531,59 @@ fn the_installed_server_serves_as_an_unprivileged_user_with_the_units_environmen
         );
     }
 }
+
+/// The shipped unit can use the default GPU-memory ledger: under `ProtectSystem=strict` (a
+/// read-only `/run` for the service) it names `/run/vramfork` writable, and the shipped
+/// tmpfiles.d line makes that directory as the server wants it — root's, group vramfork,
+/// mode 2770 (set-group-ID; no other user may enter) — as `systemd-tmpfiles` really makes it
+/// in a scratch root.
+#[test]
+fn the_units_ledger_directory_is_writable_and_made_by_the_shipped_tmpfiles_line() {
+    let units = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd");
+    let service = std::fs::read_to_string(units.join("vramfork.service")).unwrap();
+    let values = |key: &str| -> Vec<String> {
+        service
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+            .flat_map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .collect()
+    };
+    assert_eq!(values("ProtectSystem"), vec!["strict".to_string()]);
+    let writable: Vec<String> = values("ReadWritePaths")
+        .iter()
+        .map(|p| p.trim_start_matches(['-', '+']).to_string())
+        .collect();
+    assert!(
+        writable.iter().any(|p| p == "/run/vramfork"),
+        "ReadWritePaths {writable:?} lacks the default ledger /run/vramfork"
+    );
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("etc")).unwrap();
+    std::fs::create_dir_all(root.path().join("run")).unwrap();
+    std::fs::write(
+        root.path().join("etc/passwd"),
+        "root:x:0:0::/root:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.path().join("etc/group"),
+        "root:x:0:\nvramfork:x:4321:\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(units.join("vramfork-tmpfiles.conf"))
+        .output()
+        .expect("systemd-tmpfiles (Debian package systemd)");
+    assert!(
+        out.status.success(),
+        "systemd-tmpfiles: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::MetadataExt;
+    let made = std::fs::metadata(root.path().join("run/vramfork")).unwrap();
+    assert!(made.is_dir());
+    assert_eq!(made.mode() & 0o7777, 0o2770);
+    assert_eq!((made.uid(), made.gid()), (0, 4321));
+}

@@ -113,7 +113,8 @@ pub struct Server {
     gpus: Option<NvmlProbe>,
     plan: Plan,
     inherited: Option<Inherited>,
-    /// Read (its lock held) before planning; written once the plan is final.
+    /// Read (its lock held) before planning, written provisionally with the plan; written
+    /// again, under the lock, once the plan is final.
     reservation: Option<Reservation>,
 }
 
@@ -129,12 +130,17 @@ impl Server {
         let (res, gpus) = resources::probe(cfg.gpu.nvml_library.as_deref())
             .map_err(|e| fail(ConfigError(format!("--nvml-library: {e}"))))?;
         let mut res = resources::visible::restrict(res, cfg.gpu.cuda_visible_devices.as_deref());
-        let reservation = Reservation::begin(&cfg, &mut res);
+        let mut reservation =
+            Reservation::begin(&cfg, &mut res, gpus.as_ref()).map_err(|e| fail(ConfigError(e)))?;
         let mut cfg = cfg;
         cfg.mps.on = mps_on(&cfg, &res);
         let plan = plan::plan(&res, &Demand::declared(&cfg.app.metadata), &cfg.policy())
             .map_err(|e| fail(ConfigError(e.to_string())))?;
         let plan = with_budget(plan, &cfg);
+        // Reserved at once, and the ledger's lock let go: profiling holds no other start.
+        if let Some(r) = &mut reservation {
+            r.provisional(&plan).map_err(|e| fail(ConfigError(e)))?;
+        }
         Ok(Server {
             cfg,
             res,
@@ -299,7 +305,7 @@ impl Bound {
 
     /// `--production`: installs the signal handlers, plans from measured memory when asked,
     /// starts the metrics endpoint and runs the supervisor until the master exits.
-    pub fn supervise(self) -> i32 {
+    pub fn supervise(mut self) -> i32 {
         let Bound { cfg, res, gpus, .. } = &self;
         let signals = match Signals::install() {
             Ok(s) => s,
@@ -311,6 +317,18 @@ impl Bound {
         {
             Ok(p) => p,
             Err(e) => return fail(e),
+        };
+        // The final plan's reservation, under the ledger's lock taken again: fewer workers if
+        // the other servers took room while this one profiled.
+        let reserve_mb = self.cfg.gpu.gpu_reserve_mb;
+        let plan = match self
+            .reservation
+            .as_mut()
+            .map(|r| r.commit(plan.clone(), reserve_mb))
+        {
+            None => plan,
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return fail(ConfigError(e)),
         };
         let (addr, socket, scheme) = (&self.addr, self.socket, self.scheme);
         tracing::info!(
@@ -331,19 +349,13 @@ impl Bound {
                 Err(e) => return fail(e),
             },
         };
-        // The final plan's reservation (the ledger's lock, held since before planning,
-        // through profiling, goes with it).
-        let mut reservation = self.reservation;
-        if let Some(r) = &mut reservation {
-            r.commit(&plan);
-        }
         // Learning needs something to compare with: GPU workers planned from a footprint.
         let learner =
             (plan.device == Device::Cuda && self.gpus.is_some() && plan.planned_typ_mb > 0)
                 .then(|| Learner::new(&plan, footprint_file));
         Supervisor::new(self.cfg, plan, self.listener, signals, self.gpus, metrics)
             .with_learner(learner)
-            .with_reservation(reservation)
+            .with_reservation(self.reservation)
             .run()
     }
 }

@@ -26,9 +26,14 @@
 //! | `host_memory_unmeasured` | info | | no warm-up pass was measured at start (none declared, or no template): one worker serves until its own figures are in (unless the worker count is an override), or, with no host-memory figure at all, the bound is not applied |
 //! | `ledger_others` | info | `gpu`, `reserved_mb`, `servers` | other servers of the host reserved memory on this GPU in the GPU-memory ledger: the plan counts it as used (`master::reservation`) |
 //! | `ledger_reserved` | info | `reserved_mb`, `dir` | this server's reservation in the ledger was written (at start, and when its workers on GPUs change) |
-//! | `ledger_unavailable` | warn | | the ledger's directory cannot be used: this server plans alone |
-//! | `ledger_write_failed` | warn | | this server's reservation could not be written (tried again at its next renewal) |
-//! | `ledger_rebuilt` | warn | `file` | the ledger file was not a ledger: rebuilt empty (`master::ledger`) |
+//! | `ledger_unavailable` | warn | | the ledger's directory is missing and cannot be made (nobody can be reserving there): this server plans alone. A ledger that is there but cannot be used is exit 2 |
+//! | `ledger_world_writable` | warn | | the ledger's directory is writable by every user (a sticky directory of root's or this user's): any local user can delay starts and claim memory in it (`master::ledger`) |
+//! | `ledger_wait` | warn | `holder` (its pid, 0 when unseen) | a start found the ledger's lock busy: it waits up to 10 s, then exits 2 naming the holder |
+//! | `ledger_busy` | warn | `holder` | a re-admission after `--idle-release` could not take the lock within 100 ms: no worker re-admitted this time (answered 503) |
+//! | `ledger_shrunk` | warn | `workers`, `planned` | other servers reserved memory while this one profiled: fewer workers than planned fit now |
+//! | `ledger_entry_dropped` | warn | `file` | a file of the ledger counts for nothing: not an entry, expiring beyond one lease, or reserving more than the device has (once per file and reason) |
+//! | `ledger_unreadable` | warn | | while serving, the ledger could not be read: the last reading stands in for one lease |
+//! | `ledger_write_failed` | warn | `lease_left_s` | this server's reservation could not be written (tried again at its next renewal); its lease lapses in `lease_left_s` |
 //! | `ledger_grown` | info | `gpu`, `room_mb` | TTIN with the plan's GPUs full: a GPU the other servers' reservations had made smaller has room for one more worker now (a neighbour stopped or shrank) |
 //! | `idle_release_off` | warn | | `--idle-release` on a plan with no worker on a GPU: it does nothing (`master::supervisor::idle`) |
 //! | `idle_release` | info | `workers`, `idle_s` | no model request for `--idle-release`: every worker is asked to retire (`fewer_workers`) |

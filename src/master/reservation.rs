@@ -1,26 +1,46 @@
 //! This server's reservation in the host's GPU-memory ledger ([`crate::master::ledger`]):
 //! the ledger is read, under its lock, before the plan is made (the other servers' live
-//! reservations become each GPU's `ledger_mb`, which the plan counts as used); the lock is
-//! held through profiling until the final plan is written ([`Reservation::commit`]); while
-//! serving, the reservation follows the workers wanted on GPUs and is renewed before its
-//! lease runs out ([`Reservation::follow`]); it is released when the master exits.
+//! reservations become each GPU's `ledger_mb`, which the plan counts as used); the plan's
+//! reservation is written provisionally and the lock let go before any profiling
+//! ([`Reservation::provisional`]: a thread renews it meanwhile); the lock is taken again to
+//! write the final plan's, fewer workers if the others took the room in between
+//! ([`Reservation::commit`]); while serving, the reservation follows the workers wanted on
+//! GPUs and is renewed before its lease runs out, without the lock ([`Reservation::follow`]);
+//! it is released when the master exits. `app plan` and development mode only read.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::master::config::Config;
-use crate::master::ledger::{Ledger, Locked, DEFAULT_DIR, RENEW_EVERY};
+use crate::master::config::{Config, Mode};
+use crate::master::ledger::{
+    Domains, Held, Ledger, NotTaken, Others, Unusable, LEASE, LOOP_WAIT, RENEW_EVERY, START_WAIT,
+};
 use crate::master::plan::{per_worker_mb, share_mb, Plan};
-use crate::master::resources::Resources;
+use crate::master::resources::{NvmlProbe, Resources};
 use crate::protocol::Device;
+
+mod renew;
+mod start;
+use renew::Renewer;
+pub use start::domains;
+use start::{busy, by_domain, mark, say_unavailable, say_wait, seat};
 
 /// What this server holds in the ledger.
 pub struct Reservation {
     ledger: Ledger,
-    /// Held from the first read until the plan is written.
-    locked: Option<Locked>,
-    /// What was last written, and when.
+    /// Each device's memory domain and size, by UUID.
+    domains: Domains,
+    /// Held from the first read until the provisional reservation is written.
+    held: Option<Held>,
+    /// What was last written (by domain), and when; and when a write last succeeded.
     written: Option<(BTreeMap<String, u64>, Instant)>,
+    last_ok: Option<Instant>,
+    /// The others as last read, and when: used for one lease when a read fails.
+    last_good: Mutex<Option<(BTreeMap<String, Others>, Instant)>>,
+    /// While profiling: the thread renewing the provisional reservation.
+    renewer: Option<Renewer>,
+    released: bool,
 }
 
 /// MB per device UUID the first `workers` slots of `plan` hold on GPUs: each worker the
@@ -94,86 +114,150 @@ pub fn fitting(
 }
 
 impl Reservation {
-    /// Reads the ledger (taking its lock) when this server may plan workers on GPUs, and
-    /// marks each GPU of `res` with what the other servers reserved there. `None`: no
-    /// GPU, `--device cpu`, `--ledger off`, or a ledger that cannot be used (said).
-    pub fn begin(cfg: &Config, res: &mut Resources) -> Option<Reservation> {
-        let dir = cfg.gpu.ledger.as_ref()?;
+    /// Reads the ledger when this server may plan workers on GPUs, and marks each GPU of
+    /// `res` with what the other servers reserved there; serving (`--production`), under
+    /// the ledger's lock, kept until [`Reservation::provisional`]. `Ok(None)`: no GPU,
+    /// `--device cpu`, `--ledger off`, not serving, or no ledger directory and none can be
+    /// made (said: nobody can be reserving there). `Err`: a ledger that is there but cannot
+    /// be used, or whose lock stays busy: the server refuses to start (exit 2).
+    pub fn begin(
+        cfg: &Config,
+        res: &mut Resources,
+        probe: Option<&NvmlProbe>,
+    ) -> Result<Option<Reservation>, String> {
+        let Some(dir) = cfg.gpu.ledger.as_ref() else {
+            return Ok(None);
+        };
         if res.gpus.is_empty() || cfg.gpu.device == Device::Cpu {
-            return None;
+            return Ok(None);
         }
-        // One server serves at a fixed address of this host (a port of 0 names none).
-        let seat = (cfg.address.port != 0).then(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            let meta = cfg.app.metadata.path.display();
-            format!(
-                "{} {}:{} {meta}",
-                host.trim(),
-                cfg.address.host,
-                cfg.address.port
-            )
-        });
-        let opened = Ledger::open(dir, &cfg.app.metadata.name, seat).and_then(|l| {
-            let locked = l.lock()?;
-            Ok((l, locked))
-        });
-        let (ledger, locked) = match opened {
-            Ok(o) => o,
+        let serving = cfg.mode == Mode::Production;
+        let domains = domains(&res.gpus, |i| probe.and_then(|p| p.parent_uuid(i)));
+        let ledger = match Ledger::open(dir, &cfg.app.metadata.name, seat(cfg), serving) {
+            Ok(Some(l)) => l,
+            Ok(None) => return Ok(None),
+            Err(Unusable::Refused(why)) => return Err(why),
             Err(e) => {
-                let default = if dir.as_os_str() == DEFAULT_DIR {
-                    " (the default; --ledger DIR names another, --ledger off plans alone without this warning)"
-                } else {
-                    ""
-                };
-                tracing::warn!(
-                    target: "app",
-                    event = "ledger_unavailable",
-                    "the GPU-memory ledger in {}{default} cannot be used ({e}): this server plans alone, as if no other server used these GPUs",
-                    dir.display()
-                );
-                return None;
+                say_unavailable(dir, &e);
+                return Ok(None);
             }
         };
-        let others = locked.others();
-        for g in &mut res.gpus {
-            if let Some(o) = others.get(&g.uuid) {
-                g.ledger_mb = o.mb;
-                tracing::info!(
-                    target: "app",
-                    event = "ledger_others",
-                    gpu = g.index,
-                    reserved_mb = o.mb,
-                    servers = o.servers,
-                    "{}: {} other server(s) reserved {} MB in the GPU-memory ledger ({}): planned as used",
-                    g.label(),
-                    o.servers,
-                    o.mb,
-                    dir.display()
-                );
+        let held = match serving {
+            false => None,
+            true => {
+                let path = ledger.lock_path();
+                let l = ledger.lock(START_WAIT, |h| say_wait(&path, h));
+                Some(l.map_err(|n| busy(&path, &n, START_WAIT))?)
             }
+        };
+        let others = ledger.others(&domains).map_err(|e| {
+            format!(
+                "the GPU-memory ledger in {} cannot be read: {e}; --ledger off plans alone",
+                dir.display()
+            )
+        })?;
+        mark(res, &domains, &others, dir);
+        if !serving {
+            return Ok(None);
         }
-        Some(Reservation {
+        Ok(Some(Reservation {
             ledger,
-            locked: Some(locked),
+            domains,
+            held,
             written: None,
-        })
+            last_ok: None,
+            last_good: Mutex::new(Some((others, Instant::now()))),
+            renewer: None,
+            released: false,
+        }))
     }
 
-    /// Writes the final plan's reservation and lets the lock go.
-    pub fn commit(&mut self, plan: &Plan) {
-        let want = reserved_by(plan, plan.workers);
-        let written = match self.locked.take() {
-            Some(mut l) => l.reserve(&want),
-            None => self.ledger.reserve(&want),
+    /// Writes the reservation of `plan` (made from the estimate) and lets the lock go, so
+    /// that profiling — minutes, for a large model — holds no other server's start; a thread
+    /// renews it until [`Reservation::commit`]. `Err`: it cannot be written (exit 2).
+    pub fn provisional(&mut self, plan: &Plan) -> Result<(), String> {
+        let want = by_domain(&self.domains, reserved_by(plan, plan.workers));
+        self.ledger.reserve(&want).map_err(|e| {
+            format!(
+                "cannot write this server's reservation in the GPU-memory ledger ({}): {e}; --ledger off plans alone",
+                self.ledger.dir().display()
+            )
+        })?;
+        self.held = None;
+        self.said(Ok(()), want.clone(), Instant::now());
+        self.renewer = Some(Renewer::start(self.ledger.clone(), want));
+        Ok(())
+    }
+
+    /// Takes the lock again, reads what the others reserved meanwhile and writes the final
+    /// plan's reservation: the plan, with fewer workers (said, `ledger_shrunk`) if the others
+    /// took part of the room while this server profiled. `Err`: no worker fits any more, or
+    /// the lock stayed busy (exit 2).
+    pub fn commit(&mut self, mut plan: Plan, reserve_mb: u64) -> Result<Plan, String> {
+        if let Some(r) = self.renewer.take() {
+            r.stop();
+        }
+        let path = self.ledger.lock_path();
+        let held = match self.held.take() {
+            Some(h) => h,
+            None => self
+                .ledger
+                .lock(START_WAIT, |h| say_wait(&path, h))
+                .map_err(|n| busy(&path, &n, START_WAIT))?,
         };
+        let others = self.ledger.others(&self.domains).map_err(|e| {
+            format!(
+                "the GPU-memory ledger in {} cannot be read: {e}",
+                self.ledger.dir().display()
+            )
+        })?;
+        let n = fitting(&plan, plan.workers, reserve_mb, |g| {
+            let taken = others.get(&self.key(&g.uuid)).map_or(0, |o| o.mb);
+            Some(share_mb(g.total_mb, g.fraction).saturating_sub(taken))
+        });
+        // Slots the plan could not place (an override beyond what fits) are not counted.
+        let placed = plan
+            .placement
+            .iter()
+            .filter(|p| p.slot < plan.workers)
+            .count() as u32;
+        if n < placed {
+            if n == 0 {
+                return Err(format!(
+                    "no worker fits any more: other servers reserved the GPUs' room in the GPU-memory ledger ({}) while this one measured its model ({others:?})",
+                    self.ledger.dir().display()
+                ));
+            }
+            tracing::warn!(
+                target: "app",
+                event = "ledger_shrunk",
+                workers = n,
+                planned = plan.workers,
+                "other servers reserved GPU memory in the ledger while this one measured its model: {n} of the {} workers planned fit now",
+                plan.workers
+            );
+            plan.workers = n;
+        }
+        let want = by_domain(&self.domains, reserved_by(&plan, plan.workers));
+        let written = self.ledger.reserve(&want);
+        drop(held);
         self.said(written, want, Instant::now());
+        Ok(plan)
+    }
+
+    /// A device's memory domain key.
+    fn key(&self, uuid: &str) -> String {
+        self.domains
+            .get(uuid)
+            .map_or_else(|| uuid.to_string(), |d| d.key.clone())
     }
 
     /// While serving: the reservation for the first `workers` slots of `plan` and the
     /// workers `live` now ([`reserved_with`]), written when it changed or its lease is due
-    /// for renewal.
+    /// for renewal. It replaces this server's own file and takes no lock: nothing can hold
+    /// it.
     pub fn follow(&mut self, plan: &Plan, workers: u32, live: &[LiveWorker], now: Instant) {
-        let want = reserved_with(plan, workers, live);
+        let want = by_domain(&self.domains, reserved_with(plan, workers, live));
         let due = match &self.written {
             None => true,
             Some((w, at)) => *w != want || now.duration_since(*at) >= RENEW_EVERY,
@@ -188,7 +272,7 @@ impl Reservation {
         match written {
             Ok(()) => {
                 if self.written.as_ref().is_none_or(|(w, _)| *w != want) {
-                    let total: u64 = want.values().sum();
+                    let total: u64 = want.values().fold(0, |a, b| a.saturating_add(*b));
                     tracing::info!(
                         target: "app",
                         event = "ledger_reserved",
@@ -198,37 +282,68 @@ impl Reservation {
                         self.ledger.dir().display()
                     );
                 }
-                self.written = Some((want, now));
+                self.last_ok = Some(now);
             }
             Err(e) => {
+                let left = self.last_ok.map_or(0, |at| {
+                    LEASE.saturating_sub(now.duration_since(at)).as_secs()
+                });
                 tracing::warn!(
                     target: "app",
                     event = "ledger_write_failed",
-                    "cannot write this server's reservation in the GPU-memory ledger ({}): {e}; tried again in {} s",
+                    lease_left_s = left,
+                    "cannot write this server's reservation in the GPU-memory ledger ({}): {e}; tried again in {} s; its lease lapses in {left} s, then other servers may plan on its workers' memory",
                     self.ledger.dir().display(),
                     RENEW_EVERY.as_secs()
                 );
-                self.written = Some((want, now));
+            }
+        }
+        self.written = Some((want, now));
+    }
+
+    /// The others' reservations now; when they cannot be read (said), the last read, for
+    /// one lease.
+    fn others(&self) -> Option<BTreeMap<String, Others>> {
+        let mut last = self.last_good.lock().unwrap_or_else(|p| p.into_inner());
+        match self.ledger.others(&self.domains) {
+            Ok(o) => {
+                *last = Some((o.clone(), Instant::now()));
+                Some(o)
+            }
+            Err(e) => {
+                let kept = last.as_ref().filter(|(_, at)| at.elapsed() < LEASE);
+                tracing::warn!(
+                    target: "app",
+                    event = "ledger_unreadable",
+                    "the GPU-memory ledger ({}) cannot be read: {e}; {}",
+                    self.ledger.dir().display(),
+                    if kept.is_some() { "the last reading stands in for it (for one lease)" } else { "no reading younger than a lease is left" }
+                );
+                kept.map(|(o, _)| o.clone())
             }
         }
     }
 
     /// What the ledger leaves now for one more worker of this server on each GPU of `plan`
     /// (by index): `total × fraction` less the others' live reservations and this server's
-    /// own for its first `workers` slots and its `live` workers. `None` when the ledger
-    /// cannot be read (then NVML's free memory alone decides, as without a ledger).
+    /// own for its first `workers` slots and its `live` workers, on the GPU's memory domain.
+    /// `None` when the ledger cannot be read and no reading younger than a lease is left
+    /// (then NVML's free memory alone decides, as without a ledger). Takes no lock.
     pub fn room(
         &self,
         plan: &Plan,
         workers: u32,
         live: &[LiveWorker],
     ) -> Option<BTreeMap<u32, u64>> {
-        let others = self.ledger.lock().ok()?.others();
-        let own = reserved_with(plan, workers, live);
+        let others = self.others()?;
+        let own = by_domain(&self.domains, reserved_with(plan, workers, live));
         let room = plan.gpus.iter().map(|g| {
             let shared = share_mb(g.total_mb, g.fraction);
-            let taken =
-                others.get(&g.uuid).map_or(0, |o| o.mb) + own.get(&g.uuid).copied().unwrap_or(0);
+            let key = self.key(&g.uuid);
+            let taken = others
+                .get(&key)
+                .map_or(0, |o| o.mb)
+                .saturating_add(own.get(&key).copied().unwrap_or(0));
             (g.index, shared.saturating_sub(taken))
         });
         Some(room.collect())
@@ -239,8 +354,9 @@ impl Reservation {
     /// leave on their GPUs (each GPU also no more than `free(index)` MB, NVML's free memory,
     /// when known), less `reserve_mb` per GPU; that many are reserved before the lock goes.
     /// Slots are taken in order and the count stops at the first that does not fit (slots
-    /// `0..n` are what a target of `n` starts). A ledger that cannot be read admits them all
-    /// (NVML's free memory alone decides, as without a ledger).
+    /// `0..n` are what a target of `n` starts). On the supervisor's loop: the lock is tried
+    /// for [`LOOP_WAIT`] at most; busy (said, `ledger_busy`, naming the holder), or a ledger
+    /// that cannot be read, admits none this time.
     pub fn admit(
         &mut self,
         plan: &Plan,
@@ -248,19 +364,32 @@ impl Reservation {
         reserve_mb: u64,
         free: impl Fn(u32) -> Option<u64>,
     ) -> u32 {
-        let Ok(mut locked) = self.ledger.lock() else {
-            return fitting(plan, want, reserve_mb, |g| free(g.index));
+        let held = match self.ledger.lock(LOOP_WAIT, |_| {}) {
+            Ok(h) => h,
+            Err(n) => {
+                tracing::warn!(
+                    target: "app",
+                    event = "ledger_busy",
+                    holder = match n { NotTaken::Busy(Some(p)) => p, _ => 0 },
+                    "the GPU-memory ledger's lock ({}) could not be taken within {} ms ({n}): no worker re-admitted this time",
+                    self.ledger.lock_path().display(),
+                    LOOP_WAIT.as_millis()
+                );
+                return 0;
+            }
         };
-        let others = locked.others();
+        let Some(others) = self.others() else {
+            return 0;
+        };
         let n = fitting(plan, want, reserve_mb, |g| {
             let shared = share_mb(g.total_mb, g.fraction);
-            let room = shared.saturating_sub(others.get(&g.uuid).map_or(0, |o| o.mb));
+            let room = shared.saturating_sub(others.get(&self.key(&g.uuid)).map_or(0, |o| o.mb));
             Some(free(g.index).map_or(room, |f| f.min(room)))
         });
         if n > 0 {
-            let want = reserved_by(plan, n);
-            let written = locked.reserve(&want);
-            drop(locked);
+            let want = by_domain(&self.domains, reserved_by(plan, n));
+            let written = self.ledger.reserve(&want);
+            drop(held);
             self.said(written, want, Instant::now());
         }
         n
@@ -268,13 +397,27 @@ impl Reservation {
 
     /// The master exits: its reservation goes.
     pub fn release(&mut self) {
-        self.locked = None;
+        self.held = None;
+        if let Some(r) = self.renewer.take() {
+            r.stop();
+        }
+        self.released = true;
         if let Err(e) = self.ledger.release() {
             tracing::warn!(
                 target: "app",
                 "cannot remove this server's reservation from the GPU-memory ledger ({e}); it expires within {} s",
-                crate::master::ledger::LEASE.as_secs()
+                LEASE.as_secs()
             );
+        }
+    }
+}
+
+impl Drop for Reservation {
+    /// A server that stops before it serves (a refusal after the provisional reservation)
+    /// takes its reservation with it too.
+    fn drop(&mut self) {
+        if !self.released {
+            self.release();
         }
     }
 }
@@ -284,6 +427,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::master::ledger::Domain;
     use crate::master::plan::{plan, Demand, Policy};
     use crate::master::resources::{GpuInfo, MB};
     use crate::metadata::AppMetadata;
@@ -430,11 +574,32 @@ mod tests {
         assert_eq!(fitting(&p, 1, 500, |_| None), 1);
     }
 
+    /// This server's reservation in `dir` for the GPUs of `p` (each its own domain).
+    fn reservation(dir: &Path, app: &str, p: &Plan) -> Reservation {
+        let domains = p.gpus.iter().map(|g| {
+            let d = Domain {
+                key: g.uuid.clone(),
+                total_mb: g.total_mb,
+            };
+            (g.uuid.clone(), d)
+        });
+        Reservation {
+            ledger: Ledger::open(dir, app, None, true).unwrap().unwrap(),
+            domains: domains.collect(),
+            held: None,
+            written: None,
+            last_ok: None,
+            last_good: Mutex::new(None),
+            renewer: None,
+            released: false,
+        }
+    }
+
     #[test]
     fn admission_counts_the_others_reservations_and_reserves_under_the_lock() {
         let p = two_a100s();
         let dir = tempfile::tempdir().unwrap();
-        let other = Ledger::open(dir.path(), "other", None).unwrap();
+        let other = reservation(dir.path(), "other", &p);
         let share = |i: usize| share_mb(p.gpus[i].total_mb, p.gpus[i].fraction);
         // The other server leaves room for one worker and the reserve on the first slot's
         // GPU, and none on the second's.
@@ -448,19 +613,90 @@ mod tests {
                 (g.uuid.clone(), share(i) - leave)
             })
             .collect();
-        other.reserve(&held).unwrap();
-        let mut mine = Reservation {
-            ledger: Ledger::open(dir.path(), "mine", None).unwrap(),
-            locked: None,
-            written: None,
-        };
+        other.ledger.reserve(&held).unwrap();
+        let mut mine = reservation(dir.path(), "mine", &p);
         assert_eq!(mine.admit(&p, p.workers, 500, |_| None), 1);
-        let seen = other.lock().unwrap().others();
+        let seen = other.others().unwrap();
         let uuid = &p.gpus[first].uuid;
         assert_eq!(seen[uuid].mb, 4000, "{seen:?}");
         // NVML's free memory bounds it too: nothing fits where NVML shows 4000 MB free.
         let _ = mine.ledger.release();
         assert_eq!(mine.admit(&p, p.workers, 500, |_| Some(4000)), 0);
-        assert!(!other.lock().unwrap().others().contains_key(uuid));
+        assert!(!other.others().unwrap().contains_key(uuid));
+        // The lock held elsewhere: none admitted, within a fraction of a second.
+        let _held = other.ledger.lock(START_WAIT, |_| {}).unwrap();
+        let _ = other.ledger.release();
+        let t = Instant::now();
+        assert_eq!(mine.admit(&p, p.workers, 500, |_| None), 0);
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    /// The measured plan's reservation is written under the lock taken again, with fewer
+    /// workers when another server reserved room while this one profiled (without the
+    /// lock); none fitting is a refusal.
+    #[test]
+    fn commit_fits_the_final_plan_in_what_the_others_left_meanwhile() {
+        let p = two_a100s();
+        let dir = tempfile::tempdir().unwrap();
+        let mut mine = reservation(dir.path(), "mine", &p);
+        mine.provisional(&p).unwrap();
+        assert!(mine.renewer.is_some(), "renewed while profiling");
+        let other = reservation(dir.path(), "other", &p);
+        // The other took all but three workers' room on each GPU (and the reserve).
+        let per = per_worker_mb(p.planned_typ_mb);
+        let held = p.gpus.iter().map(|g| {
+            let share = share_mb(g.total_mb, g.fraction);
+            (g.uuid.clone(), share - 500 - 3 * per)
+        });
+        other.ledger.reserve(&held.collect()).unwrap();
+        let fin = mine.commit(p.clone(), 500).unwrap();
+        assert_eq!(fin.workers, 6.min(p.workers), "{} planned", p.workers);
+        assert_eq!(
+            other.others().unwrap().values().map(|o| o.mb).sum::<u64>(),
+            u64::from(fin.workers) * per
+        );
+        // Nothing left: refused.
+        let full = p
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), share_mb(g.total_mb, g.fraction)));
+        other.ledger.reserve(&full.collect()).unwrap();
+        let e = mine.commit(p.clone(), 500).unwrap_err();
+        assert!(e.contains("other servers reserved"), "{e}");
+    }
+
+    /// Compute instances of one MIG GPU instance are one memory domain: what servers
+    /// reserve on either adds up, and this server's room on each counts both.
+    #[test]
+    fn compute_instances_of_one_gpu_instance_share_one_domain() {
+        use crate::protocol::MigInstance;
+        let ci = |index: u32, slot: u32, uuid: &str| GpuInfo {
+            index,
+            uuid: uuid.into(),
+            total_bytes: 19_968 * MB,
+            mig: Some(MigInstance { parent: 0, slot }),
+            gpu_instance: Some(1),
+            ..GpuInfo::default()
+        };
+        let whole = GpuInfo {
+            index: 1,
+            uuid: "GPU-b".into(),
+            total_bytes: 40_960 * MB,
+            ..GpuInfo::default()
+        };
+        let gpus = [ci(2, 0, "MIG-a"), ci(3, 1, "MIG-b"), whole];
+        let d = domains(&gpus, |parent| (parent == 0).then(|| "GPU-a".to_string()));
+        assert_eq!(d["MIG-a"].key, "GPU-a/gi1");
+        assert_eq!(d["MIG-b"].key, "GPU-a/gi1");
+        assert_eq!(d["GPU-b"].key, "GPU-b");
+        let mb = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        assert_eq!(
+            by_domain(&d, mb(&[("MIG-a", 3000), ("MIG-b", 2000), ("GPU-b", 1)])),
+            mb(&[("GPU-a/gi1", 5000), ("GPU-b", 1)])
+        );
     }
 }

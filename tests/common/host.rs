@@ -125,27 +125,34 @@ impl Host {
         s.stdout_json()
     }
 
-    /// The live reservations in the ledger file, read as any tool would: per server, its
-    /// master's pid and the MB it reserved (every device together).
+    /// The live reservations in the ledger, read as any tool would (each server's
+    /// `server-*.json`, live until its `expires_boot_ms` on `CLOCK_BOOTTIME`): per server,
+    /// its master's pid and the MB it reserved (every device together).
     pub fn reservations(&self) -> Vec<(u32, u64)> {
-        let Ok(text) = std::fs::read_to_string(self.ledger().join("gpu-ledger.json")) else {
+        let Ok(dir) = std::fs::read_dir(self.ledger()) else {
             return Vec::new();
         };
-        let book: Value = serde_json::from_str(&text).unwrap();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let servers = book["servers"].as_object().unwrap();
-        let live = servers
-            .values()
-            .filter(|e| e["expires_ms"].as_u64().unwrap() > now);
+        let now = boot_ms();
         let entry = |e: &Value| -> (u32, u64) {
             let gpus = e["gpus"].as_object().unwrap().values();
             let pid = e["pid"].as_u64().unwrap() as u32;
             (pid, gpus.map(|mb| mb.as_u64().unwrap()).sum())
         };
-        live.map(entry).collect()
+        let mut out = Vec::new();
+        for f in dir.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("server-") && name.ends_with(".json")) {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(f.path()) else {
+                continue; // removed since it was listed
+            };
+            let e: Value = serde_json::from_str(&text).unwrap();
+            if e["expires_boot_ms"].as_u64().unwrap() > now {
+                out.push(entry(&e));
+            }
+        }
+        out
     }
 
     /// The live reservations in the ledger file, MB, all servers together.
@@ -180,4 +187,15 @@ pub fn mps_limits(pids: &[u32]) -> Vec<u64> {
         mb
     };
     pids.iter().map(limit).collect()
+}
+
+/// `CLOCK_BOOTTIME` in milliseconds, the clock the ledger's leases run on.
+pub fn boot_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into `ts`, which outlives the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }

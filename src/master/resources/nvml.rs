@@ -253,6 +253,14 @@ impl NvmlProbe {
         })
     }
 
+    /// The UUID of the GPU a MIG device `index` belongs to (`None`: a whole GPU, or NVML
+    /// did not say): what the GPU-memory ledger names a GPU instance by.
+    pub fn parent_uuid(&self, index: u32) -> Option<String> {
+        let (nvml_index, mig) = self.place(index).ok()?;
+        mig?;
+        self.nvml.device_by_index(nvml_index).ok()?.uuid().ok()
+    }
+
     /// Free memory on one GPU now.
     pub fn free_bytes(&self, index: u32) -> Result<u64, ProbeError> {
         let mem = self
