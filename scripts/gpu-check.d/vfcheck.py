@@ -359,7 +359,7 @@ def cap_of(plan):
 
 def plan_follows_footprint(doc):
     """`app plan --measure --json`: whether the plan follows from its own measured footprint
-    (issue 41, item 8: two separate measurements may straddle a `fits` boundary, so worker
+    (two separate measurements may straddle a `fits` boundary, so worker
     counts are never compared across runs): per worker = max(footprint × headroom,
     est_gpu_mem_min) (within 1 MiB: rounding), each GPU's fits = usable // per, the GPU bound
     their sum, workers the least of the bounds. (ok, text)."""
@@ -609,7 +609,7 @@ def cmd_ours(master):
 
 
 def cmd_gpu_memory(uuid):
-    """'<used MiB> <free MiB>' of one whole GPU (issue 41, item 2: never summed over GPUs)."""
+    """'<used MiB> <free MiB>' of one whole GPU (never summed over GPUs)."""
     got = Nvml().by_uuid(uuid)
     if not got:
         err(f"NVML lists no whole GPU {uuid}")
@@ -671,7 +671,7 @@ def cmd_until(uuid, master, mode, at_most, limit):
 
 
 def cmd_kill9(master, uuid, mode, at_most, limit):
-    """kill -9 of the master, sent and timed from this one process (issue 41, item 6): it
+    """kill -9 of the master, sent and timed from this one process: it
     reads our pids first (the master and everything under it), kills, then polls /proc and
     NVML every 10 ms until every one of them is gone and none holds GPU memory (mode 'pids':
     no pid of ours in NVML's list; 'gpu': the GPU's used memory at most `at_most` MiB).
