@@ -1227,6 +1227,9 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
             "3",
             "--profile-memory",
             "off",
+            // the share, stated (under MPS with no per-client limit it must be)
+            "--gpu-memory-utilization",
+            "0.95",
         ],
         &[
             (nvml_sim::ENV_FILE, file.as_str()),
@@ -1371,7 +1374,15 @@ fn under_mps_the_profiling_worker_is_limited_to_the_usable_memory_only() {
     let gpu = exclusive_h100_under_mps().workers_use(1_500);
     let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
     let s = sim.start(
-        &["--production", "--workers", "1", "--profile-memory", "on"],
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--profile-memory",
+            "on",
+            "--gpu-memory-utilization",
+            "0.95",
+        ],
         &[("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str())],
     );
     let e = s.wait_event("memory_profiling", |_| true);
@@ -1391,7 +1402,15 @@ fn under_mps_a_daemon_that_goes_away_stops_starts_until_it_is_back() {
     let gpu = exclusive_h100_under_mps();
     let sim = Sim::new(SimGpus::new(vec![gpu]), &meta(1000, 5000));
     let s = sim.start(
-        &["--production", "--workers", "2", "--profile-memory", "off"],
+        &[
+            "--production",
+            "--workers",
+            "2",
+            "--profile-memory",
+            "off",
+            "--gpu-memory-utilization",
+            "0.95",
+        ],
         &[("CUDA_MPS_PIPE_DIRECTORY", pipe.as_str())],
     );
     let old = s.wait_workers(2);

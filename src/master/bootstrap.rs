@@ -72,7 +72,16 @@ fn mps_on(cfg: &Config, res: &Resources) -> bool {
                 );
                 true
             }
-            Err(_) => false,
+            Err(why) => {
+                // Said at start: "something else listens there" must not pass unseen.
+                tracing::info!(
+                    target: "app",
+                    event = "mps_not_detected",
+                    pipe_directory = %cfg.mps.pipe_directory.display(),
+                    "NVIDIA MPS not detected: {why}; the workers are plain CUDA processes (--mps on assumes MPS)"
+                );
+                false
+            }
         },
     }
 }

@@ -29,14 +29,17 @@ impl Host {
 
     /// A host with one A100 40 GB in exclusive-process mode behind a running (simulated) MPS
     /// control daemon, which every server started here is pointed at; the daemon is
-    /// returned too, so that it lives as long as the test holds it.
+    /// returned too, so that it lives as long as the test holds it. The servers state their
+    /// share of the GPU (under MPS with no per-client limit they must): 0.9, the A100 40 GB's
+    /// default, so that [`A100_SHARE_MB`] holds.
     pub fn under_mps() -> (nvml_sim::MpsDaemon, Host) {
         let daemon = nvml_sim::MpsDaemon::start();
         let exclusive = SimGpu::a100_40gb()
             .compute_mode(nvml_sim::SimComputeMode::ExclusiveProcess)
             .mps(4_242, 300);
-        let host =
-            Host::with_gpu(exclusive).with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir());
+        let host = Host::with_gpu(exclusive)
+            .with_env("CUDA_MPS_PIPE_DIRECTORY", &daemon.pipe_dir())
+            .with_env("VRAMFORK_GPU_MEMORY_UTILIZATION", "0.9");
         (daemon, host)
     }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A stand-in `nvidia-smi` for the GPU-lease rehearsal (tests/gpu_lease.rs): it answers the
+"""A stand-in `nvidia-smi` for the GPU check's rehearsal (tests/gpu_check.rs): it answers the
 queries scripts/gpu-check makes, and only those, in the format driver 580's nvidia-smi prints
 them, from the simulated NVML (tests/nvml-mock, loaded through ctypes from
 $VRAMFORK_NVML_LIBRARY; its machine is $NVML_MOCK_FILE), so that nvidia-smi, the master and the

@@ -233,6 +233,7 @@ impl Config {
             torch_threads: self.workers.torch_threads,
             mps: self.mps.on,
             mps_client_limit: self.mps.client_limit.clone().filter(|_| self.mps.on),
+            mps_thread_percentage: self.mps.thread_percentage.filter(|_| self.mps.on),
             allocator_fraction: self.gpu.allocator.fraction.map(|f| f.0),
             uncached_allocator: self.gpu.allocator.uncached,
         }

@@ -1,6 +1,6 @@
 //! NVIDIA MPS: `--mps` (auto, on, off), where its control daemon would be
-//! (`CUDA_MPS_PIPE_DIRECTORY`) and each client's memory limit the server inherits
-//! (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
+//! (`CUDA_MPS_PIPE_DIRECTORY`), and each client's memory limit and share of the SMs the
+//! server inherits (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`).
 
 use std::path::PathBuf;
 
@@ -25,6 +25,9 @@ pub struct Mps {
     /// The inherited `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: under MPS it bounds the plan, and
     /// each worker's own limit is at most it.
     pub client_limit: Option<ClientLimit>,
+    /// The inherited `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`: each MPS client's share of a GPU's
+    /// SMs, in percent; every worker is one client, so N workers take N times it.
+    pub thread_percentage: Option<f64>,
 }
 
 impl Mps {
@@ -40,6 +43,7 @@ impl Mps {
             pipe_directory: pipe_directory(c.env),
             on: setting == Some(true),
             client_limit: client_limit(c.env)?,
+            thread_percentage: thread_percentage(c.env)?,
         })
     }
 }
@@ -58,6 +62,20 @@ fn client_limit(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<ClientLim
             })
         })
         .transpose()
+}
+
+/// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as the server inherits it: a percentage in (0, 100]
+/// (MPS reads a number; a client's value can only lower the daemon's). Anything else is
+/// refused, naming the variable.
+fn thread_percentage(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<f64>, ConfigError> {
+    const VAR: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+    let Some(v) = env(VAR) else { return Ok(None) };
+    match v.trim().parse::<f64>() {
+        Ok(p) if p > 0.0 && p <= 100.0 => Ok(Some(p)),
+        _ => Err(ConfigError(format!(
+            "invalid value '{v}' for {VAR} (each MPS client's share of a GPU's SMs): expected a              percentage greater than 0 and at most 100"
+        ))),
+    }
 }
 
 /// Where the MPS control daemon's socket would be: `CUDA_MPS_PIPE_DIRECTORY`, else

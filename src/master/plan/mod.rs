@@ -168,14 +168,20 @@ pub struct Plan {
     /// turned PyTorch's caching allocator off): `app` refuses to start.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uncached_allocator: Option<String>,
+    /// Why, under MPS, this server's share of its GPUs is unknown (no per-client limit and no
+    /// `--gpu-memory-utilization`): `app` refuses to start rather than take every GPU whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_share_unknown: Option<String>,
 }
 
 impl Plan {
-    /// Why `app` refuses to serve this plan (rules 11 and 12), if it does.
+    /// Why `app` refuses to serve this plan (rules 11 and 12, and MPS with no share
+    /// stated), if it does.
     pub fn refusal(&self) -> Option<&String> {
         self.driver_too_old
             .as_ref()
             .or(self.uncached_allocator.as_ref())
+            .or(self.mps_share_unknown.as_ref())
     }
 }
 
@@ -226,11 +232,11 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
     };
     let mode = PlacementMode::choose(res, demand, policy, &mut notes)?;
     let mut gpus = gpus::plan_gpus(res, demand, policy, mode, &mut notes);
-    let mut driver_too_old = None;
+    let (mut driver_too_old, mut mps_share_unknown) = (None, None);
     if mode != PlacementMode::Cpu {
         driver_too_old = gpus::driver_too_old(res, policy, &mut notes);
         gpus::gpu_notes(&gpus, demand, mode, &mut notes);
-        mps::mps_notes(&gpus, policy, &mut notes);
+        mps_share_unknown = mps::mps_notes(&gpus, policy, &mut notes);
     }
     let gpu_bound = gpus::gpu_bound(&gpus, demand, policy, mode, &mut notes)?;
     let (workers, source) = placement::worker_count(policy, cpu_bound, gpu_bound, &mut notes);
@@ -243,6 +249,9 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         (cpu_bound, gpu_bound),
         &mut notes,
     )?;
+    if mode != PlacementMode::Cpu {
+        mps::thread_share(&gpus, policy, &mut notes);
+    }
     let torch_threads = policy.torch_threads(cpus, workers, &mut notes);
     let uncached_allocator = (mode != PlacementMode::Cpu && policy.uncached_allocator).then(|| {
         let why = "PYTORCH_NO_CUDA_MEMORY_CACHING=1 turns PyTorch's CUDA caching allocator \
@@ -296,6 +305,7 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
         cuda_context_mb: demand.context_mb(),
         driver_too_old,
         uncached_allocator,
+        mps_share_unknown,
     })
 }
 
@@ -1184,8 +1194,8 @@ mod tests {
     /// Issue 52, item 2: under MPS the per-client limit the server inherited
     /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) is its share of the GPU: it bounds the usable
     /// memory, each worker's own limit is never above it, a worker bigger than it fits
-    /// nowhere (the refusal names both figures), and the plan says so; without one the plan
-    /// warns that it takes the whole GPU.
+    /// nowhere (the refusal names both figures), and the plan says so; without one serving
+    /// refuses the plan (`tests/mps_plan.rs`), which warns so.
     #[test]
     fn under_mps_the_inherited_client_limit_bounds_the_plan() {
         use crate::master::resources::mps::ClientLimit;
@@ -1247,7 +1257,7 @@ mod tests {
         ] {
             assert!(e.contains(want), "{want}: {e}");
         }
-        // No limit known: the whole GPU, said loudly.
+        // No limit known: said loudly, and serving refuses it.
         let mps = Policy {
             mps: true,
             ..Policy::default()
@@ -1260,6 +1270,8 @@ mod tests {
             "{:?}",
             p.warnings
         );
+        assert_eq!(p.refusal(), p.mps_share_unknown.as_ref());
+        assert!(p.refusal().is_some());
     }
 
     /// Issue 52, item 9: spread placement asks the compute mode workers meet: under MPS an

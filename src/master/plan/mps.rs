@@ -20,8 +20,15 @@
 //!
 //! The plugin sets the limit on the daemon, not in the container, so the master cannot
 //! read it there (the daemon answers `get_default_device_pinned_mem_limit` only through
-//! `nvidia-cuda-mps-control`); without a limit in its environment the plan takes the whole
-//! GPU and warns so, naming the variable that bounds it.
+//! `nvidia-cuda-mps-control`). Without a limit in its environment a plan over the whole GPU
+//! would overcommit the pod's share, so it fails safe: serving refuses to start (exit 2)
+//! unless the operator states the share, as `--gpu-memory-utilization` (1 ÷ replicas under
+//! the device plugin) or as the variable; `app plan` shows the plan with that refusal.
+//!
+//! The thread share is per client too: the plugin sets 100 ÷ replicas as the daemon's
+//! default active-thread percentage, and a client's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` can
+//! only lower it (NVIDIA's MPS documentation). N workers are N clients, so they may take N
+//! times that share of a GPU's SMs; the plan's text counts it.
 
 use super::{GpuPlan, Notes, Policy};
 
@@ -43,11 +50,12 @@ pub(super) fn too_big(limit_mb: Option<u64>, per_worker_mb: u64) -> Option<Strin
     ))
 }
 
-/// What the plan says of MPS: each GPU's inherited limit and what it bounds, or, with no
-/// limit known, that the plan takes the whole GPU.
-pub(super) fn mps_notes(gpus: &[GpuPlan], policy: &Policy, notes: &mut Notes) {
+/// What the plan says of MPS: each GPU's inherited limit and what it bounds; with no limit
+/// known, the share `--gpu-memory-utilization` states, or else why serving refuses (the
+/// refusal returned).
+pub(super) fn mps_notes(gpus: &[GpuPlan], policy: &Policy, notes: &mut Notes) -> Option<String> {
     if !policy.mps || gpus.is_empty() {
-        return;
+        return None;
     }
     let limited: Vec<&GpuPlan> = gpus
         .iter()
@@ -63,16 +71,54 @@ pub(super) fn mps_notes(gpus: &[GpuPlan], policy: &Policy, notes: &mut Notes) {
             g.label, g.total_mb, g.usable_mb
         ));
     }
-    if limited.is_empty() {
-        notes.warn(
-            "MPS serves the GPUs but no per-client memory limit is set here \
-             (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT): the plan takes each GPU's memory as NVML shows \
-             it. If the MPS daemon gives each client a share (the Kubernetes device plugin's MPS \
-             sharing sets total ÷ replicas on the daemon, which NVML in the pod does not show), \
-             the workers are cut off at that share and the pods beside this one run out of \
-             memory: set CUDA_MPS_PINNED_DEVICE_MEM_LIMIT to this server's share (e.g. 0=10G) \
-             to plan within it"
-                .to_string(),
-        );
+    if !limited.is_empty() {
+        return None;
+    }
+    if let Some(f) = policy.gpu_memory_utilization {
+        notes.warn(format!(
+            "MPS serves the GPUs with no per-client memory limit known here \
+             (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT): the plan takes {f} of each GPU, as \
+             --gpu-memory-utilization says; under the Kubernetes device plugin's MPS sharing \
+             that should be 1 ÷ replicas, the share the daemon gives each pod"
+        ));
+        return None;
+    }
+    let why = "MPS serves the GPUs but this server's share of them is unknown: no per-client \
+               memory limit is set here (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), and the MPS daemon \
+               may give each client a share NVML does not show (the Kubernetes device plugin's \
+               MPS sharing sets total ÷ replicas on the daemon and passes only \
+               CUDA_MPS_PIPE_DIRECTORY to the pod), so a plan over each GPU's whole memory \
+               would take the memory of the pods beside this one. State the share: \
+               --gpu-memory-utilization 1/replicas (e.g. 0.25 for 4 replicas), or \
+               CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (e.g. 0=20G); or --mps off where no MPS \
+               daemon shares the GPUs"
+        .to_string();
+    notes.warn(why.clone());
+    Some(why)
+}
+
+/// The SM share the workers on each MPS GPU take together: every worker is one client with
+/// its own active-thread percentage (the inherited `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, else
+/// the daemon's default, 100 ÷ replicas under the device plugin).
+pub(super) fn thread_share(gpus: &[GpuPlan], policy: &Policy, notes: &mut Notes) {
+    if !policy.mps {
+        return;
+    }
+    for g in gpus.iter().filter(|g| g.mps && g.assigned > 0) {
+        let n = g.assigned;
+        notes.why(match policy.mps_thread_percentage {
+            Some(p) => format!(
+                "{}: {n} workers are {n} MPS clients, each with {p} % of its SMs \
+                 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): together up to {} %",
+                g.label,
+                (f64::from(n) * p).min(100.0)
+            ),
+            None => format!(
+                "{}: {n} workers are {n} MPS clients, each with the daemon's default share of its \
+                 SMs (the device plugin sets 100 ÷ replicas): together {n} times that share; \
+                 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE lowers each client's",
+                g.label
+            ),
+        });
     }
 }

@@ -32,6 +32,9 @@ pub struct Policy {
     /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`): each worker is one client, and the server's
     /// share of a GPU ([`super::gpus`]).
     pub mps_client_limit: Option<ClientLimit>,
+    /// Under MPS, each client's share of a GPU's SMs the server inherited
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), percent: counted per worker in the plan's text.
+    pub mps_thread_percentage: Option<f64>,
     /// The operator's `per_process_memory_fraction` (`PYTORCH_ALLOC_CONF`): no worker's
     /// cap goes above it.
     pub allocator_fraction: Option<f64>,
@@ -58,6 +61,7 @@ impl Default for Policy {
             torch_threads: None,
             mps: false,
             mps_client_limit: None,
+            mps_thread_percentage: None,
             allocator_fraction: None,
             uncached_allocator: false,
         }

@@ -34,8 +34,11 @@ use crate::master::resources::mps;
 use crate::master::slot::{Phase, RetireAsk, WorkerState};
 use crate::protocol::worker_exit;
 
-/// How often the daemon is looked for while it is there.
-pub(super) const CHECK_EVERY: Duration = Duration::from_secs(30);
+/// How often the daemon is looked for while it is there. Each look is a connection the
+/// daemon writes into its control log, for the server's whole life, and the look that
+/// matters comes at once anyway: when a worker on an MPS GPU fails (a lost daemon shows
+/// first there). So the steady rate is low: 720 entries a day.
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(120);
 /// How often while it is gone.
 pub(super) const CHECK_WHILE_GONE: Duration = Duration::from_secs(1);
 
