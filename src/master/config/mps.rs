@@ -73,7 +73,7 @@ fn thread_percentage(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<f64>
     match v.trim().parse::<f64>() {
         Ok(p) if p > 0.0 && p <= 100.0 => Ok(Some(p)),
         _ => Err(ConfigError(format!(
-            "invalid value '{v}' for {VAR} (each MPS client's share of a GPU's SMs): expected a              percentage greater than 0 and at most 100"
+            "invalid value '{v}' for {VAR} (each MPS client's share of a GPU's SMs): expected a percentage greater than 0 and at most 100"
         ))),
     }
 }
