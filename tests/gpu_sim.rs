@@ -11,8 +11,9 @@
 //! (`CUDA_VISIBLE_DEVICES` = the GPU's UUID), with which allocator cap, and when a worker
 //! must wait for memory.
 //!
-//! Expected numbers are computed here from the documented rule (SPEC §4 and §7, the
-//! utilisation table in `src/master/plan/fit.rs`), never copied from the program's output:
+//! Expected numbers are computed here from the documented rule (docs/production.md and
+//! docs/gpu.md, the utilisation table in `src/master/plan/fit.rs`), never copied from the
+//! program's output:
 //! `usable = min(floor(total × fraction), free) − reserve`, `fits = floor(usable / max(typ,
 //! context + 64))` (0 when `free < est_gpu_mem_min + reserve`), workers = min(2 × cores +
 //! 1, Σ fits), each worker to the GPU with the most room left (ties to the lower index),
@@ -31,7 +32,7 @@ use common::*;
 use nvml_sim::{SimGpu, SimGpus};
 use serde_json::Value;
 
-/// MB kept free per GPU unless `--gpu-reserve-mb` says otherwise (SPEC §2).
+/// MB kept free per GPU unless `--gpu-reserve-mb` says otherwise.
 const DEFAULT_RESERVE_MB: u64 = 500;
 /// MB one worker's CUDA context takes beside its allocator's cap (README, "GPU memory").
 const CONTEXT_MB: u64 = 500;
@@ -39,7 +40,7 @@ const CONTEXT_MB: u64 = 500;
 // ---------------------------------------------------------------------------------------
 // The documented rule, written out independently of src/master/plan/.
 
-/// SPEC §7 / `UTILIZATION_BY_GPU_SIZE`: 0.95 from 60 GiB, 0.90 from 20 GiB, else 0.84.
+/// `UTILIZATION_BY_GPU_SIZE`: 0.95 from 60 GiB, 0.90 from 20 GiB, else 0.84.
 fn utilisation(total_mb: u64) -> f64 {
     if total_mb >= 60 * 1024 {
         0.95
@@ -121,7 +122,7 @@ fn place(fits: &[u32], n: u32) -> Vec<u32> {
     assigned
 }
 
-/// SPEC §4: `2 × cores + 1`, cores as `num_cpus` counts them.
+/// The CPU bound: `2 × cores + 1`, cores as `num_cpus` counts them.
 fn cpu_bound() -> u32 {
     2 * num_cpus::get().max(1) as u32 + 1
 }
@@ -870,7 +871,7 @@ fn workers_override_above_what_fits_waits_for_memory_then_starts() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The GPU path against a faithful NVML (issue 24): each test fails on the code before it.
+// The GPU path against a faithful NVML: each test fails on the code before it.
 
 /// `app --production` without `--simulated-gpus` (the worker really finds no CUDA here).
 fn spawn_unsimulated(sim: &Sim, args: &[&str], env: &[(&str, &str)]) -> Server {
@@ -1086,7 +1087,7 @@ fn the_operators_cuda_visible_devices_limits_the_gpus() {
     assert!(log.contains("worker(s) on cpu"), "{log}");
 }
 
-/// Issue 29: GPUs visible but no `est_gpu_mem_typ` (forgotten, or misspelt before that was
+/// GPUs visible but no `est_gpu_mem_typ` (forgotten, or misspelt before that was
 /// refused): the production log warns that every worker runs on the CPU and says what to set.
 #[test]
 fn gpus_visible_but_no_estimate_warns_at_production_start() {
@@ -1116,7 +1117,7 @@ fn exclusive_h100_under_mps() -> SimGpu {
         .mps(4_242, 300)
 }
 
-/// Issue 44, item 10: MPS is detected by its control daemon's socket (where
+/// MPS is detected by its control daemon's socket (where
 /// `CUDA_MPS_PIPE_DIRECTORY` says), not assumed: with it, an exclusive-process GPU (its MPS
 /// server the one process there) is planned as a shared one, each worker with its share as
 /// its MPS memory limit; `--mps off`, or no daemon, plans one worker.
@@ -1163,7 +1164,7 @@ fn mps_is_detected_and_an_exclusive_gpu_then_takes_as_many_as_a_shared_one() {
     assert_eq!(mb(&p["gpus"][0]["fits"]), u64::from(shared.fits), "{p:#}");
 }
 
-/// Issue 44, item 4: a MIG GPU instance split into two compute instances (two MIG devices
+/// A MIG GPU instance split into two compute instances (two MIG devices
 /// reporting the same memory) is planned once: the workers its memory holds, divided
 /// between them — not twice that.
 #[test]
@@ -1197,7 +1198,7 @@ fn two_compute_instances_of_one_gpu_instance_are_planned_on_its_memory_once() {
     }
 }
 
-/// Issue 44, item 10: serving under MPS. Each worker gets its share as
+/// Serving under MPS. Each worker gets its share as
 /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`; its footprint is read from NVML's MPS list (the
 /// compute list shows only the MPS server); and a fatal CUDA error of one worker — which
 /// MPS delivers to every client of the GPU — retires the GPU's other workers too, none
@@ -1304,7 +1305,7 @@ fn under_mps_workers_are_limited_measured_and_retired_together() {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
-/// Issue 52, item 2: under MPS the per-client limit the server inherits
+/// Under MPS the per-client limit the server inherits
 /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the pod's share where the device plugin shares the
 /// GPU through MPS) bounds the plan: usable memory is at most the limit, each worker's own
 /// limit is its part of it, and a worker bigger than a client may be is refused (exit 2)
@@ -1363,7 +1364,7 @@ fn under_mps_the_inherited_client_limit_bounds_the_plan() {
     );
 }
 
-/// Issue 52, item 5: the profiling worker under MPS runs with the GPU's whole usable memory
+/// The profiling worker under MPS runs with the GPU's whole usable memory
 /// as its per-client limit, not the estimate's share, so a model bigger than its estimate
 /// can be measured.
 #[test]
@@ -1391,7 +1392,7 @@ fn under_mps_the_profiling_worker_is_limited_to_the_usable_memory_only() {
     s.wait_workers(1);
 }
 
-/// Issue 52, item 8: the MPS daemon found at start is looked for again (at once when a
+/// The MPS daemon found at start is looked for again (at once when a
 /// worker on an MPS GPU dies): gone, no worker starts on the exclusive-process GPU (it
 /// would crash at boot again and again); back, the workers start again.
 #[test]
@@ -1436,7 +1437,7 @@ fn under_mps_a_daemon_that_goes_away_stops_starts_until_it_is_back() {
     assert_eq!(now.len(), 2);
 }
 
-/// Issue 44, item 7: operator settings that would defeat the cap in silence.
+/// Operator settings that would defeat the cap in silence.
 /// `PYTORCH_NO_CUDA_MEMORY_CACHING=1` (no caching allocator: no cap, no statistics) is
 /// refused with a message naming it, unless the workers run on the CPU; an operator's
 /// `per_process_memory_fraction` below the plan's cap lowers the cap, instead of being
@@ -1495,7 +1496,7 @@ fn allocator_settings_that_defeat_the_cap_are_refused_or_honoured() {
     );
 }
 
-/// Issue 44, item 8: `--max-worker-gpu-mb` means what `nvidia-smi` shows of a worker, its
+/// `--max-worker-gpu-mb` means what `nvidia-smi` shows of a worker, its
 /// CUDA context included, so each GPU worker is told the plan's context figure to add to
 /// its allocator's bytes (until NVML shows its own); before, it compared the allocator's
 /// bytes alone and recycled about a context late.
@@ -1524,7 +1525,7 @@ fn max_worker_gpu_mb_counts_the_context_each_worker_is_told() {
     }
 }
 
-/// Issue 52: with every worker on a GPU there is no template, so no warm-up pass was
+/// With every worker on a GPU there is no template, so no warm-up pass was
 /// measured at start. The first worker's own warm-up (it declares its input) measures
 /// its host memory before the others start, and the plan takes the host-memory bound from
 /// it: no request is needed.

@@ -1,4 +1,4 @@
-//! `--idle-release SECONDS` (issue 57, `src/master/supervisor/idle.rs`): a server whose
+//! `--idle-release SECONDS` (`src/master/supervisor/idle.rs`): a server whose
 //! workers on GPUs got no request for that long retires them and gives its reservation in
 //! the GPU-memory ledger back; the next request starts them again through the ledger, or is
 //! answered 503 with `Retry-After` when the ledger has no room. Real `app` servers against
@@ -147,7 +147,7 @@ fn a_request_with_no_room_to_readmit_is_answered_503_with_retry_after() {
     });
 }
 
-/// Issue 57, "MPS: per-client limits follow the reservation", on re-admission: a server
+/// "MPS: per-client limits follow the reservation", on re-admission: a server
 /// released for being idle whose room a neighbour has since taken in part is re-admitted
 /// with as many workers as that room holds at the figure per worker, each with that figure
 /// as its MPS per-client limit, and their limits sum to its reservation (with limits of

@@ -1,4 +1,4 @@
-//! Several servers on one GPU (issue 57): the host's GPU-memory ledger (`--ledger DIR`,
+//! Several servers on one GPU: the host's GPU-memory ledger (`--ledger DIR`,
 //! `src/master/ledger.rs`), with real `app` processes against one simulated GPU (the NVML
 //! stand-in, `--simulated-gpus`: workers run on the CPU, so NVML's free memory never falls
 //! as they start — only the ledger keeps servers started together apart).
@@ -265,7 +265,7 @@ fn a_server_grows_into_the_room_a_neighbour_gave_back() {
     assert_eq!(grown, (n_second + 1) * TYP_MB);
 }
 
-/// Issue 57, "MPS: per-client limits follow the reservation": under MPS each worker's
+/// "MPS: per-client limits follow the reservation": under MPS each worker's
 /// per-client limit is what the ledger reserves for it (the figure the plan fitted workers
 /// by, 4000 MB here — not the GPU's usable memory ÷ the workers that fit, 36,364 ÷ 9 =
 /// 4040, which left 40 MB per worker unreserved); a worker started by TTIN gets the same;
@@ -329,7 +329,7 @@ fn under_mps_each_workers_limit_is_what_the_ledger_reserves_for_it() {
     );
 }
 
-/// Issue 57: `app plan` shows, on the GPU's line, what the other servers reserved and what
+/// `app plan` shows, on the GPU's line, what the other servers reserved and what
 /// of the GPU's share is left; its plan takes no more (`free` at most that), and `--json`
 /// says the same in `ledger_mb`. With `--ledger off` it shows no ledger.
 #[test]

@@ -372,7 +372,7 @@ fn unit_files_pass_systemd_analyze_verify() {
     );
 }
 
-/// Issue 29: the install the README gives works as written. `deploy/install` puts the
+/// The install the README gives works as written. `deploy/install` puts the
 /// binaries and libtorch under a prefix (hard links here, to spare 3.6 GB) and writes the
 /// environment file the unit reads; the installed `app` then serves when run the way the
 /// unit runs it: as an unprivileged user (here `nobody`, for whom the build user's home and

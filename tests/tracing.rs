@@ -1,4 +1,4 @@
-//! Traces (issue 58): the real `app` exporting its workers' spans over OTLP/HTTP to a
+//! Traces: the real `app` exporting its workers' spans over OTLP/HTTP to a
 //! receiver that decodes them with the official protobuf definitions
 //! (`tests/support/otlp_receiver.py`, opentelemetry-proto). A traced request shows up as
 //! one trace with its queue, forward and answer time under the caller's span; a batched

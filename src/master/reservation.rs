@@ -466,7 +466,7 @@ mod tests {
         plan(&res, &Demand::declared(&meta), &policy).unwrap()
     }
 
-    /// Issue 57, item 2: what the ledger reserves for a worker covers what the worker may
+    /// What the ledger reserves for a worker covers what the worker may
     /// take — its allocator cap plus its context, and under MPS its driver-enforced limit —
     /// for every count of workers, so the sum of the caps never exceeds the reservation.
     /// (The per-worker figure was 4000 MB while each cap and limit was the GPU's usable
@@ -511,7 +511,7 @@ mod tests {
         }
     }
 
-    /// Issue 57, item 1: the reservation never falls below what the live workers were
+    /// The reservation never falls below what the live workers were
     /// started with — a worker retiring after TTOU stays reserved until it exits, and a
     /// worker started under an earlier plan with a larger figure keeps it (its MPS limit was
     /// fixed when its CUDA context was made).

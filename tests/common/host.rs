@@ -1,4 +1,4 @@
-//! One host whose servers share a GPU (issue 57): a simulated GPU (the NVML stand-in,
+//! One host whose servers share a GPU: a simulated GPU (the NVML stand-in,
 //! `--simulated-gpus`: workers run on the CPU, so NVML's free memory never falls as they
 //! start — only the GPU-memory ledger keeps servers apart) and the ledger directory every
 //! server started here shares. Used by `tests/ledger.rs` and `tests/idle_release.rs`.

@@ -1,6 +1,6 @@
-//! The worker plan (SPEC §4, §7): how many workers to start and where each one goes, from
-//! the measured [`Resources`], the app metadata's GPU estimates and the [`Policy`] taken
-//! from the command line. **Pure**: no I/O, no clock, no environment, so every rule is
+//! The worker plan (docs/production.md, docs/gpu.md): how many workers to start and where
+//! each one goes, from the measured [`Resources`], the app metadata's GPU estimates and the
+//! [`Policy`] taken from the command line. **Pure**: no I/O, no clock, no environment, so every rule is
 //! covered by the table-driven tests at the bottom.
 //!
 //! | file | owns |
@@ -227,7 +227,7 @@ pub fn plan(res: &Resources, demand: &Demand, policy: &Policy) -> Result<Plan, P
     let (min, typ, reserve) = (demand.min_mb, demand.typ_mb, policy.gpu_reserve_mb);
     let mut notes = Notes {
         why: vec![format!("CPU bound = 2 × {cpus} cores + 1 = {cpu_bound}")],
-        // The metadata's likely mistakes first (issue 47: `mean`/`std` in 0–255 units).
+        // The metadata's likely mistakes first (`mean`/`std` in 0–255 units).
         warnings: demand.warnings.clone(),
     };
     let mode = PlacementMode::choose(res, demand, policy, &mut notes)?;
@@ -680,7 +680,7 @@ mod tests {
                         g.index
                     );
                     if let (Some(cap), Some(f)) = (g.cap_mb, g.memory_fraction) {
-                        // Caps and contexts of a full GPU within usable (issue 24, item 4).
+                        // Caps and contexts of a full GPU within usable.
                         assert!(
                             (cap + CUDA_CONTEXT_MB) * u64::from(g.fits) <= g.usable_mb,
                             "{}: caps and contexts exceed usable",
@@ -1075,7 +1075,7 @@ mod tests {
             .any(|w| w.contains("est_gpu_mem_typ 300 MB is less than one worker's CUDA context")));
     }
 
-    /// Issue 29: an app with GPUs visible but no estimate is warned about where the server
+    /// An app with GPUs visible but no estimate is warned about where the server
     /// starts, not only in `app plan`'s reasoning; `--device cpu` says the CPU is meant.
     #[test]
     fn gpus_visible_but_no_estimate_is_a_warning() {
@@ -1100,7 +1100,7 @@ mod tests {
             .is_empty());
     }
 
-    /// Issue 44, item 4: two compute instances of one GPU instance (two MIG devices
+    /// Two compute instances of one GPU instance (two MIG devices
     /// reporting the same memory) hold its workers once, divided between them; another
     /// GPU instance of the same GPU is planned on its own.
     #[test]
@@ -1155,7 +1155,7 @@ mod tests {
         );
     }
 
-    /// Issue 44, item 10: under MPS an exclusive-process GPU holds its MPS server alone,
+    /// Under MPS an exclusive-process GPU holds its MPS server alone,
     /// and the workers, its clients, are planned as on a shared GPU, each with its share as
     /// its MPS memory limit; `--mps off` plans one worker.
     #[test]
@@ -1191,7 +1191,7 @@ mod tests {
         assert!(plan(&none, &meta(3000, 5000), &mps).is_err());
     }
 
-    /// Issue 52, item 2: under MPS the per-client limit the server inherited
+    /// Under MPS the per-client limit the server inherited
     /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) is its share of the GPU: it bounds the usable
     /// memory, each worker's own limit is never above it, a worker bigger than it fits
     /// nowhere (the refusal names both figures), and the plan says so; without one serving
@@ -1274,7 +1274,7 @@ mod tests {
         assert!(p.refusal().is_some());
     }
 
-    /// Issue 52, item 9: spread placement asks the compute mode workers meet: under MPS an
+    /// Spread placement asks the compute mode workers meet: under MPS an
     /// exclusive-process GPU takes more than its round-robin share, as a shared one does.
     #[test]
     fn under_mps_spread_placement_treats_an_exclusive_gpu_as_shared() {
@@ -1299,7 +1299,7 @@ mod tests {
         assert_eq!(p.next_target(|_| 1), Target::NoRoom);
     }
 
-    /// Issue 44, items 5 and 7: the cap leaves room for the context profiling measured (not
+    /// The cap leaves room for the context profiling measured (not
     /// 500 MB), and never goes above the operator's per_process_memory_fraction.
     #[test]
     fn the_cap_takes_the_measured_context_and_the_operators_fraction() {
@@ -1329,7 +1329,7 @@ mod tests {
         assert_eq!(p.gpus[0].cap_mb, declared.gpus[0].cap_mb);
     }
 
-    /// Issue 44, item 7: PYTORCH_NO_CUDA_MEMORY_CACHING=1 leaves nothing to cap: a plan
+    /// PYTORCH_NO_CUDA_MEMORY_CACHING=1 leaves nothing to cap: a plan
     /// on GPUs says why `app` refuses it; on the CPU it does not matter.
     #[test]
     fn an_uncached_allocator_refuses_a_plan_on_gpus() {

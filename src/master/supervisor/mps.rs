@@ -257,7 +257,7 @@ mod tests {
         assert!(!f.blocks(0));
     }
 
-    /// Issue 52, item 8: one daemon serves every GPU, so a fault on one blocks starts on
+    /// One daemon serves every GPU, so a fault on one blocks starts on
     /// all of them until the faulted clients are gone.
     #[test]
     fn a_fault_on_one_gpu_blocks_every_gpu_of_its_daemon() {
@@ -269,7 +269,7 @@ mod tests {
         assert!(!f.blocks(0) && !f.blocks(1));
     }
 
-    /// Issue 52, item 8: the daemon looked for again, at a low rate while there and every
+    /// The daemon looked for again, at a low rate while there and every
     /// second while gone; only exclusive-process MPS GPUs are blocked while it is gone.
     #[test]
     fn a_daemon_that_goes_blocks_exclusive_gpus_until_it_is_back() {

@@ -200,7 +200,7 @@ pub struct Cap {
 pub fn cap_allocator(device: usize, cap_bytes: u64) -> Result<Cap, CudaError> {
     init()?;
     let total = total_memory(device)?;
-    // Never above the operator's own cap, of the same total (issue 52, item 9: the plan
+    // Never above the operator's own cap, of the same total (the plan
     // took it of NVML's total, which is larger on most drivers).
     let fraction = cap_fraction(cap_bytes, total)?.min(operator_fraction()?);
     set_memory_fraction(device, fraction)?;
@@ -273,7 +273,7 @@ mod tests {
         }
     }
 
-    /// Issue 52, item 9: the operator's `per_process_memory_fraction` is read as torch
+    /// The operator's `per_process_memory_fraction` is read as torch
     /// parsed it (and the cap is never set above it, of the same `totalGlobalMem`). The
     /// variable is read once per process, at first use: nothing else here uses it first.
     #[test]
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(operator_fraction(), Ok(0.35));
     }
 
-    /// Issue 44, item 6: the fraction is taken of torch's own base (`totalGlobalMem`), so
+    /// The fraction is taken of torch's own base (`totalGlobalMem`), so
     /// the cap is the plan's to the byte, and a cap read back otherwise (or none) is an
     /// error rather than a worker capped elsewhere.
     #[test]

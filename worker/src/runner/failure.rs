@@ -273,10 +273,10 @@ mod tests {
         ] {
             assert!(matches!(classify(fatal), RunError::CudaFatal(_)), "{fatal}");
         }
-        // Issue 44: more allocation failures are GPU memory (507)…
+        // More allocation failures are GPU memory (507)…
         for oom in [
             "CUDA driver error: out of memory".to_string(),
-            // Issue 52, item 9: cuBLAS failing to create its handle on a full GPU.
+            // CuBLAS failing to create its handle on a full GPU.
             "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`\nException raised from createCublasHandle".to_string(),
             "cuFFT error: CUFFT_ALLOC_FAILED\nException raised from CUFFT_CHECK".to_string(),
             "cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`"
@@ -303,7 +303,7 @@ mod tests {
     }
 
     /// A CUDA error met while copying outputs back (where an asynchronous one surfaces)
-    /// is that CUDA error, not an output the server cannot write (issue 24, item 5).
+    /// is that CUDA error, not an output the server cannot write.
     #[test]
     fn a_cuda_error_while_writing_outputs_is_fatal() {
         let copy = "cannot read the model's output tensor: Internal torch error: CUDA error: device-side assert triggered\nSearch for `cudaErrorAssert'";
@@ -320,7 +320,7 @@ mod tests {
         assert_eq!(cuda_first(plain.clone()), plain);
     }
 
-    /// Issue 52, item 6: a CUDA error raised inside a TorchScript model reaches tch as the
+    /// A CUDA error raised inside a TorchScript model reaches tch as the
     /// interpreter's text around c10's multi-line CUDA message (torch 2.11's
     /// `InterpreterStateImpl::handleError` writes `RuntimeError: ` and the message without
     /// its backtrace); its useful line is the error, not the `TORCH_USE_CUDA_DSA` hint.

@@ -548,7 +548,7 @@ mod tests {
         assert_eq!(outside_cap(4000 * mb, mb, false), OutsideCap::Within);
     }
 
-    /// Issue 44, item 9: docs/options.md says what the code does with a cap that cannot be
+    /// Docs/options.md says what the code does with a cap that cannot be
     /// set (a failed load, exit 3), not exit 7 or 5.
     #[test]
     fn the_exit_status_docs_put_a_cap_not_set_under_3() {

@@ -11,7 +11,7 @@
 //! ([`boot_refusal`]), and one more pass per text input whose passes ran shorter than its
 //! `max_length` runs a document of `max_length` tokens ([`check_max_lengths`]): a
 //! `max_length` beyond what the model takes (its position embeddings) ends the boot naming
-//! the field, instead of failing the first long text with a 500 (issue 47). An image input's
+//! the field, instead of failing the first long text with a 500. An image input's
 //! passes already run at its declared `size`.
 
 use std::time::Instant;
@@ -180,7 +180,7 @@ impl std::fmt::Display for Failed {
 
 /// What a failed warm-up pass at `shapes` means. Every failure ends the boot — a pool
 /// that would answer every request of the declared shape with an error must never report
-/// ready (issues 52 and 59) — except GPU memory running out, which may pass (a neighbour's
+/// ready — except GPU memory running out, which may pass (a neighbour's
 /// memory, a batch larger than most requests): `None`, a warning, and the worker starts
 /// cold. Which refusal: the declared inputs do not fit `forward()`'s signature; the device
 /// failed when the pass was waited for, or the pass hit a sticky CUDA error (the context is
@@ -328,7 +328,7 @@ fn pass(
     // asynchronous CUDA error of the pass comes back here, as an error the boot can act on.
     // (tch 0.24's `Cuda::synchronize` is `unsafe_torch!`, which unwraps libtorch's error
     // into a panic, `src/wrappers/device.rs` and `utils.rs`: the warm-up then ended as "the
-    // model panicked", and a worker with a broken context started cold; issue 44, item 3.)
+    // model panicked", and a worker with a broken context started cold.)
     let synced = match (&run, device) {
         (_, Device::Cuda(_)) => match crate::cuda::synchronize() {
             Ok(()) | Err(crate::cuda::CudaError::NoCuda) => Ok(()),
@@ -390,7 +390,7 @@ mod tests {
     use super::*;
     use vramfork::metadata::Dtype;
 
-    /// Issues 52 (item 4) and 59 (item 2): what a failed warm-up pass ends in.
+    /// What a failed warm-up pass ends in.
     #[test]
     fn every_warm_up_failure_but_gpu_memory_refuses_the_boot() {
         let specs = vec![TensorSpec {

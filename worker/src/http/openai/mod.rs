@@ -1,4 +1,4 @@
-//! OpenAI's embeddings API (issue 56), so that OpenAI's SDKs and LangChain's
+//! OpenAI's embeddings API, so that OpenAI's SDKs and LangChain's
 //! `OpenAIEmbeddings` work against a text model unchanged: `POST /v1/embeddings`
 //! (`embed.rs`: the request read by `request.rs` in one streaming pass, `walk.rs`, tokenized by `tokens.rs`, pooled by
 //! `vectors.rs`, as the model's `embeddings` block declares, `declaration.rs`), `GET
