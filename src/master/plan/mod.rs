@@ -1,7 +1,7 @@
 //! The worker plan (docs/production.md, docs/gpu.md): how many workers to start and where
 //! each one goes, from the measured [`Resources`], the app metadata's GPU estimates and the
-//! [`Policy`] taken from the command line. **Pure**: no I/O, no clock, no environment, so every rule is
-//! covered by the table-driven tests at the bottom.
+//! [`Policy`] taken from the command line. **Pure**: no I/O, no clock, no environment, so
+//! every rule is covered by the table-driven tests at the bottom.
 //!
 //! | file | owns |
 //! |---|---|
