@@ -72,14 +72,26 @@ fn mps_on(cfg: &Config, res: &Resources) -> bool {
                 );
                 true
             }
-            Err(why) => {
-                // Said at start: "something else listens there" must not pass unseen.
-                tracing::info!(
-                    target: "app",
-                    event = "mps_not_detected",
-                    pipe_directory = %cfg.mps.pipe_directory.display(),
-                    "NVIDIA MPS not detected: {why}; the workers are plain CUDA processes (--mps on assumes MPS)"
-                );
+            Err(not) => {
+                // Said at start when something is there ("something else listens there" must
+                // not pass unseen); nothing there, the usual host without MPS, only at debug.
+                let pipe_directory = cfg.mps.pipe_directory.display();
+                let why = &not.why;
+                if not.something_there {
+                    tracing::info!(
+                        target: "app",
+                        event = "mps_not_detected",
+                        %pipe_directory,
+                        "NVIDIA MPS not detected: {why}; the workers are plain CUDA processes (--mps on assumes MPS)"
+                    );
+                } else {
+                    tracing::debug!(
+                        target: "app",
+                        event = "mps_not_detected",
+                        %pipe_directory,
+                        "NVIDIA MPS not detected: {why}"
+                    );
+                }
                 false
             }
         },

@@ -35,32 +35,51 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 
+/// Why an MPS control daemon was not found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotDetected {
+    /// What the look found, for the log.
+    pub why: String,
+    /// Something is at the daemon's path (a socket of another kind, one nobody listens on,
+    /// one this user may not reach): worth saying at start. Nothing there (no such file or
+    /// folder) is the usual case on a host without MPS.
+    pub something_there: bool,
+}
+
 /// Whether an MPS control daemon listens in `pipe_dir`: `Ok` says where, `Err` why not.
-pub fn detect(pipe_dir: &Path) -> Result<String, String> {
+pub fn detect(pipe_dir: &Path) -> Result<String, NotDetected> {
+    let not = |why: String, something_there: bool| NotDetected {
+        why,
+        something_there,
+    };
     let control = pipe_dir.join("control");
-    let addr = UnixAddr::new(&control).map_err(|e| format!("{}: {e}", control.display()))?;
+    let addr =
+        UnixAddr::new(&control).map_err(|e| not(format!("{}: {e}", control.display()), true))?;
     let fd = socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .map_err(|e| format!("cannot make a socket to look for MPS: {e}"))?;
+    .map_err(|e| not(format!("cannot make a socket to look for MPS: {e}"), true))?;
     match connect(fd.as_raw_fd(), &addr) {
         // A full backlog (EAGAIN) still means a daemon listens there.
         Ok(()) | Err(Errno::EAGAIN) | Err(Errno::EINPROGRESS) => Ok(format!(
             "the MPS control daemon accepts connections at {}",
             control.display()
         )),
-        Err(Errno::EPROTOTYPE) => Err(format!(
-            "a socket listens at {} but not as the MPS control daemon does (SOCK_SEQPACKET): \
-             the workers' CUDA could not connect to it either, so they would not be MPS \
-             clients (--mps on assumes MPS anyway)",
-            control.display()
+        Err(Errno::EPROTOTYPE) => Err(not(
+            format!(
+                "a socket listens at {} but not as the MPS control daemon does (SOCK_SEQPACKET): \
+                 the workers' CUDA could not connect to it either, so they would not be MPS \
+                 clients (--mps on assumes MPS anyway)",
+                control.display()
+            ),
+            true,
         )),
-        Err(e) => Err(format!(
-            "no MPS control daemon at {} ({e})",
-            control.display()
+        Err(e) => Err(not(
+            format!("no MPS control daemon at {} ({e})", control.display()),
+            !matches!(e, Errno::ENOENT | Errno::ENOTDIR),
         )),
     }
 }
@@ -161,18 +180,23 @@ mod tests {
     #[test]
     fn a_listening_seqpacket_control_socket_is_mps_and_anything_else_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let why = detect(dir.path()).unwrap_err();
-        assert!(why.starts_with("no MPS control daemon at"), "{why}");
+        let not = detect(dir.path()).unwrap_err();
+        assert!(not.why.starts_with("no MPS control daemon at"), "{not:?}");
+        assert!(!not.something_there, "nothing at the path: {not:?}");
         let l = listen_as_daemon(dir.path());
         let how = detect(dir.path()).unwrap();
         assert!(how.contains("accepts connections"), "{how}");
-        // A socket left behind by a daemon that is gone.
+        // A socket left behind by a daemon that is gone: something is there.
         drop(l);
-        assert!(detect(dir.path()).is_err());
+        assert!(detect(dir.path()).unwrap_err().something_there);
         std::fs::remove_file(dir.path().join("control")).unwrap();
         let _stream = std::os::unix::net::UnixListener::bind(dir.path().join("control")).unwrap();
-        let why = detect(dir.path()).unwrap_err();
-        assert!(why.contains("not as the MPS control daemon does"), "{why}");
+        let not = detect(dir.path()).unwrap_err();
+        assert!(
+            not.why.contains("not as the MPS control daemon does"),
+            "{not:?}"
+        );
+        assert!(not.something_there, "{not:?}");
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl DaemonWatch {
         if now < self.next_check {
             return None;
         }
-        let found = mps::detect(&self.pipe_dir);
+        let found = mps::detect(&self.pipe_dir).map_err(|not| not.why);
         let every = if found.is_ok() {
             CHECK_EVERY
         } else {

@@ -5,13 +5,11 @@
 //! naming the field. The body is read by one streaming pass (`walk.rs`) that keeps only
 //! what the limits let a request hold; this file judges what it found.
 
-pub use super::walk::Rules;
 use super::walk::{walk, Fault, Field, Kind, Seen};
+pub use super::walk::{Rules, MAX_INPUTS};
 
 use super::error::OaiError;
 
-/// Inputs one request may carry (OpenAI's limit).
-pub const MAX_INPUTS: usize = 2048;
 /// Token ids one input may carry, unless the model's `max_length` is larger: what OpenAI's
 /// embedding models take (8,191 tokens), so a client that cuts its inputs for them —
 /// LangChain's `OpenAIEmbeddings` sends chunks of 8,191 ids — is never refused.

@@ -6,8 +6,6 @@
 //! that the verdict (`request.rs`) is the one a whole reading would give: a syntax error or
 //! JSON nested deeper than serde_json's 128 levels anywhere is `invalid_json`, the inputs
 //! are counted in full, and of several faults the same one is named.
-//!
-//! [`MAX_INPUTS`]: super::request::MAX_INPUTS
 
 use std::fmt;
 
@@ -17,6 +15,9 @@ use serde_json::{Map, Number, Value};
 mod input;
 
 use input::InputSeed;
+
+/// Inputs one request may carry (OpenAI's limit).
+pub const MAX_INPUTS: usize = 2048;
 
 /// What the server lets a request keep while it is read.
 #[derive(Debug, Clone, Copy)]

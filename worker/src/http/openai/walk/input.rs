@@ -11,9 +11,9 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{
-    float, shown, Fault, Items, Kind, Partial, Rules, Seen, Skip, SHOWN_CHARS, SHOWN_VALUES,
+    float, shown, Fault, Items, Kind, Partial, Rules, Seen, Skip, MAX_INPUTS, SHOWN_CHARS,
+    SHOWN_VALUES,
 };
-use crate::http::openai::request::MAX_INPUTS;
 
 pub(super) struct InputSeed(pub Rules);
 
