@@ -253,7 +253,7 @@ fn a_stderr_nobody_reads_never_holds_a_request() {
     );
 }
 
-/// The buffer's capacity (`worker/src/access_log.rs`).
+/// The buffer's capacity (`worker/src/observe/access_log.rs`).
 fn vramfork_access_log_capacity() -> usize {
     16_384
 }

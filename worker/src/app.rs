@@ -12,10 +12,10 @@ use vramfork::metrics::traffic::Traffic;
 
 use vramfork::protocol::RetireReason;
 
-use crate::access_log::AccessLog;
 use crate::documents::Documents;
 use crate::hw::Hw;
 use crate::metrics::{Endpoint, Recorder};
+use crate::observe::access_log::AccessLog;
 use crate::runner::Runner;
 use crate::siblings::Siblings;
 use crate::state::Shared;
@@ -58,7 +58,7 @@ pub struct App {
     /// The access log (`--access-log`), when it is on.
     pub access_log: Option<Arc<AccessLog>>,
     /// The trace export (the `OTEL_*` variables), when it is on.
-    pub spans: Option<crate::spans::Spans>,
+    pub spans: Option<crate::observe::spans::Spans>,
     /// The body sizes seen, to hand memory back after an unusually large one.
     pub body_sizes: crate::heap::BodySizes,
     /// `X-Worker-Pid`, ready to send.
@@ -110,7 +110,7 @@ impl App {
             access_log: cfg
                 .access_log
                 .then(|| AccessLog::start(cfg.log_json, cfg.slot)),
-            spans: crate::spans::Spans::from_env(cfg.slot),
+            spans: crate::observe::spans::Spans::from_env(cfg.slot),
             body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
             documents: documents.map(Arc::new),
@@ -160,16 +160,16 @@ impl App {
         &self,
         headers: &hyper::header::HeaderMap,
         path: &str,
-    ) -> crate::trace_context::TraceContext {
+    ) -> crate::observe::trace_context::TraceContext {
         let spans = self
             .spans
             .as_ref()
-            .filter(|_| !crate::spans::is_probe(path));
-        crate::spans::Spans::context(spans, headers)
+            .filter(|_| !crate::observe::spans::is_probe(path));
+        crate::observe::spans::Spans::context(spans, headers)
     }
 
     /// An answered request: its spans, when sampled, and its access-log line.
-    pub fn record(&self, r: crate::access_log::Record) {
+    pub fn record(&self, r: crate::observe::access_log::Record) {
         let spans = self.spans.as_ref().filter(|s| s.wants(&r));
         match (spans, &self.access_log) {
             (Some(s), Some(log)) => {

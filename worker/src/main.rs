@@ -2,7 +2,6 @@
 //! the master (the contract is `vramfork::protocol`): by exec, as the template that forks
 //! workers (`template.rs`), or forked from that template. The start-up itself is `boot.rs`.
 
-mod access_log;
 mod app;
 mod args;
 mod boot;
@@ -29,6 +28,7 @@ mod listen_queue;
 mod listener;
 mod memory;
 mod metrics;
+mod observe;
 mod outgoing;
 mod process;
 mod report;
@@ -36,11 +36,9 @@ mod request_id;
 mod runner;
 mod server;
 mod siblings;
-mod spans;
 mod state;
 mod template;
 mod timeouts;
-mod trace_context;
 mod watchdog;
 
 use vramfork::protocol::ENV_TEMPLATE;

@@ -65,7 +65,7 @@ fn seed() -> u64 {
 
 /// 64 bits no other call in this process gets (nor, but by chance, another worker's or
 /// restart's): the process's seed and a counter, mixed. Made request ids and W3C trace and
-/// span ids (`crate::trace_context`) draw from it.
+/// span ids (`crate::observe::trace_context`) draw from it.
 pub fn unique() -> u64 {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     mix(seed() ^ COUNT.fetch_add(1, Ordering::Relaxed))

@@ -35,7 +35,6 @@ use hyper::{Request, Response, StatusCode, Version};
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::decode::BodyError;
 use crate::error::{ApiError, GrpcCode};
@@ -43,10 +42,11 @@ use crate::head::{arrival, hw_line, key_given, Closer};
 use crate::infer::v2::{is_ready, EXTENSIONS};
 use crate::infer::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
 use crate::metrics::Endpoint;
+use crate::observe::access_log::{Record, Trace};
+use crate::observe::trace_context::{self, TraceContext};
 use crate::request_id::{self, RequestId};
 use crate::siblings::{Handed, Handing, Reserved, Siblings};
 use crate::timeouts::BODY_READ;
-use crate::trace_context::{self, TraceContext};
 use wire::{GrpcBody, Reader};
 
 /// The service's path prefix.

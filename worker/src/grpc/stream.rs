@@ -20,11 +20,11 @@ use tokio::sync::mpsc;
 use super::pb::{ModelInferResponse, ModelStreamInferResponse};
 use super::wire::{self, Reader};
 use super::{decode, infer, ok_trailers, status_headers, Call, Outcome};
-use crate::access_log::Trace;
 use crate::error::ApiError;
 use crate::head::hw_line;
 use crate::infer::{claim, work, Handoff, Meta, Ran};
 use crate::metrics::Endpoint;
+use crate::observe::access_log::Trace;
 
 /// Answers held for a client slow to read them before the next request is read.
 const AHEAD: usize = 4;

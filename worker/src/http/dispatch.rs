@@ -17,12 +17,12 @@ use hyper::{Method, Request, Response};
 use super::answer::{Answer, Body};
 use super::request::{endpoint_of, INFERENCE_HEADER};
 use super::{openai, root, v2};
-use crate::access_log::{Record, Trace};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
+use crate::observe::access_log::{Record, Trace};
+use crate::observe::trace_context;
 use crate::request_id::{self, RequestId};
-use crate::trace_context;
 
 /// The hyper service: never fails, every outcome is an HTTP answer.
 pub async fn handle(

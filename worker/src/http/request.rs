@@ -14,12 +14,12 @@ use hyper::{Method, Request};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
 
-use crate::access_log::Trace;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, hw_line};
 use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran};
 use crate::metrics::Endpoint;
+use crate::observe::access_log::Trace;
 use crate::request_id::RequestId;
 use crate::runner::RunOutput;
 use crate::timeouts::BODY_READ;

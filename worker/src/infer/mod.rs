@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use vramfork::protocol::RetireReason;
 
-use crate::access_log::{Preprocess, Trace};
 use crate::app::App;
 use crate::args::{Arg, Inputs};
 use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::metrics::Endpoint;
+use crate::observe::access_log::{Preprocess, Trace};
 use crate::runner::{Encoding, RunOutput};
 use crate::state::Shared;
 pub use deadline::{Deadline, MAX_TIMEOUT_S};
@@ -211,7 +211,7 @@ async fn preprocess(
     }
     if let Some(t) = trace {
         t.preprocessed(Preprocess {
-            after: crate::access_log::work_began_after(arrived, took),
+            after: crate::observe::access_log::work_began_after(arrived, took),
             took,
             texts,
             images,

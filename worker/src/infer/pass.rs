@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use vramfork::protocol::RetireReason;
 
 use super::{queue_wait_refusal, Deadline, Handoff, Job};
-use crate::access_log::Trace;
 use crate::app::App;
 use crate::error::ApiError;
+use crate::observe::access_log::Trace;
 use crate::runner::{RunError, RunOutput};
 
 /// A job's end on the model thread's side.

@@ -1,6 +1,6 @@
 //! A forward pass several requests shared, as the model thread ran it: when it started, how
 //! long it took, how many requests and rows it carried. Every member's outputs hold it; what
-//! observes passes (the trace export, `spans/pass.rs`) attaches its own state to it once,
+//! observes passes (the trace export, `observe/spans/pass.rs`) attaches its own state to it once,
 //! which lives until the last member lets go of the pass. The runner knows nothing of what is
 //! attached.
 

@@ -193,7 +193,10 @@ pub fn request(h: &Handing<'_>) -> Result<Request<Full<Bytes>>, hyper::http::Err
             headers.append(k.clone(), v.clone());
         }
     }
-    headers.insert(crate::trace_context::HEADER.clone(), h.traceparent.clone());
+    headers.insert(
+        crate::observe::trace_context::HEADER.clone(),
+        h.traceparent.clone(),
+    );
     if let Ok(id) = HeaderValue::from_str(h.id) {
         headers.insert(HeaderName::from_static("x-request-id"), id);
     }

@@ -21,7 +21,6 @@ use super::error::OaiError;
 use super::request::{self, Format, Input, Rules};
 use super::tokens::{tokenize, Tokenized};
 use super::vectors::{base64, finish, Output};
-use crate::access_log::{Tokenize, Trace};
 use crate::app::App;
 use crate::args::Inputs;
 use crate::documents::text::Row;
@@ -31,6 +30,7 @@ use crate::head::arrival;
 use crate::http::answer::Answer;
 use crate::http::request::{endpoint_of, read_body, request_id_of};
 use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
+use crate::observe::access_log::{Tokenize, Trace};
 use crate::runner::{Encoding, Wanted};
 
 /// The header saying how many inputs were cut to the model's `max_length`.
@@ -105,7 +105,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
     if let Some(t) = &meta.trace {
         t.tokenized(Tokenize {
-            after: crate::access_log::work_began_after(meta.arrived, preprocess),
+            after: crate::observe::access_log::work_began_after(meta.arrived, preprocess),
             took: preprocess,
             inputs: lengths.len() as u32,
             tokens: lengths.iter().sum::<usize>() as u64,

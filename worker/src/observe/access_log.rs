@@ -235,8 +235,8 @@ pub struct Timing {
 pub struct Record {
     pub time: SystemTime,
     pub request_id: String,
-    /// The W3C trace it belongs to (`crate::trace_context`): its trace id is logged.
-    pub context: crate::trace_context::TraceContext,
+    /// The W3C trace it belongs to (`crate::observe::trace_context`): its trace id is logged.
+    pub context: crate::observe::trace_context::TraceContext,
     pub method: String,
     /// Path and query, as sent.
     pub target: String,
@@ -460,12 +460,12 @@ mod tests {
             context: {
                 let mut h = hyper::header::HeaderMap::new();
                 h.insert(
-                    &crate::trace_context::HEADER,
+                    &crate::observe::trace_context::HEADER,
                     hyper::header::HeaderValue::from_static(
                         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
                     ),
                 );
-                crate::trace_context::TraceContext::of(&h)
+                crate::observe::trace_context::TraceContext::of(&h)
             },
             method: "POST".into(),
             target: target.into(),

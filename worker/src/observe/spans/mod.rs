@@ -41,8 +41,8 @@ use std::time::SystemTime;
 
 use hyper::header::HeaderMap;
 
-use crate::access_log::Record;
-use crate::trace_context::TraceContext;
+use crate::observe::access_log::Record;
+use crate::observe::trace_context::TraceContext;
 use export::Exporter;
 use otlp::Value;
 use vramfork::otel::Sampler;
@@ -248,7 +248,7 @@ struct Ids {
 /// when the call was handed to it.
 fn spans_of(
     r: &Record,
-    passes: &[crate::access_log::Timing],
+    passes: &[crate::observe::access_log::Timing],
     ids: &Ids,
     worker: (u32, u32, Option<u32>),
     out: &mut Vec<u8>,
@@ -262,7 +262,7 @@ fn spans_of(
 /// The SERVER span of `r`, from `start` to `end`.
 fn server_span(
     r: &Record,
-    passes: &[crate::access_log::Timing],
+    passes: &[crate::observe::access_log::Timing],
     ids: &Ids,
     worker: (u32, u32, Option<u32>),
     (start, end): (SystemTime, SystemTime),
@@ -314,7 +314,7 @@ fn server_span(
 /// each pass's queue and forward spans, then its answer span; how many.
 fn children(
     r: &Record,
-    passes: &[crate::access_log::Timing],
+    passes: &[crate::observe::access_log::Timing],
     ids: &Ids,
     (start, end): (SystemTime, SystemTime),
     out: &mut Vec<u8>,

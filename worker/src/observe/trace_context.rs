@@ -4,7 +4,7 @@
 //! the worker's answer carries `traceparent` with the same trace id, this worker's own span
 //! id and the caller's flags, and the access log writes the trace id — so that a request a
 //! gateway traced can be found here. `tracestate` is passed on as it came. Without a trace
-//! export (`crate::spans`, off by default) the worker records nothing, so a trace it starts
+//! export (`crate::observe::spans`, off by default) the worker records nothing, so a trace it starts
 //! is not sampled (flags `00`) and a caller's sampled flag is passed on; with one, the
 //! sampler decides ([`TraceContext::sample`]) and the answer's flags say what it decided.
 
