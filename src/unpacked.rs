@@ -2,7 +2,7 @@
 //! the temporary directory, named by the master's pid and a random suffix ([`fresh`]: no
 //! other user can guess it, so none can make it first), told to every child in [`ENV`];
 //! the first process that unpacks a package makes it, `0700`, and each unpacks into
-//! `<pid>/` under it. The master sweeps it (`master::unpack`); the worker writes into it
+//! `<pid>/` under it. The master sweeps it (`master::host::unpack`); the worker writes into it
 //! (`worker/src/exported/aoti.rs`).
 
 use std::path::{Path, PathBuf};

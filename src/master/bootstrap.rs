@@ -13,11 +13,11 @@ use std::sync::Arc;
 use super::activation::{self, Inherited};
 use super::config::{Config, ConfigError, Mode};
 use super::footprint::Learner;
-use super::footprint_file::FootprintFile;
+use super::host::footprint_file::FootprintFile;
+use super::host::reservation::Reservation;
 use super::measured::{self, Profiled, Source};
 use super::metrics::MasterMetrics;
 use super::plan::{self, Demand, Plan};
-use super::reservation::Reservation;
 use super::resources::host_memory::{Budget, Cgroup};
 use super::resources::{self, NvmlProbe, Resources};
 use super::signals::Signals;
@@ -28,7 +28,7 @@ use crate::{logging, metrics};
 
 /// Runs `app` with a valid configuration until it exits; returns the exit status.
 pub fn run(cfg: Config) -> i32 {
-    let _unpacked = super::unpack::Sweep::start();
+    let _unpacked = super::host::unpack::Sweep::start();
     let server = match Server::new(cfg) {
         Ok(s) => s,
         Err(code) => return code,

@@ -25,10 +25,10 @@
 //! | `template_ready` | info | `pid`, `ms`, `warmup_ms` | the template process has loaded the model (and run its warm-up pass: 0 when the metadata declares no input shape) |
 //! | `host_memory_planned` | info | `room_mb`, `per_worker_mb`, `bound`, `workers`, `bounded` (the bound lowered the count), `source` (the cgroup's limit file, or `MemAvailable`; with the measured worker's memory when one was) | the first template was ready: the host-memory bound from its warm-up's peak; or, when nothing was measured at start, from the first worker's own figures (`master::plan::host`, `master::supervisor::host`) |
 //! | `host_memory_unmeasured` | info | | no warm-up pass was measured at start (none declared, or no template): one worker serves until its own figures are in (unless the worker count is an override), or, with no host-memory figure at all, the bound is not applied |
-//! | `ledger_others` | info | `gpu`, `reserved_mb`, `servers` | other servers of the host reserved memory on this GPU in the GPU-memory ledger: the plan counts it as used (`master::reservation`) |
+//! | `ledger_others` | info | `gpu`, `reserved_mb`, `servers` | other servers of the host reserved memory on this GPU in the GPU-memory ledger: the plan counts it as used (`master::host::reservation`) |
 //! | `ledger_reserved` | info | `reserved_mb`, `dir` | this server's reservation in the ledger was written (at start, and when its workers on GPUs change) |
 //! | `ledger_unavailable` | warn | | the ledger's directory is missing and cannot be made (nobody can be reserving there): this server plans alone. A ledger that is there but cannot be used is exit 2 |
-//! | `ledger_world_writable` | warn | | the ledger's directory is writable by every user (a sticky directory of root's or this user's): any local user can delay starts and claim memory in it (`master::ledger`) |
+//! | `ledger_world_writable` | warn | | the ledger's directory is writable by every user (a sticky directory of root's or this user's): any local user can delay starts and claim memory in it (`master::host::ledger`) |
 //! | `ledger_wait` | warn | `holder` (its pid, 0 when unseen) | a start found the ledger's lock busy: it waits up to 10 s, then exits 2 naming the holder |
 //! | `ledger_busy` | warn | `holder` | a re-admission after `--idle-release` could not take the lock within 100 ms: no worker re-admitted this time (answered 503) |
 //! | `ledger_shrunk` | warn | `workers`, `planned` | other servers reserved memory while this one profiled: fewer workers than planned fit now |

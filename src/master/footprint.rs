@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::footprint_file::FootprintFile;
+use super::host::footprint_file::FootprintFile;
 use super::profile::footprint;
 use crate::master::plan::Plan;
 use crate::master::resources::GpuProbe;

@@ -136,8 +136,8 @@ pub fn child_env(cmd: &mut Command, gpu: Option<&GpuAssignment>) {
             cmd.env_remove(k.as_ref());
         }
     }
-    // Where it unpacks an AOTInductor package (`super::unpack`).
-    cmd.env(crate::unpacked::ENV, super::unpack::own());
+    // Where it unpacks an AOTInductor package (`super::host::unpack`).
+    cmd.env(crate::unpacked::ENV, super::host::unpack::own());
     // Its GPU alone, and under MPS its share as its driver-enforced limit.
     for (k, v) in gpu_env(gpu) {
         cmd.env(k, v);

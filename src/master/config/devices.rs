@@ -16,7 +16,7 @@ use crate::protocol::Device;
 pub(super) const DEFAULTS: &[(&str, &str)] = &[
     ("--device", "auto"),
     ("--gpu-reserve-mb", "500"),
-    ("--ledger", crate::master::ledger::DEFAULT_DIR),
+    ("--ledger", crate::master::host::ledger::DEFAULT_DIR),
 ];
 
 /// Where the model runs and how much of each GPU the plan may take.

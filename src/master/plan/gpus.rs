@@ -62,7 +62,7 @@ pub struct GpuPlan {
     /// memory, planned once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_instance: Option<u32>,
-    /// MB the other servers of this host reserved here in the ledger (`master::ledger`):
+    /// MB the other servers of this host reserved here in the ledger (`master::host::ledger`):
     /// `free_mb` is at most `total × fraction` less them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ledger_mb: u64,

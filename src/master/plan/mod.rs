@@ -42,7 +42,7 @@
 //! 7. Each GPU worker's allocator cap ([`GpuPlan::cap_mb`]) is `per worker − context`,
 //!    the per-worker figure being what fitting divided `usable` by (the estimate, at least
 //!    a context plus [`MIN_ALLOCATOR_MB`]) and what the GPU-memory ledger reserves for the
-//!    worker (`master::reservation`), so no worker may take the remainder `usable` leaves
+//!    worker (`master::host::reservation`), so no worker may take the remainder `usable` leaves
 //!    beyond `fits × per worker`, which no reservation covers; the context being what profiling measured one worker to hold besides its allocator
 //!    ([`Demand::context_mb`]), else [`CUDA_CONTEXT_MB`]: every worker's CUDA context comes
 //!    on top of what its caching allocator may take, so caps and contexts of as many

@@ -105,7 +105,7 @@ pub struct GpuInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_instance: Option<u32>,
     /// MB the other servers of this host reserved on it in the GPU-memory ledger
-    /// (`master::ledger`): the plan counts them as used.
+    /// (`master::host::ledger`): the plan counts them as used.
     #[serde(skip_serializing_if = "is_zero")]
     pub ledger_mb: u64,
     /// CUDA compute capability, `major.minor` (`nvmlDeviceGetCudaComputeCapability`; a MIG

@@ -33,7 +33,7 @@ impl Supervisor {
 
     /// A child exited: a template stopped on purpose, the current template, or a worker.
     pub(super) fn on_exit(&mut self, pid: u32, code: Option<i32>, sig: Option<Signal>) {
-        crate::master::unpack::child_exited(pid);
+        crate::master::host::unpack::child_exited(pid);
         if self.templates.reaped_old(pid) {
             return;
         }

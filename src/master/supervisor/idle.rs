@@ -27,7 +27,7 @@ use crate::master::slot::Phase;
 
 /// What the 503 of a re-admission without room asks a client to wait, in seconds: the
 /// other servers renew (and shrink) their reservations at this pace.
-pub(super) const RETRY_AFTER_S: u64 = crate::master::ledger::RENEW_EVERY.as_secs();
+pub(super) const RETRY_AFTER_S: u64 = crate::master::host::ledger::RENEW_EVERY.as_secs();
 
 /// Where `--idle-release` stands.
 #[derive(Debug)]
@@ -248,9 +248,11 @@ impl Supervisor {
         let free = |g: u32| probe.and_then(|p| p.free_bytes(g).ok()).map(|b| b >> 20);
         let n = match &mut self.reservation {
             Some(res) => res.admit(&self.plan, r.workers, reserve, free),
-            None => crate::master::reservation::fitting(&self.plan, r.workers, reserve, |g| {
-                free(g.index)
-            }),
+            None => {
+                crate::master::host::reservation::fitting(&self.plan, r.workers, reserve, |g| {
+                    free(g.index)
+                })
+            }
         };
         if n == 0 {
             let refused = self.refuse_waiting();

@@ -34,7 +34,7 @@ mod refuse;
 mod reload;
 mod template;
 
-use crate::master::reservation::{LiveWorker, Reservation};
+use crate::master::host::reservation::{LiveWorker, Reservation};
 use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
@@ -74,7 +74,7 @@ struct Live {
     /// Its seat on the idle board, cleared when it is reaped.
     seat: Option<u32>,
     /// On a GPU: that device's UUID and the MB reserved for it in the ledger, the figure
-    /// its allocator cap and MPS limit were made with (`master::reservation`).
+    /// its allocator cap and MPS limit were made with (`master::host::reservation`).
     reserved: Option<(String, u64)>,
 }
 
@@ -182,7 +182,7 @@ impl Supervisor {
         }
     }
 
-    /// Keep this server's reservation in the GPU-memory ledger (`master::reservation`).
+    /// Keep this server's reservation in the GPU-memory ledger (`master::host::reservation`).
     pub fn with_reservation(mut self, reservation: Option<Reservation>) -> Supervisor {
         self.reservation = reservation;
         self

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::master::config::Config;
-use crate::master::ledger::{Domain, Domains, NotTaken, Others, Unusable, DEFAULT_DIR, START_WAIT};
+use crate::master::host::ledger::{
+    Domain, Domains, NotTaken, Others, Unusable, DEFAULT_DIR, START_WAIT,
+};
 use crate::master::resources::{GpuInfo, Resources};
 
 /// Each device's memory domain in the ledger: a GPU's own UUID, or for a MIG device of a

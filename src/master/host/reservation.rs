@@ -1,4 +1,4 @@
-//! This server's reservation in the host's GPU-memory ledger ([`crate::master::ledger`]):
+//! This server's reservation in the host's GPU-memory ledger ([`crate::master::host::ledger`]):
 //! the ledger is read, under its lock, before the plan is made (the other servers' live
 //! reservations become each GPU's `ledger_mb`, which the plan counts as used); the plan's
 //! reservation is written provisionally and the lock let go before any profiling
@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::master::config::{Config, Mode};
-use crate::master::ledger::{
+use crate::master::host::ledger::{
     Domains, Held, Ledger, NotTaken, Others, Unusable, LEASE, LOOP_WAIT, RENEW_EVERY, START_WAIT,
 };
 use crate::master::plan::{per_worker_mb, share_mb, Plan};
@@ -427,7 +427,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::master::ledger::Domain;
+    use crate::master::host::ledger::Domain;
     use crate::master::plan::{plan, Demand, Policy};
     use crate::master::resources::{GpuInfo, MB};
     use crate::metadata::AppMetadata;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 
-use crate::master::ledger::{Ledger, RENEW_EVERY};
+use crate::master::host::ledger::{Ledger, RENEW_EVERY};
 
 /// The renewing thread; [`Renewer::stop`] ends it.
 pub struct Renewer {
