@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
 use super::request::{endpoint_of, INFERENCE_HEADER};
-use super::{openai, root, v2};
+use super::{openai, rerank, root, v2};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
@@ -144,6 +144,7 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         ("/", &Method::GET) => root::metadata(req.uri().query(), app),
         ("/", &Method::POST) => root::infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(root::health(app)),
+        (p, _) if rerank::owns(p) => Ok(rerank::route(req, app).await),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),

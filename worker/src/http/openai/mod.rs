@@ -39,6 +39,7 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
     let done = match (path.as_str(), &method, model) {
         ("/v1/embeddings", &Method::POST, _) => embed::embeddings(req, app).await,
         ("/v1/embeddings", _, _) => Err(ApiError::not_allowed(&method, &path, "POST").into()),
+        ("/v1/rerank" | "/v1/classify", _, _) => Ok(crate::http::rerank::route(req, app).await),
         ("/v1/models", &Method::GET, _) => Ok(Answer::ok(
             json!({"object": "list", "data": [model_object(app)]}),
         )),
@@ -49,7 +50,7 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
         _ => Err(OaiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            format!("no route for {method} {path}; under /v1 this server answers POST /v1/embeddings, GET /v1/models and GET /v1/models/{{id}}"),
+            format!("no route for {method} {path}; under /v1 this server answers POST /v1/embeddings, POST /v1/rerank, POST /v1/classify, GET /v1/models and GET /v1/models/{{id}}"),
         )),
     };
     done.unwrap_or_else(OaiError::answer)
