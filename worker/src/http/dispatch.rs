@@ -144,6 +144,8 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         ("/", &Method::GET) => root::metadata(req.uri().query(), app),
         ("/", &Method::POST) => root::infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(root::health(app)),
+        // Before `/v2/` and `/v1/`, whose routers would take `/v2/rerank`, `/v1/rerank`
+        // and `/v1/classify`.
         (p, _) if rerank::owns(p) => Ok(rerank::route(req, app).await),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),

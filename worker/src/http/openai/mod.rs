@@ -39,7 +39,6 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
     let done = match (path.as_str(), &method, model) {
         ("/v1/embeddings", &Method::POST, _) => embed::embeddings(req, app).await,
         ("/v1/embeddings", _, _) => Err(ApiError::not_allowed(&method, &path, "POST").into()),
-        ("/v1/rerank" | "/v1/classify", _, _) => Ok(crate::http::rerank::route(req, app).await),
         ("/v1/models", &Method::GET, _) => Ok(Answer::ok(
             json!({"object": "list", "data": [model_object(app)]}),
         )),

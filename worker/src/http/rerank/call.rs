@@ -24,12 +24,11 @@ use crate::documents::pair::PairError;
 use crate::documents::DocError;
 use crate::head::arrival;
 use crate::http::answer::Answer;
-use crate::http::openai::embed::TRUNCATED;
-use crate::http::openai::vectors::Output;
 use crate::http::request::{endpoint_of, read_body, request_id_of};
 use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
 use crate::observe::access_log::Trace;
-use crate::runner::{Encoding as Wire, Wanted};
+use crate::runner::{Encoding as Wire, OutTensor, Wanted};
+use vramfork::metadata::{Datatype, Dtype};
 
 /// A row to score: one text, or a pair (a query and a document).
 pub enum Row {
@@ -56,6 +55,10 @@ impl Rows {
         }
     }
 }
+
+/// The header saying how many rows were cut to the model's `max_length` (as on
+/// `/v1/embeddings`).
+pub const TRUNCATED: &str = "x-truncated-inputs";
 
 /// An admitted request with its body.
 pub struct Call<'a> {
@@ -319,8 +322,7 @@ impl Call<'_> {
             let one = tensors
                 .first()
                 .ok_or_else(|| failed("the model returned no output".into()))?;
-            let output = Output::read(one).map_err(failed)?;
-            for (row, &i) in rows_of(&output, chunk.len())?.into_iter().zip(chunk) {
+            for (row, &i) in rows_of(one, chunk.len())?.into_iter().zip(chunk) {
                 logits[i] = row;
             }
             forward += out.forward;
@@ -337,11 +339,32 @@ fn failed(e: String) -> Refusal {
     )
 }
 
-/// One row of logits per input: the output is `[rows]` (one logit each) or `[rows, logits]`.
-fn rows_of(output: &Output, rows: usize) -> Result<Vec<Vec<f32>>, Refusal> {
-    match output.shape.as_slice() {
-        [n] if *n == rows => Ok(output.data.iter().map(|&x| vec![x]).collect()),
-        [n, k] if *n == rows && *k > 0 => Ok(output.data.chunks(*k).map(<[f32]>::to_vec).collect()),
+/// One row of logits per input: the output is `[rows]` (one logit each) or `[rows, logits]`,
+/// FP32 or FP64.
+fn rows_of(t: &OutTensor, rows: usize) -> Result<Vec<Vec<f32>>, Refusal> {
+    let data: Vec<f32> = match t.datatype {
+        Datatype::Tensor(Dtype::Float32) => t
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Datatype::Tensor(Dtype::Float64) => t
+            .data
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        other => {
+            return Err(failed(format!(
+                "the output is {other}; scores are read from FP32 or FP64 logits"
+            )))
+        }
+    };
+    let shape: Vec<usize> = t.shape.iter().map(|&n| n as usize).collect();
+    match shape.as_slice() {
+        [n] if *n == rows && data.len() == rows => Ok(data.iter().map(|&x| vec![x]).collect()),
+        [n, k] if *n == rows && *k > 0 && data.len() == rows * k => {
+            Ok(data.chunks(*k).map(<[f32]>::to_vec).collect())
+        }
         s => Err(failed(format!(
             "the output has shape {s:?} for {rows} rows; scores are read from [rows] or [rows, logits]"
         ))),

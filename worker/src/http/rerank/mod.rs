@@ -23,9 +23,12 @@ use self::refusal::{Refusal, Shape};
 use crate::app::App;
 use crate::http::answer::Answer;
 
-/// The paths these doors answer outside `/v1/` (which OpenAI's router hands on).
+/// The paths these doors answer.
 pub fn owns(path: &str) -> bool {
-    matches!(path, "/v2/rerank" | "/rerank" | "/predict" | "/score")
+    matches!(
+        path,
+        "/v2/rerank" | "/v1/rerank" | "/rerank" | "/predict" | "/score" | "/v1/classify"
+    )
 }
 
 pub async fn route(req: Request<Incoming>, app: &App) -> Answer {

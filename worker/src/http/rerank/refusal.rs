@@ -10,7 +10,6 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::http::answer::{json_bytes, Answer};
-use crate::http::openai::error::OaiError;
 
 /// The API whose shape an answer takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +51,18 @@ impl Refusal {
         }
     }
 
+    /// OpenAI's error class for a status.
+    fn openai_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
     /// TEI's error class for a status.
     fn tei_type(&self) -> &'static str {
         match self.status.as_u16() {
@@ -63,14 +74,12 @@ impl Refusal {
 
     pub fn answer(self, shape: Shape) -> Answer {
         let body = match shape {
-            Shape::OpenAi => {
-                let e = match (self.api, self.param) {
-                    (Some(api), _) => OaiError::from(*api),
-                    (None, Some(p)) => OaiError::invalid(p, self.code, self.message),
-                    (None, None) => OaiError::new(self.status, self.code, self.message),
-                };
-                return e.answer();
-            }
+            Shape::OpenAi => json!({"error": {
+                "message": self.message,
+                "type": self.openai_type(),
+                "param": self.param,
+                "code": self.code,
+            }}),
             Shape::Cohere => json!({"message": self.message}),
             Shape::Tei => json!({"error": self.message, "error_type": self.tei_type()}),
         };
@@ -89,7 +98,7 @@ impl From<ApiError> for Refusal {
             status: e.status(),
             message: e.to_string(),
             param: None,
-            code: "server",
+            code: e.kind(),
             api: Some(Box::new(e)),
         }
     }
