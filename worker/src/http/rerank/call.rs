@@ -7,8 +7,7 @@
 //! input's `max_documents`), each through the core's pass, and put back in the request's
 //! order; one row of logits per row, for the door to activate and shape.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
@@ -22,12 +21,10 @@ use crate::app::App;
 use crate::args::Inputs;
 use crate::documents::pair::PairError;
 use crate::documents::DocError;
-use crate::head::arrival;
 use crate::http::answer::Answer;
-use crate::http::request::{endpoint_of, read_body, request_id_of};
-use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
-use crate::observe::access_log::Trace;
-use crate::runner::{Encoding as Wire, OutTensor, Wanted};
+use crate::http::request::{self, meta_of, refuse};
+use crate::infer::{Admitted, Encoding as Wire, OutTensor, Parsed, Wanted, Working};
+use crate::observe::access_log::Tokenize;
 use vramfork::metadata::{Datatype, Dtype};
 
 /// A row to score: one text, or a pair (a query and a document).
@@ -62,11 +59,9 @@ pub const TRUNCATED: &str = "x-truncated-inputs";
 
 /// An admitted request with its body.
 pub struct Call<'a> {
-    meta: Meta,
+    admitted: Admitted<'a>,
     pub decl: Declaration,
     pub body: Vec<u8>,
-    last: bool,
-    taken_at: Instant,
     working: Option<Working<'a>>,
 }
 
@@ -93,38 +88,22 @@ impl Scored {
     }
 }
 
-/// Admits the request as one needing the block `need`, and reads its body.
+/// Admits the request as one needing the block `need` (a model without it refuses before
+/// the request counts as a model request), and reads its body.
 pub async fn admit(req: Request<Incoming>, app: &App, need: Need) -> Result<Call<'_>, Refusal> {
-    let arrived = arrival(&req);
-    let meta = Meta {
-        arrived,
-        endpoint: endpoint_of(req.method(), req.uri().path()),
-        id: request_id_of(&req).into(),
-        trace: req.extensions().get::<Arc<Trace>>().cloned(),
-        deadline: Deadline::from_header(req.headers(), arrived)?,
-    };
-    let admitted = declaration::of(&app.metadata, need)
-        .and_then(|decl| meta.refusal(app).map(Refusal::from).map_or(Ok(decl), Err));
-    let taken_at = Instant::now();
-    let decl = match admitted {
+    let decl = match declaration::of(&app.metadata, need) {
         Ok(decl) => decl,
         Err(refused) => {
-            // Read the (small, usually) body so the refusal is not lost to a reset.
-            if let Ok(body) = read_body(req, app.max_body_bytes).await {
-                meta.count_body(app, body.len());
-            }
-            return Err(refused);
+            let meta = meta_of(&req)?;
+            return Err(refuse(req, app, &meta, refused).await);
         }
     };
-    let last = claim(app);
-    let body = read_body(req, app.max_body_bytes).await?;
-    meta.count_body(app, body.len());
+    let (admitted, body) = request::admit(req, app).await?;
     Ok(Call {
-        meta,
+        admitted,
         decl,
         body,
-        last,
-        taken_at,
+        // Work from here, as a parsed request is: each pass then counts as its own.
         working: Some(Working::enter(&app.shared)),
     })
 }
@@ -164,6 +143,16 @@ impl Call<'_> {
         let (rows, truncated, preprocess) = self.tokenized(app, rows, field, query).await?;
         drop(self.working.take());
         let tokens = rows.iter().map(Encoding::len).sum();
+        let meta = self.admitted.meta();
+        if let Some(t) = &meta.trace {
+            t.tokenized(Tokenize {
+                after: crate::observe::access_log::work_began_after(meta.arrived, preprocess),
+                took: preprocess,
+                inputs: rows.len() as u32,
+                tokens: tokens as u64,
+                truncated: truncated as u32,
+            });
+        }
         let (logits, forward) = self.passes(app, rows).await?;
         Ok(Scored {
             logits,
@@ -171,7 +160,7 @@ impl Call<'_> {
             truncated,
             preprocess,
             forward,
-            last: self.last,
+            last: self.admitted.claim(),
         })
     }
 
@@ -191,7 +180,7 @@ impl Call<'_> {
         })?;
         let how = self.decl.truncation;
         let work = docs.on_pool(
-            self.meta.deadline.map(|d| d.at()),
+            self.admitted.meta().deadline.map(|d| d.at()),
             app.request_timeout,
             move |d, until| {
                 let text = d
@@ -253,12 +242,11 @@ impl Call<'_> {
                 Ok((rows, cut, took))
             }
             Err(DocError::Bad(m)) => Err(Refusal::invalid(field, m)),
-            Err(DocError::Stopped { client: true }) => Err(self
-                .meta
-                .deadline
-                .expect("a client deadline")
-                .expired(self.meta.arrived)
-                .into()),
+            Err(DocError::Stopped { client: true }) => {
+                let meta = self.admitted.meta();
+                let deadline = meta.deadline.expect("a client deadline");
+                Err(deadline.expired(meta.arrived).into())
+            }
             Err(DocError::Stopped { client: false }) => Err(
                 crate::error::ApiError::PreprocessTimeout(app.request_timeout.as_millis() as u64)
                     .into(),
@@ -269,7 +257,7 @@ impl Call<'_> {
 
     /// The rows run shortest first in passes, their logits put back in the rows' order.
     async fn passes(
-        &self,
+        &mut self,
         app: &App,
         rows: Vec<Encoding>,
     ) -> Result<(Vec<Vec<f32>>, Duration), Refusal> {
@@ -284,8 +272,7 @@ impl Call<'_> {
         order.sort_by_key(|&i| rows[i].len());
         let mut logits = vec![Vec::new(); rows.len()];
         let mut forward = Duration::ZERO;
-        let count = order.len().div_ceil(per_pass);
-        for (k, chunk) in order.chunks(per_pass).enumerate() {
+        for chunk in order.chunks(per_pass) {
             let pass: Vec<&Encoding> = chunk.iter().map(|&i| &rows[i]).collect();
             let inputs = Inputs {
                 args: text.feeds(&pass),
@@ -294,30 +281,16 @@ impl Call<'_> {
                 outputs: Some(vec![self.decl.output.clone()]),
                 declared: app.metadata.outputs.clone(),
             };
-            // The body's size counts once, with the last pass.
-            let size = if k + 1 == count { self.body.len() } else { 0 };
-            let parse = move |inputs| {
-                Ok(Parsed {
+            let out = self
+                .admitted
+                .run_made(Parsed {
                     inputs,
                     encoding: Wire::Tensors(wanted),
                     timeout: None,
                     extra: (),
                 })
-            };
-            let ran = work(
-                self.meta.clone(),
-                inputs,
-                size,
-                self.taken_at,
-                self.last,
-                app,
-                parse,
-                None::<Handoff<'_, ()>>,
-            )
-            .await?;
-            let Ran::Done(out, (), _) = ran else {
-                unreachable!("a request without a hand-off is never handed off")
-            };
+                .await?
+                .out;
             let tensors = out.outputs.tensors().map_err(crate::error::ApiError::Run)?;
             let one = tensors
                 .first()
