@@ -224,3 +224,152 @@ pub(super) fn output(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::AppMetadata;
+    use serde_json::json;
+
+    /// `extra` merged into the metadata of a text model with one declared 3-wide output.
+    fn parse_with(extra: Value) -> Result<AppMetadata, String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), "").unwrap();
+        let mut m = json!({
+            "name": "r", "model": "m.pt",
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                        "tokenizer": {"file": "tokenizer.json", "max_length": 8}}],
+            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 3]}],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        AppMetadata::parse(&dir.path().join("app-metadata.json"), &m.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_blocks_are_read_with_their_defaults() {
+        let m = parse_with(
+            json!({"rerank": {}, "classify": {"id2label": {"1": "b", "0": "a", "2": "c"}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            m.rerank,
+            Some(Rerank {
+                output: 0,
+                logit: 0,
+                activation: None,
+                truncation: PairTruncation::OnlySecond,
+                max_documents: MAX_DOCUMENTS,
+            })
+        );
+        let c = m.classify.unwrap();
+        assert_eq!(c.id2label, Some(vec!["a".into(), "b".into(), "c".into()]));
+        let m = parse_with(
+            json!({"rerank": {"output": "logits", "logit": 2, "activation": "softmax",
+                                             "truncation": "longest_first", "max_documents": 5}}),
+        )
+        .unwrap();
+        let r = m.rerank.unwrap();
+        assert_eq!(
+            (r.logit, r.activation, r.truncation, r.max_documents),
+            (
+                2,
+                Some(Activation::Softmax),
+                PairTruncation::LongestFirst,
+                5
+            )
+        );
+    }
+
+    #[test]
+    fn every_mistake_names_its_field() {
+        for (extra, want) in [
+            (
+                json!({"rerank": {"activation": "tanh"}}),
+                "`rerank.activation` is \"tanh\"",
+            ),
+            (
+                json!({"rerank": {"truncation": "only_first"}}),
+                "`rerank.truncation`",
+            ),
+            (
+                json!({"rerank": {"logit": 3}}),
+                "`rerank.logit` is 3; output 0 is declared with 3 logits",
+            ),
+            (
+                json!({"rerank": {"max_documents": 0}}),
+                "`rerank.max_documents` is 0",
+            ),
+            (
+                json!({"rerank": {"output": "x"}}),
+                "`rerank.output` is \"x\"",
+            ),
+            (
+                json!({"rerank": {"activaton": "none"}}),
+                "`rerank.activaton` is so close to `rerank.activation`",
+            ),
+            (
+                json!({"rerank": {"layer": 1}}),
+                "`rerank.layer` is not one of",
+            ),
+            (json!({"rerank": []}), "`rerank` must be an object"),
+            (
+                json!({"classify": {"id2label": ["a", "b"]}}),
+                "`classify.id2label` names 2 classes; output 0 is declared with 3",
+            ),
+            (
+                json!({"classify": {"id2label": {"0": "a", "1": "b", "5": "c"}}}),
+                "has the index 5",
+            ),
+            (
+                json!({"classify": {"id2label": {"x": "a"}}}),
+                "`classify.id2label` is",
+            ),
+            (
+                json!({"classify": {"activation": 1}}),
+                "`classify.activation` is 1",
+            ),
+            (json!({"rerenk": {}}), "`rerank`"),
+        ] {
+            let e = parse_with(extra.clone()).unwrap_err();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        // A model without a text input cannot rerank.
+        let dir = tempfile::tempdir().unwrap();
+        let m = json!({"name": "r", "model": "m.pt", "input": {"shape": [-1, 4]}, "rerank": {}});
+        let e = AppMetadata::parse(&dir.path().join("a.json"), &m.to_string()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`rerank` needs the model's one input to be a text input"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_activations_are_sentence_transformers() {
+        let row = [1.0f32, 2.0, 3.0];
+        let s = Activation::Softmax.apply(&row);
+        let sum: f32 = s.iter().sum();
+        assert!(
+            (sum - 1.0).abs() < 1e-6 && s[2] > s[1] && s[1] > s[0],
+            "{s:?}"
+        );
+        assert!((Activation::Softmax.apply(&[0.0, 0.0])[0] - 0.5).abs() < 1e-7);
+        assert!((Activation::Sigmoid.apply(&[0.0])[0] - 0.5).abs() < 1e-7);
+        assert_eq!(Activation::None.apply(&row), row.to_vec());
+        assert_eq!(
+            Activation::or_default(None, 1, Activation::None),
+            Activation::Sigmoid
+        );
+        assert_eq!(
+            Activation::or_default(None, 3, Activation::Softmax),
+            Activation::Softmax
+        );
+        assert_eq!(
+            Activation::or_default(Some(Activation::None), 1, Activation::Softmax),
+            Activation::None
+        );
+    }
+}
