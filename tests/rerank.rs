@@ -415,3 +415,32 @@ fn a_bad_rerank_or_classify_block_stops_the_start_naming_the_field() {
         );
     }
 }
+
+/// tritonclient's `class_count` over v2 REST (binary and JSON data) and gRPC: each text's two
+/// best classes, best first, with the classifier's softmax and `id2label`'s names.
+#[test]
+fn tritonclients_class_count_gets_the_classifiers_softmax_over_rest_and_grpc() {
+    let (s, _app, exp) = serve(
+        "classes.pt",
+        json!({"classify": {"id2label": ["negative", "neutral", "positive"]}}),
+    );
+    let labels = ["negative", "neutral", "positive"];
+    let port = s.port.to_string();
+    let got = python_json(
+        "triton_classes.py",
+        &[&port, "cross", "2"],
+        json!({"texts": exp["texts"]}).to_string().as_bytes(),
+    );
+    for how in ["http", "http_json", "grpc"] {
+        for (i, want) in exp["softmax"].as_array().unwrap().iter().enumerate() {
+            let want = floats(want);
+            let row = got[how][i].as_array().unwrap();
+            assert_eq!(row.len(), 2, "{how}: {got}");
+            for (item, &c) in row.iter().zip(&best_first(&want)) {
+                assert_eq!(item[1], c, "{how}: text {i}: {got}");
+                assert_eq!(item[2], labels[c], "{how}: text {i}");
+                close(item[0].as_f64().unwrap(), want[c], how);
+            }
+        }
+    }
+}
