@@ -148,6 +148,19 @@ fn tei_jina_and_vllm_shapes_get_cross_encoder_scores_and_the_long_document_is_cu
     );
     assert_ranked(&r.json(), "score", &raw, 5, "TEI raw");
     assert!(r.json()[0].get("text").is_none(), "{}", r.body);
+    // `/rerank` with `documents` (vLLM's and Jina's clients there) answers Jina's shape.
+    let r = s.post(
+        "/rerank",
+        &json!({"query": exp["query"], "documents": docs, "top_n": 3}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ranked(
+        &r.json()["results"],
+        "relevance_score",
+        &want,
+        3,
+        "Jina on /rerank",
+    );
     // Jina: documents come back unless return_documents is false; top_n 0 and null = all.
     for top_n in [json!(0), json!(null)] {
         let r = s.post(

@@ -3,8 +3,9 @@
 //! gives it; `return_text`); with `documents` instead of `texts` it answers Jina's shape,
 //! as `/v1/rerank` does. `POST /predict` takes `inputs`: a text, a pair of texts, or a
 //! batch of them, and answers `[{score, label}]` (every class, best first) per input, a
-//! list of such lists for a batch. TEI's `truncate` and `truncation_direction: "right"` are
-//! taken; the `rerank` block's truncation decides.
+//! list of such lists for a batch. TEI's `truncate` (and any other field) is accepted and
+//! unused, `truncation_direction` is `right` or refused: the `rerank` block's truncation
+//! decides.
 
 use hyper::body::Incoming;
 use hyper::Request;
@@ -28,9 +29,6 @@ struct Asked {
     raw_scores: bool,
     #[serde(default)]
     return_text: bool,
-    #[serde(default)]
-    #[allow(dead_code)]
-    truncate: Option<bool>,
     #[serde(default)]
     truncation_direction: Option<String>,
 }
