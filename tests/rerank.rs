@@ -457,3 +457,52 @@ fn tritonclients_class_count_gets_the_classifiers_softmax_over_rest_and_grpc() {
         }
     }
 }
+
+/// `longest_first` cuts the longer of the two, as `truncation=True` does: the scores are
+/// still CrossEncoder's (a short query, so only the long document is cut), and a query
+/// longer than `max_length` is cut rather than refused. `max_tokens_per_doc` cuts documents.
+#[test]
+fn longest_first_cuts_as_truncation_true_and_max_tokens_per_doc_cuts_documents() {
+    let (s, _app, exp) = serve(
+        "cross.pt",
+        json!({"rerank": {"truncation": "longest_first"}}),
+    );
+    let r = s.post(
+        "/v2/rerank",
+        &json!({"query": exp["query"], "documents": exp["documents"]}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ranked(
+        &r.json()["results"],
+        "relevance_score",
+        &floats(&exp["default"]),
+        5,
+        "longest_first",
+    );
+    assert_eq!(r.header("x-truncated-inputs"), Some("1"));
+    let long_query = "a query that goes on and on ".repeat(12);
+    let r = s.post(
+        "/v2/rerank",
+        &json!({"query": long_query, "documents": ["GPU"]}).to_string(),
+    );
+    assert_eq!(
+        (r.status, r.header("x-truncated-inputs")),
+        (200, Some("1")),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.json()["usage"]["total_tokens"], 40, "{}", r.body);
+    let r = s.post(
+        "/v2/rerank",
+        &json!({"query": exp["query"], "documents": exp["documents"], "max_tokens_per_doc": 2})
+            .to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let cut: usize = r.header("x-truncated-inputs").unwrap().parse().unwrap();
+    assert!(cut >= 4, "{cut}");
+    assert!(
+        r.json()["usage"]["total_tokens"].as_u64().unwrap() < tokens(&exp),
+        "{}",
+        r.body
+    );
+}
