@@ -506,3 +506,42 @@ fn longest_first_cuts_as_truncation_true_and_max_tokens_per_doc_cuts_documents()
         r.body
     );
 }
+
+/// Token auth's 401 comes in each API's shape too, so the SDKs read it as their own.
+#[test]
+fn token_auth_refuses_in_each_apis_shape() {
+    let app = app_with(&metadata("cross.pt", json!({"rerank": {}})));
+    let keys = app.dir.path().join("keys");
+    std::fs::write(&keys, "a-key-of-sixteen-chars-at-least\n").unwrap();
+    let s = Server::start(
+        &app,
+        &[
+            "--production",
+            "--workers",
+            "1",
+            "--api-key-file",
+            keys.to_str().unwrap(),
+        ],
+    );
+    s.wait_workers(1);
+    let body = json!({"query": "q", "documents": ["d"], "texts": ["d"]}).to_string();
+    let r = s.post("/v2/rerank", &body);
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.json()["message"].is_string(), "{}", r.body);
+    let r = s.post("/rerank", &body);
+    assert_eq!(
+        (r.status, r.json()["error_type"].as_str()),
+        (401, Some("Backend")),
+        "{}",
+        r.body
+    );
+    let r = s.post("/score", &body);
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["type"],
+        "authentication_error",
+        "{}",
+        r.body
+    );
+    assert!(r.header("www-authenticate").is_some());
+}

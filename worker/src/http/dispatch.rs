@@ -60,6 +60,7 @@ pub async fn handle(
     });
     let answer = match authorized(&req, &app) {
         Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
+        Err(e) if rerank::owns(req.uri().path()) => rerank::refusal(req.uri().path(), e),
         Err(e) if openai::owns(req.uri().path()) => openai::refusal(e),
         Err(e) => Answer::from(e),
     };

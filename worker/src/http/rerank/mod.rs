@@ -31,13 +31,23 @@ pub fn owns(path: &str) -> bool {
     )
 }
 
-pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
-    let path = req.uri().path().to_string();
-    let shape = match path.as_str() {
+/// The shape of the API a path speaks.
+fn shape(path: &str) -> Shape {
+    match path {
         "/v2/rerank" => Shape::Cohere,
         "/score" | "/v1/rerank" | "/v1/classify" => Shape::OpenAi,
         _ => Shape::Tei,
-    };
+    }
+}
+
+/// A refusal of the server's own (token auth) for one of these paths, in its API's shape.
+pub fn refusal(path: &str, e: crate::error::ApiError) -> Answer {
+    Refusal::from(e).answer(shape(path))
+}
+
+pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
+    let path = req.uri().path().to_string();
+    let shape = shape(&path);
     if req.method() != Method::POST {
         let e = crate::error::ApiError::not_allowed(req.method(), &path, "POST");
         return Refusal::from(e).answer(shape);
