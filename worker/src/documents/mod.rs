@@ -16,6 +16,7 @@
 
 pub mod image;
 pub mod pair;
+pub mod passes;
 pub mod text;
 
 use std::sync::Arc;

@@ -13,13 +13,14 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use tokenizers::Encoding;
-use vramfork::documents::Feed;
+use vramfork::documents::{Feed, Padding};
 
 use super::declaration::{self, Declaration, Need};
 use super::refusal::Refusal;
 use crate::app::App;
 use crate::args::Inputs;
 use crate::documents::pair::PairError;
+use crate::documents::passes::{by_length, tokens};
 use crate::documents::DocError;
 use crate::http::answer::Answer;
 use crate::http::request::{self, meta_of, refuse};
@@ -268,11 +269,15 @@ impl Call<'_> {
             n => n as usize,
         }
         .max(1);
-        let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by_key(|&i| rows[i].len());
+        let lengths: Vec<usize> = rows.iter().map(Encoding::len).collect();
+        let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
         let mut logits = vec![Vec::new(); rows.len()];
         let mut forward = Duration::ZERO;
-        for chunk in order.chunks(per_pass) {
+        for chunk in by_length(&lengths, per_pass) {
+            if let Some(m) = &app.metrics {
+                let (real, padded) = tokens(chunk.iter().map(|&i| lengths[i]), width);
+                m.text_tokens(real, padded);
+            }
             let pass: Vec<&Encoding> = chunk.iter().map(|&i| &rows[i]).collect();
             let inputs = Inputs {
                 args: text.feeds(&pass),
@@ -295,7 +300,7 @@ impl Call<'_> {
             let one = tensors
                 .first()
                 .ok_or_else(|| failed("the model returned no output".into()))?;
-            for (row, &i) in rows_of(one, chunk.len())?.into_iter().zip(chunk) {
+            for (row, i) in rows_of(one, chunk.len())?.into_iter().zip(chunk) {
                 logits[i] = row;
             }
             forward += out.forward;
