@@ -35,6 +35,7 @@ mod report;
 mod request_id;
 mod runner;
 mod server;
+mod shim;
 mod siblings;
 mod state;
 mod template;
