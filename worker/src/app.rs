@@ -89,7 +89,7 @@ impl App {
                 .model_name
                 .clone()
                 .unwrap_or_else(|| metadata.name.clone()),
-            platform: crate::runner::platform(&cfg.model_path),
+            platform: crate::model::platform(&cfg.model_path),
             metadata,
             hw,
             max_body_bytes: cfg.max_body_bytes,

@@ -43,7 +43,7 @@ pub fn boot(
     cfg: WorkerConfig,
     metadata: AppMetadata,
     process_ms: f64,
-    preloaded: Option<runner::Model>,
+    preloaded: Option<crate::model::Model>,
 ) -> Result<i32, (i32, String)> {
     vramfork::logging::init(cfg.log_json);
     heap::configure();
@@ -143,7 +143,7 @@ struct Model {
 fn load(
     cfg: &WorkerConfig,
     metadata: &AppMetadata,
-    preloaded: Option<runner::Model>,
+    preloaded: Option<crate::model::Model>,
     control: &control::Control,
 ) -> Result<Model, (i32, String)> {
     // The cap in bytes, which the worker turns into a fraction of CUDA's own total.
@@ -188,7 +188,7 @@ fn load(
         wanted,
         cap_bytes,
         preloaded,
-        declared: runner::Declared::of(metadata, cfg.max_batch_size).placed(cfg.gpu.as_ref()),
+        declared: crate::model::Declared::of(metadata, cfg.max_batch_size).placed(cfg.gpu.as_ref()),
         batching,
         profile,
         warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),

@@ -25,8 +25,9 @@ use vramfork::protocol::{
     worker_exit, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, CONTROL_FD,
 };
 
+use crate::model::Model;
 use crate::process;
-use crate::runner::{Model, Warmed};
+use crate::runner::Warmed;
 
 mod fds;
 mod fork;
@@ -103,13 +104,13 @@ pub fn run(process_ms: f64) -> Ended {
 /// Loads the model on the CPU and warms it up on this thread alone (the load's ms, the warm-up
 /// with its memory peak); fails with the exit status if it cannot load or leaves a thread.
 fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(Model, f64, Warmed), i32> {
-    crate::runner::configure_executor();
+    crate::model::configure_executor();
     let start = Instant::now();
     if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
         vramfork::logging::say(&format!("app-worker (template): {e}"));
         return Err(worker_exit::MODEL_LOAD);
     }
-    let module = match crate::runner::load_cpu(&cfg.model_path, metadata, cfg.max_batch_size) {
+    let module = match crate::model::load_cpu(&cfg.model_path, metadata, cfg.max_batch_size) {
         Ok(m) => m,
         Err(e) => {
             vramfork::logging::say(&format!("app-worker (template): {e}"));
