@@ -22,8 +22,10 @@
 //! | `tracing.rs` | `tracing`: the trace export (`crate::otel`) | `OTEL_*` variables |
 //!
 //! Adding an option touches three files: its flag in `cli.rs` (the variable comes with it),
-//! its check, default and field in the group's file here, and its row in docs/options.md
-//! (plus the worker's protocol when workers must know it: `spawn.rs`, `protocol.rs`).
+//! its check, default and field in the group's file here, and its row in docs/options.md.
+//! A worker reads it the same way when its group is one the workers get as it is
+//! (`limits`, `batch`, `host_memory`, `access`, `log`, `tracing`:
+//! `crate::master::worker_config`).
 
 mod access;
 mod app;
