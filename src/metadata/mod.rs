@@ -62,6 +62,8 @@ pub struct AppMetadata {
     pub labels: BTreeMap<usize, crate::labels::Labels>,
     /// How the model makes vectors for `/v1/embeddings` (`embeddings`), when it declares it.
     pub embeddings: Option<embeddings::Embeddings>,
+    /// `pin`: the server keeps its GPU room whatever its neighbours need (as `--pin`).
+    pub pin: bool,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -136,6 +138,7 @@ impl AppMetadata {
         let embeddings =
             embeddings::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
+        let pin = fields::pin(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
@@ -166,6 +169,7 @@ impl AppMetadata {
             warmup_inputs,
             labels,
             embeddings,
+            pin,
         })
     }
 
