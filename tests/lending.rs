@@ -64,7 +64,7 @@ fn app_ledger_lists_every_server_with_its_state() {
     let host = Host::new();
     let (a, b) = (host.app(TYP_MB), host.app(TYP_MB));
     let (pinned, n_p) = host.serving(&a, &["--workers", "1", "--pin"]);
-    let (other, n_o) = host.serving(&b, &["--workers", "2"]);
+    let (other, n_o) = host.serving(&b, &["--workers", "2", "--metrics-port", "0"]);
     let p = wait_state(&host, &pinned, "pinned");
     assert_eq!(p["port"], pinned.port, "{p}");
     assert_eq!(p["reserved_mb"], n_p * TYP_MB, "{p}");
@@ -79,6 +79,20 @@ fn app_ledger_lists_every_server_with_its_state() {
     );
     assert_ne!(p["id"], o["id"]);
     assert_eq!(ledger(&host)["servers"].as_array().unwrap().len(), 2);
+    // Each server's /metrics shows the ledger it sees, its neighbours too.
+    let pinned_line = other.poll("the pinned neighbour in /metrics", || {
+        let scrape = http(other.metrics_port(), "GET", "/metrics", None).body;
+        scrape
+            .lines()
+            .find(|l| {
+                l.starts_with("vramfork_ledger_reserved_bytes{")
+                    && l.contains(&format!("port=\"{}\"", pinned.port))
+                    && l.contains("state=\"pinned\"")
+            })
+            .map(str::to_string)
+    });
+    let bytes: f64 = pinned_line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(bytes, (n_p * TYP_MB * 1024 * 1024) as f64, "{pinned_line}");
     // A request is seen as the last one.
     assert_eq!(other.post("/", INPUT).status, 200);
     other.poll("the last request in the ledger", || {
@@ -122,8 +136,15 @@ fn an_idle_server_lends_to_a_newcomer_and_its_next_request_waits_for_room() {
 #[test]
 fn a_pinned_server_keeps_its_room() {
     let host = Host::new();
-    let (a, b) = (host.app(BIG_MB), host.app(BIG_MB));
-    let (pinned, _) = host.serving(&a, &["--pin", "--evictable-after", "1"]);
+    let b = host.app(BIG_MB);
+    // Pinned by its metadata (`--pin` is the same: `app_ledger_lists_every_server_...`).
+    let a = App::new(
+        "mlp.pt",
+        &format!(
+            r#""input": {{"shape": [-1, 4]}}, "est_gpu_mem_min": 1000, "est_gpu_mem_typ": {BIG_MB}, "pin": true"#
+        ),
+    );
+    let (pinned, _) = host.serving(&a, &["--evictable-after", "1"]);
     wait_state(&host, &pinned, "pinned");
     std::thread::sleep(Duration::from_millis(1500)); // idle past its --evictable-after
     let mut refused = host.spawn(&b, &["--production", "--evictable-after", "1"]);
@@ -190,4 +211,39 @@ fn two_waiting_servers_never_deadlock() {
         .filter(|s| !s.events_named("room_wait").is_empty())
         .count();
     assert!(waited >= 1, "one of them waited for the other's room");
+}
+
+/// A server killed while it waits for room leaves nothing stuck: its want (and its entry)
+/// expire with their lease, and `app ledger` shows no one waiting.
+#[test]
+fn a_server_killed_while_waiting_for_room_leaves_nothing_stuck() {
+    let host = Host::new();
+    let (a, b) = (host.app(BIG_MB), host.app(BIG_MB));
+    let (first, _) = host.serving(&a, &["--evictable-after", "1", "--request-timeout", "120"]);
+    wait_state(&host, &first, "idle");
+    let (busy, _) = host.serving(&b, &["--evictable-after", "5"]);
+    first.wait_event("lent", |_| true);
+    wait_state(&host, &first, "lent");
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = keep_busy(busy.port, stop.clone());
+    let port = first.port;
+    let waiting = std::thread::spawn(move || try_http(port, "POST", "/", Some(INPUT)));
+    wait_state(&host, &first, "waiting");
+    first.poll("its want in the ledger", || {
+        let wants = ledger(&host)["wants"].as_array().unwrap().len();
+        (wants == 1).then_some(())
+    });
+    first.signal(libc::SIGKILL);
+    let _ = waiting.join();
+    let t0 = Instant::now();
+    first.poll("its want and entry expired", || {
+        let v = ledger(&host);
+        let gone = v["wants"].as_array().unwrap().is_empty()
+            && v["servers"].as_array().unwrap().len() == 1;
+        gone.then_some(())
+    });
+    assert!(t0.elapsed() < Duration::from_secs(25), "{:?}", t0.elapsed());
+    stop.store(true, Ordering::Relaxed);
+    traffic.join().unwrap();
+    assert_eq!(host.reserved(), BIG_MB, "only the busy server's room");
 }

@@ -209,6 +209,11 @@ impl Supervisor {
             self.templates.disable();
         }
         self.idle_from_config();
+        if let (Some(m), Some(_), Some(dir)) =
+            (&self.metrics, &self.reservation, &self.cfg.gpu.ledger)
+        {
+            m.see_ledger(dir.clone());
+        }
         loop {
             self.ensure_template();
             self.wait();
