@@ -247,3 +247,30 @@ fn a_server_killed_while_waiting_for_room_leaves_nothing_stuck() {
     traffic.join().unwrap();
     assert_eq!(host.reserved(), BIG_MB, "only the busy server's room");
 }
+
+/// Growing by TTIN asks too: a server whose TTIN finds no room left in the ledger asks the
+/// idle neighbour holding it, which lends; the next TTIN grows the pool into that room.
+#[test]
+fn a_ttin_without_room_asks_an_idle_neighbour_and_the_next_one_grows() {
+    const SMALL_MB: u64 = 9000;
+    let host = Host::new();
+    let (a, b) = (host.app(BIG_MB), host.app(SMALL_MB));
+    let (idle, _) = host.serving(&a, &["--evictable-after", "1", "--workers", "1"]);
+    wait_state(&host, &idle, "idle");
+    let (growing, n) = host.serving(&b, &[]);
+    assert_eq!(
+        n, 1,
+        "the room left holds one worker of {SMALL_MB} MB and the reserve"
+    );
+    growing.signal(libc::SIGTTIN);
+    growing.wait_event("ttin_refused", |_| true);
+    let asked = growing.wait_event("room_asked", |_| true);
+    assert_eq!(asked.u64("lenders"), Some(1), "{asked:?}");
+    idle.wait_event("lent", |_| true);
+    idle.poll("the idle server's room given", || {
+        (host.reserved_by(idle.pid()) == 0).then_some(())
+    });
+    growing.signal(libc::SIGTTIN);
+    growing.wait_workers(2);
+    assert_eq!(host.reserved_by(growing.pid()), 2 * SMALL_MB);
+}

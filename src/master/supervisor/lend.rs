@@ -192,6 +192,35 @@ impl Supervisor {
         true
     }
 
+    /// TTIN found no room for one more worker (`need_mb` with the reserve) on `gpu`, where
+    /// the ledger leaves `room_mb`: the least valuable idle neighbours there are asked for
+    /// it once (the want is not renewed: it lapses with its lease), so that a TTIN sent
+    /// once they have given it grows the pool. Not while a request waits for room.
+    pub(super) fn ask_to_grow(&self, gpu: u32, room_mb: u64, need_mb: u64) {
+        let Some(res) = &self.reservation else {
+            return;
+        };
+        let Some(need) = res.need_on(&self.plan, gpu, room_mb, need_mb) else {
+            return;
+        };
+        let Some(choice) = res
+            .choose(&need, Instant::now())
+            .filter(|c| !c.from.is_empty() && self.lend.waiting.is_none())
+        else {
+            return;
+        };
+        tracing::info!(
+            event = "room_asked",
+            short_mb = need.short_mb(),
+            lenders = choice.from.len(),
+            "asking {:?} (least valuable idle first) for {} MB on {} to grow by one worker: send TTIN again once they have given it",
+            choice.from,
+            need.short_mb(),
+            need.domain
+        );
+        res.ask(&self.cfg.app.metadata.name, Some((&need, &choice)));
+    }
+
     /// The wait is over (room found, or refused): the want goes.
     pub(super) fn stop_waiting(&mut self) {
         if self.lend.waiting.take().is_some() {

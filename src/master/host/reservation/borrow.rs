@@ -51,6 +51,17 @@ impl Reservation {
         })
     }
 
+    /// What one more worker of `per_mb` (with the reserve) lacks on GPU `gpu` of `plan`,
+    /// where the ledger leaves `room_mb` to this server.
+    pub fn need_on(&self, plan: &Plan, gpu: u32, room_mb: u64, per_mb: u64) -> Option<Need> {
+        let g = plan.gpus.iter().find(|g| g.index == gpu)?;
+        Some(Need {
+            domain: self.key(&g.uuid),
+            need_mb: per_mb,
+            room_mb,
+        })
+    }
+
     /// Whom to ask for `need` by `deadline` (an [`Instant`]), from the ledger as it is now.
     pub fn choose(&self, need: &Need, deadline: Instant) -> Option<Choice> {
         let servers = self.ledger.servers().ok()?;
