@@ -107,7 +107,7 @@ fn app_ledger_lists_every_server_with_its_state() {
 fn an_idle_server_lends_to_a_newcomer_and_its_next_request_waits_for_room() {
     let host = Host::new();
     let (a, b) = (host.app(BIG_MB), host.app(BIG_MB));
-    let (first, n) = host.serving(&a, &["--evictable-after", "1"]);
+    let (first, n) = host.serving(&a, &["--evictable-after", "1", "--access-log"]);
     assert_eq!(n, 1);
     wait_state(&host, &first, "idle");
     let (newcomer, n) = host.serving(&b, &["--evictable-after", "1"]);
@@ -124,6 +124,18 @@ fn an_idle_server_lends_to_a_newcomer_and_its_next_request_waits_for_room() {
     let waited = first.wait_event("room_wait", |_| true);
     assert_eq!(waited.str("outcome"), Some("given"), "{waited:?}");
     assert!(t0.elapsed() < PATIENCE);
+    // The wait is the request's wait in the access log (it sat in the listen queue).
+    let access = first.poll("the access line", || {
+        first.all_events().into_iter().find(|e| e.name == "access")
+    });
+    let (wait_ms, room_ms) = (
+        access.f64("wait_ms").unwrap(),
+        waited.f64("waited_s").unwrap() * 1e3,
+    );
+    assert!(
+        wait_ms + 50.0 >= room_ms,
+        "{access:?} waited {room_ms} ms for room"
+    );
     let lent_back = newcomer.wait_event("lent", |_| true);
     assert_eq!(lent_back.u64("workers"), Some(1), "{lent_back:?}");
     first.poll("only the first server's room reserved", || {

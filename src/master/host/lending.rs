@@ -61,7 +61,13 @@ pub fn choose(
         }
         match (s.state, s.lendable_from_boot_ms) {
             (State::Pinned, _) => c.pinned.push((e.app.clone(), s.port, mb)),
-            (State::Lent | State::Waiting, _) | (_, None) => {}
+            (_, None) => {}
+            // Holding room while it says lent or waiting: its entry was written by a
+            // re-admission a moment before its state follows; it may lend later.
+            (State::Lent | State::Waiting, Some(from)) if from <= by_boot_ms => {
+                later_mb = later_mb.saturating_add(mb)
+            }
+            (State::Lent | State::Waiting, _) => {}
             (_, Some(from)) if from <= now_boot_ms && lends_now(s) => {
                 lendable.push((s.value, id, mb));
             }
