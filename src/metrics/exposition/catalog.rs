@@ -344,7 +344,7 @@ pub(super) fn idle(f: &mut Families, s: &Snapshot) {
     let i = &s.idle;
     f.gauge(
         "idle_released",
-        "1 while the server has released its GPU workers for being idle (--idle-release), else 0 (absent when --idle-release is off).",
+        "1 while the server has released its GPU workers for being idle (--idle-release), else 0 (absent when neither --idle-release nor lending is on; a server that lent its room is released too).",
         None,
         i.released
             .map(|r| vec![(vec![], if r { 1.0 } else { 0.0 })])
