@@ -9,11 +9,15 @@
 //! | `signature.rs` | the model's declared inputs and outputs ([`TensorSpec`], [`Datatype`]), the older `input` ([`InputSpec`]) |
 //! | `blocks.rs` | an entry's `tokenizer`/`image` (inputs) and `labels` (outputs) blocks |
 //! | `embeddings.rs` | the `embeddings` block (OpenAI's `/v1/embeddings`) |
+//! | `rerank.rs` | the `rerank` block (cross-encoders: the rerank and score endpoints), the activations |
+//! | `classify.rs` | the `classify` block (sequence classifiers: the classify and predict endpoints) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
 
 mod blocks;
+pub mod classify;
 pub mod embeddings;
 mod fields;
+pub mod rerank;
 mod shapes;
 mod signature;
 
@@ -62,6 +66,10 @@ pub struct AppMetadata {
     pub labels: BTreeMap<usize, crate::labels::Labels>,
     /// How the model makes vectors for `/v1/embeddings` (`embeddings`), when it declares it.
     pub embeddings: Option<embeddings::Embeddings>,
+    /// How a cross-encoder scores pairs (`rerank`), when it declares it.
+    pub rerank: Option<rerank::Rerank>,
+    /// How a sequence classifier names its classes (`classify`), when it declares it.
+    pub classify: Option<classify::Classify>,
     /// `pin`: the server keeps its GPU room whatever its neighbours need (as `--pin`).
     pub pin: bool,
 }
@@ -137,6 +145,9 @@ impl AppMetadata {
         let labels = blocks::labels(&raw, outputs.as_deref(), path).map_err(field)?;
         let embeddings =
             embeddings::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let rerank = rerank::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let classify =
+            classify::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
         let pin = fields::pin(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
@@ -169,6 +180,8 @@ impl AppMetadata {
             warmup_inputs,
             labels,
             embeddings,
+            rerank,
+            classify,
             pin,
         })
     }
