@@ -70,6 +70,8 @@ pub struct AppMetadata {
     pub rerank: Option<rerank::Rerank>,
     /// How a sequence classifier names its classes (`classify`), when it declares it.
     pub classify: Option<classify::Classify>,
+    /// `pin`: the server keeps its GPU room whatever its neighbours need (as `--pin`).
+    pub pin: bool,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -147,6 +149,7 @@ impl AppMetadata {
         let classify =
             classify::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
+        let pin = fields::pin(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
@@ -179,6 +182,7 @@ impl AppMetadata {
             embeddings,
             rerank,
             classify,
+            pin,
         })
     }
 
