@@ -138,11 +138,12 @@ PARTS = [
          "c=1/4/16, interleaved, and aiperf --endpoint-type embeddings at c=4/16; to "
          "bench/embeddings.{json,md}", [PY, f"{D}/embeddings.py"],
          prepare=["embeddings-libraries", "aiperf"]),
-    Part("rerank", 10, "documents reranked a second through /v1/rerank (Jina/Cohere v1) "
+    Part("rerank", 45, "documents reranked a second through /v1/rerank (Jina/Cohere v1) "
          "beside sentence-transformers' CrossEncoder behind LitServe taking the same body, a "
          "MiniLM-L6-shaped cross-encoder, one query against 100 and 1,000 documents of mixed "
          "length, c=1/4/16 closed-loop clients, interleaved: docs/s, p50/p99; --quick: 100 "
-         "documents only; to bench/rerank.{json,md}", [PY, f"{D}/rerank.py"],
+         "documents only, about 7 minutes; 16 clients of 1,000 documents are most of the "
+         "full form's time on 2 cores; to bench/rerank.{json,md}", [PY, f"{D}/rerank.py"], 5400,
          prepare=["embeddings-libraries"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
