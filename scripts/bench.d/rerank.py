@@ -30,6 +30,7 @@ import http.client
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -46,6 +47,7 @@ MODEL = "reranker"
 DIR = os.path.join(TMP, "rerank")
 PATH = "/v1/rerank"
 SIDES = ("vramfork", "python")
+LOG = os.path.join(TMP, "log-rerank.txt")
 
 
 def body(query, docs):
@@ -129,8 +131,22 @@ def pct(xs, p):
     return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]
 
 
+def by_worker():
+    """Rerank requests answered so far by each vramfork worker, from its access log: a
+    keep-alive connection stays with the worker that accepted it, so a few connections of
+    second-long requests may load one worker more than the other. {slot: requests}."""
+    counts = {}
+    with open(LOG) as f:
+        for line in f:
+            m = re.search(r"\bslot=(\d+)", line) if "access:" in line and PATH in line else None
+            if m:
+                counts[m[1]] = counts.get(m[1], 0) + 1
+    return counts
+
+
 def cell(ports, payload, n, c, per_client, reps):
     """One (documents, clients) cell: `reps` interleaved runs a side."""
+    before = by_worker()
     runs = R.interleaved(list(SIDES), reps, lambda k: load(ports[k], payload, c, per_client))
     row = {"docs": n, "c": c, "requests_per_run": c * per_client, "reps": reps}
     for k, rs in runs.items():
@@ -141,12 +157,19 @@ def cell(ports, payload, n, c, per_client, reps):
                   "failed": sum(sum(f.values()) for _, _, f in rs),
                   "failed_by_status": {str(st): sum(f.get(st, 0) for _, _, f in rs)
                                        for st in {st for _, _, f in rs for st in f}}}
+    # An access line is written once its answer has gone: wait (a few seconds at most) until
+    # every answer of the cell is in the log.
+    want, end = sum(before.values()) + row["vramfork"]["requests"], time.monotonic() + 10
+    while sum((after := by_worker()).values()) < want and time.monotonic() < end:
+        time.sleep(0.1)
+    row["vramfork"]["by_worker"] = {k: v - before.get(k, 0) for k, v in sorted(after.items())}
     py = row["python"]["docs_s"]
     row["ratio"] = row["vramfork"]["docs_s"] / py if py else None
     log(f"rerank {n} docs c={c}: vramfork {row['vramfork']['docs_s']:.0f}, Python "
         f"{row['python']['docs_s']:.0f} docs/s ({fmt(row['ratio'])}); p50 "
         f"{row['vramfork']['p50_ms']:.0f} / {row['python']['p50_ms']:.0f} ms; failed "
-        f"{[row[k]['failed'] for k in SIDES]}")
+        f"{[row[k]['failed'] for k in SIDES]}; vramfork's requests by worker "
+        f"{row['vramfork']['by_worker']}")
     return row
 
 
@@ -160,12 +183,12 @@ def vramfork(max_length):
                                                        "token_type_ids"]}}],
                    "rerank": {}}, f)
     port = free_port()
-    # Unbounded waits on both sides (here and LitServe's timeout): 16 clients of 1,000
+    # The access log: which worker answered each request (by_worker); a line per request of a
+    # second or more costs nothing measurable. Unbounded waits on both sides (here and LitServe's timeout): 16 clients of 1,000
     # documents queue for minutes on two cores, and the bench measures the serving, not each
     # server's refusal policy.
     app = App(["--metadata", meta, "--port", str(port), "--workers", "2", "--torch-threads", "1",
-               "--max-queue-wait", "0", "--request-timeout", "1800"],
-              os.path.join(TMP, "log-rerank.txt"))
+               "--max-queue-wait", "0", "--request-timeout", "1800", "--access-log"], LOG)
     app.wait_ready(port, 300)
     return app, port
 
@@ -239,15 +262,16 @@ def write(a, max_length, rows, worst):
           f"The sides' scores agree within {worst:.1e}. Documents/s: the median run's; p50/p99: "
           "over every request of the cell (few requests: p99 is near the slowest).\n",
           "| documents | c | requests × runs | vramfork (docs/s, p50 ms, p99 ms) | "
-          "Python (docs/s, p50 ms, p99 ms) | vramfork ÷ Python |",
-          "|---:|---:|---|---|---|---:|"]
+          "Python (docs/s, p50 ms, p99 ms) | vramfork ÷ Python | vramfork's requests by worker |",
+          "|---:|---:|---|---|---|---:|---|"]
     for r in rows:
         def side(k):
             s = r[k]
             return (f"{fmt(s['docs_s'], 0)}, {fmt(s['p50_ms'], 0)}, {fmt(s['p99_ms'], 0)}"
                     + (f" ({s['failed']} failed)" if s["failed"] else ""))
         md.append(f"| {r['docs']} | {r['c']} | {r['requests_per_run']} × {r['reps']} | "
-                  f"{side('vramfork')} | {side('python')} | **{fmt(r['ratio'])}** |")
+                  f"{side('vramfork')} | {side('python')} | **{fmt(r['ratio'])}** | "
+                  f"{' / '.join(str(v) for v in r['vramfork']['by_worker'].values()) or '—'} |")
     with open(os.path.join(OUT, "rerank.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
