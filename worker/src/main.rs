@@ -28,6 +28,7 @@ mod listen_queue;
 mod listener;
 mod memory;
 mod metrics;
+mod model_archive;
 mod observe;
 mod outgoing;
 mod process;
