@@ -279,3 +279,55 @@ fn crc32(data: &[u8]) -> u32 {
     }
     !c
 }
+
+#[test]
+fn kserve_v1_predicts_as_the_model_and_openais_sdk_still_lists_it() {
+    let fixtures = common::fixtures();
+    let app = app_for(
+        &fixtures.join("mlp.pt"),
+        json!({"input": {"shape": [-1, 4]}}),
+    );
+    let s = Server::start(&app, &ARGS);
+    s.wait_workers(1);
+    let cases: Value =
+        serde_json::from_slice(&std::fs::read(fixtures.join("mlp_expected.json")).unwrap())
+            .unwrap();
+    let base = format!("http://127.0.0.1:{}", s.port);
+    let seen = common::python_json(
+        "kserve_v1_client.py",
+        &[&base, "small"],
+        &serde_json::to_vec(&cases).unwrap(),
+    );
+    assert_eq!(seen["ready"], true, "{seen}");
+    for (i, case) in cases["cases"].as_array().unwrap().iter().enumerate() {
+        let got = &seen["predictions"][i];
+        assert!(
+            common::close(got, &case["outputs"]),
+            "case {i}: {got} vs torch's {}",
+            case["outputs"]
+        );
+    }
+    assert_eq!(seen["openai_ids"], json!(["small"]), "{seen}");
+    assert_eq!(seen["openai_retrieved"], "small", "{seen}");
+    // An image classifier's instances in TorchServe's form: {"data": base64}.
+    let art = artefacts();
+    let want = expected(&art);
+    drop(s);
+    let classifier = app_for(&art.join("classifier.mar"), json!({}));
+    let s = Server::start(&classifier, &ARGS);
+    s.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = json!({"instances": [{"data": b64}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/small:predict",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let p = &r.json()["predictions"][0];
+    assert_same_classes(p, &want["labels"]["wide.png"], 1e-5, "v1 data");
+}

@@ -1,6 +1,6 @@
 //! The hyper service: every request routed to its handler (`root.rs` for `/` and
 //! `/healthz`, `v2/` for the Open Inference Protocol, `openai/` for `/v1/`: its refusals of
-//! token auth in OpenAI's shape too, `torchserve/` for TorchServe's paths, likewise), every outcome an HTTP answer with
+//! token auth in OpenAI's shape too, `torchserve/` for TorchServe's paths, likewise; `kserve/` for v1's predict), every outcome an HTTP answer with
 //! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
 //! `/metrics` and recorded in the access log when it is on.
 
@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
 use super::request::{endpoint_of, INFERENCE_HEADER};
-use super::{openai, root, torchserve, v2};
+use super::{kserve, openai, root, torchserve, v2};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
@@ -146,6 +146,7 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         ("/", &Method::POST) => root::infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(root::health(app)),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
+        (p, &Method::POST) if kserve::owns(p) => kserve::predict(req, app).await,
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),
         (p, _) if torchserve::owns(p) => Ok(torchserve::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
