@@ -10,8 +10,6 @@ use vramfork::auth::ApiKeys;
 use vramfork::metadata::{AppMetadata, TensorSpec};
 use vramfork::metrics::traffic::Traffic;
 
-use vramfork::protocol::RetireReason;
-
 use crate::documents::Documents;
 use crate::hw::Hw;
 use crate::metrics::{Endpoint, Recorder};
@@ -121,25 +119,6 @@ impl App {
 }
 
 impl App {
-    /// After a pass that answered: the worker retires (gracefully, no request fails) when its
-    /// GPU memory grew past `--max-worker-gpu-mb` or its own host memory past
-    /// `--max-worker-memory-mb`.
-    pub fn retire_if_grown(&self, gpu_reserved: Option<u64>) {
-        if let (Some(limit), Some(reserved)) = (self.max_gpu_bytes, gpu_reserved) {
-            // What nvidia-smi shows of it, context included.
-            let context = self.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
-            if vramfork::protocol::gpu_used(reserved, context) > limit {
-                self.shared.retire(RetireReason::GpuMemory);
-            }
-        }
-        let retiring = || self.shared.get().stopping();
-        if let Some(limit) = self.max_host_bytes.filter(|_| !retiring()) {
-            if let Some(own) = self.own_memory.over(limit) {
-                self.shared.retire_with(RetireReason::HostMemory, Some(own));
-            }
-        }
-    }
-
     /// Counts a model request's body bytes for `/metrics`.
     pub fn count_bytes_in(&self, endpoint: Endpoint, n: usize) {
         if let Some(m) = &self.metrics {

@@ -17,8 +17,7 @@ use crate::args::Inputs;
 use crate::decode::BodyError;
 use crate::error::ApiError;
 use crate::infer::v2::{check, from_raw, model_id, model_tensors, Checked, Slots, TensorMeta};
-use crate::infer::{Parsed, MAX_TIMEOUT_S};
-use crate::runner::{Encoding, RunOutput, Wanted};
+use crate::infer::{Encoding, Parsed, RunOutput, Wanted, MAX_TIMEOUT_S};
 
 /// What the answer needs of the request besides the outputs.
 pub struct Asked {

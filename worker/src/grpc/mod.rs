@@ -40,7 +40,7 @@ use crate::decode::BodyError;
 use crate::error::{ApiError, GrpcCode};
 use crate::head::{arrival, hw_line, key_given, Closer};
 use crate::infer::v2::{is_ready, EXTENSIONS};
-use crate::infer::{claim, work, Deadline, Handoff, Meta, Ran, MAX_TIMEOUT_S};
+use crate::infer::{Admitted, Done, Handoff, Meta, Ran};
 use crate::metrics::Endpoint;
 use crate::observe::access_log::{Record, Trace};
 use crate::observe::trace_context::{self, TraceContext};
@@ -222,14 +222,6 @@ fn decode<Q: Message + Default>(framed: &Bytes, what: &str) -> Result<Q, ApiErro
     })
 }
 
-/// The client's deadline from `grpc-timeout` (one longer than a day is none: it can never
-/// matter).
-pub fn deadline(headers: &HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
-    Ok(wire::timeout(headers)?
-        .filter(|d| d.as_secs_f64() <= MAX_TIMEOUT_S)
-        .map(|d| Deadline::after(arrived, d, "grpc-timeout")))
-}
-
 /// `ModelInfer`: handed to a free sibling at once when it would wait here; else run here,
 /// and handed to a sibling that shows free while it waits unstarted.
 async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {
@@ -239,24 +231,22 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
         endpoint: Endpoint::GrpcInfer,
         id: call.id.as_str().into(),
         trace: call.trace.clone(),
-        deadline: deadline(req.headers(), call.arrived)?,
+        deadline: wire::deadline(req.headers(), call.arrived)?,
     };
-    if let Some(refused) = meta.refusal(app) {
-        return Err(refused);
-    }
+    let until = meta.deadline.map(|d| d.at());
+    let mut admitted = Admitted::admit(app, meta).map_err(|r| r.error)?;
     let (parts, body) = req.into_parts();
     let framed = Reader::new(body, app.max_body_bytes)
         .only(BODY_READ)
         .await?;
     let request: pb::ModelInferRequest = decode(&framed, "ModelInferRequest")?;
     infer::check_model(app, &request.model_name, &request.model_version)?;
-    let taken_at = Instant::now();
     let siblings = app.siblings.as_ref().filter(|_| !call.handed_in);
     let handing = || Handing {
         path: &call.path,
         headers: &parts.headers,
         id: call.id.as_str(),
-        deadline: meta.deadline.map(|d| d.at()),
+        deadline: until,
         framed: framed.clone(),
         traceparent: call.trace_ctx.header(),
     };
@@ -267,7 +257,7 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
             }
         }
     }
-    meta.count_body(app, framed.len() - 5);
+    admitted.received(framed.len() - 5);
     let mut request = Some(request);
     let mut siblings = siblings;
     loop {
@@ -278,17 +268,8 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
         let handoff = siblings.map(|s| Box::pin(s.clone().turn()) as Handoff<'_, Reserved>);
         let (specs, declared) = (app.metadata.inputs.clone(), app.metadata.outputs.clone());
         let parse = move |r| infer::parse(r, specs.as_deref(), declared);
-        let last = claim(app);
-        let size = framed.len() - 5;
-        match work(meta.clone(), r, size, taken_at, last, app, parse, handoff).await? {
-            Ran::Done(out, asked, _) => {
-                let hw = match asked.hw_fetch {
-                    true => Some(hw_line(app)),
-                    false => None,
-                };
-                let resp = infer::response(app, out, asked, call.id.as_str(), hw)?;
-                return Ok(reply(&resp));
-            }
+        match admitted.run_or_hand(r, parse, handoff).await? {
+            Ran::Done(done) => return Ok(reply(&call.answered(done)?)),
             Ran::HandedOff(to) => {
                 let s: &Arc<Siblings> = siblings.expect("a hand-off comes from the siblings");
                 if let Some(done) = call.handed(s.hand(&to, handing()).await, to.seat) {
@@ -298,6 +279,15 @@ async fn model_infer(req: Request<Incoming>, call: &Call) -> Result<Outcome, Api
                 siblings = None;
             }
         }
+    }
+}
+
+impl Call {
+    /// A `ModelInfer` that ran, as its answer (with the hwFetch line when asked).
+    pub fn answered(&self, done: Done<infer::Asked>) -> Result<pb::ModelInferResponse, ApiError> {
+        let app = &self.app;
+        let hw = done.extra.hw_fetch.then(|| hw_line(app));
+        infer::response(app, done.out, done.extra, self.id.as_str(), hw)
     }
 }
 

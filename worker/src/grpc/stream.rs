@@ -21,8 +21,7 @@ use super::pb::{ModelInferResponse, ModelStreamInferResponse};
 use super::wire::{self, Reader};
 use super::{decode, infer, ok_trailers, status_headers, Call, Outcome};
 use crate::error::ApiError;
-use crate::head::hw_line;
-use crate::infer::{claim, work, Handoff, Meta, Ran};
+use crate::infer::{Admitted, Meta};
 use crate::metrics::Endpoint;
 use crate::observe::access_log::Trace;
 
@@ -31,7 +30,7 @@ const AHEAD: usize = 4;
 
 /// Starts serving the stream: its answers come on the returned body as they are made.
 pub fn start(req: Request<Incoming>, call: &Call) -> Result<Outcome, ApiError> {
-    let deadline = super::deadline(req.headers(), call.arrived)?;
+    let deadline = wire::deadline(req.headers(), call.arrived)?;
     let (tx, rx) = mpsc::channel(AHEAD);
     let reader = Reader::new(req.into_body(), call.app.max_body_bytes);
     tokio::spawn(serve(reader, call.clone(), deadline, tx));
@@ -97,26 +96,12 @@ async fn serve(
 /// One request of the stream, run here.
 async fn one(call: &Call, meta: Meta, framed: &Bytes) -> Result<ModelInferResponse, ApiError> {
     let app = &call.app;
-    if let Some(refused) = meta.refusal(app) {
-        return Err(refused);
-    }
+    let mut admitted = Admitted::admit(app, meta).map_err(|r| r.error)?;
     let request: super::pb::ModelInferRequest = decode(framed, "ModelInferRequest")?;
     infer::check_model(app, &request.model_name, &request.model_version)?;
-    let size = framed.len() - 5;
-    meta.count_body(app, size);
+    admitted.received(framed.len() - 5);
     let (specs, declared) = (app.metadata.inputs.clone(), app.metadata.outputs.clone());
     let parse = move |r| infer::parse(r, specs.as_deref(), declared);
-    let last = claim(app);
-    let taken_at = Instant::now();
-    let none = None::<Handoff<'_, ()>>;
-    match work(meta, request, size, taken_at, last, app, parse, none).await? {
-        Ran::Done(out, asked, _) => {
-            let hw = match asked.hw_fetch {
-                true => Some(hw_line(app)),
-                false => None,
-            };
-            infer::response(app, out, asked, call.id.as_str(), hw)
-        }
-        Ran::HandedOff(()) => unreachable!("a stream's request is never handed off"),
-    }
+    let done = admitted.run(request, parse).await?;
+    call.answered(done)
 }

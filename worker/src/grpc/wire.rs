@@ -3,13 +3,13 @@
 //! big-endian length and the protobuf bytes ([`frame`], [`Reader`]); a call's status goes
 //! in the trailers (`grpc-status`, `grpc-message` percent-encoded), or in the headers of a
 //! call that fails before any message (a "Trailers-Only" answer); `grpc-timeout` is the
-//! client's deadline ([`timeout`]). [`GrpcBody`] is what a gRPC answer's body is: its frames
+//! client's deadline ([`timeout`], [`deadline`]). [`GrpcBody`] is what a gRPC answer's body is: its frames
 //! in hand, a stream's as they come, or a sibling's relayed.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -18,6 +18,7 @@ use hyper::header::{HeaderMap, HeaderValue};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::infer::{Deadline, MAX_TIMEOUT_S};
 
 /// The content type of gRPC requests and answers (`application/grpc+proto` and such too).
 pub const CONTENT_TYPE: &str = "application/grpc";
@@ -246,6 +247,14 @@ impl Body for GrpcBody {
             _ => SizeHint::default(),
         }
     }
+}
+
+/// The client's deadline from `grpc-timeout` (one longer than a day is none: it can never
+/// matter).
+pub fn deadline(headers: &HeaderMap, arrived: Instant) -> Result<Option<Deadline>, ApiError> {
+    Ok(timeout(headers)?
+        .filter(|d| d.as_secs_f64() <= MAX_TIMEOUT_S)
+        .map(|d| Deadline::after(arrived, d, "grpc-timeout")))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use super::{kserve, openai, root, torchserve, v2};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
+use crate::infer::Meta;
 use crate::observe::access_log::{Record, Trace};
 use crate::observe::trace_context;
 use crate::request_id::{self, RequestId};
@@ -42,12 +43,20 @@ pub async fn handle(
     // The record (access log, spans), started before the request is handed on.
     let access = app.records().then(|| {
         let trace = Arc::new(Trace::default());
-        req.extensions_mut().insert(trace.clone());
         let target = req
             .uri()
             .path_and_query()
             .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
         (req.method().to_string(), target, trace)
+    });
+    // What the core needs of a model request that it is not to work out again (its
+    // deadline is read from the head by a model route alone: `request::meta_of`).
+    req.extensions_mut().insert(Meta {
+        arrived,
+        endpoint,
+        id: id.as_str().into(),
+        trace: access.as_ref().map(|(_, _, trace)| trace.clone()),
+        deadline: None,
     });
     let answer = match authorized(&req, &app) {
         Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
@@ -76,6 +85,19 @@ pub async fn handle(
             arrived.elapsed(),
         );
     }
+    Ok(respond(answer, &app, id, &trace_ctx, closer))
+}
+
+/// The answer as hyper sends it: its status and body, `X-Worker-Pid`, `X-Request-Id`,
+/// `traceparent`, the headers the [`Answer`] asks for, and the connection's close when this
+/// worker must close it (GOAWAY on HTTP/2).
+fn respond(
+    answer: Answer,
+    app: &App,
+    id: RequestId,
+    trace_ctx: &trace_context::TraceContext,
+    closer: Option<Closer>,
+) -> Response<Body> {
     let mut resp = Response::new(Full::new(Bytes::from(answer.body)));
     *resp.status_mut() = answer.status;
     let h = resp.headers_mut();
@@ -120,7 +142,7 @@ pub async fn handle(
         }
         None => {}
     }
-    Ok(resp)
+    resp
 }
 
 /// Paths open without a key: the health checks load balancers and probes call.

@@ -1,11 +1,8 @@
 //! What every HTTP handler reads of a request: its id, the endpoint it is counted under,
 //! whether it asks for hwFetch; the one header of Triton's binary extension both directions
-//! use; its body, within the limits ([`read_body`]); and [`model_request`], an HTTP model
-//! request's way into the inference core (`infer/`). What gRPC reads the same way (arrival,
-//! key) is `head.rs`.
-
-use std::sync::Arc;
-use std::time::Instant;
+//! use; its body, within the limits ([`read_body`]); and [`admit`] and [`model_request`], an
+//! HTTP model request's way into the inference core (`infer/`). What gRPC reads the same way
+//! (arrival, key) is `head.rs`.
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -17,11 +14,9 @@ use vramfork::hwline::wants_hw_fetch;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, hw_line};
-use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran};
+use crate::infer::{Admitted, Deadline, Done, Meta, Parsed};
 use crate::metrics::Endpoint;
-use crate::observe::access_log::Trace;
 use crate::request_id::RequestId;
-use crate::runner::RunOutput;
 use crate::timeouts::BODY_READ;
 
 /// Triton's binary tensor data extension: the length of the JSON header of a body that goes
@@ -104,53 +99,59 @@ pub async fn read_body(req: Request<Incoming>, limit: u64) -> Result<Vec<u8>, Ap
     }
 }
 
-/// A model request, whatever its protocol (`POST /`, v2 infer): refused at once when it
-/// waited past `--max-queue-wait`; counted towards `--max-requests` (retiring the worker
-/// when it is the last); its body read and counted as work; parsed by `parse` (on a
-/// blocking thread when large) into the model's input, the outputs' encoding and whatever
-/// the caller needs to answer; run. Returns the outputs, that extra, and whether this was
-/// the worker's last request.
+/// What the core needs of an HTTP model request besides its body: what the service put in
+/// its extensions as it came in ([`dispatch::handle`](super::dispatch::handle): its arrival,
+/// endpoint, id and record), and the client's deadline from its head.
+pub fn meta_of(req: &Request<Incoming>) -> Result<Meta, ApiError> {
+    let mut meta = req
+        .extensions()
+        .get::<Meta>()
+        .cloned()
+        .unwrap_or_else(|| Meta {
+            // Outside the service (never when served): counted under no endpoint, unrecorded.
+            arrived: arrival(req),
+            endpoint: Endpoint::Other,
+            id: "".into(),
+            trace: None,
+            deadline: None,
+        });
+    meta.deadline = Deadline::from_header(req.headers(), meta.arrived)?;
+    Ok(meta)
+}
+
+/// An HTTP model request admitted by the core (`infer::Admitted`), claimed towards
+/// `--max-requests` (retiring the worker when it is the last), with its body read and
+/// counted; or its refusal when it waited past its client's deadline or `--max-queue-wait`
+/// (the body read first, so the refusal is not lost to a reset).
+pub async fn admit(req: Request<Incoming>, app: &App) -> Result<(Admitted<'_>, Vec<u8>), ApiError> {
+    let meta = meta_of(&req)?;
+    let mut admitted = match Admitted::admit(app, meta) {
+        Ok(a) => a,
+        Err(r) => return Err(refuse(req, app, &r.meta, r.error).await),
+    };
+    admitted.claim();
+    let body = read_body(req, app.max_body_bytes).await?;
+    admitted.received(body.len());
+    Ok((admitted, body))
+}
+
+/// `refused`, once the (small, usually) body is read and counted: a refusal sent before the
+/// body is read can be lost to a reset.
+pub async fn refuse<E>(req: Request<Incoming>, app: &App, meta: &Meta, refused: E) -> E {
+    if let Ok(body) = read_body(req, app.max_body_bytes).await {
+        meta.received(app, body.len());
+    }
+    refused
+}
+
+/// A model request, whatever its HTTP protocol (`POST /`, v2 infer): admitted ([`admit`]),
+/// parsed by `parse` (on a blocking thread when large) into the model's input, the outputs'
+/// encoding and whatever the caller needs to answer, and run.
 pub async fn model_request<T: Send + 'static>(
     req: Request<Incoming>,
     app: &App,
     parse: impl FnOnce(Vec<u8>) -> Result<Parsed<T>, ApiError> + Send + 'static,
-) -> Result<(RunOutput, T, bool), ApiError> {
-    let meta = Meta {
-        arrived: arrival(&req),
-        endpoint: endpoint_of(req.method(), req.uri().path()),
-        id: request_id_of(&req).into(),
-        trace: req.extensions().get::<Arc<Trace>>().cloned(),
-        deadline: Deadline::from_header(req.headers(), arrival(&req))?,
-    };
-    let refused = meta.refusal(app);
-    // From here the worker has the request: reading its body and parsing it are not waiting
-    // for a worker, and do not count against --max-queue-wait (a slow upload to an idle
-    // worker is not an overload).
-    let taken_at = Instant::now();
-    if let Some(refused) = refused {
-        // Read the (small, usually) body so the refusal is not lost to a reset.
-        if let Ok(body) = read_body(req, app.max_body_bytes).await {
-            meta.count_body(app, body.len());
-        }
-        return Err(refused);
-    }
-    let last = claim(app);
-    let body = read_body(req, app.max_body_bytes).await?;
-    meta.count_body(app, body.len());
-    let size = body.len();
-    match work(
-        meta,
-        body,
-        size,
-        taken_at,
-        last,
-        app,
-        parse,
-        None::<Handoff<'_, ()>>,
-    )
-    .await?
-    {
-        Ran::Done(out, extra, last) => Ok((out, extra, last)),
-        Ran::HandedOff(()) => unreachable!("a request without a hand-off is never handed off"),
-    }
+) -> Result<Done<T>, ApiError> {
+    let (mut admitted, body) = admit(req, app).await?;
+    admitted.run(body, parse).await
 }

@@ -14,8 +14,7 @@ use crate::app::App;
 use crate::args::{Arg, Inputs};
 use crate::decode::post::parse_request;
 use crate::error::ApiError;
-use crate::infer::Parsed;
-use crate::runner::Encoding;
+use crate::infer::{Done, Encoding, Parsed};
 
 /// `GET /`: the metadata as given, with the measured footprint beside the declared one
 /// (`--profile-memory`) and the hwFetch line when asked.
@@ -55,7 +54,11 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
         .headers()
         .get(hyper::header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let (out, (), last) = model_request(req, app, move |body| {
+    let Done {
+        out,
+        extra: (),
+        last,
+    } = model_request(req, app, move |body| {
         let one = match specs.as_deref() {
             Some([one]) => one.document.as_ref(),
             _ => None,
@@ -131,7 +134,7 @@ fn output_of<'a>(all: &'a Value, i: usize, declared: &[TensorSpec]) -> &'a Value
 /// `[[[name, score], …], …]`, one list per row. With one labelled output among several,
 /// the rows are its rows; with several labelled, an object by output name.
 fn labelled(app: &App, outputs: &[u8]) -> Result<Value, ApiError> {
-    let internal = |e: String| ApiError::Run(crate::runner::RunError::Unsupported(e));
+    let internal = |e: String| ApiError::Run(crate::infer::RunError::Unsupported(e));
     let all: Value = serde_json::from_slice(outputs).map_err(|e| {
         internal(format!(
             "the outputs could not be read back for labels: {e}"

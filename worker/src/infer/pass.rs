@@ -157,8 +157,27 @@ fn finish(
             if let Some(t) = trace {
                 t.ran(out.forward, out.batch, out.inline, out.pass.as_ref());
             }
-            app.retire_if_grown(out.gpu_reserved);
+            retire_if_grown(app, out.gpu_reserved);
             Ok(out)
+        }
+    }
+}
+
+/// After a pass that answered: the worker retires (gracefully, no request fails) when its
+/// GPU memory grew past `--max-worker-gpu-mb` or its own host memory past
+/// `--max-worker-memory-mb`.
+fn retire_if_grown(app: &App, gpu_reserved: Option<u64>) {
+    if let (Some(limit), Some(reserved)) = (app.max_gpu_bytes, gpu_reserved) {
+        // What nvidia-smi shows of it, context included.
+        let context = app.gpu_context.load(std::sync::atomic::Ordering::Relaxed);
+        if vramfork::protocol::gpu_used(reserved, context) > limit {
+            app.shared.retire(RetireReason::GpuMemory);
+        }
+    }
+    let retiring = || app.shared.get().stopping();
+    if let Some(limit) = app.max_host_bytes.filter(|_| !retiring()) {
+        if let Some(own) = app.own_memory.over(limit) {
+            app.shared.retire_with(RetireReason::HostMemory, Some(own));
         }
     }
 }

@@ -8,8 +8,7 @@
 //! `Server-Timing` (the tokenizing, and the passes' forward time summed).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
@@ -26,12 +25,10 @@ use crate::args::Inputs;
 use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
-use crate::head::arrival;
 use crate::http::answer::Answer;
-use crate::http::request::{endpoint_of, read_body, request_id_of};
-use crate::infer::{claim, work, Deadline, Handoff, Meta, Parsed, Ran, Working};
-use crate::observe::access_log::{Tokenize, Trace};
-use crate::runner::{Encoding, Wanted};
+use crate::http::request::{admit, meta_of, refuse};
+use crate::infer::{Admitted, Encoding, Meta, Parsed, Wanted, Working};
+use crate::observe::access_log::Tokenize;
 
 /// The header saying how many inputs were cut to the model's `max_length`.
 pub const TRUNCATED: &str = "x-truncated-inputs";
@@ -61,34 +58,17 @@ enum Vector {
 }
 
 pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, OaiError> {
-    let arrived = arrival(&req);
-    let meta = Meta {
-        arrived,
-        endpoint: endpoint_of(req.method(), req.uri().path()),
-        id: request_id_of(&req).into(),
-        trace: req.extensions().get::<Arc<Trace>>().cloned(),
-        deadline: Deadline::from_header(req.headers(), arrived)?,
-    };
     // A model that makes no embeddings refuses before the request counts as a model request.
-    let admitted = declaration::of(&app.metadata)
-        .and_then(|decl| meta.refusal(app).map(OaiError::from).map_or(Ok(decl), Err));
-    let taken_at = Instant::now();
-    let decl = match admitted {
+    let decl = match declaration::of(&app.metadata) {
         Ok(decl) => decl,
         Err(refused) => {
-            // Read the (small, usually) body so the refusal is not lost to a reset.
-            if let Ok(body) = read_body(req, app.max_body_bytes).await {
-                meta.count_body(app, body.len());
-            }
-            return Err(refused);
+            let meta = meta_of(&req)?;
+            return Err(refuse(req, app, &meta, refused).await);
         }
     };
-    let last = claim(app);
-    let body = read_body(req, app.max_body_bytes).await?;
-    meta.count_body(app, body.len());
+    let (mut admitted, body) = admit(req, app).await?;
     // Work from here, as a parsed request is: each pass then counts as its own.
     let working = Working::enter(&app.shared);
-    let size = body.len();
     let rules = Rules {
         token_ids: decl.token_ids,
         max_ids: max_length(app).max(request::MAX_IDS_PER_INPUT),
@@ -101,11 +81,14 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         0 => {}
         width => check_dimensions(asked.dimensions, &decl, width)?,
     }
-    let (tokens, preprocess) = tokenized(app, &meta, asked.input).await?;
+    let (tokens, preprocess) = tokenized(app, admitted.meta(), asked.input).await?;
     let lengths: Vec<usize> = tokens.rows.iter().map(Row::len).collect();
-    if let Some(t) = &meta.trace {
+    if let Some(t) = &admitted.meta().trace {
         t.tokenized(Tokenize {
-            after: crate::observe::access_log::work_began_after(meta.arrived, preprocess),
+            after: crate::observe::access_log::work_began_after(
+                admitted.meta().arrived,
+                preprocess,
+            ),
             took: preprocess,
             inputs: lengths.len() as u32,
             tokens: lengths.iter().sum::<usize>() as u64,
@@ -113,17 +96,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
         });
     }
     drop(working);
-    let (vectors, forward) = passes(
-        app,
-        &meta,
-        &decl,
-        tokens.rows,
-        &lengths,
-        size,
-        taken_at,
-        last,
-    )
-    .await?;
+    let (vectors, forward, last) = passes(app, &mut admitted, &decl, tokens.rows, &lengths).await?;
     let width = vectors.first().map_or(0, Vec::len);
     WIDTH.store(width, Ordering::Relaxed);
     check_dimensions(asked.dimensions, &decl, width)?;
@@ -227,18 +200,15 @@ async fn tokenized(
 }
 
 /// The rows run in passes of at most `max_batch_size` (without batching, the text input's
-/// `max_documents`), each pooled into one vector per row.
-#[allow(clippy::too_many_arguments)]
+/// `max_documents`), each pooled into one vector per row; with whether the request was the
+/// worker's last.
 async fn passes(
     app: &App,
-    meta: &Meta,
+    admitted: &mut Admitted<'_>,
     decl: &Declaration,
     rows: Vec<super::tokens::Tokens>,
     lengths: &[usize],
-    size: usize,
-    taken_at: Instant,
-    last: bool,
-) -> Result<(Vec<Vec<f32>>, Duration), OaiError> {
+) -> Result<(Vec<Vec<f32>>, Duration, bool), OaiError> {
     let docs = app.documents.as_ref().expect("tokenized on the documents");
     let text = docs.text(0).expect("a text input");
     let per_pass = match app.metadata.max_batch_size {
@@ -249,8 +219,7 @@ async fn passes(
     let mut vectors = Vec::with_capacity(rows.len());
     let mut forward = Duration::ZERO;
     let chunks = rows.chunks(per_pass).zip(lengths.chunks(per_pass));
-    let count = rows.len().div_ceil(per_pass);
-    for (k, (chunk, lengths)) in chunks.enumerate() {
+    for (chunk, lengths) in chunks {
         let inputs = Inputs {
             args: text.feeds(chunk),
         };
@@ -258,30 +227,15 @@ async fn passes(
             outputs: Some(vec![decl.output.clone()]),
             declared: app.metadata.outputs.clone(),
         };
-        // The body's size counts once, with the last pass (a large one trims the heap after).
-        let size = if k + 1 == count { size } else { 0 };
-        let parse = move |inputs| {
-            Ok(Parsed {
+        let out = admitted
+            .run_made(Parsed {
                 inputs,
                 encoding: Encoding::Tensors(wanted),
                 timeout: None,
                 extra: (),
             })
-        };
-        let ran = work(
-            meta.clone(),
-            inputs,
-            size,
-            taken_at,
-            last,
-            app,
-            parse,
-            None::<Handoff<'_, ()>>,
-        )
-        .await?;
-        let Ran::Done(out, (), _) = ran else {
-            unreachable!("a request without a hand-off is never handed off")
-        };
+            .await?
+            .out;
         let failed = |e: String| {
             OaiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -297,5 +251,5 @@ async fn passes(
         vectors.extend(output.pool(decl.pooling, lengths).map_err(failed)?);
         forward += out.forward;
     }
-    Ok((vectors, forward))
+    Ok((vectors, forward, admitted.claim()))
 }

@@ -8,7 +8,7 @@ use base64::Engine;
 use vramfork::metadata::embeddings::Pooling;
 use vramfork::metadata::{Datatype, Dtype};
 
-use crate::runner::OutTensor;
+use crate::infer::OutTensor;
 
 /// One pass's output: its shape and its elements.
 pub struct Output {

@@ -7,7 +7,7 @@
 
 use vramfork::metadata::{Datatype, Dtype};
 
-use crate::runner::OutTensor;
+use crate::infer::OutTensor;
 
 /// Which outputs' data go binary: those asked for by name, each as the request says (in its
 /// order); the others as `binary_data_output` says.

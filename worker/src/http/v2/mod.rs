@@ -20,8 +20,7 @@ use super::request::{hw_fetch, model_request, request_id_of, INFERENCE_HEADER};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::infer::v2::{is_ready, model_id, model_tensors, TensorMeta, EXTENSIONS};
-use crate::infer::Parsed;
-use crate::runner::Encoding;
+use crate::infer::{Done, Encoding, Parsed};
 
 /// Percent-decodes a path segment (model names may hold spaces and such).
 fn decode(seg: &str) -> Result<String, ApiError> {
@@ -157,7 +156,11 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let declared = app.metadata.outputs.clone();
     // The answer's `id`: the body's, else the request's X-Request-Id.
     let request_id = request_id_of(&req);
-    let (out, (id, hw, binary), last) = model_request(req, app, move |body| {
+    let Done {
+        out,
+        extra: (id, hw, binary),
+        last,
+    } = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
         Ok(Parsed {

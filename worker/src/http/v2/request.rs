@@ -16,8 +16,8 @@ use crate::args::{Arg, Inputs};
 use crate::decode::elements::{arg_from_json, Layout};
 use crate::decode::BodyError;
 use crate::infer::v2::{check, from_raw, Slots};
+use crate::infer::Wanted;
 use crate::infer::MAX_TIMEOUT_S;
-use crate::runner::Wanted;
 
 /// The JSON header. Values that may be large (`data`, `id`, parameters) are kept as their
 /// JSON text, never as a tree of values: `data` is read in one pass by `elements.rs`.
