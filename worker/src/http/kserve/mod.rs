@@ -19,8 +19,7 @@ use crate::app::App;
 use crate::args::{Arg, Inputs};
 use crate::decode::post::parse_request;
 use crate::error::ApiError;
-use crate::infer::Parsed;
-use crate::runner::Encoding;
+use crate::infer::{Done, Encoding, Parsed};
 
 /// The suffix of v1's predict path.
 const PREDICT: &str = ":predict";
@@ -44,7 +43,11 @@ pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiErr
         )));
     }
     let specs = app.metadata.inputs.clone();
-    let (out, (), last) = model_request(req, app, move |body| {
+    let Done {
+        out,
+        extra: (),
+        last,
+    } = model_request(req, app, move |body| {
         Ok(Parsed {
             inputs: instances(&body, specs.as_deref())?,
             encoding: Encoding::Json,
