@@ -27,6 +27,7 @@
 
 mod access;
 mod app;
+mod archive;
 mod batching;
 mod checker;
 mod devices;

@@ -66,7 +66,9 @@ fn model_object(app: &App) -> Value {
 }
 
 fn one_model(id: &str, app: &App) -> Result<Answer, OaiError> {
-    if id != app.model_name {
+    // A TorchServe archive's own name too, as KServe v1's clients of its runtime call it.
+    let archive = app.metadata.archive.as_ref();
+    if id != app.model_name && archive.is_none_or(|a| a.model_name != id) {
         return Err(OaiError::new(
             StatusCode::NOT_FOUND,
             "model_not_found",
