@@ -191,6 +191,16 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
             mar.display()
         );
     }
+    // TorchServe's settings written into the metadata are named with ours, not kept silently.
+    let settings = app_for(
+        &common::fixtures().join("mlp.pt"),
+        json!({"batchSize": 8, "maxBatchDelay": 10}),
+    );
+    let mut s = Server::spawn(&settings, &ARGS, &[]);
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(log.contains("field `batchSize` is TorchServe's, which vramfork does not read: write `max_batch_size`"), "{log}");
     // With the handler's work declared in the metadata, a custom handler's model is served.
     let declared = app_for(
         &art.join("custom.mar"),

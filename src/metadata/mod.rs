@@ -130,6 +130,7 @@ impl AppMetadata {
         near_miss::check("", &raw, &fields::KNOWN_FIELDS, &fields::FOREIGN_FIELDS)
             .map_err(field)?;
         fields::strings(&raw).map_err(field)?;
+        torchserve::settings(&raw).map_err(field)?;
         let model = fields::model(&raw, path).map_err(field)?;
         let archive = torchserve::archive(&raw, model.as_deref()).map_err(field)?;
         let view = torchserve::view(&raw, archive.as_ref());
