@@ -122,7 +122,7 @@ fn a_model_store_serves_its_one_archive_and_names_the_settings_it_does_not_apply
         r#"inference_address=http://0.0.0.0:8085
 enable_envvars_config=true
 model_store=/mnt/models/model-store
-model_snapshot={"name":"startup.cfg","modelCount":1,"models":{"small":{"1.0":{"defaultVersion":true,"marName":"small.mar","minWorkers":1,"maxWorkers":5,"batchSize":4,"maxBatchDelay":10,"responseTimeout":120}}}}
+model_snapshot={"name":"startup.cfg","modelCount":1,"models":{"small":{"1.0":{"defaultVersion":true,"marName":"small.mar","minWorkers":1,"maxWorkers":5,"batchSize":4,"maxBatchDelay":10,"responseTimeout":77}}}}
 "#,
     )
     .unwrap();
@@ -133,11 +133,15 @@ model_snapshot={"name":"startup.cfg","modelCount":1,"models":{"small":{"1.0":{"d
     let r = post(&s, "POST", "/predictions/small", &png);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_same_classes(&r.json(), &want["labels"]["wide.png"], 1e-5, "store");
-    // batchSize is the batching's size; the rest is named with what does it here.
+    // batchSize is the batching's size, maxBatchDelay its timeout; the rest is named with
+    // what does it here.
     assert_eq!(s.get("/models/small").json()[0]["batchSize"], 4);
+    let described = s.get("/models/small").json();
+    assert_eq!(described[0]["responseTimeout"], 77, "{described}");
     let log = s.log_text();
+    assert!(log.contains(r#""batch_timeout_ms":10"#), "{log}");
     for named in [
-        "`maxBatchDelay` 10 is not applied: use --batch-timeout-ms",
+        "`minWorkers` 1 is not applied: use --workers",
         "`inference_address=http://0.0.0.0:8085` is not applied",
     ] {
         assert!(log.contains(named), "{named} not in:\n{log}");

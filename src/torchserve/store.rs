@@ -2,8 +2,10 @@
 //! (or `config.properties`) beside `model-store/*.mar` (or the archives in the folder
 //! itself). One server serves one archive: a store of several is refused naming them (each
 //! gets its own server, and the host's ledger shares the GPU between them). Of
-//! `config.properties`, the model's `batchSize` becomes `max_batch_size`; the other
-//! settings are named at start with the option that does the same here.
+//! `config.properties`, the model's `batchSize` becomes `max_batch_size`, its
+//! `maxBatchDelay` and `responseTimeout` the values of `--batch-timeout-ms` and
+//! `--request-timeout` when those are not given; the other settings are named at start with
+//! the option that does the same here.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,10 @@ const MAX_PROPERTIES: u64 = 1 << 20;
 pub struct Settings {
     /// The model's `batchSize` (TorchServe's 1 is no batching).
     pub batch_size: Option<u32>,
+    /// The model's `maxBatchDelay` (ms): `--batch-timeout-ms` unless that is given.
+    pub batch_delay_ms: Option<u64>,
+    /// The model's `responseTimeout` (s): `--request-timeout` unless that is given.
+    pub response_timeout_s: Option<u64>,
     /// Settings that have an option of vramfork's, or none: named at start, not applied.
     pub not_applied: Vec<String>,
 }
@@ -120,6 +126,11 @@ impl Properties {
                 .and_then(Value::as_u64)
                 .filter(|b| *b >= 1)
                 .map(|b| b.min(u64::from(crate::metadata::MAX_BATCH_SIZE_LIMIT)) as u32);
+            s.batch_delay_ms = e.get("maxBatchDelay").and_then(Value::as_u64);
+            s.response_timeout_s = e
+                .get("responseTimeout")
+                .and_then(Value::as_u64)
+                .filter(|t| *t > 0);
             for (key, option) in MODEL_SETTINGS {
                 if let Some(v) = e.get(*key) {
                     s.not_applied
@@ -158,7 +169,6 @@ impl Properties {
 
 /// A model's settings and the option that does the same here.
 const MODEL_SETTINGS: &[(&str, &str)] = &[
-    ("maxBatchDelay", "use --batch-timeout-ms"),
     (
         "minWorkers",
         "use --workers (or let the plan size the pool)",
@@ -167,7 +177,6 @@ const MODEL_SETTINGS: &[(&str, &str)] = &[
         "maxWorkers",
         "use --workers (or let the plan size the pool)",
     ),
-    ("responseTimeout", "use --request-timeout"),
 ];
 
 /// Server settings and the option that does the same here.
@@ -237,10 +246,13 @@ mod tests {
         assert_eq!(p.values["inference_address"], "http://0.0.0.0:8085");
         let s = p.for_model("mnist", Path::new("/m/mnist.mar"));
         assert_eq!(s.batch_size, Some(4));
+        assert_eq!(
+            (s.batch_delay_ms, s.response_timeout_s),
+            (Some(10), Some(120))
+        );
         let all = s.not_applied.join("\n");
         for want in [
-            "`maxBatchDelay` 10 is not applied: use --batch-timeout-ms",
-            "`responseTimeout` 120",
+            "`minWorkers` 1 is not applied: use --workers",
             "`inference_address=http://0.0.0.0:8085` is not applied: use --host and --port",
         ] {
             assert!(all.contains(want), "{want}: {all}");

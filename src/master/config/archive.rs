@@ -10,6 +10,7 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::ConfigError;
+use crate::master::cli::Cli;
 use crate::metadata::AppMetadata;
 use crate::torchserve::{is_archive, Archive};
 
@@ -42,4 +43,18 @@ fn is_store(dir: &Path) -> bool {
         || std::fs::read_dir(dir).is_ok_and(|mut d| {
             d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "mar")))
         })
+}
+
+/// A model store's `maxBatchDelay` and `responseTimeout` as `--batch-timeout-ms` and
+/// `--request-timeout` where neither the command line nor the environment gives them.
+pub(super) fn defaults(cli: &mut Cli, metadata: &AppMetadata) {
+    let Some(s) = metadata.archive.as_ref().map(|a| &a.settings) else {
+        return;
+    };
+    if cli.batch_timeout_ms.is_none() {
+        cli.batch_timeout_ms = s.batch_delay_ms.map(|ms| ms.to_string());
+    }
+    if cli.request_timeout.is_none() {
+        cli.request_timeout = s.response_timeout_s.map(|t| t.to_string());
+    }
 }

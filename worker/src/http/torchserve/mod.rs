@@ -122,6 +122,7 @@ fn describe(rest: &str, app: &App) -> Result<Answer, TsError> {
         "runtime": "libtorch",
         "handler": a.map(|a| a.handler_name.as_str()).unwrap_or_default(),
         "batchSize": app.metadata.max_batch_size.max(1),
+        "responseTimeout": app.request_timeout.as_secs(),
         "loadedAtStartup": true,
         "workers": [{"id": app.pid.to_str().unwrap_or_default(), "status": "READY"}],
     }])))
