@@ -96,6 +96,14 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     assert_eq!(one[0]["modelVersion"], "1.0", "{one}");
     assert_eq!(one[0]["handler"], "image_classifier", "{one}");
     drop(s);
+    // The same model as a torch.export program in the archive.
+    let exported = app_for(&art.join("exported.mar"), json!({}));
+    let s = Server::start(&exported, &ARGS);
+    s.wait_workers(1);
+    let r = post(&s, "POST", "/predictions/small", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_classes(&r.json(), &want["labels"]["wide.png"], 1e-5, "exported");
+    drop(s);
     // Without index_to_name.json, TorchServe names the classes by index.
     let plain = app_for(&art.join("plain.mar"), json!({}));
     let s = Server::start(&plain, &ARGS);

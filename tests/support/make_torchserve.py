@@ -5,6 +5,7 @@ serialized model, index_to_name.json), and the answers TorchServe's own handler 
 - classifier.mar: a small convolutional classifier (random weights, 10 classes), scripted,
   with the default handler `image_classifier` and an index_to_name.json in ImageNet's form
   ({"0": ["n01440764", "tench"]});
+- exported.mar: the same model as a torch.export program (.pt2);
 - plain.mar: the same model without index_to_name.json (TorchServe names classes by index);
 - custom.mar: the same model with a custom handler.py;
 - eager.mar: an eager model (model.py and a state dict, .pth);
@@ -69,6 +70,13 @@ def mar(name, files):
 labels = json.dumps(index_to_name)
 mar("classifier.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier"),
                        "model.pt": model_pt, "index_to_name.json": labels})
+# The same module as a torch.export program (.pt2), archived as TorchServe 0.12 archives one.
+program = torch.export.export(model, (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}})
+pt2 = io.BytesIO()
+torch.export.save(program, pt2)
+mar("exported.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier", "model.pt2"),
+                     "model.pt2": pt2.getvalue(), "index_to_name.json": labels})
 mar("plain.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier"), "model.pt": model_pt})
 mar("custom.mar", {"MAR-INF/MANIFEST.json": manifest("handler.py"), "model.pt": model_pt,
                    "handler.py": "from ts.torch_handler.base_handler import BaseHandler\n"})
