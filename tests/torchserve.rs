@@ -61,6 +61,8 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     let app = app_for(&art.join("classifier.mar"), json!({}));
     let s = Server::start(&app, &ARGS);
     s.wait_workers(1);
+    // The unpacked model is gone once loaded: a recycled worker leaves no copy behind.
+    assert_eq!(unpacked_copies(s.pid()), Vec::<String>::new());
     let ping = s.get("/ping");
     assert_eq!(
         (ping.status, ping.json()),
@@ -235,6 +237,21 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
         "{:?}",
         r.json()
     );
+}
+
+/// The archives' unpacked models left in the unpack directory of the server `pid`.
+fn unpacked_copies(pid: u32) -> Vec<String> {
+    let prefix = format!("vramfork-unpack-{pid}-");
+    let Ok(tmp) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    tmp.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten())
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("mar-"))
+        .collect()
 }
 
 /// A zip of `files` (stored), written without Python.

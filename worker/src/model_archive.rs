@@ -1,7 +1,8 @@
 //! A TorchServe archive's serialized model unpacked where this process loads it from: the
 //! server's unpack directory (`vramfork::unpacked`), in a folder of this process's own
 //! (`mar-<pid>/`, beside an AOTInductor package's `<pid>/`, which that package's load
-//! empties first). The master removes the server's directory at the end.
+//! empties first), and removed once the model is loaded ([`loaded`]): a recycled worker
+//! leaves no copy behind.
 
 use std::path::Path;
 
@@ -29,4 +30,14 @@ pub fn unpacked(model_path: &str, archive: Option<&Archive>) -> Result<Option<St
         archive.handler_name
     );
     Ok(Some(file.display().to_string()))
+}
+
+/// The model at `model_path` is loaded: its unpacked copy, when it is one, is removed (the
+/// loaded model holds what it needs; an AOTInductor package keeps its own files).
+pub fn loaded(model_path: &str) {
+    let own = format!("mar-{}", std::process::id());
+    let dir = Path::new(model_path).parent();
+    if let Some(dir) = dir.filter(|d| d.file_name().is_some_and(|n| *n == *own)) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
