@@ -571,3 +571,82 @@ fn a_bad_embeddings_block_stops_the_start_naming_the_field() {
         );
     }
 }
+
+/// `vramfork_text_tokens_total{kind}` summed over the master's scrape (0 while absent).
+fn text_tokens(metrics_port: u16, kind: &str) -> u64 {
+    let r = common::http(metrics_port, "GET", "/metrics", None);
+    assert_eq!(r.status, 200, "{r:?}");
+    r.body
+        .lines()
+        .filter(|l| l.starts_with("vramfork_text_tokens_total{"))
+        .filter(|l| l.contains(&format!("kind=\"{kind}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn mixed_lengths_run_shortest_first_each_vector_its_inputs_own_in_the_requests_order() {
+    // Eight rows a pass; 200 inputs whose lengths jump about (1 to 23 words of the README's
+    // sentences, truncated at max_length 24).
+    let (s, _app, exp) = serve(
+        "bert.pt",
+        json!({"max_batch_size": 8, "embeddings": {"pooling": "mean", "normalize": true}}),
+        &["--metrics-port", "0"],
+    );
+    let mport = s.metrics_port();
+    let words: Vec<String> = sentences(&exp)
+        .join(" ")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let texts: Vec<String> = (0..200)
+        .map(|i| {
+            let n = 1 + (i * 7919 % 23);
+            (0..n)
+                .map(|k| words[(i + k) % words.len()].as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    let all = post(&s, &json!({"input": texts, "model": "text-embedder"}));
+    assert_eq!(all.status, 200, "{}", all.body);
+    let all = all.json();
+    // Each input alone: its vector, and its length (its `usage`).
+    let mut lengths = Vec::new();
+    for (i, t) in texts.iter().enumerate() {
+        let one = post(&s, &json!({"input": t, "model": "text-embedder"}));
+        assert_eq!(one.status, 200, "{}", one.body);
+        let one = one.json();
+        lengths.push(one["usage"]["prompt_tokens"].as_u64().unwrap());
+        assert_eq!(
+            all["data"][i]["index"], i,
+            "the answer keeps the request's order"
+        );
+        assert_vectors(
+            &json!([all["data"][i]["embedding"]]),
+            &json!([one["data"][0]["embedding"]]),
+            &format!("input {i} in the request of 200, against it alone"),
+        );
+    }
+    assert_eq!(
+        all["usage"]["prompt_tokens"].as_u64().unwrap(),
+        lengths.iter().sum::<u64>()
+    );
+    // The request of 200 padded each pass of 8 to its longest, shortest rows first; each
+    // input alone has no padding.
+    let mut sorted = lengths.clone();
+    sorted.sort_unstable();
+    let padded: u64 = sorted.chunks(8).map(|c| 8 * c[c.len() - 1]).sum();
+    let arrival: u64 = lengths.chunks(8).map(|c| 8 * c.iter().max().unwrap()).sum();
+    assert!(padded < arrival, "{padded} vs {arrival} in arrival order");
+    let real: u64 = 2 * lengths.iter().sum::<u64>();
+    let want = (real, padded + lengths.iter().sum::<u64>());
+    // Counts reach the master with the worker's heartbeats.
+    s.poll(
+        &format!("vramfork_text_tokens_total (real, padded) = {want:?} (in arrival order the request of 200 alone pads to {arrival})"),
+        || {
+            let got = (text_tokens(mport, "real"), text_tokens(mport, "padded"));
+            (got == want).then_some(())
+        },
+    );
+}

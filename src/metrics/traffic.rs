@@ -69,6 +69,12 @@ pub struct Traffic {
     /// their body took to arrive and be parsed (the access log's `wait_ms`).
     #[serde(default)]
     pub queue_wait: Hist,
+    /// Tokens of the token rows given to the model in text passes (`/v1/embeddings`)…
+    #[serde(default)]
+    pub text_tokens: u64,
+    /// …and the tokens those passes held once their rows were padded to one length.
+    #[serde(default)]
+    pub text_tokens_padded: u64,
     /// With batching on: forward passes of the model thread by the rows stacked into them.
     #[serde(default, with = "pairs")]
     pub batches: BTreeMap<u32, u64>,
@@ -99,6 +105,8 @@ impl Traffic {
         self.forward.add(&o.forward);
         self.preprocess.add(&o.preprocess);
         self.queue_wait.add(&o.queue_wait);
+        self.text_tokens += o.text_tokens;
+        self.text_tokens_padded += o.text_tokens_padded;
         for (rows, n) in &o.batches {
             *self.batches.entry(*rows).or_default() += n;
         }

@@ -80,6 +80,16 @@ pub(super) fn passes(f: &mut Families, s: &Snapshot) {
             vec![(vec![], t.preprocess.clone())],
         );
     }
+    if t.text_tokens_padded > 0 {
+        f.counter(
+            "text_tokens",
+            "Tokens of the text passes given to the model (/v1/embeddings): kind real the rows' own, kind padded once padded to one length; real / padded is the padding efficiency.",
+            vec![
+                (l(&[("kind", "real")]), t.text_tokens),
+                (l(&[("kind", "padded")]), t.text_tokens_padded),
+            ],
+        );
+    }
     f.counter(
         "batches",
         "With batching on: forward passes by the rows stacked into them (size: 1, 2, 3-4, 5-8, ...).",

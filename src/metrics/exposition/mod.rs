@@ -206,6 +206,8 @@ mod tests {
         // Every family, those declared only once they have something to say included.
         let mut s = Snapshot::default();
         s.traffic.preprocess.observe(0.01);
+        s.traffic.text_tokens = 3;
+        s.traffic.text_tokens_padded = 4;
         let scrape = encode(&s, Format::Prometheus).unwrap();
         let declared: std::collections::BTreeSet<String> = scrape
             .lines()

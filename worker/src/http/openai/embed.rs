@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use serde::Serialize;
+use vramfork::documents::Padding;
 
 use super::declaration::{self, Declaration};
 use super::error::OaiError;
@@ -22,6 +23,7 @@ use super::tokens::{tokenize, Tokenized};
 use super::vectors::{base64, finish, Output};
 use crate::app::App;
 use crate::args::Inputs;
+use crate::documents::passes::{by_length, tokens};
 use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
@@ -200,7 +202,8 @@ async fn tokenized(
 }
 
 /// The rows run in passes of at most `max_batch_size` (without batching, the text input's
-/// `max_documents`), each pooled into one vector per row; with whether the request was the
+/// `max_documents`), shortest rows first (`documents/passes.rs`), each pooled into one
+/// vector per row, answered in the request's order; with whether the request was the
 /// worker's last.
 async fn passes(
     app: &App,
@@ -216,13 +219,21 @@ async fn passes(
         n => n as usize,
     }
     .max(1);
-    let mut vectors = Vec::with_capacity(rows.len());
+    let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
+    let mut vectors = vec![Vec::new(); rows.len()];
+    let mut rows: Vec<Option<super::tokens::Tokens>> = rows.into_iter().map(Some).collect();
     let mut forward = Duration::ZERO;
-    let chunks = rows.chunks(per_pass).zip(lengths.chunks(per_pass));
-    for (chunk, lengths) in chunks {
+    for pass in by_length(lengths, per_pass) {
+        let chunk: Vec<_> = pass.iter().filter_map(|&i| rows[i].take()).collect();
+        let lengths: Vec<usize> = pass.iter().map(|&i| lengths[i]).collect();
+        if let Some(m) = &app.metrics {
+            let (real, padded) = tokens(lengths.iter().copied(), width);
+            m.text_tokens(real, padded);
+        }
         let inputs = Inputs {
-            args: text.feeds(chunk),
+            args: text.feeds(&chunk),
         };
+        drop(chunk);
         let wanted = Wanted {
             outputs: Some(vec![decl.output.clone()]),
             declared: app.metadata.outputs.clone(),
@@ -248,7 +259,10 @@ async fn passes(
             .first()
             .ok_or_else(|| failed("the model returned no output".into()))?;
         let output = Output::read(one).map_err(failed)?;
-        vectors.extend(output.pool(decl.pooling, lengths).map_err(failed)?);
+        let pooled = output.pool(decl.pooling, &lengths).map_err(failed)?;
+        for (&i, v) in pass.iter().zip(pooled) {
+            vectors[i] = v;
+        }
         forward += out.forward;
     }
     Ok((vectors, forward, admitted.claim()))
