@@ -213,6 +213,15 @@ mod tests {
             (vec!["a".into(), "b".into()], 2, false)
         );
         assert_eq!(l.top(&[0.3, 0.1]).unwrap()[0], ("a".to_string(), 0.3));
+        // TorchServe's index_to_name.json as it is: a name given as [id, name].
+        let l = block(
+            r#"{"0": ["n01440764", "tench"], "1": ["n01443537", "goldfish"]}"#,
+            r#"{"labels": {"file": "l.json"}}"#,
+            Some(2),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.names, vec!["tench".to_string(), "goldfish".into()]);
         for (file, json, classes, want) in [
             (
                 "[1, 2]",
