@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::{kind, MAX_BATCH_SIZE_LIMIT};
 
 /// The fields vramfork reads from the metadata.
-pub(super) const KNOWN_FIELDS: [&str; 14] = [
+pub(super) const KNOWN_FIELDS: [&str; 16] = [
     "name",
     "description",
     "version",
@@ -25,6 +25,8 @@ pub(super) const KNOWN_FIELDS: [&str; 14] = [
     "profile_input",
     "warmup_inputs",
     "embeddings",
+    "rerank",
+    "classify",
 ];
 /// Fields other apps' metadata carries on purpose that are close to one vramfork reads
 /// (CLAMS app metadata's `output`, its versions and licences).

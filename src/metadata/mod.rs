@@ -9,12 +9,16 @@
 //! | `signature.rs` | the model's declared inputs and outputs ([`TensorSpec`], [`Datatype`]), the older `input` ([`InputSpec`]) |
 //! | `blocks.rs` | an entry's `tokenizer`/`image` (inputs) and `labels` (outputs) blocks |
 //! | `embeddings.rs` | the `embeddings` block (OpenAI's `/v1/embeddings`) |
+//! | `rerank.rs` | the `rerank` block (cross-encoders: the rerank and score endpoints), the activations |
+//! | `classify.rs` | the `classify` block (sequence classifiers: the classify and predict endpoints) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
 //! | `torchserve.rs` | a TorchServe archive as `model`: read, and what it amounts to filled in |
 
 mod blocks;
+pub mod classify;
 pub mod embeddings;
 mod fields;
+pub mod rerank;
 mod shapes;
 mod signature;
 mod torchserve;
@@ -64,6 +68,10 @@ pub struct AppMetadata {
     pub labels: BTreeMap<usize, crate::labels::Labels>,
     /// How the model makes vectors for `/v1/embeddings` (`embeddings`), when it declares it.
     pub embeddings: Option<embeddings::Embeddings>,
+    /// How a cross-encoder scores pairs (`rerank`), when it declares it.
+    pub rerank: Option<rerank::Rerank>,
+    /// How a sequence classifier names its classes (`classify`), when it declares it.
+    pub classify: Option<classify::Classify>,
     /// The TorchServe archive `model` names, when it names one (`crate::torchserve`).
     pub archive: Option<crate::torchserve::Archive>,
 }
@@ -146,6 +154,9 @@ impl AppMetadata {
         }
         let embeddings =
             embeddings::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let rerank = rerank::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let classify =
+            classify::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(doc).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
@@ -177,6 +188,8 @@ impl AppMetadata {
             warmup_inputs,
             labels,
             embeddings,
+            rerank,
+            classify,
             archive,
         })
     }

@@ -173,6 +173,11 @@ impl Text {
             .collect()
     }
 
+    /// The tokenizer itself, for pair encoding (`pair.rs`).
+    pub(super) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// The ids the tokenizer's vocabulary has (its added tokens included).
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)

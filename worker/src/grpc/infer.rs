@@ -17,7 +17,7 @@ use crate::args::Inputs;
 use crate::decode::BodyError;
 use crate::error::ApiError;
 use crate::infer::v2::{check, from_raw, model_id, model_tensors, Checked, Slots, TensorMeta};
-use crate::infer::{Encoding, Parsed, RunOutput, Wanted, MAX_TIMEOUT_S};
+use crate::infer::{classification, Encoding, Parsed, RunOutput, Wanted, MAX_TIMEOUT_S};
 
 /// What the answer needs of the request besides the outputs.
 pub struct Asked {
@@ -25,6 +25,8 @@ pub struct Asked {
     pub id: String,
     /// `parameters.hwFetch`.
     pub hw_fetch: bool,
+    /// Outputs asked for as their best classes (`parameters.classification`: the count).
+    pub classes: Vec<(String, usize)>,
 }
 
 /// The model a request names must be this server's (an empty version: its one version).
@@ -59,6 +61,20 @@ pub fn parse(
             .map(|o| o.name.clone())
             .collect::<Vec<_>>()
     });
+    let mut classes = Vec::new();
+    for o in &req.outputs {
+        match o.parameters.get("classification").and_then(|p| p.parameter_choice.as_ref()) {
+            None => {}
+            Some(ParameterChoice::Int64Param(n)) if *n >= 1 => classes.push((o.name.clone(), *n as usize)),
+            Some(ParameterChoice::Uint64Param(n)) if *n >= 1 => classes.push((o.name.clone(), *n as usize)),
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "output {}: parameter classification must be a whole number of classes, 1 or more, not {other:?}",
+                    o.name
+                )))
+            }
+        }
+    }
     Ok(Parsed {
         inputs,
         encoding: Encoding::Tensors(Wanted { outputs, declared }),
@@ -66,6 +82,7 @@ pub fn parse(
         extra: Asked {
             id: req.id,
             hw_fetch,
+            classes,
         },
     })
 }
@@ -230,6 +247,7 @@ pub fn response(
     hw_line: Option<String>,
 ) -> Result<ModelInferResponse, ApiError> {
     let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let tensors = classification::apply(&app.metadata, tensors, &asked.classes)?;
     let mut outputs = Vec::with_capacity(tensors.len());
     let mut raw = Vec::with_capacity(tensors.len());
     for t in tensors {

@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
 use super::request::{endpoint_of, INFERENCE_HEADER};
-use super::{kserve, openai, root, torchserve, v2};
+use super::{kserve, openai, rerank, root, torchserve, v2};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
@@ -60,6 +60,7 @@ pub async fn handle(
     });
     let answer = match authorized(&req, &app) {
         Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
+        Err(e) if rerank::owns(req.uri().path()) => rerank::refusal(req.uri().path(), e),
         Err(e) if openai::owns(req.uri().path()) => openai::refusal(e),
         Err(e) if torchserve::owns(req.uri().path()) => torchserve::refusal(e),
         Err(e) => Answer::from(e),
@@ -167,6 +168,9 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         ("/", &Method::GET) => root::metadata(req.uri().query(), app),
         ("/", &Method::POST) => root::infer(req, app).await,
         ("/healthz", &Method::GET) => Ok(root::health(app)),
+        // Before `/v2/` and `/v1/`, whose routers would take `/v2/rerank`, `/v1/rerank`
+        // and `/v1/classify`.
+        (p, _) if rerank::owns(p) => Ok(rerank::route(req, app).await),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
         (p, &Method::POST) if kserve::owns(p) => kserve::predict(req, app).await,
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),

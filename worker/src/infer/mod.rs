@@ -16,6 +16,7 @@
 //! here.
 
 mod admitted;
+pub mod classification;
 pub mod deadline;
 mod pass;
 mod preprocess;

@@ -13,7 +13,7 @@ use crate::decode::elements::{element_count, strings_from_bytes};
 use crate::decode::BodyError;
 
 /// The protocol's extensions this server has (`GET /v2`, gRPC's `ServerMetadata`).
-pub const EXTENSIONS: [&str; 1] = ["binary_tensor_data"];
+pub const EXTENSIONS: [&str; 2] = ["binary_tensor_data", "classification"];
 
 /// The model's name and version, as v2 paths and answers use them (and gRPC's).
 pub fn model_id(app: &App) -> (String, String) {

@@ -51,7 +51,7 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
         _ => Err(OaiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            format!("no route for {method} {path}; under /v1 this server answers POST /v1/embeddings, GET /v1/models and GET /v1/models/{{id}}"),
+            format!("no route for {method} {path}; under /v1 this server answers POST /v1/embeddings, POST /v1/rerank, POST /v1/classify, GET /v1/models and GET /v1/models/{{id}}"),
         )),
     };
     done.unwrap_or_else(OaiError::answer)

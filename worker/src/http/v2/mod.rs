@@ -20,7 +20,7 @@ use super::request::{hw_fetch, model_request, request_id_of, INFERENCE_HEADER};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::infer::v2::{is_ready, model_id, model_tensors, TensorMeta, EXTENSIONS};
-use crate::infer::{Done, Encoding, Parsed};
+use crate::infer::{classification, Done, Encoding, Parsed};
 
 /// Percent-decodes a path segment (model names may hold spaces and such).
 fn decode(seg: &str) -> Result<String, ApiError> {
@@ -158,7 +158,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let request_id = request_id_of(&req);
     let Done {
         out,
-        extra: (id, hw, binary),
+        extra: (id, hw, binary, classes),
         last,
     } = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
@@ -167,7 +167,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
             inputs: r.inputs,
             encoding: Encoding::Tensors(r.wanted),
             timeout: r.timeout,
-            extra: (r.id, r.hw_fetch, r.binary),
+            extra: (r.id, r.hw_fetch, r.binary, r.classes),
         })
     })
     .await?;
@@ -184,6 +184,7 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     }
     // {…, "outputs": [...]}, then the binary tail when any output goes binary.
     let outputs = out.outputs.tensors().map_err(ApiError::Run)?;
+    let outputs = classification::apply(&app.metadata, outputs, &classes)?;
     let mut body = json_bytes(&Value::Object(head));
     body.pop();
     body.extend_from_slice(b",\"outputs\":");

@@ -79,6 +79,8 @@ pub struct Infer {
     pub binary: Binary,
     /// `parameters.hwFetch: true`.
     pub hw_fetch: bool,
+    /// Outputs asked for as their best classes (`parameters.classification`: the count).
+    pub classes: Vec<(String, usize)>,
     /// `parameters.timeout` (microseconds, as Triton defines it; 0 = none): the client's
     /// deadline, from the request's arrival.
     pub timeout: Option<std::time::Duration>,
@@ -171,6 +173,7 @@ fn parse_infer(
         named: Vec::new(),
         default: binary_default,
     };
+    let mut classes = Vec::new();
     let outputs = match h.outputs {
         None => None,
         Some(outs) => Some(
@@ -178,6 +181,17 @@ fn parse_infer(
                 .map(|o| {
                     let bin = flag(&o.parameters, "binary_data")? || binary_default;
                     binary.named.push(bin);
+                    match whole(&o.parameters, "classification") {
+                        Ok(None) => {}
+                        Ok(Some(n)) if n >= 1 => classes.push((o.name.clone(), n as usize)),
+                        Ok(Some(_)) | Err(_) => {
+                            return Err(format!(
+                                "output {}: parameter classification must be a whole number of classes, 1 or more, not {}",
+                                o.name,
+                                shown(o.parameters["classification"])
+                            ))
+                        }
+                    }
                     Ok(o.name)
                 })
                 .collect::<Result<_, String>>()?,
@@ -193,6 +207,7 @@ fn parse_infer(
         wanted,
         binary,
         hw_fetch,
+        classes,
         timeout,
     })
 }
