@@ -10,13 +10,18 @@ use clap::FromArgMatches;
 
 use vramfork::logging;
 use vramfork::master::bootstrap;
-use vramfork::master::cli::Cli;
+use vramfork::master::cli::{Cli, Command};
 use vramfork::master::config::{self, Config};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // The command line with each option's default rendered into its help.
     let cli = Cli::from_arg_matches(&config::command().get_matches()).unwrap_or_else(|e| e.exit());
+    // `app ledger` reads the host's ledger only: no metadata, no configuration.
+    if let Some(Command::Ledger { json }) = cli.command {
+        let code = vramfork::master::host::view::run(cli.ledger.as_deref(), json);
+        return ExitCode::from(code as u8);
+    }
     let exe_dir = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.to_path_buf()));

@@ -1,8 +1,9 @@
 //! The OpenTelemetry trace export's configuration, from the standard `OTEL_*` variables
 //! (<https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/>,
 //! and the OTLP exporter's). Read by the master at start, which stops with exit 2 on an
-//! error and logs the warnings, and again by each worker, which inherits the variables and
-//! exports its own spans (`worker/src/spans/`).
+//! error and logs the warnings, and hands what it read to each worker in its configuration
+//! (`crate::master::worker_config`); each worker exports its own spans
+//! (`worker/src/observe/spans/`).
 //!
 //! Export is **off** unless an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
 //! or `OTEL_EXPORTER_OTLP_ENDPOINT`) or `OTEL_TRACES_EXPORTER=otlp` asks for the default
@@ -18,9 +19,12 @@
 
 mod endpoint;
 mod pairs;
+mod pem_names;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 
 use endpoint::Url;
 
@@ -28,7 +32,7 @@ use endpoint::Url;
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4318/v1/traces";
 
 /// How the root of a trace, or a request with a caller's trace, is sampled.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Sampler {
     AlwaysOn,
     AlwaysOff,
@@ -59,8 +63,9 @@ impl Sampler {
     }
 }
 
-/// Where and how spans are exported.
-#[derive(Debug, Clone, PartialEq)]
+/// Where and how spans are exported: read by the master, handed to each worker in its
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OtelConfig {
     /// `http://host:port/path` of the OTLP/HTTP traces endpoint.
     pub endpoint: String,
@@ -84,17 +89,39 @@ pub struct OtelConfig {
 pub type PemFile = (&'static str, PathBuf);
 
 /// How an `https://` endpoint is reached.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OtelTls {
     /// The endpoint's host (without brackets): the name sent (SNI) and verified.
     pub host: String,
     /// The certificates trusted for the collector's: `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`
     /// alone, else `SSL_CERT_FILE` and `SSL_CERT_DIR` (either or both; one named
     /// [`CERT_DIR`] is a directory), else the system's bundle.
+    #[serde(with = "pem_names")]
     pub roots: Vec<PemFile>,
     /// `OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE` and `_CLIENT_KEY` (mutual TLS).
+    #[serde(with = "pem_names::pair")]
     pub client: Option<(PemFile, PemFile)>,
 }
+
+/// The variables naming the collector's CA (the signal's, else the base one).
+const CA_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+];
+/// The variables naming the client certificate.
+const CLIENT_CERT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+];
+/// The variables naming the client certificate's key.
+const CLIENT_KEY_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+];
+/// OpenSSL's variable naming a bundle of trusted certificates.
+const CERT_FILE: &str = "SSL_CERT_FILE";
+/// What names the system's bundle, found at one of [`SYSTEM_BUNDLES`].
+const SYSTEM_BUNDLE: &str = "the system's CA bundle";
 
 /// The variable naming a directory of trusted certificates (OpenSSL's: files named
 /// `HASH.N` as `openssl rehash` makes them, or `*.pem`, `*.crt`).
@@ -284,27 +311,9 @@ fn tls(
     warnings: &mut Vec<String>,
 ) -> Result<Option<OtelTls>, String> {
     let (ca, cert, key) = (
-        either(
-            set,
-            [
-                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-                "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            ],
-        ),
-        either(
-            set,
-            [
-                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-            ],
-        ),
-        either(
-            set,
-            [
-                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-            ],
-        ),
+        either(set, CA_VARS),
+        either(set, CLIENT_CERT_VARS),
+        either(set, CLIENT_KEY_VARS),
     );
     if !url.https {
         for (var, _) in [&ca, &cert, &key].into_iter().flatten() {
@@ -319,8 +328,8 @@ fn tls(
     // may list several directories separated by `:`, as OpenSSL's X509_LOOKUP_add_dir reads
     // it on Unix (empty entries passed over).
     let mut openssl: Vec<PemFile> = Vec::new();
-    if let Some(f) = set("SSL_CERT_FILE") {
-        openssl.push(("SSL_CERT_FILE", PathBuf::from(f.trim())));
+    if let Some(f) = set(CERT_FILE) {
+        openssl.push((CERT_FILE, PathBuf::from(f.trim())));
     }
     if let Some(dirs) = set(CERT_DIR) {
         let dirs = dirs.split(':').map(str::trim).filter(|d| !d.is_empty());
@@ -333,7 +342,7 @@ fn tls(
             .iter()
             .map(PathBuf::from)
             .find(|p| p.exists())
-            .map(|p| ("the system's CA bundle", p))
+            .map(|p| (SYSTEM_BUNDLE, p))
             .ok_or_else(|| {
                 format!(
                     "an https:// endpoint needs the certificates to trust for the collector's: set OTEL_EXPORTER_OTLP_CERTIFICATE to a PEM file of its CA (no system CA bundle was found at {}: install ca-certificates, or set SSL_CERT_FILE or SSL_CERT_DIR)",

@@ -21,10 +21,10 @@ pub const SECRETS_FD: i32 = 7;
 
 /// Environment: number of inherited listening sockets (always 1), systemd style.
 pub const ENV_LISTEN_FDS: &str = "LISTEN_FDS";
-/// Environment: the worker's configuration as JSON ([`WorkerConfig`]).
+/// Environment: the worker's configuration as JSON (`crate::master::worker_config`).
 pub const ENV_WORKER_CONFIG: &str = "VRAMFORK_WORKER_CONFIG";
 /// Environment: set to `1` to start `app-worker` as the template process (see
-/// [`TemplateRequest`]) instead of a worker.
+/// `crate::master::worker_config::TemplateRequest`) instead of a worker.
 pub const ENV_TEMPLATE: &str = "VRAMFORK_TEMPLATE";
 
 /// Which device the model runs on.
@@ -54,125 +54,11 @@ pub use gpu::{
     CUDA_BUILD_VERSION, ENV_MPS_MEM_LIMIT,
 };
 
-/// Everything a worker needs to serve, handed over as JSON in [`ENV_WORKER_CONFIG`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WorkerConfig {
-    /// Slot number (stable across recycling), used in the process name `vf-worker-<slot>`.
-    pub slot: u32,
-    /// How many workers this slot has had before this one.
-    pub generation: u64,
-    /// The app metadata document, as JSON text (validated by the master).
-    pub metadata_json: String,
-    /// Where the metadata came from (for messages).
-    pub metadata_path: String,
-    /// Absolute path of the TorchScript file.
-    pub model_path: String,
-    /// The model's v2 name (`--model-name`); `None`: the metadata's `name`.
-    #[serde(default)]
-    pub model_name: Option<String>,
-    pub device: Device,
-    pub gpu: Option<GpuAssignment>,
-    /// Model requests after which the worker retires (jitter already added); 0 = never.
-    pub max_requests: u64,
-    /// Retire after a request during which the worker's GPU memory grew past this (MB):
-    /// its allocator's reserved bytes plus what it holds besides ([`gpu_used`]).
-    pub max_worker_gpu_mb: Option<u64>,
-    /// MB the plan assumes a GPU worker holds besides its allocator (its CUDA context,
-    /// measured by profiling or 500), until NVML shows the worker's own.
-    #[serde(default)]
-    pub gpu_context_mb: u64,
-    /// Retire after a request that left the worker's own host memory
-    /// ([`crate::own_memory`]) above this (MB).
-    #[serde(default)]
-    pub max_worker_memory_mb: Option<u64>,
-    /// The `oom_score_adj` a worker sets itself as it starts (above the master's and the
-    /// template's, so that the kernel's OOM killer takes a worker first); `None`: leave it.
-    #[serde(default)]
-    pub oom_score_adj: Option<i32>,
-    pub max_body_bytes: u64,
-    pub request_timeout_ms: u64,
-    /// A request that waited longer than this before the model could take it gets 503;
-    /// 0 = no limit.
-    #[serde(default)]
-    pub max_queue_wait_ms: u64,
-    /// Rows the model thread may stack into one forward pass; 0 = one request per pass.
-    #[serde(default)]
-    pub max_batch_size: u32,
-    /// How long the model thread may wait for more requests to fill a batch (ms).
-    #[serde(default)]
-    pub batch_timeout_ms: u64,
-    /// Forward passes a process that loads the model runs before it is ready
-    /// (`--warmup-passes`: the template, exec'd workers); 0 = none.
-    #[serde(default = "default_warmup_passes")]
-    pub warmup_passes: u32,
-    /// `--inline-passes auto`: small CPU passes may run on the worker's event loop instead
-    /// of its model thread (`worker/src/runner/inline.rs`); `false`: never.
-    #[serde(default = "default_inline_passes")]
-    pub inline_passes: bool,
-    /// Run one forward pass on the device at the metadata's profile input right after
-    /// loading and report what it used ([`ControlMsg::Footprint`]) before `Ready`.
-    #[serde(default)]
-    pub profile: bool,
-    /// Seconds between heartbeats on the control channel.
-    pub heartbeat_ms: u64,
-    /// On a graceful retire, how long in-flight requests may still take.
-    pub graceful_timeout_ms: u64,
-    /// Torch intra-op threads.
-    pub torch_threads: usize,
-    /// `--simulated-gpus`: placed on a simulated GPU, so load the model on the CPU and say
-    /// so instead of failing for want of CUDA.
-    #[serde(default)]
-    pub simulated_gpu: bool,
-    pub nvml_library: Option<String>,
-    /// Whether a control channel is inherited on [`CONTROL_FD`].
-    pub has_control: bool,
-    /// This worker's seat on the idle board inherited on [`BOARD_FD`] ([`crate::board`]);
-    /// `None`: it takes no part (development mode, the profiling worker, the template).
-    #[serde(default)]
-    pub board_seat: Option<u32>,
-    /// Log as JSON lines.
-    pub log_json: bool,
-    /// Write one access-log line per answered request (`--access-log`).
-    #[serde(default)]
-    pub access_log: bool,
-    /// `--api-key-file`: the keys come with the material on [`SECRETS_FD`] (the keys are
-    /// never in the environment); read from the file only when there is none.
-    #[serde(default)]
-    pub api_key_file: Option<String>,
-    /// `--metrics-api-key-file`, for a worker that serves `/metrics` itself (development
-    /// mode).
-    #[serde(default)]
-    pub metrics_api_key_file: Option<String>,
-    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: the worker serves HTTPS, starting
-    /// from the material on [`SECRETS_FD`] and reading the files again when they change.
-    #[serde(default)]
-    pub tls: Option<crate::tls::TlsFiles>,
-    /// Whether the master's last accepted key and TLS material ([`crate::secrets`]) is
-    /// inherited on [`SECRETS_FD`]: then the worker never reads the key files, and starts
-    /// TLS from that material, whatever the files hold when it boots.
-    #[serde(default)]
-    pub secrets: bool,
-    /// Count requests for `/metrics` (`--metrics-port` given); `None`: count nothing.
-    #[serde(default)]
-    pub metrics: Option<WorkerMetrics>,
-    /// When the plan came from a measured footprint: the figures, shown by `GET /`.
-    #[serde(default)]
-    pub footprint: Option<FootprintFigures>,
-}
-
 /// `--warmup-passes`' default: TorchScript's profiling executor profiles on a function's
 /// first call and optimizes on its second, so two passes leave a model optimized whichever
 /// executor runs it; the first also pays the one-time costs (kernels loaded, allocator
 /// grown).
 pub const DEFAULT_WARMUP_PASSES: u32 = 2;
-
-fn default_warmup_passes() -> u32 {
-    DEFAULT_WARMUP_PASSES
-}
-
-fn default_inline_passes() -> bool {
-    true
-}
 
 /// One worker's GPU memory as declared, measured and planned (MB), for `GET /`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -384,21 +270,7 @@ impl ControlMsg {
     }
 }
 
-/// Master → template, one JSON line, sent with the new worker's end of its control channel
-/// attached (`SCM_RIGHTS`).
-///
-/// The template is an `app-worker` started with [`ENV_TEMPLATE`]: single-threaded, it has
-/// loaded libtorch and the model on the CPU and nothing more (no forward pass, no CUDA, no
-/// thread). For each request it forks twice; the grandchild, re-parented to the master (a
-/// child subreaper), sets `PR_SET_PDEATHSIG`, takes the attached socket as its control
-/// channel (fd 4) and becomes the worker described by `config` — in milliseconds instead of
-/// the ~0.3 s an exec that loads libtorch costs. It answers with a [`TemplateReply`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TemplateRequest {
-    pub config: WorkerConfig,
-}
-
-/// Template → master, one JSON line per [`TemplateRequest`] (after its first line, a
+/// Template → master, one JSON line per `TemplateRequest` (after its first line, a
 /// [`ControlMsg::Ready`] once the model is loaded).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]

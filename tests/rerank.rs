@@ -545,3 +545,35 @@ fn token_auth_refuses_in_each_apis_shape() {
     );
     assert!(r.header("www-authenticate").is_some());
 }
+
+#[test]
+fn rerank_answers_are_counted_under_their_own_endpoint() {
+    let app = app_with(&metadata("cross.pt", json!({"rerank": {}})));
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--metrics-port", "0"],
+    );
+    s.wait_workers(1);
+    let mport = s.metrics_port();
+    let exp = expected(&artefacts());
+    for path in ["/v2/rerank", "/rerank", "/score"] {
+        let body = match path {
+            "/score" => json!({"text_1": exp["query"], "text_2": exp["documents"]}),
+            _ => json!({"query": exp["query"], "documents": exp["documents"]}),
+        };
+        let r = s.post(path, &body.to_string());
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    // Counts reach the master with the worker's heartbeats.
+    s.poll("3 answers counted under endpoint=\"rerank\"", || {
+        let m = common::http(mport, "GET", "/metrics", None).body;
+        m.lines()
+            .any(|l| {
+                l.starts_with("vramfork_requests_total{")
+                    && l.contains("endpoint=\"rerank\"")
+                    && l.contains("code=\"200\"")
+                    && l.ends_with(" 3")
+            })
+            .then_some(())
+    });
+}

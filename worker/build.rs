@@ -1,8 +1,9 @@
 //! Links the worker against libtorch: an rpath to `$LIBTORCH/lib` (so it runs without
 //! `LD_LIBRARY_PATH`), libtorch's CUDA libraries kept even though no Rust symbol needs them
-//! (so CUDA is available on GPU machines), the small C++ allocator shim (`src/cuda/`) and
-//! the `torch.export` shim (`src/exported/`); and the KServe v2 gRPC messages from `proto/inference.proto` (parsed by `protox`, written
-//! by `prost-build`: no system `protoc`), included by `src/grpc/pb.rs`.
+//! (so CUDA is available on GPU machines), the C++ shims of `shim/` as one library (the
+//! allocator's, the `torch.export` one's and their error channel); and the KServe v2 gRPC
+//! messages from `proto/inference.proto` (parsed by `protox`, written by `prost-build`: no
+//! system `protoc`), included by `src/grpc/pb.rs`.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,7 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
-    println!("cargo:rerun-if-changed=src/cuda/shim.cpp");
-    println!("cargo:rerun-if-changed=src/exported/shim.cpp");
+    println!("cargo:rerun-if-changed=shim");
 
     let libtorch = PathBuf::from(env::var("LIBTORCH").unwrap_or_else(|_| {
         panic!("LIBTORCH is not set: run `source scripts/env.sh` first (it installs libtorch)")
@@ -34,7 +34,6 @@ fn main() {
         }
     }
     build_shim(&libtorch, &abi, has_cuda);
-    build_export_shim(&libtorch, &abi);
     check_cuda_version(&libtorch);
     build_proto();
 }
@@ -77,31 +76,21 @@ fn check_cuda_version(libtorch: &Path) {
     }
 }
 
-/// A C++17 build of one shim file against libtorch's headers, with its ABI.
-fn shim_build(file: &str, libtorch: &Path, abi: &str) -> cc::Build {
+/// The shims in `shim/`, one C++17 library against libtorch's headers with its ABI: the
+/// allocator's (`cuda.cpp`, over c10's CUDA caching allocator, which tch does not expose),
+/// the `torch.export` one (`export.cpp`, libtorch_cpu's archive reader, Native Runtime and
+/// AOTInductor runner, which tch does not reach) and their one error channel (`error.cpp`).
+fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
     let mut b = cc::Build::new();
     b.cpp(true)
         .std("c++17")
-        .file(file)
+        .files(["shim/error.cpp", "shim/cuda.cpp", "shim/export.cpp"])
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", abi)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .warnings(false);
-    b
-}
-
-/// The `torch.export` shim (`src/exported/shim.cpp`): libtorch_cpu's archive reader and
-/// Native Runtime, which tch does not reach.
-fn build_export_shim(libtorch: &Path, abi: &str) {
-    shim_build("src/exported/shim.cpp", libtorch, abi).compile("vf_export_shim");
-    println!("cargo:rustc-link-lib=dylib=torch_cpu");
-    println!("cargo:rustc-link-lib=dylib=c10");
-}
-
-fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
-    let mut b = shim_build("src/cuda/shim.cpp", libtorch, abi);
     let site = libtorch.parent().unwrap_or(libtorch);
     for dir in [
         site.join("nvidia/cu13/include"),
@@ -112,12 +101,14 @@ fn build_shim(libtorch: &Path, abi: &str, has_cuda: bool) {
         }
     }
     if !has_cuda {
-        // A CPU-only libtorch has no c10_cuda: the shim then reports "no CUDA" for everything.
+        // A CPU-only libtorch has no c10_cuda: the allocator's shim then reports "no CUDA"
+        // for everything.
         b.define("VF_NO_CUDA_BUILD", "1");
     }
-    b.compile("vf_cuda_shim");
+    b.compile("vf_shim");
     if has_cuda {
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
-        println!("cargo:rustc-link-lib=dylib=c10");
     }
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
 }

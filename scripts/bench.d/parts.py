@@ -147,6 +147,10 @@ PARTS = [
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
          "reservation written; to bench/ledger.{json,md}", ["python3", f"{D}/ledger.py"], 900,
          quick=False),
+    Part("lending", 3, "three apps on one simulated A100 where two fit, bursts alternating: "
+         "requests answered and refused, p50/p99 of a burst's first request, with lending "
+         "(--evictable-after) and with today's timer alone (--idle-release); to "
+         "bench/lending.{json,md}", ["python3", f"{D}/lending.py"], 900, quick=False),
 ]
 BY_NAME = {p.name: p for p in PARTS}
 

@@ -258,6 +258,23 @@ pub struct Cli {
     )]
     pub idle_release: Option<String>,
 
+    /// A server on GPUs whose workers got no request for this many seconds gives their
+    /// room back when a neighbour on the same GPU asks for room through the ledger (least
+    /// valuable first); its next request waits for room again. 0 or off: never lends.
+    #[arg(
+        long,
+        global = true,
+        env = "VRAMFORK_EVICTABLE_AFTER",
+        value_name = "SECONDS"
+    )]
+    pub evictable_after: Option<String>,
+
+    /// Keep this server's GPU room whatever its neighbours need: it never lends (also the
+    /// metadata's "pin": true). [default: off]
+    #[arg(long, global = true, env = "VRAMFORK_PIN",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub pin: bool,
+
     /// Load NVML from this file instead of the system's libnvidia-ml.so.1.
     #[arg(
         long,
@@ -350,6 +367,14 @@ pub enum Command {
         /// measured footprint, the plan it gives and the metadata values to use.
         #[arg(long)]
         measure: bool,
+    },
+    /// Print the host's GPU-memory ledger: each server sharing it (name, port, id, GPU,
+    /// reserved MB, live workers, state, last request, measured reload time), read
+    /// without its lock, and exit.
+    Ledger {
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 

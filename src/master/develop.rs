@@ -23,7 +23,7 @@ pub fn exec_worker(
     let mut wc = worker_config(cfg, plan, 0, 0, 0);
     wc.has_control = false;
     // One process is the whole server: nothing to recycle into, nobody to protect.
-    wc.max_worker_memory_mb = None;
+    wc.host_memory.max_worker_memory_mb = None;
     wc.oom_score_adj = None;
     let secrets_fd = cfg.access.secrets.fd();
     wc.secrets = secrets_fd.is_some();

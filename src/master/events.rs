@@ -39,6 +39,10 @@
 //! | `idle_release_off` | warn | | `--idle-release` on a plan with no worker on a GPU: it does nothing (`master::supervisor::idle`) |
 //! | `idle_release` | info | `workers`, `idle_s` | no model request for `--idle-release`: every worker is asked to retire (`fewer_workers`) |
 //! | `idle_released` | info | `ms` | the released workers have all exited: this server reserves nothing in the ledger |
+//! | `lent` | info | `to`, `to_id`, `workers`, `short_mb` | a neighbour that lacks room named this idle server in its want: every worker is asked to retire, and the room goes to it (`supervisor::lend`) |
+//! | `room_asked` | info | `short_mb`, `lenders` | this server lacks room for one worker (at start, for a request while it holds none, or for a TTIN): it asks `lenders` idle neighbours through the ledger |
+//! | `room_lent` | info | `ms`, `outcome` (`given`, `timeout`) | at start: the neighbours asked gave their room, or did not within 60 s (the plan takes what there is) |
+//! | `room_wait` | info, warn | `outcome` (`given`, `deadline`), `waited_s` | a request that waited for room: room found (a worker starts), or its deadline would pass first (answered 503 with `Retry-After`) |
 //! | `idle_readmission` | info, warn | `outcome` (`admitted`, `no_room`), `workers` | a connection arrived while released: `workers` reserved again (one starts now, the rest once it is ready); or none fits, and the master answered it 503 with `Retry-After` |
 //! | `idle_readmitted` | info | `ms` | the first worker of a re-admission is ready, `ms` after the master saw the request |
 //! | `trace_export` | info | `endpoint`, `service_name`, `sampler` | the workers export their spans over OTLP/HTTP (the `OTEL_*` variables; `crate::otel`) |

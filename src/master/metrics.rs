@@ -21,7 +21,9 @@ use super::slot::{KillReason, Phase, WorkerState};
 use crate::master::plan::Plan;
 use crate::master::resources::NvmlProbe;
 use crate::metrics::endpoint::{SharedSource, Source};
-use crate::metrics::exposition::{GpuRow, IdleFigures, PlanGauges, Snapshot, Waiting, WorkerRow};
+use crate::metrics::exposition::{
+    GpuRow, IdleFigures, LedgerRow, PlanGauges, Snapshot, Waiting, WorkerRow,
+};
 use crate::metrics::histogram::Hist;
 use crate::metrics::listen_queue::Backlog;
 use crate::metrics::traffic::Traffic;
@@ -70,6 +72,8 @@ pub struct MasterMetrics {
     nvml: Arc<OnceLock<Option<NvmlProbe>>>,
     nvml_library: Option<PathBuf>,
     on_gpu: bool,
+    /// The GPU-memory ledger this server reserves in, read at each scrape.
+    ledger: Arc<OnceLock<PathBuf>>,
 }
 
 impl MasterMetrics {
@@ -96,6 +100,7 @@ impl MasterMetrics {
             nvml: Arc::new(OnceLock::new()),
             nvml_library,
             on_gpu: plan.device == Device::Cuda,
+            ledger: Arc::new(OnceLock::new()),
         }
     }
 
@@ -191,6 +196,11 @@ impl MasterMetrics {
         });
     }
 
+    /// Each scrape shows the GPU-memory ledger in `dir` as this server sees it.
+    pub fn see_ledger(&self, dir: PathBuf) {
+        let _ = self.ledger.set(dir);
+    }
+
     /// A request arrived while released, with this outcome (`admitted`, `no_room`).
     pub fn readmission(&self, outcome: &str) {
         self.with(|s| *s.idle.readmissions.entry(outcome.into()).or_default() += 1);
@@ -272,6 +282,9 @@ impl MasterMetrics {
         if let Some(n) = nvml {
             snap.gpus = gpu_rows(n);
         }
+        if let Some(dir) = self.ledger.get() {
+            snap.ledger = ledger_rows(dir);
+        }
         snap
     }
 
@@ -294,6 +307,27 @@ impl MasterMetrics {
     pub fn source(&self) -> SharedSource {
         Arc::new(self.clone())
     }
+}
+
+/// The ledger in `dir`, read without its lock, as rows for `/metrics` (none when it
+/// cannot be read).
+fn ledger_rows(dir: &std::path::Path) -> Vec<LedgerRow> {
+    let Ok(view) = crate::master::host::view::read(dir) else {
+        return Vec::new();
+    };
+    let rows = view.servers.into_iter().map(|r| LedgerRow {
+        server: r.id,
+        app: r.app,
+        port: r.port.map(|p| p.to_string()).unwrap_or_default(),
+        state: r
+            .state
+            .map(|s| format!("{s:?}").to_lowercase())
+            .unwrap_or_default(),
+        reserved_mb: r.reserved_mb,
+        workers: r.live_workers,
+        reload_ms: r.reload_ms,
+    });
+    rows.collect()
 }
 
 /// The master's loop turns at least every 100 ms; this long without a turn, it is stuck.

@@ -26,3 +26,4 @@ pub mod slot;
 pub mod spawn;
 pub mod supervisor;
 pub mod template;
+pub mod worker_config;

@@ -12,9 +12,10 @@ use std::process::{Command, Stdio};
 
 use crate::master::config::Config;
 use crate::master::plan::Plan;
+use crate::master::worker_config::WorkerConfig;
 use crate::protocol::{
-    gpu_env, Device, FootprintFigures, GpuAssignment, WorkerConfig, WorkerMetrics, BOARD_FD,
-    CONTROL_FD, ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,
+    gpu_env, Device, FootprintFigures, GpuAssignment, WorkerMetrics, BOARD_FD, CONTROL_FD,
+    ENV_LISTEN_FDS, ENV_WORKER_CONFIG, LISTEN_FD, SECRETS_FD,
 };
 
 /// Milliseconds between worker heartbeats.
@@ -71,21 +72,9 @@ pub fn worker_config(
         max_requests,
         max_worker_gpu_mb: cfg.gpu.max_worker_gpu_mb,
         gpu_context_mb: plan.cuda_context_mb,
-        max_worker_memory_mb: cfg.host_memory.max_worker_memory_mb,
         oom_score_adj: crate::master::oom::worker_score_adj(),
-        max_body_bytes: cfg.limits.max_body_bytes,
-        request_timeout_ms: cfg.limits.request_timeout.as_millis() as u64,
-        max_queue_wait_ms: cfg
-            .limits
-            .max_queue_wait
-            .map_or(0, |d| d.as_millis().max(1) as u64),
-        max_batch_size: cfg.batch.max_batch_size,
         profile: false,
-        batch_timeout_ms: cfg.batch.batch_timeout.as_millis() as u64,
-        warmup_passes: cfg.batch.warmup_passes,
-        inline_passes: cfg.batch.inline_passes,
         heartbeat_ms: HEARTBEAT_MS,
-        graceful_timeout_ms: cfg.limits.graceful_timeout.as_millis() as u64,
         torch_threads: plan.torch_threads,
         nvml_library: cfg
             .gpu
@@ -94,19 +83,6 @@ pub fn worker_config(
             .map(|p| p.display().to_string()),
         has_control: true,
         board_seat: None,
-        log_json: cfg.log.json,
-        access_log: cfg.log.access_log,
-        api_key_file: cfg
-            .access
-            .api_key_file
-            .as_ref()
-            .map(|p| p.display().to_string()),
-        metrics_api_key_file: cfg
-            .access
-            .metrics_api_key_file
-            .as_ref()
-            .map(|p| p.display().to_string()),
-        tls: cfg.access.tls.clone(),
         secrets: false,
         footprint: plan.measured_mb.map(|m| FootprintFigures {
             declared_mb: plan.declared_typ_mb,
@@ -120,6 +96,12 @@ pub fn worker_config(
             planned: plan.workers,
             planned_typ_mb: plan.planned_typ_mb,
         }),
+        limits: cfg.limits.clone(),
+        batch: cfg.batch.clone(),
+        host_memory: cfg.host_memory.clone(),
+        access: cfg.access.clone(),
+        log: cfg.log.clone(),
+        tracing: cfg.tracing.clone(),
     }
 }
 

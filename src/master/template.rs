@@ -1,4 +1,4 @@
-//! The master's side of the template process (see [`crate::protocol::TemplateRequest`]):
+//! The master's side of the template process (see [`crate::master::worker_config::TemplateRequest`]):
 //! starting it, knowing when it is ready, and asking it for a worker. A worker from the
 //! template is ready in milliseconds; when the template is not usable (still loading, dead,
 //! or unfit to fork) workers are started by fork+exec instead.
@@ -12,10 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 use super::spawn::{launch_with, Launched, WorkerSpec};
-use crate::protocol::{
-    take_line, BootTimes, ControlMsg, ReadyMemory, TemplateReply, TemplateRequest, WorkerConfig,
-    ENV_TEMPLATE,
-};
+use super::worker_config::{TemplateRequest, WorkerConfig};
+use crate::protocol::{take_line, BootTimes, ControlMsg, ReadyMemory, TemplateReply, ENV_TEMPLATE};
 
 /// How long the master waits for the template to answer one request.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);

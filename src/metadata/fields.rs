@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::{kind, MAX_BATCH_SIZE_LIMIT};
 
 /// The fields vramfork reads from the metadata.
-pub(super) const KNOWN_FIELDS: [&str; 16] = [
+pub(super) const KNOWN_FIELDS: [&str; 17] = [
     "name",
     "description",
     "version",
@@ -27,6 +27,7 @@ pub(super) const KNOWN_FIELDS: [&str; 16] = [
     "embeddings",
     "rerank",
     "classify",
+    "pin",
 ];
 /// Fields other apps' metadata carries on purpose that are close to one vramfork reads
 /// (CLAMS app metadata's `output`, its versions and licences).
@@ -158,4 +159,13 @@ pub(super) fn max_batch_size(raw: &Map<String, Value>) -> Result<u32, String> {
             ))
         }
     })
+}
+
+/// `pin`: `true` keeps the server's GPU room whatever its neighbours need (as `--pin`).
+pub(super) fn pin(raw: &Map<String, Value>) -> Result<bool, String> {
+    match raw.get("pin") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(format!("\"pin\" must be true or false, found {}", kind(v))),
+    }
 }

@@ -72,6 +72,8 @@ pub struct AppMetadata {
     pub rerank: Option<rerank::Rerank>,
     /// How a sequence classifier names its classes (`classify`), when it declares it.
     pub classify: Option<classify::Classify>,
+    /// `pin`: the server keeps its GPU room whatever its neighbours need (as `--pin`).
+    pub pin: bool,
     /// The TorchServe archive `model` names, when it names one (`crate::torchserve`).
     pub archive: Option<crate::torchserve::Archive>,
 }
@@ -158,6 +160,7 @@ impl AppMetadata {
         let classify =
             classify::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(doc).map_err(field)?;
+        let pin = fields::pin(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
@@ -190,6 +193,7 @@ impl AppMetadata {
             embeddings,
             rerank,
             classify,
+            pin,
             archive,
         })
     }

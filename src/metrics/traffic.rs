@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 9] = [
+pub const ENDPOINTS: [&str; 10] = [
     "infer",
     "metadata",
     "health",
@@ -22,6 +22,7 @@ pub const ENDPOINTS: [&str; 9] = [
     "grpc-infer",
     "grpc",
     "embeddings",
+    "rerank",
 ];
 
 /// One endpoint's answers.

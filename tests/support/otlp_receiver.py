@@ -1,4 +1,4 @@
-"""An OTLP/HTTP trace receiver for the tests (tests/tracing.rs): decodes each POST's body
+"""An OTLP/HTTP trace receiver for the tests (tests/tracing/): decodes each POST's body
 with the official protobuf definitions (the opentelemetry-proto package) and prints one JSON
 line per span on stdout: ids as hex, name, kind, times, attributes, status, its resource's
 attributes. Its first line is `{"listening": PORT}`; each connection it accepts (after the

@@ -55,7 +55,7 @@ pub struct App {
     pub tls: Option<Arc<vramfork::tls::Reloading>>,
     /// The access log (`--access-log`), when it is on.
     pub access_log: Option<Arc<AccessLog>>,
-    /// The trace export (the `OTEL_*` variables), when it is on.
+    /// The trace export (the `OTEL_*` variables, as the master read them), when it is on.
     pub spans: Option<crate::observe::spans::Spans>,
     /// The body sizes seen, to hand memory back after an unusually large one.
     pub body_sizes: crate::heap::BodySizes,
@@ -75,7 +75,7 @@ impl App {
         runner: Runner,
         metadata: AppMetadata,
         hw: Hw,
-        cfg: &vramfork::protocol::WorkerConfig,
+        cfg: &vramfork::master::worker_config::WorkerConfig,
         api_keys: Option<ApiKeys>,
         documents: Option<Documents>,
     ) -> App {
@@ -87,16 +87,16 @@ impl App {
                 .model_name
                 .clone()
                 .unwrap_or_else(|| metadata.name.clone()),
-            platform: crate::runner::platform(&cfg.model_path),
+            platform: crate::model::platform(&cfg.model_path),
             metadata,
             hw,
-            max_body_bytes: cfg.max_body_bytes,
-            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
-            max_queue_wait: (cfg.max_queue_wait_ms > 0)
-                .then(|| Duration::from_millis(cfg.max_queue_wait_ms)),
+            max_body_bytes: cfg.limits.max_body_bytes,
+            request_timeout: cfg.limits.request_timeout,
+            max_queue_wait: cfg.limits.max_queue_wait,
             max_gpu_bytes: cfg.max_worker_gpu_mb.map(|mb| mb.saturating_mul(1 << 20)),
             gpu_context: std::sync::atomic::AtomicU64::new(cfg.gpu_context_mb << 20),
             max_host_bytes: cfg
+                .host_memory
                 .max_worker_memory_mb
                 .map(|mb| mb.saturating_mul(1 << 20)),
             own_memory: Default::default(),
@@ -106,9 +106,10 @@ impl App {
             api_keys,
             tls: None,
             access_log: cfg
+                .log
                 .access_log
-                .then(|| AccessLog::start(cfg.log_json, cfg.slot)),
-            spans: crate::observe::spans::Spans::from_env(cfg.slot),
+                .then(|| AccessLog::start(cfg.log.json, cfg.slot)),
+            spans: crate::observe::spans::Spans::new(cfg.tracing.export.clone(), cfg.slot),
             body_sizes: crate::heap::BodySizes::default(),
             pid: HeaderValue::from(std::process::id()),
             documents: documents.map(Arc::new),

@@ -7,8 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use vramfork::master::worker_config::WorkerConfig;
 use vramfork::metadata::AppMetadata;
-use vramfork::protocol::{worker_exit, BootTimes, WorkerConfig};
+use vramfork::protocol::{worker_exit, BootTimes};
 
 use crate::{
     app, control, cuda, documents, heap, hw, lifecycle, listener, memory, process, runner,
@@ -43,9 +44,9 @@ pub fn boot(
     cfg: WorkerConfig,
     metadata: AppMetadata,
     process_ms: f64,
-    preloaded: Option<runner::Model>,
+    preloaded: Option<crate::model::Model>,
 ) -> Result<i32, (i32, String)> {
-    vramfork::logging::init(cfg.log_json);
+    vramfork::logging::init(cfg.log.json);
     heap::configure();
     let span = tracing::info_span!(
         "worker",
@@ -93,16 +94,18 @@ impl Inherited {
         // The keys and TLS material the master last accepted (never the files as they are
         // now: one emptied or half-written since cannot stop this worker), else, for a worker
         // started by hand, the files.
+        let access = &cfg.access;
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
         let secrets = vramfork::secrets::Secrets::for_worker(
             cfg.secrets,
-            cfg.api_key_file.as_deref(),
-            cfg.metrics_api_key_file.as_deref(),
-            cfg.tls.as_ref(),
+            path(&access.api_key_file).as_deref(),
+            path(&access.metrics_api_key_file).as_deref(),
+            access.tls.as_ref(),
         )?;
         let api_keys = secrets.api_keys()?;
         let tls_of = || {
             secrets
-                .tls(cfg.tls.as_ref())
+                .tls(access.tls.as_ref())
                 .map_err(|e| format!("TLS: {e}"))
         };
         // The serving port offers HTTP/2 (gRPC) beside HTTP/1.1; the metrics port does not.
@@ -111,7 +114,7 @@ impl Inherited {
             Some(config) => Some(lifecycle::ServeMetrics {
                 listener: listener::inherit_metrics()?,
                 config,
-                key_file: cfg.metrics_api_key_file.clone().map(Into::into),
+                key_file: access.metrics_api_key_file.clone(),
                 keys: secrets.metrics_keys()?,
                 tls: tls_of()?.map(Arc::new),
             }),
@@ -143,7 +146,7 @@ struct Model {
 fn load(
     cfg: &WorkerConfig,
     metadata: &AppMetadata,
-    preloaded: Option<runner::Model>,
+    preloaded: Option<crate::model::Model>,
     control: &control::Control,
 ) -> Result<Model, (i32, String)> {
     // The cap in bytes, which the worker turns into a fraction of CUDA's own total.
@@ -154,14 +157,15 @@ fn load(
     } else {
         cfg.device
     };
-    let batching = (cfg.max_batch_size > 0).then(|| runner::Batching {
-        max_rows: cfg.max_batch_size as usize,
-        timeout: Duration::from_millis(cfg.batch_timeout_ms),
+    let batch = &cfg.batch;
+    let batching = (batch.max_batch_size > 0).then_some(runner::Batching {
+        max_rows: batch.max_batch_size as usize,
+        timeout: batch.batch_timeout,
     });
     let profile = match (
         cfg.profile,
         &metadata.inputs,
-        metadata.profile_shapes(cfg.max_batch_size),
+        metadata.profile_shapes(batch.max_batch_size),
     ) {
         (true, Some(specs), Some(shapes)) => Some(runner::Profile {
             specs: specs.clone(),
@@ -188,12 +192,13 @@ fn load(
         wanted,
         cap_bytes,
         preloaded,
-        declared: runner::Declared::of(metadata, cfg.max_batch_size).placed(cfg.gpu.as_ref()),
+        declared: crate::model::Declared::of(metadata, batch.max_batch_size)
+            .placed(cfg.gpu.as_ref()),
         batching,
         profile,
-        warm: runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size),
+        warm: runner::Warmup::plan(metadata, batch.warmup_passes, batch.max_batch_size),
         threads: cfg.torch_threads,
-        inline: cfg.inline_passes,
+        inline: batch.inline_passes,
     })
     .map_err(|e| (e.exit_code(), e.to_string()))?;
     crate::model_archive::loaded(&cfg.model_path);
@@ -208,7 +213,7 @@ fn load(
     if let Some(b) = batching {
         tracing::info!(
             max_batch_size = b.max_rows,
-            batch_timeout_ms = cfg.batch_timeout_ms,
+            batch_timeout_ms = batch.batch_timeout.as_millis() as u64,
             "batching on"
         );
     }
@@ -275,7 +280,8 @@ fn serve(
         documents,
     } = model;
     let shared = Arc::new(
-        state::Shared::new(control, cfg.max_requests, cfg.max_batch_size.max(1)).with_board(board),
+        state::Shared::new(control, cfg.max_requests, cfg.batch.max_batch_size.max(1))
+            .with_board(board),
     );
     let hw = hw::Hw::new(info.cuda, cfg.gpu.as_ref(), cfg.nvml_library.clone());
     // Requests are handed between workers that share an idle board (`siblings/`).
@@ -297,7 +303,7 @@ fn serve(
         },
         device,
         heartbeat: Duration::from_millis(cfg.heartbeat_ms),
-        graceful: Duration::from_millis(cfg.graceful_timeout_ms),
+        graceful: cfg.limits.graceful_timeout,
         metrics: serve_metrics,
     };
     lifecycle::run(plan).map_err(|e| (worker_exit::CONFIG, format!("{e:#}")))

@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
+use vramfork::master::worker_config::WorkerConfig;
 use vramfork::metadata::AppMetadata;
-use vramfork::protocol::{WorkerConfig, ENV_WORKER_CONFIG};
+use vramfork::protocol::ENV_WORKER_CONFIG;
 
 /// Reads and checks the configuration from the environment.
 pub fn from_env() -> Result<(WorkerConfig, AppMetadata), String> {
@@ -25,8 +26,11 @@ pub fn parse(text: &str) -> Result<(WorkerConfig, AppMetadata), String> {
         .map_err(|e| format!("{ENV_WORKER_CONFIG} is not a valid worker configuration: {e}"))?;
     let positive = [
         ("torch_threads", cfg.torch_threads as u64),
-        ("max_body_bytes", cfg.max_body_bytes),
-        ("request_timeout_ms", cfg.request_timeout_ms),
+        ("limits.max_body_bytes", cfg.limits.max_body_bytes),
+        (
+            "limits.request_timeout",
+            cfg.limits.request_timeout.as_millis() as u64,
+        ),
         ("heartbeat_ms", cfg.heartbeat_ms),
     ];
     for (name, v) in positive {
@@ -55,13 +59,26 @@ mod tests {
     use serde_json::json;
 
     fn base() -> serde_json::Value {
+        let secs = |s: u64| json!({"secs": s, "nanos": 0});
         json!({
             "slot": 1, "generation": 0,
             "metadata_json": "{\"name\": \"t\"}", "metadata_path": "/x/app-metadata.json",
             "model_path": "/x/m.pt", "device": "cpu", "gpu": null,
-            "max_requests": 0, "max_worker_gpu_mb": null, "max_body_bytes": 1000,
-            "request_timeout_ms": 1000, "heartbeat_ms": 500, "graceful_timeout_ms": 1000,
-            "torch_threads": 1, "nvml_library": null, "has_control": false, "log_json": false
+            "max_requests": 0, "max_worker_gpu_mb": null, "heartbeat_ms": 500,
+            "torch_threads": 1, "nvml_library": null, "has_control": false,
+            "limits": {
+                "max_requests": 0, "max_requests_jitter": 0, "timeout": secs(30),
+                "boot_timeout": secs(60), "graceful_timeout": secs(1),
+                "request_timeout": secs(1), "max_queue_wait": null, "max_body_bytes": 1000
+            },
+            "batch": {
+                "max_batch_size": 0, "max_batch_size_override": null,
+                "batch_timeout": secs(0), "warmup_passes": 2, "inline_passes": true
+            },
+            "host_memory": {"max_worker_memory_mb": null, "memory_cgroup": null},
+            "access": {"api_key_file": null, "metrics_api_key_file": null, "tls": null},
+            "log": {"json": false, "access_log": false},
+            "tracing": {"export": null}
         })
     }
 
@@ -90,6 +107,11 @@ mod tests {
         assert!(parse(&v.to_string())
             .unwrap_err()
             .contains("`name` is missing"));
+        let mut v = base();
+        v["limits"]["request_timeout"] = json!({"secs": 0, "nanos": 500_000});
+        assert!(parse(&v.to_string())
+            .unwrap_err()
+            .contains("`limits.request_timeout` must be at least 1"));
         let mut v = base();
         v["gpu"] = json!({"index": 0, "uuid": "GPU-x", "memory_fraction": 1.5});
         assert!(parse(&v.to_string())

@@ -29,6 +29,9 @@ pub enum Endpoint {
     Grpc = 7,
     /// `POST /v1/embeddings`.
     Embeddings = 8,
+    /// The rerank, score and classify doors (`/v2/rerank`, `/v1/rerank`, `/rerank`,
+    /// `/predict`, `/score`, `/v1/classify`).
+    Rerank = 9,
 }
 
 /// Why the worker closed a connection on its client's account (`closes.rs`): the `reason`

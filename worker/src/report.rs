@@ -89,6 +89,8 @@ impl Source for DevSource {
                 footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
             },
             idle: Default::default(),
+            // Development mode reserves nothing in a ledger.
+            ledger: Vec::new(),
         }
     }
 

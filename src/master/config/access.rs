@@ -5,12 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use super::checker::{absolute, Checker};
 use super::ConfigError;
 use crate::master::cli::Cli;
 
 /// The key and TLS files as given, and what they held when checked.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Access {
     /// `--api-key-file` (absolute), checked: the serving port requires a key from it.
     pub api_key_file: Option<PathBuf>,
@@ -20,7 +22,9 @@ pub struct Access {
     /// HTTPS.
     pub tls: Option<crate::tls::TlsFiles>,
     /// The key and TLS files as read and checked for this configuration: what its workers
-    /// get (`crate::secrets`), never the files as they are later.
+    /// get (`crate::secrets`), never the files as they are later. Never in a worker's
+    /// configuration: a worker gets it on its own descriptor.
+    #[serde(skip)]
     pub secrets: std::sync::Arc<crate::secrets::Secrets>,
 }
 

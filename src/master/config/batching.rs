@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::checker::Checker;
 use super::ConfigError;
 use crate::master::cli::Cli;
@@ -22,7 +24,7 @@ const MAX_WARMUP_PASSES: u32 = 100;
 
 /// `--max-batch-size`, `--batch-timeout-ms` and the rows per pass they give;
 /// `--warmup-passes` and `--inline-passes`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
     /// Rows per forward pass (`--max-batch-size`, else the metadata's); 0 = no batching.
     pub max_batch_size: u32,

@@ -3,13 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use super::checker::{absolute, Checker};
 use super::ConfigError;
 use crate::master::cli::Cli;
 use crate::master::resources::host_memory::Cgroup;
 
 /// `--max-worker-memory-mb` and `--memory-cgroup`, checked.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostMemory {
     /// `--max-worker-memory-mb`: recycle a worker whose own host memory grew past this.
     pub max_worker_memory_mb: Option<u64>,

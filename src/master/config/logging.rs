@@ -1,6 +1,8 @@
 //! What the server writes about itself: the log format (`--log-format`) and the access
 //! log (`--access-log`).
 
+use serde::{Deserialize, Serialize};
+
 use super::checker::Checker;
 use super::ConfigError;
 use crate::master::cli::Cli;
@@ -9,7 +11,7 @@ use crate::master::cli::Cli;
 pub(super) const DEFAULTS: &[(&str, &str)] = &[("--log-format", "text")];
 
 /// The log's format and the access log.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Log {
     /// `--log-format json`: JSON lines instead of text.
     pub json: bool,

@@ -17,13 +17,16 @@
 //! | `mps.rs` | `mps`: NVIDIA MPS | `--mps` |
 //! | `footprint.rs` | `footprint`: measuring and following a worker's GPU footprint | `--profile-memory`, `--memory-headroom`, `--adapt-workers`, `--footprint-file` |
 //! | `host_memory.rs` | `host_memory`: recycling on a worker's own memory, the memory cgroup | `--max-worker-memory-mb`, `--memory-cgroup` |
+//! | `lending.rs` | `lending`: giving GPU room to a neighbour that asks, and keeping it | `--evictable-after`, `--pin` |
 //! | `access.rs` | `access`: API key files and TLS, read once into the workers' secrets | `--api-key-file`, `--metrics-api-key-file`, `--tls-*` |
 //! | `logging.rs` | `log`: the log format and the access log | `--log-format`, `--access-log` |
 //! | `tracing.rs` | `tracing`: the trace export (`crate::otel`) | `OTEL_*` variables |
 //!
 //! Adding an option touches three files: its flag in `cli.rs` (the variable comes with it),
-//! its check, default and field in the group's file here, and its row in docs/options.md
-//! (plus the worker's protocol when workers must know it: `spawn.rs`, `protocol.rs`).
+//! its check, default and field in the group's file here, and its row in docs/options.md.
+//! A worker reads it the same way when its group is one the workers get as it is
+//! (`limits`, `batch`, `host_memory`, `access`, `log`, `tracing`:
+//! `crate::master::worker_config`).
 
 mod access;
 mod app;
@@ -33,6 +36,7 @@ mod checker;
 mod devices;
 mod footprint;
 mod host_memory;
+mod lending;
 mod logging;
 mod mps;
 mod serving;
@@ -48,6 +52,7 @@ use checker::Checker;
 pub use devices::{AllocatorEnv, Gpu};
 pub use footprint::Footprint;
 pub use host_memory::HostMemory;
+pub use lending::Lending;
 pub use logging::Log;
 pub use mps::Mps;
 pub use serving::{Address, Limits};
@@ -81,6 +86,7 @@ pub struct Config {
     pub mps: Mps,
     pub footprint: Footprint,
     pub host_memory: HostMemory,
+    pub lending: Lending,
     pub access: Access,
     pub log: Log,
     pub tracing: Tracing,
@@ -100,6 +106,7 @@ const DEFAULTS: &[&[(&str, &str)]] = &[
     mps::DEFAULTS,
     footprint::DEFAULTS,
     logging::DEFAULTS,
+    lending::DEFAULTS,
 ];
 
 /// The default of `flag` (`--port`), where it has one that is a value.
@@ -161,6 +168,10 @@ impl Config {
         let c = Checker { env, args };
         let mode = match cli.command {
             Some(Command::Plan { json, measure }) => Mode::Plan { json, measure },
+            // Read before any configuration is made (`master::host::view`).
+            Some(Command::Ledger { .. }) => {
+                return Err(ConfigError("`app ledger` takes only --ledger".into()))
+            }
             None if cli.production => Mode::Production,
             None => Mode::Develop,
         };
@@ -175,6 +186,7 @@ impl Config {
         batch.check_queue_wait(limits.max_queue_wait, &c)?;
         let gpu = Gpu::check(&cli, &c)?;
         let host_memory = HostMemory::check(&cli, &c)?;
+        let lending = Lending::check(&cli, app.metadata.pin, &c)?;
         let mps = Mps::check(&cli, &c)?;
         let log = Log::check(&cli, &c)?;
         let workers = Workers::check(&cli, mode, exe_dir, &c)?;
@@ -190,6 +202,7 @@ impl Config {
             mps,
             footprint,
             host_memory,
+            lending,
             access,
             log,
             tracing,

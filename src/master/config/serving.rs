@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use super::checker::Checker;
 use super::ConfigError;
 use crate::master::cli::Cli;
@@ -76,7 +78,7 @@ impl Address {
 }
 
 /// `--max-requests` (and its jitter), the timeouts, `--max-queue-wait` and `--max-body-mb`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_requests: u64,
     pub max_requests_jitter: u64,

@@ -1,18 +1,22 @@
-//! The trace export: the standard `OTEL_*` variables, read by `crate::otel`
-//! (which each worker reads again: they inherit the variables), and for an `https://`
-//! endpoint its certificate files (`crate::otel_tls`). An error stops the start (exit 2);
+//! The trace export: the standard `OTEL_*` variables, read by `crate::otel` (here only:
+//! each worker is handed the result in its configuration), and for an `https://` endpoint
+//! its certificate files (`crate::otel_tls`). An error stops the start (exit 2);
 //! the standard's warnings are logged at start (`Tracing::warn`).
+
+use serde::{Deserialize, Serialize};
 
 use super::checker::Checker;
 use super::ConfigError;
 use crate::otel::OtelConfig;
 
 /// Whether and where the workers export spans.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tracing {
     /// `None`: export off (the default).
     pub export: Option<OtelConfig>,
-    /// What the variables said that the standard makes a warning, not an error.
+    /// What the variables said that the standard makes a warning, not an error (logged by
+    /// the master at start, so not handed to the workers).
+    #[serde(skip)]
     pub warnings: Vec<String>,
 }
 

@@ -20,8 +20,10 @@ use crate::master::plan::{per_worker_mb, share_mb, Plan};
 use crate::master::resources::{NvmlProbe, Resources};
 use crate::protocol::Device;
 
+mod borrow;
 mod renew;
 mod start;
+pub use borrow::Need;
 use renew::Renewer;
 pub use start::domains;
 use start::{busy, by_domain, mark, say_unavailable, say_wait, seat};
@@ -156,6 +158,8 @@ impl Reservation {
                 dir.display()
             )
         })?;
+        // No room for one worker: idle neighbours are asked to give theirs.
+        let (held, others) = borrow::at_start(cfg, &ledger, &domains, res, held, others)?;
         mark(res, &domains, &others, dir);
         if !serving {
             return Ok(None);
@@ -256,11 +260,20 @@ impl Reservation {
     /// workers `live` now ([`reserved_with`]), written when it changed or its lease is due
     /// for renewal. It replaces this server's own file and takes no lock: nothing can hold
     /// it.
-    pub fn follow(&mut self, plan: &Plan, workers: u32, live: &[LiveWorker], now: Instant) {
+    /// `news`: what the server says of itself changed (`ledger::Status`), so it is written
+    /// now too.
+    pub fn follow(
+        &mut self,
+        plan: &Plan,
+        workers: u32,
+        live: &[LiveWorker],
+        news: bool,
+        now: Instant,
+    ) {
         let want = by_domain(&self.domains, reserved_with(plan, workers, live));
         let due = match &self.written {
             None => true,
-            Some((w, at)) => *w != want || now.duration_since(*at) >= RENEW_EVERY,
+            Some((w, at)) => news || *w != want || now.duration_since(*at) >= RENEW_EVERY,
         };
         if due {
             let written = self.ledger.reserve(&want);

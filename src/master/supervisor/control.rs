@@ -170,6 +170,7 @@ impl Supervisor {
             s.succeeded();
         }
         let ms = now.duration_since(st.started).as_secs_f64() * 1e3;
+        self.lend.booted(ms);
         if let Some(m) = &self.metrics {
             m.worker_ready(st.pid, ms / 1e3);
         }

@@ -28,11 +28,14 @@ use crate::master::slot::Phase;
 /// What the 503 of a re-admission without room asks a client to wait, in seconds: the
 /// other servers renew (and shrink) their reservations at this pace.
 pub(super) const RETRY_AFTER_S: u64 = crate::master::host::ledger::RENEW_EVERY.as_secs();
+/// How often a want for room is written again while a request waits (`lend.rs`).
+pub(super) const RENEW: Duration = crate::master::host::ledger::RENEW_EVERY;
 
 /// Where `--idle-release` stands.
 #[derive(Debug)]
 pub(super) struct Idle {
-    after: Duration,
+    /// `--idle-release`; `None`: the server releases only to lend (`lend.rs`).
+    after: Option<Duration>,
     /// When a request was last seen (or the server was last busy starting).
     last_request: Instant,
     /// The workers' `served` counts added up, at the last look.
@@ -54,7 +57,7 @@ struct Released {
 }
 
 impl Idle {
-    pub fn new(after: Duration, now: Instant) -> Idle {
+    pub fn new(after: Option<Duration>, now: Instant) -> Idle {
         Idle {
             after,
             last_request: now,
@@ -62,6 +65,16 @@ impl Idle {
             released: None,
             readmitted: None,
         }
+    }
+
+    /// When a request was last seen (or the server was last busy).
+    pub fn last_request(&self) -> Instant {
+        self.last_request
+    }
+
+    /// The workers' `served` counts added up, at the last look.
+    pub fn served(&self) -> u64 {
+        self.served
     }
 
     /// Whether the server has released its workers (then the master polls the socket).
@@ -80,12 +93,18 @@ impl Idle {
 }
 
 impl Supervisor {
-    /// `--idle-release`, only for a plan with workers on GPUs (said once otherwise).
+    /// `--idle-release`, and lending (`lend.rs`: an idle server releases to lend), only
+    /// for a plan with workers on GPUs (said once otherwise, for `--idle-release`).
     pub(super) fn idle_from_config(&mut self) {
-        let Some(after) = self.cfg.gpu.idle_release else {
+        let after = self.cfg.gpu.idle_release;
+        let lends = self.reservation.is_some() && self.lend.lends();
+        if after.is_none() && !lends {
             return;
-        };
+        }
         if !self.plan.placement.iter().any(|p| p.gpu.is_some()) {
+            let Some(after) = after else {
+                return;
+            };
             tracing::warn!(
                 event = "idle_release_off",
                 "--idle-release {:?} does nothing here: no worker is planned on a GPU, and only GPU memory is given back",
@@ -113,9 +132,13 @@ impl Supervisor {
             self.boots.seen_ready(now);
             if !r.given_back && self.workers.is_empty() {
                 self.idle_given_back();
+                self.lent_given();
             }
             if self.connection_waits() {
                 self.readmit(now);
+            } else {
+                // The client went away while it waited for room.
+                self.stop_waiting();
             }
             return;
         }
@@ -124,6 +147,7 @@ impl Supervisor {
                 let secs = now.duration_since(at).as_secs_f64();
                 idle.readmitted = None;
                 self.target = workers;
+                self.lend.reloaded(secs * 1e3);
                 tracing::info!(
                     event = "idle_readmitted",
                     ms = secs * 1e3,
@@ -147,13 +171,18 @@ impl Supervisor {
         // A reload under way, or one worker held while its host memory is measured.
         let pending = self.reload.under_way || self.host.hold(self.target) != self.target;
         idle.busy(served, working || queued || pending, now);
-        if now.duration_since(idle.last_request) >= idle.after {
+        if idle
+            .after
+            .is_some_and(|a| now.duration_since(idle.last_request) >= a)
+        {
             self.idle_release(now);
+            return;
         }
+        self.lend_turn(now);
     }
 
     /// Retires every worker (the target goes to 0; `decide` retires them gracefully).
-    fn idle_release(&mut self, now: Instant) {
+    pub(super) fn idle_release(&mut self, now: Instant) {
         let Some(idle) = self.idle.as_mut() else {
             return;
         };
@@ -164,12 +193,12 @@ impl Supervisor {
             given_back: false,
         });
         self.target = 0;
+        let idle_s = now.duration_since(idle.last_request).as_secs_f64();
         tracing::info!(
             event = "idle_release",
             workers,
-            idle_s = idle.after.as_secs_f64(),
-            "no request for {:?} (--idle-release): retiring the {workers} workers and giving the reservation back; the next request starts them again",
-            idle.after
+            idle_s,
+            "no request for {idle_s:.1} s: retiring the {workers} workers and giving the reservation back; the next request starts them again"
         );
         if let Some(m) = &self.metrics {
             m.idle_state(Some(true));
@@ -255,6 +284,9 @@ impl Supervisor {
             }
         };
         if n == 0 {
+            if self.wait_for_room(now) {
+                return;
+            }
             let refused = self.refuse_waiting();
             if refused == 0 {
                 return;
@@ -273,6 +305,7 @@ impl Supervisor {
             }
             return;
         }
+        self.room_found(now);
         tracing::info!(
             event = "idle_readmission",
             outcome = "admitted",
@@ -321,7 +354,7 @@ mod tests {
     #[test]
     fn a_request_or_work_in_hand_keeps_the_server_busy() {
         let t0 = Instant::now();
-        let mut idle = Idle::new(Duration::from_secs(10), t0);
+        let mut idle = Idle::new(Some(Duration::from_secs(10)), t0);
         let t1 = t0 + Duration::from_secs(3);
         idle.busy(0, false, t1);
         assert_eq!(idle.last_request, t0, "nothing served, nothing in hand");

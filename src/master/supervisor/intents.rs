@@ -113,7 +113,8 @@ impl Supervisor {
 
     /// The plan's GPUs are full, but a GPU the other servers' reservations had made smaller
     /// may have room now (a neighbour stopped or shrank): the one with the most room left
-    /// in the ledger, if one more worker fits there, takes one more (said).
+    /// in the ledger, if one more worker fits there, takes one more (said); if none does,
+    /// the idle neighbours holding that GPU's room are asked for it (`lend.rs`).
     fn grow_into_the_ledger(&mut self) {
         let Some(room) = self
             .reservation
@@ -130,18 +131,24 @@ impl Supervisor {
             .iter_mut()
             .filter(|g| g.excluded.is_none() && g.ledger_mb > 0)
             .filter_map(|g| room.get(&g.index).map(|r| (g, *r)))
-            .filter(|(_, r)| workers_fitting(r.saturating_sub(reserve), per) >= 1)
             .max_by_key(|(_, r)| *r);
-        if let Some((g, left)) = best {
-            g.fits += 1;
-            tracing::info!(
-                event = "ledger_grown",
-                gpu = g.index,
-                room_mb = left,
-                "{} has room for one more worker now: {left} MB left by the other servers' reservations in the ledger",
-                g.label
-            );
+        let Some((g, left)) = best else {
+            return;
+        };
+        if workers_fitting(left.saturating_sub(reserve), per) == 0 {
+            // No room: idle neighbours there are asked for it (`lend.rs`).
+            let gpu = g.index;
+            self.ask_to_grow(gpu, left, per.saturating_add(reserve));
+            return;
         }
+        g.fits += 1;
+        tracing::info!(
+            event = "ledger_grown",
+            gpu = g.index,
+            room_mb = left,
+            "{} has room for one more worker now: {left} MB left by the other servers' reservations in the ledger",
+            g.label
+        );
     }
 
     /// Whether the GPU-memory ledger has no room for one more worker on `gpu` now (said,
@@ -170,6 +177,7 @@ impl Supervisor {
             "TTIN refused: the GPU-memory ledger leaves {left} MB on {} for this server (its share less the other servers' reservations and its own), less than one worker of {per} MB and the reserve of {reserve} MB",
             self.plan.gpu_label(gpu)
         );
+        self.ask_to_grow(gpu, left, per.saturating_add(reserve));
         true
     }
 

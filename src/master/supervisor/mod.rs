@@ -17,6 +17,7 @@
 //! | `host.rs` | host memory: the bound once the template measured a worker, own memory learned while serving, OOM kills | `HostWatch` |
 //! | `template.rs` | the template process's life, and launching workers (fork or exec) | `Templates` |
 //! | `idle.rs` | `--idle-release`: retiring idle workers, giving the reservation back, re-admitting on a request | `Idle` |
+//! | `lend.rs` | lending room to a neighbour that asks, waiting for room, what the ledger entry says | `Lend` |
 //! | `mps.rs` | under MPS: a fatal CUDA error retires that GPU's workers together; the daemon looked for again | `MpsFaults`, `DaemonWatch` |
 //!
 //! The rules these files apply are pure, in [`super::decide`] and [`super::rules`].
@@ -29,6 +30,7 @@ mod exits;
 mod host;
 mod idle;
 mod intents;
+mod lend;
 mod mps;
 mod refuse;
 mod reload;
@@ -117,8 +119,10 @@ pub struct Supervisor {
     mps_faults: MpsFaults,
     /// The MPS control daemon `--mps auto` found, looked for again (`mps.rs`).
     mps_daemon: Option<DaemonWatch>,
-    /// `--idle-release` (`idle.rs`); `None`: off.
+    /// `--idle-release` and lending (`idle.rs`); `None`: neither.
     idle: Option<Idle>,
+    /// Lending room and waiting for it (`lend.rs`).
+    lend: lend::Lend,
 }
 
 impl Supervisor {
@@ -141,6 +145,7 @@ impl Supervisor {
             slots.push(s);
         }
         let target = plan.workers;
+        let lend = lend::Lend::new(cfg.lending.evictable_after, cfg.lending.pin);
         let mps_faults = MpsFaults::serving(&plan);
         // Only a daemon found (`--mps auto`): `--mps on` assumes one the master cannot see.
         let mps_daemon = (cfg.mps.setting.is_none() && cfg.mps.on)
@@ -171,6 +176,7 @@ impl Supervisor {
             mps_faults,
             mps_daemon,
             idle: None,
+            lend,
             host: HostWatch::new(cgroup),
             board: Board::create()
                 .map_err(|e| {
@@ -203,6 +209,11 @@ impl Supervisor {
             self.templates.disable();
         }
         self.idle_from_config();
+        if let (Some(m), Some(_), Some(dir)) =
+            (&self.metrics, &self.reservation, &self.cfg.gpu.ledger)
+        {
+            m.see_ledger(dir.clone());
+        }
         loop {
             self.ensure_template();
             self.wait();
@@ -224,8 +235,10 @@ impl Supervisor {
             }
             let reserved = self.reserved_workers();
             let live = self.live_reserved();
+            let (status, news) = self.ledger_status(Instant::now());
             if let Some(r) = &mut self.reservation {
-                r.follow(&self.plan, reserved, &live, Instant::now());
+                r.set_status(Some(status));
+                r.follow(&self.plan, reserved, &live, news, Instant::now());
             }
             self.report_pool();
             self.notify.tick(Instant::now());
@@ -274,7 +287,7 @@ impl Supervisor {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         // Released for being idle: a connection waiting wakes the loop (`idle.rs`).
-        let released = self.idle_released();
+        let released = self.idle_released() && !self.lend.waiting();
         if let Some(l) = self.listener.as_ref().filter(|_| released) {
             fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
         }

@@ -15,7 +15,8 @@ use super::Supervisor;
 use crate::board::Board;
 use crate::master::spawn::{launch, worker_config, Launched, WorkerSpec};
 use crate::master::template::Template;
-use crate::protocol::{worker_exit, BootTimes, ReadyMemory, WorkerConfig};
+use crate::master::worker_config::WorkerConfig;
+use crate::protocol::{worker_exit, BootTimes, ReadyMemory};
 
 /// Templates that die before they are ready, per configuration, before exec takes over.
 const TEMPLATE_TRIES: u32 = 2;

@@ -354,7 +354,7 @@ pub(super) fn idle(f: &mut Families, s: &Snapshot) {
     let i = &s.idle;
     f.gauge(
         "idle_released",
-        "1 while the server has released its GPU workers for being idle (--idle-release), else 0 (absent when --idle-release is off).",
+        "1 while the server has released its GPU workers for being idle (--idle-release), else 0 (absent when neither --idle-release nor lending is on; a server that lent its room is released too).",
         None,
         i.released
             .map(|r| vec![(vec![], if r { 1.0 } else { 0.0 })])
@@ -377,5 +377,44 @@ pub(super) fn idle(f: &mut Families, s: &Snapshot) {
         "idle_readmission_duration",
         "From the request that re-admitted a released server to its first worker ready.",
         vec![(vec![], i.readmission.clone())],
+    );
+}
+
+/// The GPU-memory ledger as this server sees it: each server's reservation, workers and
+/// reload time, labelled by its id, app, port and state.
+pub(super) fn ledger(f: &mut Families, s: &Snapshot) {
+    let labels = |r: &super::LedgerRow| {
+        l(&[
+            ("server", &r.server),
+            ("app", &r.app),
+            ("port", &r.port),
+            ("state", &r.state),
+        ])
+    };
+    f.gauge_bytes(
+        "ledger_reserved",
+        "What each server sharing the GPU-memory ledger reserves (this one too), by its id, app, port and state (serving, idle, lent, pinned, waiting).",
+        s.ledger
+            .iter()
+            .map(|r| (labels(r), r.reserved_mb as f64 * 1048576.0))
+            .collect(),
+    );
+    f.gauge(
+        "ledger_workers",
+        "Live workers of each server sharing the GPU-memory ledger that says it.",
+        None,
+        s.ledger
+            .iter()
+            .filter_map(|r| Some((labels(r), f64::from(r.workers?))))
+            .collect(),
+    );
+    f.gauge(
+        "ledger_reload_seconds",
+        "Each server's measured reload time (a request to a worker ready), as it says it in the ledger.",
+        None,
+        s.ledger
+            .iter()
+            .filter_map(|r| Some((labels(r), r.reload_ms? as f64 / 1e3)))
+            .collect(),
     );
 }

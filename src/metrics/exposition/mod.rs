@@ -137,6 +137,23 @@ pub struct Snapshot {
     pub per_worker: Vec<WorkerRow>,
     pub plan: PlanGauges,
     pub idle: IdleFigures,
+    /// Every server in the GPU-memory ledger as this one sees it (itself too); empty
+    /// without a ledger.
+    pub ledger: Vec<LedgerRow>,
+}
+
+/// One server of the GPU-memory ledger, for `vramfork_ledger_*`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerRow {
+    /// Its id in the ledger (`<pid>-<random>`).
+    pub server: String,
+    pub app: String,
+    pub port: String,
+    /// serving, idle, lent, pinned, waiting (empty: it does not say).
+    pub state: String,
+    pub reserved_mb: u64,
+    pub workers: Option<u32>,
+    pub reload_ms: Option<u64>,
 }
 
 /// `--idle-release`'s figures (the master's; all empty when it is off).
@@ -189,6 +206,7 @@ pub fn encode(s: &Snapshot, format: Format) -> Result<String, String> {
     catalog::memory(&mut f, s);
     catalog::plan(&mut f, s);
     catalog::idle(&mut f, s);
+    catalog::ledger(&mut f, s);
 
     let mut out = String::with_capacity(16 << 10);
     text::encode_with(&mut out, &f.reg, format.profile(), || ()).map_err(|e| e.to_string())?;

@@ -1,17 +1,16 @@
-//! The CUDA caching allocator, through the small C++ shim in `shim.cpp`: statistics (peak
+//! The CUDA caching allocator, through the small C++ shim `worker/shim/cuda.cpp`: statistics (peak
 //! and current allocated/reserved bytes, allocations failed for lack of memory), the
 //! device's free memory, resetting the peak, `empty_cache` and the per-process
 //! memory-fraction cap. Safe wrappers; without a GPU every call reports
 //! [`CudaError::NoCuda`].
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::c_int;
 
 mod ffi {
-    use std::ffi::{c_char, c_int};
+    use std::ffi::c_int;
 
     extern "C" {
         pub fn vf_cuda_device_count(out: *mut c_int) -> c_int;
-        pub fn vf_cuda_last_error(buf: *mut c_char, len: usize);
         pub fn vf_cuda_memory_stats(
             device: c_int,
             allocated: *mut i64,
@@ -55,15 +54,7 @@ fn check(rc: c_int) -> Result<(), CudaError> {
     match rc {
         0 => Ok(()),
         1 => Err(CudaError::NoCuda),
-        _ => {
-            let mut buf = [0 as c_char; 512];
-            // SAFETY: the buffer is valid for `buf.len()` bytes; the shim writes at most
-            // `len - 1` bytes plus a NUL terminator and never throws.
-            unsafe { ffi::vf_cuda_last_error(buf.as_mut_ptr(), buf.len()) };
-            // SAFETY: the shim always NUL-terminates inside the buffer (see above).
-            let msg = unsafe { CStr::from_ptr(buf.as_ptr()) };
-            Err(CudaError::C10(msg.to_string_lossy().into_owned()))
-        }
+        _ => Err(CudaError::C10(crate::shim::last_error())),
     }
 }
 

@@ -1,4 +1,4 @@
-//! An AOTInductor package loaded and run (through `shim.cpp`, with the runner
+//! An AOTInductor package loaded and run (through `worker/shim/export.cpp`, with the runner
 //! `torch::inductor::AOTIModelPackageLoader` itself builds). The loader unpacks each package
 //! into a fresh `/tmp/XXXXXX` of its own naming (torch 2.11 reads no `TMPDIR`), which a
 //! killed process leaves behind; so the worker unpacks the model's files itself, with one

@@ -1,11 +1,11 @@
-//! A `.pt2` file's records, read with libtorch's own archive reader (through `shim.cpp`),
-//! opened once per look at the file ([`Archive`]: its construction reads the zip's central
-//! directory, so one per record made a package of many records quadratic to load), their
-//! declared sizes and count bounded against the file's before any record is read (a 1 MB
-//! file can declare a 1 GiB record), and what they say it is: an ExportedProgram archive
-//! (`torch.export.save`: the program as `models/<name>.json`, its weights under `data/`),
-//! or an AOTInductor package (`torch._inductor.aoti_compile_and_package`: compiled code
-//! under `data/aotinductor/`).
+//! A `.pt2` file's records, read with libtorch's own archive reader (through
+//! `worker/shim/export.cpp`), opened once per look at the file ([`Archive`]: its construction reads
+//! the zip's central directory, so one per record made a package of many records quadratic to
+//! load), their declared sizes and count bounded against the file's before any record is read (a 1
+//! MB file can declare a 1 GiB record), and what they say it is: an ExportedProgram archive
+//! (`torch.export.save`: the program as `models/<name>.json`, its weights under `data/`), or an
+//! AOTInductor package (`torch._inductor.aoti_compile_and_package`: compiled code under
+//! `data/aotinductor/`).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};

@@ -1,6 +1,6 @@
-//! `torch.export` archives (`.pt2`), through a small C++ shim (`shim.cpp`) over what tch
-//! does not reach in libtorch: the archive's records, the program's signature, and the
-//! Native Runtime that runs an ExportedProgram.
+//! `torch.export` archives (`.pt2`), through a small C++ shim (`worker/shim/export.cpp`) over what
+//! tch does not reach in libtorch: the archive's records, the program's signature, and the Native
+//! Runtime that runs an ExportedProgram.
 //!
 //! | file | owns |
 //! |---|---|
@@ -21,27 +21,12 @@ mod signature;
 #[cfg(test)]
 mod testzip;
 
-use std::ffi::{c_char, CStr};
-
 pub use aoti::Package;
 pub use placement::Placement;
 pub use program::{PassError, Program};
 pub use signature::Signature;
 
-extern "C" {
-    fn vf_export_last_error(buf: *mut c_char, len: usize);
-}
-
-/// This thread's last shim error message.
-fn last_error() -> String {
-    let mut buf = [0 as c_char; 2048];
-    // SAFETY: the buffer is valid for `buf.len()` bytes; the shim writes at most `len - 1`
-    // bytes plus a NUL terminator and never throws.
-    unsafe { vf_export_last_error(buf.as_mut_ptr(), buf.len()) };
-    // SAFETY: the shim always NUL-terminates inside the buffer (see above).
-    let msg = unsafe { CStr::from_ptr(buf.as_ptr()) };
-    msg.to_string_lossy().into_owned()
-}
+use crate::shim::last_error;
 
 /// Opens the archive at `path`: its program's name and signature (not loaded yet).
 pub fn open(path: &str) -> Result<(String, Signature), String> {

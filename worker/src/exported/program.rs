@@ -1,6 +1,6 @@
-//! One ExportedProgram loaded with libtorch's Native Runtime
-//! (`torch::nativert::ModelRunnerHandle`, through `shim.cpp`): loaded from its archive, run
-//! on a list of tensors after [`Signature::check`], freed on drop.
+//! One ExportedProgram loaded with libtorch's Native Runtime (`torch::nativert::ModelRunnerHandle`,
+//! through `worker/shim/export.cpp`): loaded from its archive, run on a list of tensors after
+//! [`Signature::check`], freed on drop.
 
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::NonNull;

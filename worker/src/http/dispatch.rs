@@ -21,6 +21,7 @@ use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
 use crate::infer::Meta;
+use crate::metrics::Endpoint;
 use crate::observe::access_log::{Record, Trace};
 use crate::observe::trace_context;
 use crate::request_id::{self, RequestId};
@@ -30,7 +31,10 @@ pub async fn handle(
     mut req: Request<Incoming>,
     app: Arc<App>,
 ) -> Result<Response<Body>, Infallible> {
-    let endpoint = endpoint_of(req.method(), req.uri().path());
+    let endpoint = match req.uri().path() {
+        p if rerank::owns(p) && req.method() == Method::POST => Endpoint::Rerank,
+        p => endpoint_of(req.method(), p),
+    };
     let arrived = arrival(&req);
     // HTTP/2 (prior knowledge, or `h2` under TLS): closing is the connection's GOAWAY, never
     // a `Connection` header.

@@ -25,7 +25,7 @@ use std::time::{Instant, SystemTime};
 
 use tch::Device;
 
-use super::model::Model;
+use crate::model::Model;
 use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};

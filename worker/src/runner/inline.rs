@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use tch::Device;
 
-use super::model::Model;
+use crate::model::Model;
 
 use super::{forward, guarded, Encoding, RunError, RunOutput};
 use crate::args::{Arg, Inputs};

@@ -14,12 +14,10 @@
 pub mod batch;
 mod batcher;
 mod claim;
-mod declared;
-mod failure;
+pub mod failure;
+mod info;
 mod inline;
 mod job;
-mod load;
-mod model;
 mod ops;
 mod shared_pass;
 mod tensors;
@@ -38,11 +36,9 @@ pub use batch::Batching;
 pub use batcher::BatchCounts;
 use claim::Queued;
 pub use claim::{Claim, Ticket};
-pub use failure::{is_out_of_memory, useful_line, RunError};
+pub use failure::{useful_line, RunError};
+pub use info::ModelInfo;
 pub use inline::Inline;
-pub use load::{configure_executor, load_cpu, Declared, LoadError};
-use model::Failure;
-pub use model::{platform, Model, ModelInfo};
 pub use ops::load_all as load_op_libraries;
 pub use shared_pass::SharedPass;
 pub use v2out::{OutTensor, Wanted};
@@ -50,6 +46,7 @@ pub use warmup::{warm, Warmed, Warmup};
 
 use crate::args::{Arg, Inputs};
 use crate::cuda;
+use crate::model::{self, Declared, Failure, LoadError, Model};
 use failure::{classify, cuda_first};
 use job::{Job, Taken};
 
@@ -185,16 +182,16 @@ impl Runner {
                 // Before anything runs here: libtorch's intra-op setting is this thread's own
                 // (see `crate::process::set_intra_threads`).
                 crate::process::set_intra_threads(threads);
-                load::configure_executor();
+                model::configure_executor();
                 // A module the template loaded was warmed there already.
                 let warm = warm.filter(|_| preloaded.is_none() && profile.is_none());
-                let loaded = load::pick_device(wanted, &path).and_then(|d| match (d, preloaded) {
-                    (Device::Cpu, Some(module)) => Ok(load::Loaded {
+                let loaded = model::pick_device(wanted, &path).and_then(|d| match (d, preloaded) {
+                    (Device::Cpu, Some(module)) => Ok(model::Loaded {
                         module,
                         device: d,
                         model_ms: 0.0,
                     }),
-                    (d, _) => load::load(&path, d, cap_bytes, &declared),
+                    (d, _) => model::load(&path, d, cap_bytes, &declared),
                 });
                 match loaded {
                     Ok(l) => {

@@ -17,7 +17,7 @@ use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::load::LoadError;
+use crate::model::LoadError;
 
 /// Opens every library of `paths`, in order; the first that fails is the error.
 pub fn load_all(paths: &[impl AsRef<Path>], model: &str) -> Result<(), LoadError> {

@@ -18,13 +18,13 @@ use std::time::Instant;
 
 use tch::{Device, IValue, Tensor};
 
-use super::model::{Failure, Model};
+use crate::model::{Failure, Model};
 use vramfork::documents::{Document, Feed, Padding, TextSpec};
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
-use super::load::LoadError;
 use super::useful_line;
 use crate::args::kind_of;
+use crate::model::LoadError;
 
 /// The warm-up a process runs after loading the model.
 #[derive(Debug, Clone)]

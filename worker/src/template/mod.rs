@@ -20,13 +20,13 @@ use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
+use vramfork::master::worker_config::{TemplateRequest, WorkerConfig};
 use vramfork::metadata::AppMetadata;
-use vramfork::protocol::{
-    worker_exit, BootTimes, ControlMsg, TemplateReply, TemplateRequest, WorkerConfig, CONTROL_FD,
-};
+use vramfork::protocol::{worker_exit, BootTimes, ControlMsg, TemplateReply, CONTROL_FD};
 
+use crate::model::Model;
 use crate::process;
-use crate::runner::{Model, Warmed};
+use crate::runner::Warmed;
 
 mod fds;
 mod fork;
@@ -67,7 +67,7 @@ pub fn run(process_ms: f64) -> Ended {
         }
     };
     // No writer thread: the template must stay single-threaded to fork.
-    vramfork::logging::init_single_threaded(cfg.log_json);
+    vramfork::logging::init_single_threaded(cfg.log.json);
     process::set_process_name("vf-template");
     // One intra-op thread while loading and warming up; each worker sets its own count
     // after the fork. With libtorch's default (one per core), loading a real model
@@ -103,13 +103,13 @@ pub fn run(process_ms: f64) -> Ended {
 /// Loads the model on the CPU and warms it up on this thread alone (the load's ms, the warm-up
 /// with its memory peak); fails with the exit status if it cannot load or leaves a thread.
 fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(Model, f64, Warmed), i32> {
-    crate::runner::configure_executor();
+    crate::model::configure_executor();
     let start = Instant::now();
     if let Err(e) = crate::runner::load_op_libraries(&metadata.op_libraries, &cfg.model_path) {
         vramfork::logging::say(&format!("app-worker (template): {e}"));
         return Err(worker_exit::MODEL_LOAD);
     }
-    let module = match crate::runner::load_cpu(&cfg.model_path, metadata, cfg.max_batch_size) {
+    let module = match crate::model::load_cpu(&cfg.model_path, metadata, cfg.batch.max_batch_size) {
         Ok(m) => m,
         Err(e) => {
             vramfork::logging::say(&format!("app-worker (template): {e}"));
@@ -119,7 +119,8 @@ fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(Model, f64, Warme
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
     crate::model_archive::loaded(&cfg.model_path);
     // The warm-up passes run on this thread alone (one intra-op thread, set above).
-    let plan = crate::runner::Warmup::plan(metadata, cfg.warmup_passes, cfg.max_batch_size);
+    let plan =
+        crate::runner::Warmup::plan(metadata, cfg.batch.warmup_passes, cfg.batch.max_batch_size);
     let warmed = match crate::runner::warm(
         &module,
         plan.as_ref(),

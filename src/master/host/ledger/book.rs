@@ -26,7 +26,7 @@ pub const VERSION: u32 = 2;
 pub const SLACK: Duration = Duration::from_secs(5);
 
 /// One server's reservation, as its file holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     /// [`VERSION`].
     pub version: u32,
@@ -45,6 +45,52 @@ pub struct Entry {
     /// server started again there replaces its predecessor's entry at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seat: Option<String>,
+    /// What the server is doing, for `app ledger` and for lending (`master::host::lending`);
+    /// absent in entries of servers that do not lend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+}
+
+/// A server's state as the ledger shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Serving, or idle for less than its `--evictable-after`.
+    Serving,
+    /// Idle for at least its `--evictable-after`, nothing in flight: it lends when asked.
+    Idle,
+    /// Its workers' room given back (lent to a neighbour, or released when idle).
+    Lent,
+    /// `--pin`: it keeps its room.
+    Pinned,
+    /// A request waits for room it has asked the ledger for.
+    Waiting,
+}
+
+/// What a server says of itself in its entry, beside its reservation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub state: State,
+    /// The port it serves on.
+    pub port: u16,
+    /// Workers alive now.
+    pub live_workers: u32,
+    /// Model requests its workers answered.
+    pub served: u64,
+    /// When it last had a request in hand, ms of `CLOCK_BOOTTIME` (`None`: never).
+    pub last_request_boot_ms: Option<u64>,
+    /// From when it lends when asked, ms of `CLOCK_BOOTTIME` (its last request plus its
+    /// `--evictable-after`); `None`: never (pinned, or lending off).
+    pub lendable_from_boot_ms: Option<u64>,
+    /// How long its last start of a worker took, from the request that woke it to a worker
+    /// ready (a fork of the warm template and the model's upload to the GPU), ms.
+    pub reload_ms: Option<u64>,
+    /// What losing its room costs, per MB freed (`master::host::lending::value`): the
+    /// least valuable lend first.
+    pub value: f64,
+    /// The asking server whose want this one is lending to, while its workers exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lending_to: Option<String>,
 }
 
 /// Now, on the clocks the ledger uses.
@@ -73,7 +119,7 @@ impl Now {
 }
 
 /// `CLOCK_BOOTTIME` in milliseconds.
-fn boot_ms() -> u64 {
+pub fn boot_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -227,6 +273,7 @@ mod tests {
             expires_boot_ms: expires,
             gpus: gpus.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             seat: None,
+            status: None,
         }
     }
 

@@ -27,6 +27,7 @@
 mod book;
 mod files;
 mod lock;
+mod wants;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -34,10 +35,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use book::{Domain, Domains, Others};
-use book::{Entry, Now, Verdict};
+pub use book::{boot_ms, Domain, Domains, Entry, Others, State, Status};
+use book::{Now, Verdict};
 pub use files::Unusable;
 pub use lock::{Held, NotTaken};
+pub use wants::Want;
 
 /// Where servers share their ledger unless `--ledger` says otherwise.
 pub const DEFAULT_DIR: &str = "/run/vramfork";
@@ -73,6 +75,9 @@ pub struct Ledger {
     said: Arc<Mutex<BTreeSet<String>>>,
     /// Whether a predecessor's entry at this seat was removed already.
     seat_cleared: Arc<AtomicBool>,
+    /// What this server says of itself in its entry (`None`: nothing), written with its
+    /// reservation.
+    status: Arc<Mutex<Option<Status>>>,
 }
 
 impl Ledger {
@@ -105,11 +110,17 @@ impl Ledger {
             seat,
             said: Arc::default(),
             seat_cleared: Arc::default(),
+            status: Arc::default(),
         }))
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// This server's id in the ledger: `<pid>-<random>`, unique across pid namespaces.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     fn own_name(&self) -> String {
@@ -227,7 +238,13 @@ impl Ledger {
     /// entry at this server's seat, where this user may.
     pub fn reserve(&self, gpus: &BTreeMap<String, u64>) -> std::io::Result<()> {
         let now = Now::read();
+        let status = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let entry = Entry {
+            status,
             version: book::VERSION,
             pid: std::process::id(),
             app: self.app.clone(),
@@ -249,12 +266,57 @@ impl Ledger {
         Ok(())
     }
 
-    /// Removes this server's reservation.
+    /// Removes this server's reservation (and its want, if it has one).
     pub fn release(&self) -> std::io::Result<()> {
+        let _ = self.ask(None);
         match std::fs::remove_file(self.dir.join(self.own_name())) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// What this server says of itself from its next write on.
+    pub fn set_status(&self, status: Option<Status>) {
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = status;
+    }
+
+    /// Every live entry, this server's own too, by server id (for `app ledger` and for
+    /// choosing lenders); entries that are not believable are said and left out.
+    pub fn servers(&self) -> Result<Vec<(String, Entry)>, String> {
+        let now = Now::read();
+        let none = Domains::new();
+        let mut out = Vec::new();
+        for (name, e) in self.entries()? {
+            match book::judge(&e, &now, &none) {
+                Verdict::Live => {
+                    let id = name.trim_start_matches(PREFIX).trim_end_matches(SUFFIX);
+                    out.push((id.to_string(), e));
+                }
+                Verdict::Expired => {}
+                Verdict::Dropped(why) => self.drop_said(&name, &why),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes this server's want (`None`: removes it); needs no lock.
+    pub fn ask(&self, want: Option<&Want>) -> std::io::Result<()> {
+        let name = format!("{}{}{SUFFIX}", wants::WANT_PREFIX, self.id);
+        match want {
+            Some(w) => {
+                let text = serde_json::to_vec_pretty(w).map_err(std::io::Error::other)?;
+                files::replace(&self.dir, &name, &text, files::ENTRY_MODE)
+            }
+            None => match std::fs::remove_file(self.dir.join(name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The live wants of every server.
+    pub fn wants(&self) -> Result<Vec<Want>, String> {
+        wants::read(&self.dir)
     }
 }
 

@@ -1,6 +1,6 @@
 //! OpenTelemetry spans of the requests this worker answers, exported over
-//! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`; off by
-//! default). A sampled request's record (what its access line is made of) is queued when it
+//! OTLP/HTTP when the standard `OTEL_*` variables ask for it (`vramfork::otel`, read by the
+//! master and handed over in the worker's configuration; off by default). A sampled request's record (what its access line is made of) is queued when it
 //! is answered; the exporter thread builds its spans, encodes and sends them:
 //!
 //! - a SERVER span per request (`POST /`, `POST /v2/models/{model_name}/infer`, the gRPC
@@ -45,7 +45,7 @@ use crate::observe::access_log::Record;
 use crate::observe::trace_context::TraceContext;
 use export::Exporter;
 use otlp::Value;
-use vramfork::otel::Sampler;
+use vramfork::otel::{OtelConfig, Sampler};
 
 /// This worker's spans: the sampler, and the exporter they go to.
 pub struct Spans {
@@ -56,21 +56,10 @@ pub struct Spans {
 }
 
 impl Spans {
-    /// From the `OTEL_*` variables this worker inherited (the master checked them): `None`
-    /// when export is off.
-    pub fn from_env(slot: u32) -> Option<Spans> {
-        let env = |k: &str| std::env::var(k).ok();
-        let config = match vramfork::otel::from_env(&env) {
-            Ok((Some(c), _)) => c,
-            Ok((None, _)) => return None,
-            Err(e) => {
-                tracing::warn!(
-                    event = "trace_export_setting_ignored",
-                    "{e}; spans are not exported"
-                );
-                return None;
-            }
-        };
+    /// The export the master read from the `OTEL_*` variables and handed over in the
+    /// worker's configuration: `None` when export is off.
+    pub fn new(config: Option<OtelConfig>, slot: u32) -> Option<Spans> {
+        let config = config?;
         let pid = std::process::id();
         let resource = vec![
             ("process.pid", i64::from(pid)),

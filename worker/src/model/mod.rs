@@ -4,12 +4,36 @@
 //! AOTInductor package (a `.pt2` of `torch._inductor.aoti_compile_and_package`). Everything
 //! downstream — warm-up, batching, inline passes, `POST /`, v2, gRPC — runs passes through
 //! [`Model::forward`], so every format gets the same caps, batching and refusals.
+//!
+//! One file per format, each with its loading; [`load`] picks the device, caps the allocator
+//! and dispatches on [`Format`]:
+//!
+//! | file | owns |
+//! |---|---|
+//! | `load.rs` | loading whatever the format: the device, the allocator cap, the weights checked against it |
+//! | `load_error.rs` | why a load failed ([`LoadError`]), libtorch's message on one line |
+//! | `torchscript.rs` | a TorchScript module, loaded in eval mode under the simple executor |
+//! | `program.rs` | a `torch.export` program, checked against the metadata and loaded with the Native Runtime |
+//! | `package.rs` | an AOTInductor package, checked, unpacked and loaded; its weights outside the allocator's cap |
+//! | `declared.rs` | what the metadata declares `forward` takes ([`Declared`]: a document input as its tensors) |
+
+mod declared;
+mod load;
+mod load_error;
+mod package;
+mod program;
+mod torchscript;
 
 use std::fmt;
 
-use tch::{CModule, Device, IValue};
+use tch::{CModule, IValue};
 
 use crate::exported::{Package, PassError, Program};
+
+pub use declared::Declared;
+pub use load::{load, load_cpu, pick_device, Loaded};
+pub use load_error::LoadError;
+pub use torchscript::configure_executor;
 
 pub enum Model {
     TorchScript(CModule),
@@ -49,6 +73,31 @@ pub fn is_exported(path: &str) -> bool {
         .is_some_and(|e| e.eq_ignore_ascii_case("pt2"))
 }
 
+/// The formats served, each in its own file with its loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A TorchScript module (`torchscript.rs`).
+    TorchScript,
+    /// A `torch.export` program run by the Native Runtime (`program.rs`).
+    Program,
+    /// An AOTInductor package (`package.rs`).
+    Package,
+}
+
+impl Format {
+    /// The format of the file at `path`: a `.pt2` is an AOTInductor package when its records
+    /// say so, else a program (an unreadable one fails the program's load, naming why).
+    pub fn of(path: &str) -> Format {
+        if !is_exported(path) {
+            return Format::TorchScript;
+        }
+        match crate::exported::archive::kind(path) {
+            Ok(crate::exported::archive::Kind::Aoti) => Format::Package,
+            _ => Format::Program,
+        }
+    }
+}
+
 /// The model's format as v2 metadata names it (`platform`, on REST and gRPC): `torch_aoti`
 /// for an AOTInductor package (Triton's platform for them, so that clients written for
 /// Triton's `torch_aoti` models recognise it), `pytorch_export` for a `torch.export` program
@@ -56,12 +105,10 @@ pub fn is_exported(path: &str) -> bool {
 /// and for TorchScript `pytorch_libtorch`, Triton's name for TorchScript models (its
 /// PyTorch backend's `platform`).
 pub fn platform(path: &str) -> &'static str {
-    if !is_exported(path) {
-        return "pytorch_libtorch";
-    }
-    match crate::exported::archive::kind(path) {
-        Ok(crate::exported::archive::Kind::Aoti) => "torch_aoti",
-        _ => "pytorch_export",
+    match Format::of(path) {
+        Format::TorchScript => "pytorch_libtorch",
+        Format::Program => "pytorch_export",
+        Format::Package => "torch_aoti",
     }
 }
 
@@ -101,37 +148,5 @@ fn failure(e: PassError) -> Failure {
             message,
             out_of_memory,
         },
-    }
-}
-
-/// What the loaded model looks like, for the rest of the worker.
-#[derive(Debug, Clone, Copy)]
-pub struct ModelInfo {
-    /// The CUDA device index, when the model runs on a GPU.
-    pub cuda: Option<usize>,
-    pub model_ms: f64,
-    /// The warm-up an exec'd worker ran (0: none).
-    pub warmup_ms: f64,
-    /// Its forward passes.
-    pub warmup_passes: u32,
-    /// Torch's intra-op threads as the model thread itself reads them
-    /// (`at::get_num_threads`: OpenMP's setting for that thread).
-    pub intra_threads: i32,
-}
-
-impl ModelInfo {
-    /// What the model thread tells of the model it loaded and warmed (on that thread: the
-    /// intra-op count is its own).
-    pub(super) fn of(device: Device, model_ms: f64, warmed: &super::Warmed) -> ModelInfo {
-        ModelInfo {
-            cuda: match device {
-                Device::Cuda(i) => Some(i),
-                _ => None,
-            },
-            model_ms,
-            warmup_ms: warmed.ms,
-            warmup_passes: warmed.passes,
-            intra_threads: tch::get_num_threads(),
-        }
     }
 }

@@ -4,7 +4,41 @@
 //! checked against those tensors, not against the `BYTES` input the client sends.
 
 use vramfork::documents::Document;
-use vramfork::metadata::{Datatype, Dtype, TensorSpec};
+use vramfork::metadata::{AppMetadata, Datatype, Dtype, TensorSpec};
+use vramfork::protocol::GpuAssignment;
+
+/// What the metadata says `forward` takes (a document input as the tensors it becomes:
+/// [`as_forward_takes`]), checked at load where the format records what it takes (a
+/// `torch.export` program's signature).
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    pub inputs: Option<Vec<TensorSpec>>,
+    pub max_batch_size: u32,
+    /// The plan put the worker on a GPU (a simulated one too): a compiled package must be
+    /// compiled for CUDA, and for the GPU's compute capability when the master told it.
+    pub plan_gpu: bool,
+    pub capability: Option<String>,
+}
+
+impl Declared {
+    pub fn of(metadata: &AppMetadata, max_batch_size: u32) -> Declared {
+        Declared {
+            inputs: metadata.inputs.as_deref().map(as_forward_takes),
+            max_batch_size,
+            plan_gpu: false,
+            capability: None,
+        }
+    }
+
+    /// With the GPU the plan put the worker on, if any.
+    pub fn placed(self, gpu: Option<&GpuAssignment>) -> Declared {
+        Declared {
+            plan_gpu: gpu.is_some(),
+            capability: gpu.and_then(|g| g.compute_capability.clone()),
+            ..self
+        }
+    }
+}
 
 /// `specs` with each document input replaced by the tensors it becomes, in place: a text
 /// input's feeds (`input_ids`, `attention_mask`, `token_type_ids` as it declares them), each

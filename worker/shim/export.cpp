@@ -4,12 +4,10 @@
 // Runtime (torch::nativert::ModelRunnerHandle), and running an AOTInductor package's compiled
 // model (torch::inductor::AOTIModelContainerRunner, from the runner registry
 // AOTIModelPackageLoader itself uses, on a .so the worker unpacked into its own directory:
-// the package loader unpacks into a fresh /tmp/XXXXXX it names itself). Tensors cross as `at::Tensor*`, the way tch's
-// own C API passes them: inputs are borrowed, outputs are `new at::Tensor` the caller owns.
-// Every function catches every C++ exception and reports it as a status code (message via
-// vf_export_last_error), so nothing unwinds into Rust and no error aborts the worker.
-//
-// Status codes: 0 ok, 2 an error.
+// the package loader unpacks into a fresh /tmp/XXXXXX it names itself). Tensors cross as
+// `at::Tensor*`, the way tch's own C API passes them: inputs are borrowed, outputs are
+// `new at::Tensor` the caller owns. Errors go through the shims' one channel (error.h):
+// status 0 ok, 2 an error.
 
 #include <ATen/core/ivalue.h>
 #include <caffe2/serialize/inline_container.h>
@@ -18,38 +16,19 @@
 
 #include <unistd.h>
 
+#include "error.h"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace {
 
-thread_local std::string last_error;
-
-constexpr int VF_OK = 0;
-constexpr int VF_ERROR = 2;
-
-template <typename F>
-int guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    // what_without_backtrace(): the message without the C++ frames after it.
-    last_error = e.what_without_backtrace();
-    return VF_ERROR;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return VF_ERROR;
-  } catch (...) {
-    last_error = "unknown C++ exception";
-    return VF_ERROR;
-  }
-}
+using vf::guarded;
 
 // `s` copied into a malloc'ed buffer the caller frees with vf_export_free_bytes.
 void give(const std::string& s, char** out, size_t* len) {
@@ -96,16 +75,6 @@ void flatten(const c10::IValue& v, std::vector<at::Tensor>& out, int* single) {
 }  // namespace
 
 extern "C" {
-
-// The last error message of this thread, copied into buf (NUL-terminated, truncated).
-void vf_export_last_error(char* buf, size_t len) noexcept {
-  if (buf == nullptr || len == 0) {
-    return;
-  }
-  size_t n = last_error.size() < len - 1 ? last_error.size() : len - 1;
-  std::memcpy(buf, last_error.data(), n);
-  buf[n] = '\0';
-}
 
 // Frees a buffer this shim malloc'ed (record bytes, names, an output array).
 void vf_export_free_bytes(void* bytes) noexcept { std::free(bytes); }

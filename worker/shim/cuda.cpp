@@ -1,8 +1,6 @@
 // vramfork worker: a tiny C ABI over c10's CUDA caching allocator, for what tch does not
-// expose (allocator statistics, the memory-fraction cap, empty_cache). Every function
-// catches every C++ exception and reports it as a status code, so nothing unwinds into Rust.
-//
-// Status codes: 0 ok, 1 no CUDA device, 2 a c10/CUDA error (message via vf_cuda_last_error).
+// expose (allocator statistics, the memory-fraction cap, empty_cache). Errors go through the
+// shims' one channel (error.h): status 0 ok, 1 no CUDA device, 2 a c10/CUDA error.
 
 #ifndef VF_NO_CUDA_BUILD
 #include <ATen/Context.h>
@@ -17,31 +15,15 @@ cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
 }
 #endif
 
+#include "error.h"
+
 #include <cstdint>
-#include <cstring>
-#include <exception>
 #include <string>
 
 namespace {
 
-thread_local std::string last_error;
-
-constexpr int VF_OK = 0;
-constexpr int VF_NO_CUDA = 1;
-constexpr int VF_ERROR = 2;
-
-template <typename F>
-int guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return VF_ERROR;
-  } catch (...) {
-    last_error = "unknown C++ exception";
-    return VF_ERROR;
-  }
-}
+using vf::guarded;
+using vf::last_error;
 
 #ifdef VF_NO_CUDA_BUILD
 // A CPU-only libtorch: there is never a device.
@@ -73,16 +55,6 @@ int vf_cuda_device_count(int* out) noexcept {
     *out = cuda_device_count();
     return VF_OK;
   });
-}
-
-// The last error message of this thread, copied into buf (NUL-terminated, truncated).
-void vf_cuda_last_error(char* buf, size_t len) noexcept {
-  if (buf == nullptr || len == 0) {
-    return;
-  }
-  size_t n = last_error.size() < len - 1 ? last_error.size() : len - 1;
-  std::memcpy(buf, last_error.data(), n);
-  buf[n] = '\0';
 }
 
 // Allocator statistics for one device, in bytes (aggregate over pools).
