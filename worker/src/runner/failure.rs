@@ -36,7 +36,6 @@ pub enum RunError {
     Expired,
 }
 
-
 /// The CUDA errors after which the process's context cannot be used again — "sticky"
 /// errors, which the CUDA Runtime API's `cudaError_t` documents as leaving the process in an
 /// inconsistent state that must be terminated: `cudaErrorIllegalAddress`, `cudaErrorAssert`,
@@ -74,7 +73,6 @@ const CUDA_MARKS: &[&str] = &[
     "cuFFT error",
     "CUSOLVER_STATUS",
 ];
-
 
 /// Sorts a libtorch error into GPU memory exhausted, a sticky CUDA error, another CUDA
 /// error, or a model error.
