@@ -106,11 +106,21 @@ fn class_names(at: &str, file: &Path) -> Result<Vec<String>, String> {
         .map_err(|e| format!("field `{at}.file`: cannot read {}: {e}", file.display()))?;
     let doc: Value = serde_json::from_str(&text)
         .map_err(|e| format!("field `{at}.file`: {} is not JSON: {e}", file.display()))?;
-    let bad = || {
-        format!(
-            "field `{at}.file`: {} must hold an array of class names or an object of index → name",
-            file.display()
-        )
+    names_of(doc).map_err(|e| format!("field `{at}.file`: {} {e}", file.display()))
+}
+
+/// The class names a labels document holds: an array of names, or an object of index →
+/// name naming every index from 0 once, a name given as a list meaning its last item
+/// (TorchServe's `index_to_name.json`: `{"0": ["n01440764", "tench"]}`).
+pub fn names_of(doc: Value) -> Result<Vec<String>, String> {
+    let bad = || "must hold an array of class names or an object of index → name".to_string();
+    let name = |v: Value| match v {
+        Value::String(s) => Some(s),
+        Value::Array(mut items) => match items.pop() {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        },
+        _ => None,
     };
     let names: Vec<String> = match doc {
         Value::Array(items) => items
@@ -120,17 +130,14 @@ fn class_names(at: &str, file: &Path) -> Result<Vec<String>, String> {
         Value::Object(map) => {
             let mut pairs = map
                 .into_iter()
-                .map(|(k, v)| match (k.parse::<usize>(), v) {
-                    (Ok(i), Value::String(s)) => Ok((i, s)),
+                .map(|(k, v)| match (k.parse::<usize>(), name(v)) {
+                    (Ok(i), Some(s)) => Ok((i, s)),
                     _ => Err(bad()),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             pairs.sort();
             if pairs.iter().enumerate().any(|(i, (k, _))| i != *k) {
-                return Err(format!(
-                    "field `{at}.file`: {} must name every index from 0 once",
-                    file.display()
-                ));
+                return Err("must name every index from 0 once".into());
             }
             pairs.into_iter().map(|(_, s)| s).collect()
         }
@@ -206,6 +213,15 @@ mod tests {
             (vec!["a".into(), "b".into()], 2, false)
         );
         assert_eq!(l.top(&[0.3, 0.1]).unwrap()[0], ("a".to_string(), 0.3));
+        // TorchServe's index_to_name.json as it is: a name given as [id, name].
+        let l = block(
+            r#"{"0": ["n01440764", "tench"], "1": ["n01443537", "goldfish"]}"#,
+            r#"{"labels": {"file": "l.json"}}"#,
+            Some(2),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.names, vec!["tench".to_string(), "goldfish".into()]);
         for (file, json, classes, want) in [
             (
                 "[1, 2]",

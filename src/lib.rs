@@ -32,4 +32,5 @@ pub mod schema;
 pub mod secrets;
 pub mod sockopt;
 pub mod tls;
+pub mod torchserve;
 pub mod unpacked;

@@ -34,9 +34,10 @@ const KEDA_SCALER: &str = "tests/schemas/keda-v2.20.2/prometheus_scaler.go";
 const ADAPTER_CONFIG: &str = "tests/schemas/prometheus-adapter-v0.12.0/config.go";
 
 const RUNTIME: &str = "deploy/kserve/servingruntime.yaml";
-const ISVCS: [&str; 2] = [
+const ISVCS: [&str; 3] = [
     "deploy/kserve/inferenceservice.yaml",
     "deploy/kserve/inferenceservice-knative.yaml",
+    "deploy/kserve/inferenceservice-torchserve.yaml",
 ];
 const SCALED_OBJECT: &str = "deploy/autoscaling/keda-scaledobject.yaml";
 const ADAPTER: &str = "deploy/autoscaling/prometheus-adapter.yaml";
@@ -102,7 +103,7 @@ fn the_pinned_schemas_are_the_upstream_blobs_named_in_their_readme() {
 #[test]
 fn kserve_keda_and_adapter_objects_pass_strict_validation_against_the_pinned_schemas() {
     valid("crd", RUNTIME_CRD, &[RUNTIME], 1);
-    valid("crd", ISVC_CRD, &ISVCS, 2);
+    valid("crd", ISVC_CRD, &ISVCS, 3);
     valid("crd", KEDA_CRD, &[SCALED_OBJECT], 1);
     valid("keda-prometheus", KEDA_SCALER, &[SCALED_OBJECT], 1);
     valid("adapter-config", ADAPTER_CONFIG, &[ADAPTER], 1);

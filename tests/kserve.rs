@@ -311,3 +311,85 @@ fn the_serving_runtime_serves_the_inference_service_name_to_kserve_and_triton_cl
         (queue::sum(&f, "vramfork_requests_total", &ok) == inferences).then_some(())
     });
 }
+
+/// An InferenceService as TorchServe's users write it (`modelFormat: pytorch`, no runtime
+/// named, a storageUri holding a TorchServe model store) is given this runtime (the format
+/// it declares at the highest priority), and the store is served as it is, on KServe v1
+/// under the InferenceService's name and the archive's. Run with free ports and the store in
+/// a temporary directory in place of `/mnt/models` (the namespaces of the test above are
+/// about the ports and the mount, which this one does not change).
+#[test]
+fn a_torchserve_inference_service_is_served_unchanged_by_the_pytorch_format() {
+    let runtime = yaml("deploy/kserve/servingruntime.yaml");
+    let isvc = yaml("deploy/kserve/inferenceservice-torchserve.yaml");
+    let model = &isvc["spec"]["predictor"]["model"];
+    assert!(
+        model.get("runtime").is_none(),
+        "the runtime is chosen by format"
+    );
+    let format = model["modelFormat"]["name"].as_str().unwrap();
+    let declared = runtime["spec"]["supportedModelFormats"].as_array().unwrap();
+    let ours = declared.iter().find(|f| f["name"] == format).unwrap();
+    assert_eq!(ours["autoSelect"], true);
+    // Above Triton's 1, as KServe's TorchServe runtime declares it.
+    assert!(ours["priority"].as_u64() >= Some(2), "{ours}");
+    let protocols = runtime["spec"]["protocolVersions"].as_array().unwrap();
+    assert!(protocols.contains(&Value::from("v1")), "{protocols:?}");
+
+    // The store, as TorchServe's KServe examples lay it out.
+    let art = common::made_once("make_torchserve.py", &[], "torchserve");
+    let store = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(store.path().join("model-store")).unwrap();
+    std::fs::create_dir_all(store.path().join("config")).unwrap();
+    std::fs::copy(
+        art.join("classifier.mar"),
+        store.path().join("model-store/small.mar"),
+    )
+    .unwrap();
+    std::fs::write(
+        store.path().join("config/config.properties"),
+        "inference_address=http://0.0.0.0:8085\nenable_envvars_config=true\n",
+    )
+    .unwrap();
+    let (mut args, env) = launch(&runtime, &isvc);
+    for a in &mut args {
+        *a = a
+            .replace("--port=8080", "--port=0")
+            .replace("--metrics-port=9100", "--metrics-port=0")
+            .replace("/mnt/models", &store.path().display().to_string());
+    }
+    let mut cmd = Command::new(app_bin());
+    cmd.args(&args).env_clear().envs(env.iter().cloned());
+    cmd.env("VRAMFORK_LOG", "info,vramfork::master=debug")
+        .env("VRAMFORK_WORKERS", "1")
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    let mut s = Server::spawn_command(cmd);
+    let listening = s.wait_event("listening", |_| true);
+    let addr = listening.str("addr").unwrap().to_string();
+    s.port = addr.rsplit(':').next().unwrap().parse().unwrap();
+    s.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = serde_json::json!({"instances": [{"data": b64}]}).to_string();
+    let isvc_name = isvc["metadata"]["name"].as_str().unwrap();
+    for name in [isvc_name, "small"] {
+        let r = common::raw(
+            s.port,
+            "POST",
+            &format!("/v1/models/{name}:predict"),
+            "Content-Type: application/json\r\n",
+            body.as_bytes(),
+        );
+        assert_eq!(
+            r.status,
+            200,
+            "{name}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let p = &r.json()["predictions"][0];
+        assert_eq!(p.as_object().map(|o| o.len()), Some(5), "{name}: {p}");
+        let ready = s.get(&format!("/v1/models/{name}"));
+        assert_eq!(ready.json()["ready"], true, "{name}: {ready:?}");
+    }
+}

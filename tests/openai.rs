@@ -499,7 +499,9 @@ fn models_are_listed_and_a_model_without_embeddings_is_a_404_naming_the_block() 
     assert_eq!(
         body,
         json!({"object": "list", "data": [{"id": "text-embedder", "object": "model",
-                                           "created": 0, "owned_by": "vramfork"}]})
+                                           "created": 0, "owned_by": "vramfork",
+                                           "name": "text-embedder", "ready": true}],
+               "models": ["text-embedder"]})
     );
     let (status, body) = call("GET", "/v1/models/text-embedder", b"", auth);
     assert_eq!(

@@ -8,7 +8,7 @@ Each round starts `app --production --workers 2 --torch-threads 1` from A and fr
 (the order alternating between rounds), for each request below, and runs wrk -t1 at c = 4 for
 4 s after a 1 s warm-up; the ratio of a round is B ÷ A of that round, and the figure quoted is
 the median of the rounds' ratios, so a slow minute of this shared machine hits both sides.
-Requests: the issue-40 MLP (JSON), the CIFAR-style CNN as JSON and as v2 binary, built by
+Requests: the MLP 64-256-256-16 (JSON), the CIFAR-style CNN as JSON and as v2 binary, built by
 `scripts/bench --only shapes` / `--only real` in bench/tmp (run those once first); and the
 smallest MLP and the CNN over gRPC (ModelInfer, the same values as raw FP32), through
 grpc_bench.py's client (tritonclient.grpc, 4 calls in flight on one channel, 4 s after 1 s):

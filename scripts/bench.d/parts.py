@@ -108,6 +108,10 @@ PARTS = [
     Part("grpc", 5, "gRPC (tritonclient.grpc) vs REST v2 binary (wrk) for the small MLP and the "
          "CNN, 2 workers x 1 torch thread, c=1/4/16: served ÷ the model's own loop; to "
          "bench/grpc.{json,md}", [PY, f"{D}/grpc_bench.py"], prepare=["cnn"]),
+    Part("torchserve", 5, "the same TorchServe archive (image_classifier, a small CNN) served by "
+         "TorchServe 0.12 (Java 17, 2 workers, its batching off and on) and by vramfork (2 "
+         "workers, batching off and on) on the same cores: req/s and p50/p99 at c=1/4/16, "
+         "cold start, PSS; to bench/torchserve.{json,md}", [PY, f"{D}/torchserve.py"]),
     Part("documents", 5, "text and image classification with documents pre-processed in the "
          "worker vs in the client sending tensors: docs/s at 1 and 4 clients; to "
          "bench/documents.{json,md}", [PY, f"{D}/documents.py"]),

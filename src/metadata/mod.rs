@@ -12,6 +12,7 @@
 //! | `rerank.rs` | the `rerank` block (cross-encoders: the rerank and score endpoints), the activations |
 //! | `classify.rs` | the `classify` block (sequence classifiers: the classify and predict endpoints) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
+//! | `torchserve.rs` | a TorchServe archive as `model`: read, and what it amounts to filled in |
 
 mod blocks;
 pub mod classify;
@@ -20,6 +21,7 @@ mod fields;
 pub mod rerank;
 mod shapes;
 mod signature;
+mod torchserve;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +74,8 @@ pub struct AppMetadata {
     pub classify: Option<classify::Classify>,
     /// `pin`: the server keeps its GPU room whatever its neighbours need (as `--pin`).
     pub pin: bool,
+    /// The TorchServe archive `model` names, when it names one (`crate::torchserve`).
+    pub archive: Option<crate::torchserve::Archive>,
 }
 
 /// The largest `max_batch_size` (metadata or `--max-batch-size`) accepted.
@@ -136,19 +140,26 @@ impl AppMetadata {
         near_miss::check("", &raw, &fields::KNOWN_FIELDS, &fields::FOREIGN_FIELDS)
             .map_err(field)?;
         fields::strings(&raw).map_err(field)?;
+        torchserve::settings(&raw).map_err(field)?;
         let model = fields::model(&raw, path).map_err(field)?;
+        let archive = torchserve::archive(&raw, model.as_deref()).map_err(field)?;
+        let view = torchserve::view(&raw, archive.as_ref());
+        let doc = view.as_ref().unwrap_or(&raw);
         let op_libraries = fields::op_libraries(&raw, path).map_err(field)?;
         let (est_gpu_mem_min, est_gpu_mem_typ) = fields::estimates(&raw).map_err(field)?;
-        let mut inputs = signature::inputs(&raw).map_err(field)?;
-        blocks::documents(&raw, inputs.as_deref_mut(), path).map_err(field)?;
-        let outputs = signature::declared(&raw, "outputs").map_err(field)?;
-        let labels = blocks::labels(&raw, outputs.as_deref(), path).map_err(field)?;
+        let mut inputs = signature::inputs(doc).map_err(field)?;
+        blocks::documents(doc, inputs.as_deref_mut(), path).map_err(field)?;
+        let outputs = signature::declared(doc, "outputs").map_err(field)?;
+        let mut labels = blocks::labels(doc, outputs.as_deref(), path).map_err(field)?;
+        if let Some(l) = archive.as_ref().and_then(|a| a.labels_block()) {
+            labels.entry(0).or_insert(l);
+        }
         let embeddings =
-            embeddings::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
-        let rerank = rerank::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+            embeddings::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let rerank = rerank::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let classify =
-            classify::parse(&raw, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
-        let max_batch_size = fields::max_batch_size(&raw).map_err(field)?;
+            classify::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
+        let max_batch_size = fields::max_batch_size(doc).map_err(field)?;
         let pin = fields::pin(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
@@ -183,13 +194,16 @@ impl AppMetadata {
             rerank,
             classify,
             pin,
+            archive,
         })
     }
 
     /// Likely mistakes that do not stop the start, for warnings (the plan's): `mean` or
-    /// `std` of an `image` block in 0–255 units.
+    /// `std` of an `image` block in 0–255 units; a TorchServe store's settings not applied.
     pub fn warnings(&self) -> Vec<String> {
         let inputs = self.inputs.as_deref().unwrap_or_default();
+        let archive = self.archive.iter();
+        let settings = archive.flat_map(|a| a.settings.not_applied.iter().cloned());
         inputs
             .iter()
             .enumerate()
@@ -199,6 +213,7 @@ impl AppMetadata {
                 }
                 _ => Vec::new(),
             })
+            .chain(settings)
             .collect()
     }
 

@@ -201,6 +201,7 @@ fn load(
         inline: batch.inline_passes,
     })
     .map_err(|e| (e.exit_code(), e.to_string()))?;
+    crate::model_archive::loaded(&cfg.model_path);
     let device = match info.cuda {
         Some(i) => format!("cuda:{i}"),
         None if cfg.simulated_gpu => "cpu (simulated GPU)".to_string(),

@@ -1,6 +1,6 @@
 //! The worker's configuration: [`WorkerConfig`] from `VRAMFORK_WORKER_CONFIG`, checked, plus
-//! the app metadata it carries. Any problem is one message; the worker exits with
-//! `worker_exit::CONFIG`.
+//! the app metadata it carries (a TorchServe archive's model unpacked, `model_archive.rs`).
+//! Any problem is one message; the worker exits with `worker_exit::CONFIG`.
 
 use std::path::Path;
 
@@ -13,7 +13,12 @@ pub fn from_env() -> Result<(WorkerConfig, AppMetadata), String> {
     let text = std::env::var(ENV_WORKER_CONFIG).map_err(|_| {
         format!("{ENV_WORKER_CONFIG} is not set (the master passes the worker's configuration as JSON there)")
     })?;
-    parse(&text)
+    let (mut cfg, metadata) = parse(&text)?;
+    if let Some(file) = crate::model_archive::unpacked(&cfg.model_path, metadata.archive.as_ref())?
+    {
+        cfg.model_path = file;
+    }
+    Ok((cfg, metadata))
 }
 
 pub fn parse(text: &str) -> Result<(WorkerConfig, AppMetadata), String> {

@@ -29,6 +29,7 @@ mod listener;
 mod memory;
 mod metrics;
 mod model;
+mod model_archive;
 mod observe;
 mod outgoing;
 mod process;

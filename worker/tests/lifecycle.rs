@@ -362,7 +362,7 @@ fn an_idle_keep_alive_connection_outlives_the_header_deadline() {
     assert_eq!((r.status, r.pid()), (200, w.pid()));
 }
 
-/// Issue 26: the request's X-Request-Id comes back on refusals too (here a 503 for waiting
+/// The request's X-Request-Id comes back on refusals too (here a 503 for waiting
 /// past `--max-queue-wait`), and a worker makes one for a request that has none.
 #[test]
 fn request_ids_come_back_on_refusals_and_are_made_when_missing() {

@@ -1,5 +1,6 @@
-//! What is served: the app metadata (`--metadata`), the model file (`--model`, over the
-//! metadata's `model`) and the model's v2 name (`--model-name`).
+//! What is served: the app metadata (`--metadata`; a TorchServe archive's own,
+//! `archive.rs`), the model file (`--model`, over the metadata's `model`) and the model's v2
+//! name (`--model-name`).
 
 use std::path::{Path, PathBuf};
 
@@ -35,8 +36,8 @@ impl App {
             Some(m) => absolute(Path::new(m)),
             None => absolute(Path::new(c.value("--metadata", None))),
         };
-        let metadata = AppMetadata::load(&metadata_path).map_err(|e| ConfigError(e.to_string()))?;
         let model_override = cli.model.as_deref().map(|m| absolute(Path::new(m)));
+        let metadata = super::archive::metadata(&metadata_path, model_override.as_deref())?;
         let model_path = model_override.clone().or_else(|| metadata.model.clone());
         if model_path.is_none() && !matches!(mode, Mode::Plan { measure: false, .. }) {
             return Err(ConfigError(format!(
@@ -55,7 +56,7 @@ impl App {
     /// This app with the metadata read again (SIGHUP); `--model` still wins.
     pub(super) fn reloaded(&self) -> Result<App, ConfigError> {
         let metadata =
-            AppMetadata::load(&self.metadata.path).map_err(|e| ConfigError(e.to_string()))?;
+            super::archive::metadata(&self.metadata.path, self.model_override.as_deref())?;
         let model_path = self
             .model_override
             .clone()

@@ -30,6 +30,7 @@
 
 mod access;
 mod app;
+mod archive;
 mod batching;
 mod checker;
 mod devices;
@@ -175,6 +176,8 @@ impl Config {
             None => Mode::Develop,
         };
         let app = App::check(&cli, mode, &c)?;
+        let mut cli = cli;
+        archive::defaults(&mut cli, &app.metadata);
         let address = Address::check(&cli, &c)?;
         let access = Access::check(&cli, address.metrics_port, &c)?;
         let limits = Limits::check(&cli, &c)?;

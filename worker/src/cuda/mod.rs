@@ -2,9 +2,13 @@
 //! and current allocated/reserved bytes, allocations failed for lack of memory), the
 //! device's free memory, resetting the peak, `empty_cache` and the per-process
 //! memory-fraction cap. Safe wrappers; without a GPU every call reports
-//! [`CudaError::NoCuda`].
+//! [`CudaError::NoCuda`]. How libtorch says a GPU allocation failed is `out_of_memory.rs`.
+
+mod out_of_memory;
 
 use std::ffi::c_int;
+
+pub use out_of_memory::is_out_of_memory;
 
 mod ffi {
     use std::ffi::c_int;

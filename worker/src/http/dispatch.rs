@@ -1,6 +1,6 @@
 //! The hyper service: every request routed to its handler (`root.rs` for `/` and
 //! `/healthz`, `v2/` for the Open Inference Protocol, `openai/` for `/v1/`: its refusals of
-//! token auth in OpenAI's shape too), every outcome an HTTP answer with
+//! token auth in OpenAI's shape too, `torchserve/` for TorchServe's paths, likewise; `kserve/` for v1's predict), every outcome an HTTP answer with
 //! `X-Worker-Pid`, `X-Request-Id` and the headers its [`Answer`] asks for; counted for
 //! `/metrics` and recorded in the access log when it is on.
 
@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response};
 
 use super::answer::{Answer, Body};
 use super::request::{endpoint_of, INFERENCE_HEADER};
-use super::{openai, rerank, root, v2};
+use super::{kserve, openai, rerank, root, torchserve, v2};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, key_given, Closer};
@@ -66,6 +66,7 @@ pub async fn handle(
         Ok(()) => route(req, &app).await.unwrap_or_else(Answer::from),
         Err(e) if rerank::owns(req.uri().path()) => rerank::refusal(req.uri().path(), e),
         Err(e) if openai::owns(req.uri().path()) => openai::refusal(e),
+        Err(e) if torchserve::owns(req.uri().path()) => torchserve::refusal(e),
         Err(e) => Answer::from(e),
     };
     if let Some((method, target, trace)) = access {
@@ -150,7 +151,7 @@ fn respond(
 }
 
 /// Paths open without a key: the health checks load balancers and probes call.
-const OPEN: [&str; 3] = ["/healthz", "/v2/health/live", "/v2/health/ready"];
+const OPEN: [&str; 4] = ["/healthz", "/v2/health/live", "/v2/health/ready", "/ping"];
 
 /// Token auth (`--api-key-file`), decided on the request head alone: a refused request's
 /// body is never read, and its connection closes.
@@ -175,7 +176,9 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         // and `/v1/classify`.
         (p, _) if rerank::owns(p) => Ok(rerank::route(req, app).await),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
+        (p, &Method::POST) if kserve::owns(p) => kserve::predict(req, app).await,
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),
+        (p, _) if torchserve::owns(p) => Ok(torchserve::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
         ("/healthz", _) => Err(ApiError::not_allowed(&method, &path, "GET")),
         _ => Err(ApiError::NotFound(format!("{method} {path}"))),

@@ -23,7 +23,7 @@ pub fn load(path: &str, device: Device, cap_bytes: Option<u64>) -> Result<CModul
         let msg = e.to_string();
         match (device, cap_bytes) {
             // Under a cap, running out of memory while loading means the weights do not fit.
-            (Device::Cuda(_), Some(cap)) if crate::runner::failure::is_out_of_memory(&msg) => {
+            (Device::Cuda(_), Some(cap)) if crate::cuda::is_out_of_memory(&msg) => {
                 LoadError::TooBig {
                     path: path.into(),
                     weights_mb: None,

@@ -4,6 +4,8 @@
 //! error: the worker serves on, once a check of the device says it can), or the model's own
 //! error; with the one line of the message a user can act on.
 
+use crate::cuda::is_out_of_memory;
+
 /// What a model request can end in, besides outputs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RunError {
@@ -33,30 +35,6 @@ pub enum RunError {
     #[error("the request's deadline passed before it could run")]
     Expired,
 }
-
-/// How libtorch 2.11 says a GPU allocation failed, on every allocator path (read from its
-/// libraries: `strings libc10_cuda.so`, `libtorch_cuda.so`, `libcudnn_graph.so.9`,
-/// `libcudart.so.13`): the native caching allocator and expandable segments ("CUDA out of
-/// memory. Tried to allocate …"), `backend:cudaMallocAsync` ("Allocation on device 0 would
-/// exceed allowed memory. (out of memory)"), a raw cudaMalloc through `C10_CUDA_CHECK`
-/// ("CUDA error: out of memory") or the driver API ("CUDA driver error: out of memory"),
-/// cuBLAS handle creation ("CUBLAS_STATUS_ALLOC_FAILED"), cuFFT plans ("CUFFT_ALLOC_FAILED"),
-/// cuSOLVER ("CUSOLVER_STATUS_ALLOC_FAILED") and cuDNN 9's device allocation
-/// ("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"; its *host* allocation failure is
-/// not GPU memory, and is a request error). tch hands over only the text
-/// (`c10::OutOfMemoryError`'s class never reaches it), so the text decides.
-const OOM_MARKS: &[&str] = &[
-    "CUDA out of memory",
-    "would exceed allowed memory",
-    "CUDA error: out of memory",
-    "CUDA driver error: out of memory",
-    "cudaErrorMemoryAllocation",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUFFT_ALLOC_FAILED",
-    "CUSOLVER_STATUS_ALLOC_FAILED",
-    "DEVICE_ALLOCATION_FAILED",
-    "OutOfMemoryError",
-];
 
 /// The CUDA errors after which the process's context cannot be used again — "sticky"
 /// errors, which the CUDA Runtime API's `cudaError_t` documents as leaving the process in an
@@ -95,16 +73,6 @@ const CUDA_MARKS: &[&str] = &[
     "cuFFT error",
     "CUSOLVER_STATUS",
 ];
-
-/// Whether a libtorch message says a GPU allocation failed ([`OOM_MARKS`]). cuBLAS's
-/// handle creation failing with `CUBLAS_STATUS_NOT_INITIALIZED` counts too: cuBLAS
-/// documents that status for `cublasCreate` as "usually caused by the lack of a prior
-/// cudaMalloc()" or a failed resource allocation, and under a full GPU it is how the
-/// first matmul of a fresh context fails (libtorch raises it from `createCublasHandle`).
-pub fn is_out_of_memory(msg: &str) -> bool {
-    OOM_MARKS.iter().any(|m| msg.contains(m))
-        || (msg.contains("CUBLAS_STATUS_NOT_INITIALIZED") && msg.contains("cublasCreate"))
-}
 
 /// Sorts a libtorch error into GPU memory exhausted, a sticky CUDA error, another CUDA
 /// error, or a model error.

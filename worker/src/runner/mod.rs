@@ -14,7 +14,7 @@
 pub mod batch;
 mod batcher;
 mod claim;
-pub mod failure;
+mod failure;
 mod info;
 mod inline;
 mod job;

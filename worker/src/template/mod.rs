@@ -117,6 +117,7 @@ fn load(cfg: &WorkerConfig, metadata: &AppMetadata) -> Result<(Model, f64, Warme
         }
     };
     let model_ms = start.elapsed().as_secs_f64() * 1e3;
+    crate::model_archive::loaded(&cfg.model_path);
     // The warm-up passes run on this thread alone (one intra-op thread, set above).
     let plan =
         crate::runner::Warmup::plan(metadata, cfg.batch.warmup_passes, cfg.batch.max_batch_size);

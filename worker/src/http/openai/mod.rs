@@ -2,7 +2,8 @@
 //! `OpenAIEmbeddings` work against a text model unchanged: `POST /v1/embeddings`
 //! (`embed.rs`: the request read by `request.rs` in one streaming pass, `walk.rs`, tokenized by `tokens.rs`, pooled by
 //! `vectors.rs`, as the model's `embeddings` block declares, `declaration.rs`), `GET
-//! /v1/models` and `GET /v1/models/{id}` (here). Every answer under `/v1/`, refusals
+//! /v1/models` and `GET /v1/models/{id}` (here; their answers are KServe v1's too, whose
+//! predict is `kserve/`'s). Every answer under `/v1/`, refusals
 //! included, is in OpenAI's shape (`error.rs`).
 
 pub mod declaration;
@@ -39,8 +40,9 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
     let done = match (path.as_str(), &method, model) {
         ("/v1/embeddings", &Method::POST, _) => embed::embeddings(req, app).await,
         ("/v1/embeddings", _, _) => Err(ApiError::not_allowed(&method, &path, "POST").into()),
+        // OpenAI's list, with KServe v1's `models` beside it: one answer both clients read.
         ("/v1/models", &Method::GET, _) => Ok(Answer::ok(
-            json!({"object": "list", "data": [model_object(app)]}),
+            json!({"object": "list", "data": [model_object(app)], "models": [app.model_name]}),
         )),
         (_, &Method::GET, Some(id)) => one_model(id, app),
         ("/v1/models", _, _) | (_, _, Some(_)) => {
@@ -55,13 +57,18 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
     done.unwrap_or_else(OaiError::answer)
 }
 
-/// The served model as OpenAI lists models: its name (`--model-name`, else the metadata's).
+/// The served model as OpenAI lists models: its name (`--model-name`, else the metadata's);
+/// with KServe v1's `name` and `ready` (`GET /v1/models/{name}`), which OpenAI's clients
+/// ignore.
 fn model_object(app: &App) -> Value {
-    json!({"id": app.model_name, "object": "model", "created": 0, "owned_by": "vramfork"})
+    json!({"id": app.model_name, "object": "model", "created": 0, "owned_by": "vramfork",
+           "name": app.model_name, "ready": !app.shared.get().stopping()})
 }
 
 fn one_model(id: &str, app: &App) -> Result<Answer, OaiError> {
-    if id != app.model_name {
+    // A TorchServe archive's own name too, as KServe v1's clients of its runtime call it.
+    let archive = app.metadata.archive.as_ref();
+    if id != app.model_name && archive.is_none_or(|a| a.model_name != id) {
         return Err(OaiError::new(
             StatusCode::NOT_FOUND,
             "model_not_found",

@@ -1,0 +1,128 @@
+//! TorchServe's default handlers, as the metadata blocks they amount to. `image_classifier`
+//! is torchvision's `Resize(256)`, `CenterCrop(224)`, `ToTensor()` and ImageNet's
+//! `Normalize` (an `image` block with `center_crop`, `shorter_side` 256), then a softmax
+//! and the top 5 classes (a `labels` block). Any other handler is Python code vramfork does
+//! not run: the metadata's `inputs` stand in for it, or the start is refused
+//! ([`custom_refusal`]).
+
+use serde_json::{json, Map, Value};
+
+use super::Archive;
+use crate::labels::Labels;
+
+/// The classes `image_classifier` answers (its `topk`).
+pub const TOP_K: usize = 5;
+/// ImageNet's statistics, as `image_classifier` normalises with them.
+pub const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+pub const STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// An archive's handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    /// `image_classifier`: served without Python.
+    ImageClassifier,
+    /// Any other: its model is served with the pre-processing the metadata declares.
+    Custom,
+}
+
+impl Handler {
+    /// The handler the manifest names (`image_classifier`, or the module path TorchServe
+    /// accepts for it).
+    pub fn of(name: &str) -> Handler {
+        let module = name.split(':').next().unwrap_or(name);
+        match module.trim_start_matches("ts.torch_handler.") {
+            "image_classifier" => Handler::ImageClassifier,
+            _ => Handler::Custom,
+        }
+    }
+}
+
+impl Archive {
+    /// The metadata document with what the handler amounts to filled in where the metadata
+    /// declares nothing: `image_classifier`'s image input and scores output (its labels are
+    /// [`Archive::labels_block`]).
+    pub fn filled(&self, raw: &Map<String, Value>) -> Map<String, Value> {
+        let mut view = raw.clone();
+        let declared = ["input", "inputs"].iter().any(|k| raw.contains_key(*k));
+        if self.handler != Handler::ImageClassifier || declared {
+            return view;
+        }
+        view.insert(
+            "inputs".into(),
+            json!([{
+                "name": "data",
+                "datatype": "BYTES",
+                "shape": [-1],
+                "image": {
+                    "size": [224, 224],
+                    "resize": "center_crop",
+                    "shorter_side": 256,
+                    "mean": MEAN,
+                    "std": STD,
+                }
+            }]),
+        );
+        if !raw.contains_key("outputs") {
+            let classes = self.labels.as_ref().map_or(-1, |l| l.len() as i64);
+            view.insert(
+                "outputs".into(),
+                json!([{"name": "output__0", "datatype": "FP32", "shape": [-1, classes]}]),
+            );
+        }
+        view
+    }
+
+    /// `image_classifier`'s post-processing as a `labels` block of the first output: the
+    /// softmax's top 5, named by `index_to_name.json`; without one, TorchServe names the
+    /// classes by index ([`by_index`], made once the output's width is known).
+    pub fn labels_block(&self) -> Option<Labels> {
+        if self.handler != Handler::ImageClassifier {
+            return None;
+        }
+        self.labels.clone().map(|names| Labels {
+            top_k: names.len().min(TOP_K),
+            names,
+            softmax: true,
+        })
+    }
+}
+
+/// `image_classifier`'s post-processing for an archive without class names: `classes`
+/// named by their index.
+pub fn by_index(classes: usize) -> Labels {
+    Labels {
+        names: (0..classes).map(|i| i.to_string()).collect(),
+        top_k: classes.min(TOP_K),
+        softmax: true,
+    }
+}
+
+/// The refusal of an archive whose handler is Python vramfork does not run, naming what
+/// to write in the metadata instead.
+pub fn custom_refusal(shown: &str, handler: &str) -> String {
+    let handler = if handler.is_empty() { "none" } else { handler };
+    format!(
+        "{shown}: its handler ({handler}) is Python code vramfork does not run (only `image_classifier` is served as it is). Declare what the handler's preprocess did as the model's `inputs` in the metadata — an `image` block for images (size, resize, mean, std), a `tokenizer` block for text, plain tensors otherwise — and its postprocess as `outputs` (a `labels` block for class names); the archive's model is then served with them (docs/migrating.md, \"Coming from TorchServe\", has the common handlers written out)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handler_names_as_torchserve_takes_them() {
+        assert_eq!(Handler::of("image_classifier"), Handler::ImageClassifier);
+        assert_eq!(
+            Handler::of("ts.torch_handler.image_classifier"),
+            Handler::ImageClassifier
+        );
+        assert_eq!(
+            Handler::of("image_classifier:handle"),
+            Handler::ImageClassifier
+        );
+        assert_eq!(Handler::of("handler.py"), Handler::Custom);
+        assert_eq!(Handler::of("text_classifier"), Handler::Custom);
+        assert_eq!(Handler::of(""), Handler::Custom);
+    }
+}

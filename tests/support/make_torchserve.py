@@ -1,0 +1,117 @@
+"""Makes the artefacts of tests/torchserve.rs in OUTDIR, on the spot: TorchServe model
+archives written as torch-model-archiver writes them (a zip: MAR-INF/MANIFEST.json, the
+serialized model, index_to_name.json), and the answers TorchServe's own handler gives.
+
+- classifier.mar: a small convolutional classifier (random weights, 10 classes), scripted,
+  with the default handler `image_classifier` and an index_to_name.json in ImageNet's form
+  ({"0": ["n01440764", "tench"]});
+- exported.mar: the same model as a torch.export program (.pt2);
+- plain.mar: the same model without index_to_name.json (TorchServe names classes by index);
+- custom.mar: the same model with a custom handler.py;
+- eager.mar: an eager model (model.py and a state dict, .pth);
+- cat.jpg, wide.png: images written by Pillow;
+- expected.json: what ts.torch_handler.image_classifier.ImageClassifier answers for each
+  image (its preprocess, the model, its postprocess), as TorchServe would return it.
+
+Usage: make_torchserve.py OUTDIR README
+"""
+import io
+import json
+import os
+import sys
+import zipfile
+
+import numpy as np
+import torch
+from PIL import Image
+from ts.torch_handler.image_classifier import ImageClassifier
+from ts.utils.util import load_label_mapping
+
+out = sys.argv[1]
+torch.manual_seed(0)
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 5, stride=4)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x)).mean(dim=(2, 3))
+        return self.fc(y) * 4.0
+
+
+model = Small().eval()
+scripted = torch.jit.script(model)
+buf = io.BytesIO()
+torch.jit.save(scripted, buf)
+model_pt = buf.getvalue()
+names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray",
+         "stingray", "cock", "hen", "ostrich"]
+index_to_name = {str(i): ["n%08d" % (1440764 + i), n] for i, n in enumerate(names)}
+
+
+def manifest(handler, serialized="model.pt", model_file=None):
+    m = {"modelName": "small", "serializedFile": serialized, "handler": handler,
+         "modelVersion": "1.0"}
+    if model_file:
+        m["modelFile"] = model_file
+    return json.dumps({"createdOn": "29/11/2026 06:00:00", "runtime": "python",
+                       "model": m, "archiverVersion": "0.12.0"}, indent=2)
+
+
+def mar(name, files):
+    with zipfile.ZipFile(os.path.join(out, name), "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, data in files.items():
+            z.writestr(arc, data)
+
+
+labels = json.dumps(index_to_name)
+mar("classifier.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier"),
+                       "model.pt": model_pt, "index_to_name.json": labels})
+# The same module as a torch.export program (.pt2), archived as TorchServe 0.12 archives one.
+program = torch.export.export(model, (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}})
+pt2 = io.BytesIO()
+torch.export.save(program, pt2)
+mar("exported.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier", "model.pt2"),
+                     "model.pt2": pt2.getvalue(), "index_to_name.json": labels})
+mar("plain.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier"), "model.pt": model_pt})
+mar("custom.mar", {"MAR-INF/MANIFEST.json": manifest("handler.py"), "model.pt": model_pt,
+                   "handler.py": "from ts.torch_handler.base_handler import BaseHandler\n"})
+state = io.BytesIO()
+torch.save(model.state_dict(), state)
+mar("eager.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier", "model.pth", "model.py"),
+                  "model.pth": state.getvalue(), "model.py": "import torch\n"})
+
+# Images: a photo-like gradient with noise (JPEG, 320x240) and a wide PNG.
+rng = np.random.default_rng(0)
+yy, xx = np.mgrid[0:240, 0:320]
+a = np.stack([xx * 255 // 320, yy * 255 // 240, (xx + yy) % 64 * 4], -1).astype(np.uint8)
+a = (a + rng.integers(0, 30, a.shape)).clip(0, 255).astype(np.uint8)
+Image.fromarray(a).save(os.path.join(out, "cat.jpg"), quality=90)
+yy, xx = np.mgrid[0:200, 0:500]
+b = np.stack([(xx * 7) % 256, (yy * 3) % 256, (xx * yy) % 256], -1).astype(np.uint8)
+Image.fromarray(b).save(os.path.join(out, "wide.png"))
+
+with open(os.path.join(out, "index_to_name.json"), "w") as f:
+    f.write(labels)
+expected = {}
+for mapping in ("labels", "index"):
+    handler = ImageClassifier()
+    handler.model = scripted
+    handler.device = torch.device("cpu")
+    handler.mapping = load_label_mapping(os.path.join(out, "index_to_name.json")) \
+        if mapping == "labels" else None
+    for f in ("cat.jpg", "wide.png"):
+        with open(os.path.join(out, f), "rb") as fh:
+            body = fh.read()
+        with torch.no_grad():
+            x = handler.preprocess([{"body": bytearray(body)}])
+            answer = handler.postprocess(handler.model(x))
+        expected.setdefault(mapping, {})[f] = answer[0]
+os.remove(os.path.join(out, "index_to_name.json"))
+with open(os.path.join(out, "expected.json"), "w") as f:
+    json.dump(expected, f)
+print(json.dumps({"ok": True}))
