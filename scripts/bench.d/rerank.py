@@ -13,15 +13,17 @@ weights and tokenizer (max_length 128) on two sides, each on 2 workers of 1 torc
 One query against 100 and 1,000 documents of mixed length (most one sentence, a tail cut at
 128 tokens), at c = 1, 4 and 16 clients (`--quick`: 100 documents only, one round). Neither
 side bounds a request's wait (vramfork's `--max-queue-wait 0`, LitServe's `timeout=False`).
-Before timing, both sides' scores for every document
-must agree within 1e-4 (else the bench stops: the sides would not be the same model).
+Before timing, both sides' scores for every document must agree within 1e-4 (else the bench
+stops: the sides would not be the same model).
 
-A request takes about a second for 100 documents and ten for 1,000 on these cores, longer
-than wrk's timeout once clients queue, so the load is a closed loop of Python threads (one
-keep-alive connection each, no timeout that matters), a fixed number of requests a run: each
-client sends its share in turn, the run's documents/s is the documents answered ÷ its wall
-time, and p50/p99 come from every request of the cell's runs. The sides run interleaved (the
-order alternating from round to round). Writes bench/rerank.{json,md}.
+A request of 100 documents takes seconds on two shared cores and one of 1,000 most of a
+minute, past wrk's timeout once clients queue, so the load is a closed loop of Python threads
+(one keep-alive connection each, no timeout that matters) with a fixed number of requests a
+run: each client sends its share in turn, the run's documents/s is the documents answered ÷
+its wall time, and p50/p99 come from every request of the cell's runs. The sides run
+interleaved (the order alternating from round to round). vramfork's access log says which
+worker answered each request (a keep-alive connection stays with the worker that accepted
+it). Writes bench/rerank.{json,md}.
 
 Usage: rerank.py --command CMD [--quick]
 """
