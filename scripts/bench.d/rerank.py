@@ -66,7 +66,7 @@ def post(conn, payload):
 
 def scores(port, query, docs):
     """{index: relevance_score} for every document, from one request."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
     try:
         status, got = post(c, body(query, docs))
     finally:
@@ -98,7 +98,7 @@ def load(port, payload, clients, per_client):
     lat, failed, lock = [], {}, threading.Lock()
 
     def client():
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
         try:
             for _ in range(per_client):
                 t0 = time.perf_counter()
