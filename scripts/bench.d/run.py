@@ -515,7 +515,8 @@ class Server:
         if metrics:
             cmd += ["--metrics-port", str(self.metrics_port)]
         cmd += list(extra)
-        self.app = App(cmd, self.log_path, env=env)
+        # `BIN` as this module holds it at the call: ab_builds.py points it at each build.
+        self.app = App(cmd, self.log_path, env=env, binary_dir=BIN)
         self.t0 = self.app.t0
         self.proc = self.app.proc
 

@@ -7,7 +7,7 @@ mod util;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use util::{config, Start, Worker, PATIENCE};
+use util::{config, ms, Start, Worker, PATIENCE};
 use vramfork::protocol::{worker_exit, ControlMsg, RetireReason};
 
 /// Iterations that outlast every test (~4 min).
@@ -95,7 +95,9 @@ fn sigterm_finishes_the_request_in_flight_then_exits_0() {
 #[test]
 fn sigint_exits_at_once() {
     // A graceful stop would wait 60 s for the request (which would run for minutes).
-    let mut w = Worker::ready(config("slow", |c| c["graceful_timeout_ms"] = json!(60_000)));
+    let mut w = Worker::ready(config("slow", |c| {
+        c["limits"]["graceful_timeout"] = ms(60_000)
+    }));
     let mut c = w.connect();
     c.send("POST", "/", &[], slow(FOREVER).as_bytes());
     w.wait_in_flight(1);
@@ -113,7 +115,7 @@ fn sigint_exits_at_once() {
 
 #[test]
 fn a_request_past_the_timeout_gets_504_and_the_worker_retires() {
-    let mut w = Worker::ready(config("slow", |c| c["request_timeout_ms"] = json!(800)));
+    let mut w = Worker::ready(config("slow", |c| c["limits"]["request_timeout"] = ms(800)));
     // Two keep-alive connections while idle: B will be mid-request when A times out.
     let mut a = w.connect();
     assert_eq!(a.request("GET", "/healthz", "").status, 200);
@@ -328,7 +330,7 @@ fn a_silent_client_neither_stalls_the_worker_nor_outlives_the_header_deadline() 
 
 #[test]
 fn a_request_waiting_for_the_model_past_max_queue_wait_is_refused_at_once() {
-    let mut w = Worker::ready(config("slow", |c| c["max_queue_wait_ms"] = json!(300)));
+    let mut w = Worker::ready(config("slow", |c| c["limits"]["max_queue_wait"] = ms(300)));
     // Two keep-alive connections, both taken while the worker was idle.
     let mut a = w.connect();
     assert_eq!(a.request("GET", "/healthz", "").status, 200);
@@ -366,7 +368,7 @@ fn an_idle_keep_alive_connection_outlives_the_header_deadline() {
 /// past `--max-queue-wait`), and a worker makes one for a request that has none.
 #[test]
 fn request_ids_come_back_on_refusals_and_are_made_when_missing() {
-    let mut w = Worker::ready(config("slow", |c| c["max_queue_wait_ms"] = json!(300)));
+    let mut w = Worker::ready(config("slow", |c| c["limits"]["max_queue_wait"] = ms(300)));
     let mut a = w.connect();
     assert_eq!(a.request("GET", "/healthz", "").status, 200);
     let mut b = w.connect();

@@ -22,6 +22,11 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
 }
 
+/// A duration of `n` milliseconds as the configuration carries one.
+pub fn ms(n: u64) -> Value {
+    json!({"secs": n / 1000, "nanos": (n % 1000) * 1_000_000})
+}
+
 /// A worker configuration for fixture `name` (`tests/fixtures/<name>.json`), with `tweak`
 /// applied to the JSON.
 pub fn config(name: &str, tweak: impl FnOnce(&mut Value)) -> Value {
@@ -33,9 +38,22 @@ pub fn config(name: &str, tweak: impl FnOnce(&mut Value)) -> Value {
         "slot": 7, "generation": 0,
         "metadata_json": md, "metadata_path": md_path,
         "model_path": model_path, "device": "cpu", "gpu": null,
-        "max_requests": 0, "max_worker_gpu_mb": null, "max_body_bytes": 4096,
-        "request_timeout_ms": 20000, "heartbeat_ms": 200, "graceful_timeout_ms": 10000,
-        "torch_threads": 1, "nvml_library": null, "has_control": true, "log_json": false
+        "max_requests": 0, "max_worker_gpu_mb": null, "heartbeat_ms": 200,
+        "torch_threads": 1, "nvml_library": null, "has_control": true,
+        // The master's configuration groups, as it sends them (`master::worker_config`).
+        "limits": {
+            "max_requests": 0, "max_requests_jitter": 0, "timeout": ms(30_000),
+            "boot_timeout": ms(60_000), "graceful_timeout": ms(10_000),
+            "request_timeout": ms(20_000), "max_queue_wait": null, "max_body_bytes": 4096
+        },
+        "batch": {
+            "max_batch_size": 0, "max_batch_size_override": null,
+            "batch_timeout": ms(0), "warmup_passes": 2, "inline_passes": true
+        },
+        "host_memory": {"max_worker_memory_mb": null, "memory_cgroup": null},
+        "access": {"api_key_file": null, "metrics_api_key_file": null, "tls": null},
+        "log": {"json": false, "access_log": false},
+        "tracing": {"export": null}
     });
     tweak(&mut cfg);
     cfg
