@@ -264,7 +264,7 @@ def write(a, max_length, rows, worst):
           f"The sides' scores agree within {worst:.1e}. Documents/s: the median run's; p50/p99: "
           "over every request of the cell (few requests: p99 is near the slowest).\n",
           "| documents | c | requests × runs | vramfork (docs/s, p50 ms, p99 ms) | "
-          "Python (docs/s, p50 ms, p99 ms) | vramfork ÷ Python | vramfork's requests by worker |",
+          "Python (docs/s, p50 ms, p99 ms) | vramfork ÷ Python | vramfork's requests, worker 0 / 1 |",
           "|---:|---:|---|---|---|---:|---|"]
     for r in rows:
         def side(k):
@@ -273,7 +273,7 @@ def write(a, max_length, rows, worst):
                     + (f" ({s['failed']} failed)" if s["failed"] else ""))
         md.append(f"| {r['docs']} | {r['c']} | {r['requests_per_run']} × {r['reps']} | "
                   f"{side('vramfork')} | {side('python')} | **{fmt(r['ratio'])}** | "
-                  f"{' / '.join(str(v) for v in r['vramfork']['by_worker'].values()) or '—'} |")
+                  f"{' / '.join(str(r['vramfork']['by_worker'].get(str(w), 0)) for w in (0, 1))} |")
     with open(os.path.join(OUT, "rerank.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
