@@ -44,7 +44,7 @@ PREPARE = {
                "mlp1024", "conv1d", "attention"],
 }
 # torchvision and transformers, pinned to match torch 2.11.0 (bench only), installed when the
-# import above fails; the same for the embeddings part's Python server.
+# import above fails; the same for the embeddings and rerank parts' Python servers.
 LIBRARIES = {
     "real-libraries": ["torchvision==0.26.0", "transformers==4.57.1"],
     "embeddings-libraries": ["litserve==0.2.19", "sentence-transformers==5.7.0",
@@ -142,6 +142,13 @@ PARTS = [
          "c=1/4/16, interleaved, and aiperf --endpoint-type embeddings at c=4/16; to "
          "bench/embeddings.{json,md}", [PY, f"{D}/embeddings.py"],
          prepare=["embeddings-libraries", "aiperf"]),
+    Part("rerank", 45, "documents reranked a second through /v1/rerank (Jina/Cohere v1) "
+         "beside sentence-transformers' CrossEncoder behind LitServe taking the same body, a "
+         "MiniLM-L6-shaped cross-encoder, one query against 100 and 1,000 documents of mixed "
+         "length, c=1/4/16 closed-loop clients, interleaved: docs/s, p50/p99; --quick: 100 "
+         "documents only, about 7 minutes; 16 clients of 1,000 documents are most of the "
+         "full form's time on 2 cores; to bench/rerank.{json,md}", [PY, f"{D}/rerank.py"], 5400,
+         prepare=["embeddings-libraries"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "
