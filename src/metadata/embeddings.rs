@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value};
 
+use super::output_choice::output;
 use super::signature::TensorSpec;
 use crate::documents::Document;
 
@@ -71,7 +72,11 @@ pub(super) fn parse(
         normalize: flag(block, "normalize")?,
         matryoshka: flag(block, "matryoshka")?,
         token_ids: flag(block, "token_ids")?,
-        output: output(block.get("output"), outputs.unwrap_or_default())?,
+        output: output(
+            "embeddings",
+            block.get("output"),
+            outputs.unwrap_or_default(),
+        )?,
     }))
 }
 
@@ -83,30 +88,6 @@ fn flag(block: &Map<String, Value>, name: &str) -> Result<bool, String> {
             "field `embeddings.{name}` is {v}; it takes true or false"
         )),
     }
-}
-
-fn output(given: Option<&Value>, declared: &[TensorSpec]) -> Result<usize, String> {
-    let Some(v) = given.filter(|v| !v.is_null()) else {
-        return Ok(0);
-    };
-    let found = match (v.as_u64(), v.as_str()) {
-        (Some(i), _) if declared.is_empty() || (i as usize) < declared.len() => Some(i as usize),
-        (_, Some(name)) => declared.iter().position(|o| o.name == name),
-        _ => None,
-    };
-    found.ok_or_else(|| {
-        format!(
-            "field `embeddings.output` is {v}; it takes the position of one of the model's outputs{}",
-            if declared.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " (0 to {}) or the name of a declared one",
-                    declared.len() - 1
-                )
-            }
-        )
-    })
 }
 
 #[cfg(test)]

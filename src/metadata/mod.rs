@@ -10,6 +10,7 @@
 //! | `blocks.rs` | an entry's `tokenizer`/`image` (inputs) and `labels` (outputs) blocks |
 //! | `embeddings.rs` | the `embeddings` block (OpenAI's `/v1/embeddings`) |
 //! | `rerank.rs` | the `rerank` block (cross-encoders: the rerank and score endpoints), the activations |
+//! | `output_choice.rs` | which of the model's outputs a block reads (`output`: a position or a declared name) |
 //! | `classify.rs` | the `classify` block (sequence classifiers: the classify and predict endpoints) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
 //! | `torchserve.rs` | a TorchServe archive as `model`: read, and what it amounts to filled in |
@@ -18,6 +19,7 @@ mod blocks;
 pub mod classify;
 pub mod embeddings;
 mod fields;
+mod output_choice;
 pub mod rerank;
 mod shapes;
 mod signature;

@@ -13,6 +13,7 @@
 
 use serde_json::{Map, Value};
 
+pub(super) use super::output_choice::output;
 use super::signature::TensorSpec;
 use crate::documents::Document;
 
@@ -194,35 +195,6 @@ fn whole(at: &str, v: Option<&Value>, min: u64, max: u64) -> Result<Option<u64>,
             )),
         },
     }
-}
-
-/// The output `name.output` names: a position, or a declared output's name.
-pub(super) fn output(
-    name: &str,
-    given: Option<&Value>,
-    declared: &[TensorSpec],
-) -> Result<usize, String> {
-    let Some(v) = given.filter(|v| !v.is_null()) else {
-        return Ok(0);
-    };
-    let found = match (v.as_u64(), v.as_str()) {
-        (Some(i), _) if declared.is_empty() || (i as usize) < declared.len() => Some(i as usize),
-        (_, Some(n)) => declared.iter().position(|o| o.name == n),
-        _ => None,
-    };
-    found.ok_or_else(|| {
-        format!(
-            "field `{name}.output` is {v}; it takes the position of one of the model's outputs{}",
-            if declared.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " (0 to {}) or the name of a declared one",
-                    declared.len() - 1
-                )
-            }
-        )
-    })
 }
 
 #[cfg(test)]
