@@ -191,6 +191,17 @@ pub trait Row {
     fn values(&self, feed: Feed) -> &[u32];
 }
 
+/// A row borrowed is the row (a door's passes take its rows where they lie).
+impl<R: Row> Row for &R {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn values(&self, feed: Feed) -> &[u32] {
+        (**self).values(feed)
+    }
+}
+
 impl Row for Encoding {
     fn len(&self) -> usize {
         Encoding::len(self)

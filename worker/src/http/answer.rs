@@ -94,3 +94,16 @@ pub fn server_timing((pre, fwd): (std::time::Duration, std::time::Duration)) -> 
 pub fn json_bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec())
 }
+
+/// OpenAI's error class for a status (`error.type`): the `/v1/` doors and the rerank doors
+/// that answer in OpenAI's shape.
+pub fn openai_error_type(status: hyper::StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        500..=599 => "server_error",
+        _ => "invalid_request_error",
+    }
+}

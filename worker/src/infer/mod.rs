@@ -20,6 +20,7 @@ pub mod classification;
 pub mod deadline;
 mod pass;
 mod preprocess;
+mod text_passes;
 pub mod v2;
 
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use crate::observe::access_log::Trace;
 pub use crate::runner::{Encoding, OutTensor, RunError, RunOutput, Wanted};
 pub use admitted::{Admitted, Done, Handoff, Ran, Working};
 pub use deadline::{Deadline, MAX_TIMEOUT_S};
+pub use text_passes::text_passes;
 
 /// What the pipeline needs of a model request besides its body, whatever its protocol.
 #[derive(Clone)]

@@ -14,7 +14,6 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use serde::Serialize;
-use vramfork::documents::Padding;
 
 use super::declaration::{self, Declaration};
 use super::error::OaiError;
@@ -22,14 +21,12 @@ use super::request::{self, Format, Input, Rules};
 use super::tokens::{tokenize, Tokenized};
 use super::vectors::{base64, finish, Output};
 use crate::app::App;
-use crate::args::Inputs;
-use crate::documents::passes::{by_length, tokens};
 use crate::documents::text::Row;
 use crate::documents::DocError;
 use crate::error::ApiError;
 use crate::http::answer::Answer;
 use crate::http::request::{admit, meta_of, refuse};
-use crate::infer::{Admitted, Encoding, Meta, Parsed, Wanted, Working};
+use crate::infer::{text_passes, Admitted, Meta, Working};
 use crate::observe::access_log::Tokenize;
 
 /// The header saying how many inputs were cut to the model's `max_length`.
@@ -201,10 +198,9 @@ async fn tokenized(
     }
 }
 
-/// The rows run in passes of at most `max_batch_size` (without batching, the text input's
-/// `max_documents`), shortest rows first (`documents/passes.rs`), each pooled into one
-/// vector per row, answered in the request's order; with whether the request was the
-/// worker's last.
+/// The rows run in passes through the core (`infer::text_passes`: shortest rows first),
+/// each pooled into one vector per row, answered in the request's order; with whether the
+/// request was the worker's last.
 async fn passes(
     app: &App,
     admitted: &mut Admitted<'_>,
@@ -212,58 +208,26 @@ async fn passes(
     rows: Vec<super::tokens::Tokens>,
     lengths: &[usize],
 ) -> Result<(Vec<Vec<f32>>, Duration, bool), OaiError> {
-    let docs = app.documents.as_ref().expect("tokenized on the documents");
-    let text = docs.text(0).expect("a text input");
-    let per_pass = match app.metadata.max_batch_size {
-        0 => text.spec().max_documents,
-        n => n as usize,
-    }
-    .max(1);
-    let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
     let mut vectors = vec![Vec::new(); rows.len()];
-    let mut rows: Vec<Option<super::tokens::Tokens>> = rows.into_iter().map(Some).collect();
-    let mut forward = Duration::ZERO;
-    for pass in by_length(lengths, per_pass) {
-        let chunk: Vec<_> = pass.iter().filter_map(|&i| rows[i].take()).collect();
-        let lengths: Vec<usize> = pass.iter().map(|&i| lengths[i]).collect();
-        if let Some(m) = &app.metrics {
-            let (real, padded) = tokens(lengths.iter().copied(), width);
-            m.text_tokens(real, padded);
-        }
-        let inputs = Inputs {
-            args: text.feeds(&chunk),
-        };
-        drop(chunk);
-        let wanted = Wanted {
-            outputs: Some(vec![decl.output.clone()]),
-            declared: app.metadata.outputs.clone(),
-        };
-        let out = admitted
-            .run_made(Parsed {
-                inputs,
-                encoding: Encoding::Tensors(wanted),
-                timeout: None,
-                extra: (),
-            })
-            .await?
-            .out;
-        let failed = |e: String| {
-            OaiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "output_error",
-                format!("{e}; see the `embeddings` block in docs/metadata.md"),
-            )
-        };
-        let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let failed = |e: String| {
+        OaiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "output_error",
+            format!("{e}; see the `embeddings` block in docs/metadata.md"),
+        )
+    };
+    let forward = text_passes(app, admitted, &rows, &decl.output, |pass, tensors| {
         let one = tensors
             .first()
             .ok_or_else(|| failed("the model returned no output".into()))?;
         let output = Output::read(one).map_err(failed)?;
+        let lengths: Vec<usize> = pass.iter().map(|&i| lengths[i]).collect();
         let pooled = output.pool(decl.pooling, &lengths).map_err(failed)?;
         for (&i, v) in pass.iter().zip(pooled) {
             vectors[i] = v;
         }
-        forward += out.forward;
-    }
+        Ok::<_, OaiError>(())
+    })
+    .await?;
     Ok((vectors, forward, admitted.claim()))
 }

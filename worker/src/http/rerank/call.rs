@@ -13,18 +13,15 @@ use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Request, StatusCode};
 use tokenizers::Encoding;
-use vramfork::documents::{Feed, Padding};
 
 use super::declaration::{self, Declaration, Need};
 use super::refusal::Refusal;
 use crate::app::App;
-use crate::args::Inputs;
 use crate::documents::pair::PairError;
-use crate::documents::passes::{by_length, tokens};
 use crate::documents::DocError;
 use crate::http::answer::Answer;
 use crate::http::request::{self, meta_of, refuse};
-use crate::infer::{Admitted, Encoding as Wire, OutTensor, Parsed, Wanted, Working};
+use crate::infer::{text_passes, Admitted, OutTensor, Working};
 use crate::observe::access_log::Tokenize;
 use vramfork::metadata::{Datatype, Dtype};
 
@@ -262,49 +259,18 @@ impl Call<'_> {
         app: &App,
         rows: Vec<Encoding>,
     ) -> Result<(Vec<Vec<f32>>, Duration), Refusal> {
-        let docs = app.documents.as_ref().expect("tokenized on the documents");
-        let text = docs.text(0).expect("a text input");
-        let per_pass = match app.metadata.max_batch_size {
-            0 => text.spec().max_documents,
-            n => n as usize,
-        }
-        .max(1);
-        let lengths: Vec<usize> = rows.iter().map(Encoding::len).collect();
-        let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
         let mut logits = vec![Vec::new(); rows.len()];
-        let mut forward = Duration::ZERO;
-        for chunk in by_length(&lengths, per_pass) {
-            if let Some(m) = &app.metrics {
-                let (real, padded) = tokens(chunk.iter().map(|&i| lengths[i]), width);
-                m.text_tokens(real, padded);
-            }
-            let pass: Vec<&Encoding> = chunk.iter().map(|&i| &rows[i]).collect();
-            let inputs = Inputs {
-                args: text.feeds(&pass),
-            };
-            let wanted = Wanted {
-                outputs: Some(vec![self.decl.output.clone()]),
-                declared: app.metadata.outputs.clone(),
-            };
-            let out = self
-                .admitted
-                .run_made(Parsed {
-                    inputs,
-                    encoding: Wire::Tensors(wanted),
-                    timeout: None,
-                    extra: (),
-                })
-                .await?
-                .out;
-            let tensors = out.outputs.tensors().map_err(crate::error::ApiError::Run)?;
+        let output = self.decl.output.clone();
+        let forward = text_passes(app, &mut self.admitted, &rows, &output, |pass, tensors| {
             let one = tensors
                 .first()
                 .ok_or_else(|| failed("the model returned no output".into()))?;
-            for (row, i) in rows_of(one, chunk.len())?.into_iter().zip(chunk) {
+            for (row, &i) in rows_of(one, pass.len())?.into_iter().zip(pass) {
                 logits[i] = row;
             }
-            forward += out.forward;
-        }
+            Ok::<_, Refusal>(())
+        })
+        .await?;
         Ok((logits, forward))
     }
 }
@@ -346,15 +312,5 @@ fn rows_of(t: &OutTensor, rows: usize) -> Result<Vec<Vec<f32>>, Refusal> {
         s => Err(failed(format!(
             "the output has shape {s:?} for {rows} rows; scores are read from [rows] or [rows, logits]"
         ))),
-    }
-}
-
-impl crate::documents::text::Row for &Encoding {
-    fn len(&self) -> usize {
-        Encoding::len(self)
-    }
-
-    fn values(&self, feed: Feed) -> &[u32] {
-        <Encoding as crate::documents::text::Row>::values(self, feed)
     }
 }

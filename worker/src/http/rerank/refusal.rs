@@ -53,14 +53,7 @@ impl Refusal {
 
     /// OpenAI's error class for a status.
     fn openai_type(&self) -> &'static str {
-        match self.status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            429 => "rate_limit_error",
-            500..=599 => "server_error",
-            _ => "invalid_request_error",
-        }
+        crate::http::answer::openai_error_type(self.status)
     }
 
     /// TEI's error class for a status.

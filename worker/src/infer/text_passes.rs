@@ -1,0 +1,63 @@
+//! A request's token rows for the model's one text input, run through the core in passes of
+//! at most `max_batch_size` rows (without batching, the input's `max_documents`), shortest
+//! rows first (`documents/passes.rs`), the tokens of each pass counted
+//! (`vramfork_text_tokens_total`). The text doors (`/v1/embeddings`, rerank, score,
+//! classify) read each pass's one output their own way.
+
+use std::time::Duration;
+
+use vramfork::documents::Padding;
+
+use super::{Admitted, Encoding, OutTensor, Parsed, Wanted};
+use crate::app::App;
+use crate::args::Inputs;
+use crate::documents::passes::{by_length, tokens};
+use crate::documents::text::Row;
+use crate::error::ApiError;
+
+/// Runs `rows` in passes asking for the model's output `output`; `each` gets a pass's rows
+/// (indices into `rows`, shortest first) and its outputs. Returns the passes' forward time.
+pub async fn text_passes<R: Row, E: From<ApiError>>(
+    app: &App,
+    admitted: &mut Admitted<'_>,
+    rows: &[R],
+    output: &str,
+    mut each: impl FnMut(&[usize], Vec<OutTensor>) -> Result<(), E>,
+) -> Result<Duration, E> {
+    let docs = app.documents.as_ref().expect("tokenized on the documents");
+    let text = docs.text(0).expect("a text input");
+    let per_pass = match app.metadata.max_batch_size {
+        0 => text.spec().max_documents,
+        n => n as usize,
+    }
+    .max(1);
+    let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
+    let lengths: Vec<usize> = rows.iter().map(Row::len).collect();
+    let mut forward = Duration::ZERO;
+    for pass in by_length(&lengths, per_pass) {
+        if let Some(m) = &app.metrics {
+            let (real, padded) = tokens(pass.iter().map(|&i| lengths[i]), width);
+            m.text_tokens(real, padded);
+        }
+        let chunk: Vec<&R> = pass.iter().map(|&i| &rows[i]).collect();
+        let inputs = Inputs {
+            args: text.feeds(&chunk),
+        };
+        let wanted = Wanted {
+            outputs: Some(vec![output.to_string()]),
+            declared: app.metadata.outputs.clone(),
+        };
+        let out = admitted
+            .run_made(Parsed {
+                inputs,
+                encoding: Encoding::Tensors(wanted),
+                timeout: None,
+                extra: (),
+            })
+            .await?
+            .out;
+        forward += out.forward;
+        each(&pass, out.outputs.tensors().map_err(ApiError::Run)?)?;
+    }
+    Ok(forward)
+}
