@@ -92,6 +92,8 @@ impl MasterMetrics {
                 footprint_measured_mb: plan.measured_mb,
                 footprint_planned_mb: plan.planned_typ_mb,
                 footprint_observed_mb: None,
+                pass_peak_warmup: None,
+                pass_peak_observed: None,
             },
             ..State::default()
         };
@@ -134,6 +136,19 @@ impl MasterMetrics {
         self.with(|s| {
             s.plan.host_bound = Some(bound);
             s.plan.workers = workers;
+        });
+    }
+
+    /// How far the template's resident set rose over its warm-up passes, in bytes.
+    pub fn warmup_pass_peak(&self, bytes: u64) {
+        self.with(|s| s.plan.pass_peak_warmup = Some(bytes));
+    }
+
+    /// How far a worker's resident set rose above its figure when ready, over its passes:
+    /// the highest seen is kept.
+    pub fn serving_pass_peak(&self, bytes: u64) {
+        self.with(|s| {
+            s.plan.pass_peak_observed = Some(s.plan.pass_peak_observed.unwrap_or(0).max(bytes))
         });
     }
 

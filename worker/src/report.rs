@@ -87,6 +87,8 @@ impl Source for DevSource {
                 footprint_measured_mb: None,
                 footprint_planned_mb: self.cfg.planned_typ_mb,
                 footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
+                pass_peak_warmup: None,
+                pass_peak_observed: app.serving_peak.read().map(|p| p.rise),
             },
             idle: Default::default(),
             // Development mode reserves nothing in a ledger.

@@ -115,6 +115,9 @@ impl Supervisor {
                     passes_peak,
                 } => {
                     self.host.own_memory(st, own_memory);
+                    if let (Some(m), Some(p)) = (&self.metrics, passes_peak) {
+                        m.serving_pass_peak(p.rise);
+                    }
                     self.serving_measured(st, passes_peak);
                     st.allocator = allocator_peak.zip(allocator_reserved);
                     st.footprint = footprint;

@@ -94,6 +94,11 @@ pub struct PlanGauges {
     pub footprint_measured_mb: Option<u64>,
     pub footprint_planned_mb: u64,
     pub footprint_observed_mb: Option<u64>,
+    /// How far a worker's passes take its resident set, in bytes: as the template's warm-up
+    /// measured it (what the host-memory plan is made from), and the most any worker's rose
+    /// serving (above its figure when ready).
+    pub pass_peak_warmup: Option<u64>,
+    pub pass_peak_observed: Option<u64>,
 }
 
 /// Requests waiting for a model, now: the `queue` rows of `vramfork_requests_waiting`.

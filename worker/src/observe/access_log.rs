@@ -37,6 +37,8 @@ pub struct Trace {
     model_us: AtomicU64,
     /// Requests in the pass it ran in (1: alone); 0 until known.
     batch: AtomicU32,
+    /// The tokens of its pass's text rows, real and padded (`u64::MAX`: not a text pass).
+    tokens: [AtomicU64; 2],
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
     /// The pass it shared with other requests, when it was batched.
@@ -94,6 +96,7 @@ impl Default for Trace {
             inline: std::sync::atomic::AtomicBool::new(false),
             pass: Mutex::new(None),
             earlier: Mutex::new(Vec::new()),
+            tokens: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             tokenized: std::sync::OnceLock::new(),
             preprocessed: std::sync::OnceLock::new(),
         }
@@ -111,6 +114,9 @@ impl Trace {
     pub fn started(&self, waited: Duration, began: Duration) {
         if let Some(done) = self.timing() {
             self.model_us.store(u64::MAX, Ordering::Relaxed);
+            for t in &self.tokens {
+                t.store(u64::MAX, Ordering::Relaxed);
+            }
             *self.pass.lock().unwrap_or_else(|p| p.into_inner()) = None;
             self.earlier
                 .lock()
@@ -160,6 +166,10 @@ impl Trace {
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
             pass: self.pass.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            tokens: match self.tokens.each_ref().map(|t| t.load(Ordering::Relaxed)) {
+                [u64::MAX, _] | [_, u64::MAX] => None,
+                [real, padded] => Some((real, padded)),
+            },
         })
     }
 
@@ -200,6 +210,12 @@ impl Trace {
         all
     }
 
+    /// Its last pass (a text pass) held `real` tokens, `padded` once padded.
+    pub fn pass_tokens(&self, real: u64, padded: u64) {
+        self.tokens[0].store(real, Ordering::Relaxed);
+        self.tokens[1].store(padded, Ordering::Relaxed);
+    }
+
     /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
     /// `pass`: the pass, when it was batched.
     pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<SharedPass>>) {
@@ -228,6 +244,8 @@ pub struct Timing {
     pub inline: bool,
     /// The pass, when it was batched: its span is the pass's own (`spans/pass.rs`).
     pub pass: Option<Arc<SharedPass>>,
+    /// A text pass's tokens, real and padded (`infer::text_passes`).
+    pub tokens: Option<(u64, u64)>,
 }
 
 /// One answered request.

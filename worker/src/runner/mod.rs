@@ -19,6 +19,7 @@ mod info;
 mod inline;
 mod job;
 mod ops;
+pub mod parts;
 mod shared_pass;
 mod tensors;
 pub mod v2out;
@@ -316,6 +317,7 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
 
 /// The input's move to the device and the forward pass, under `no_grad`.
 fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
+    parts::note(args);
     let args = args
         .iter()
         .map(|a| tensors::to_ivalue(a, device))
@@ -392,7 +394,7 @@ fn forward(
     encoding: &Encoding,
 ) -> Result<RunOutput, RunError> {
     let start = Instant::now();
-    let out = pass(module, device, &input.args)?;
+    let out = parts::pass(module, device, &input.args)?;
     let outputs = encode(&out, encoding)?;
     drop(out);
     let gpu_reserved = reserved(device);

@@ -358,10 +358,20 @@ fn children(
         child("queue", queued, ran, &[]);
         // A batched pass is one span of its own (`pass.rs`), not a child of each member.
         if t.pass.is_none() {
-            let attributes = [
+            let mut attributes = vec![
                 ("vramfork.batch.size", Value::Int(t.batch.into())),
                 ("vramfork.inline", Value::Bool(t.inline)),
             ];
+            if let Some((real, padded)) = t.tokens {
+                attributes.extend([
+                    ("vramfork.pass.tokens", Value::Int(real as i64)),
+                    ("vramfork.pass.padded_tokens", Value::Int(padded as i64)),
+                    (
+                        "vramfork.pass.padding_efficiency",
+                        Value::Double(real as f64 / padded.max(1) as f64),
+                    ),
+                ]);
+            }
             child("forward", ran, ended, &attributes);
         }
         done = Some(ended);
