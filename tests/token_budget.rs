@@ -251,3 +251,60 @@ fn a_budget_the_warm_up_cannot_run_is_refused_and_the_default_is_lowered_to_what
         s.log_text()
     );
 }
+
+#[test]
+fn batched_requests_share_a_pass_only_within_the_budget_each_answer_its_own() {
+    // Eight rows a batch, 40 tokens a pass: concurrent one-document requests of 1 to 60
+    // words (cut at 32 tokens) meet in batches, none past the budget once padded together.
+    let app = app(
+        "long.pt",
+        32,
+        64,
+        json!({"max_batch_size": 8, "max_batch_tokens": 40}),
+    );
+    let s = serve(&app, &["--batch-timeout-ms", "20"]);
+    let docs = documents(48, 60);
+    let alone: Vec<Value> = docs
+        .iter()
+        .map(|d| embed(&s, json!(d))["data"][0]["embedding"].clone())
+        .collect();
+    let port = s.port;
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let (docs, alone) = (&docs, &alone);
+            scope.spawn(move || {
+                for (i, d) in docs.iter().enumerate().skip(t).step_by(8) {
+                    let body = json!({"input": d, "model": "encoder"}).to_string();
+                    let r = http(port, "POST", "/v1/embeddings", Some(&body));
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    let got: Value = serde_json::from_str(&r.body).unwrap();
+                    close(
+                        &got["data"][0]["embedding"],
+                        &alone[i],
+                        &format!("document {i} batched, against it alone"),
+                    );
+                }
+            });
+        }
+    });
+    s.poll("the 96 answers counted in /metrics", || {
+        gauge(
+            &s,
+            "vramfork_requests_total{endpoint=\"embeddings\",code=\"200\"}",
+        )
+        .filter(|&n| n >= 96.0)
+    });
+    let largest = largest_pass(&s, 1.0);
+    assert!(
+        largest <= 40.0,
+        "a batched pass held {largest} tokens (budget 40)"
+    );
+    let r = http(s.metrics_port(), "GET", "/metrics", None);
+    let batched: f64 = r
+        .body
+        .lines()
+        .filter(|l| l.starts_with("vramfork_batches_total{") && !l.contains("size=\"1\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(batched > 0.0, "requests met in batches: {}", r.body);
+}

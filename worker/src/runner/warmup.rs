@@ -8,9 +8,10 @@
 //! kernels lazily, the allocator growing its heaps, oneDNN choosing and generating kernels —
 //! is then paid before the first request instead of by it (which with `--max-requests 1` is
 //! every request). The first pass also checks the declared inputs against `forward()`
-//! ([`boot_refusal`]), and one more pass per text input runs its token budget's worst shape
-//! (`max_batch_tokens`: as many documents of `max_length` tokens as one pass may hold;
-//! [`check_budgets`]), unless the passes before ran it: the footprint the template measures
+//! ([`boot_refusal`]), and per text input one more pass runs a document of `max_length`
+//! tokens and one its token budget's worst shape (`max_batch_tokens`: as many documents of
+//! `max_length` tokens as one pass may hold; [`check_budgets`]), unless the passes before
+//! ran it: the footprint the template measures
 //! (and `--profile-memory`, which runs the same shape) then bounds every pass a client can
 //! cause, and a `max_length` beyond what the model takes (its position embeddings) ends the
 //! boot naming the field, instead of failing the first long text with a 500. An image
@@ -255,16 +256,24 @@ fn check_budgets(
         let Some(Document::Text(text)) = &plan.specs[i].document else {
             continue;
         };
-        let mut rows = budget.worst_rows();
+        let worst = budget.worst_rows();
         let ran = |s: &Vec<Vec<i64>>| s.get(i).and_then(|s| s.first()).copied().unwrap_or(1);
-        if text.padding == Padding::MaxLength && plan.shapes.iter().any(|s| ran(s) >= rows as i64) {
+        if text.padding == Padding::MaxLength && plan.shapes.iter().any(|s| ran(s) >= worst as i64)
+        {
             continue;
         }
+        // One document of `max_length` first (a failure there is the length's), then the
+        // budget's worst pass.
+        let (mut rows, mut alone_ran) = (1, worst == 1);
         loop {
             passes += 1;
             let shapes = with_rows(&plan.specs, base, rows as i64);
             let Err(e) = pass(module, &plan.specs, &shapes, device, Long::Input(i)) else {
-                if rows < budget.worst_rows() {
+                if !alone_ran {
+                    (rows, alone_ran) = (worst, true);
+                    continue;
+                }
+                if rows < worst {
                     let tokens = rows * budget.max_length;
                     tracing::warn!(
                         "the default token budget ({} tokens a pass of inputs[{i}]) ran out of GPU memory at the warm-up; this worker's passes hold {tokens} tokens ({rows} documents of {} tokens). Set `max_batch_tokens` to fix it",
@@ -282,7 +291,7 @@ fn check_budgets(
             }
             let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
             if e.out_of_memory() {
-                if budget.given {
+                if budget.given && alone_ran {
                     return Err(LoadError::Model {
                         path: path.to_string(),
                         reason: format!(
@@ -291,7 +300,7 @@ fn check_budgets(
                         ),
                     });
                 }
-                if rows > 1 {
+                if alone_ran && rows > 1 {
                     rows /= 2;
                     continue;
                 }
