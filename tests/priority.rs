@@ -160,6 +160,38 @@ fn a_high_priority_request_sent_last_runs_before_ten_queued_low_ones() {
     wait_lane(&s, mport, "low", 0);
 }
 
+/// With batching the batch's head is the first by lane, and the queued requests that join it
+/// are taken in the same order: the high request and the oldest low one run together next.
+#[test]
+fn with_batching_the_high_request_leads_the_next_batch_and_the_oldest_low_joins_it() {
+    let app = App::new("slowcount.pt", "");
+    let (s, mport) = server(&app, &["--max-queue-wait", "1200", "--max-batch-size", "2"]);
+    warm(&s);
+    let mut conns: Vec<Conn> = (0..12).map(|_| Conn::open(s.port)).collect();
+    let (blocker, rest) = conns.split_first_mut().unwrap();
+    let (high, lows) = rest.split_last_mut().unwrap();
+    blocker.send(&body(LONG), "low", "blocker");
+    s.wait_pool(|p| p.u64("in_flight") == Some(1));
+    for (i, c) in lows.iter_mut().enumerate() {
+        c.send(&body(1000), "low", &format!("low-{i}"));
+        // One at a time, so that which of them is the oldest is known.
+        wait_lane(&s, mport, "low", i as u64 + 1);
+    }
+    high.send(&body(1000), "high", "high");
+    wait_lane(&s, mport, "high", 1);
+    let first = blocker.ran_after();
+    let high_at = high.ran_after() - first;
+    let low_at: Vec<u64> = lows.iter_mut().map(|c| c.ran_after() - first).collect();
+    eprintln!("after the blocker: high ran at {high_at}, the low ones at {low_at:?}");
+    assert_eq!(
+        high_at, 1,
+        "the high request leads the first batch after the blocker"
+    );
+    assert_eq!(low_at[0], 1, "the oldest low request joins it");
+    assert!(low_at[1..].iter().all(|&l| l >= 2), "{low_at:?}");
+    assert_eq!(access_line(&s, "high").u64("batch"), Some(2));
+}
+
 #[test]
 fn a_low_request_past_its_age_limit_runs_before_high_ones_queued_after_it() {
     let app = App::new("slowcount.pt", "");
