@@ -2,11 +2,13 @@
 //! (tests/support/make_slow_counter_model.py: each answer is `[passes the model ran before
 //! it, n]`, so the model itself shows the order requests ran in). Requests wait on kept-alive
 //! connections behind a long pass; `vramfork_requests_waiting_by_lane` shows them by lane;
-//! a high-priority request sent last runs next; a low one that waited past its age limit
-//! runs before the high ones queued after it. Each door reads its clients' way of asking:
-//! `X-Request-Priority` on `POST /`, `parameters.priority` on v2 REST and gRPC through
-//! tritonclient, vLLM's `priority` on `/v1/embeddings` through the openai SDK; the access log
-//! carries the lane, and a bad value is a 400 naming the field.
+//! a high-priority request sent last runs next (with batching, it leads the next batch and
+//! the oldest low one joins it); a low one that waited past its age limit runs before the
+//! high ones queued after it. Each door reads its clients' way of asking:
+//! `X-Request-Priority` on `POST /` (and any HTTP door), `parameters.priority` on v2 REST and
+//! gRPC through tritonclient, vLLM's `priority` on `/v1/embeddings` through the openai SDK
+//! and on the rerank doors; the access log carries the lane, and a bad value is a 400 naming
+//! the field.
 
 mod common;
 
@@ -339,4 +341,63 @@ fn the_openai_sdk_sends_vllms_priority_on_embeddings() {
     );
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["error"]["param"], "priority");
+}
+
+/// The rerank doors read vLLM's `priority` too (`/score`, `/rerank`), and the header.
+#[test]
+fn the_rerank_doors_read_vllms_priority_and_the_header() {
+    let art = made_once("make_rerank.py", &["wordpiece.py"], "rerank");
+    let app = App {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    for f in std::fs::read_dir(&art).unwrap() {
+        let f = f.unwrap().path();
+        std::os::unix::fs::symlink(&f, app.dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let metadata = json!({
+        "name": "cross", "model": "cross.pt", "rerank": {},
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
+                    "tokenizer": {"file": "tokenizer.json", "max_length": 40,
+                                  "feeds": ["input_ids", "attention_mask", "token_type_ids"]}}],
+    });
+    std::fs::write(app.metadata(), serde_json::to_vec(&metadata).unwrap()).unwrap();
+    let (s, _) = server(&app, &[]);
+    let post = |path: &str, b: Value, extra: &str| {
+        raw(
+            s.port,
+            "POST",
+            path,
+            extra,
+            &serde_json::to_vec(&b).unwrap(),
+        )
+    };
+    let score = json!({"text_1": "a query", "text_2": ["one document", "another"], "priority": -3});
+    let r = post(
+        "/score",
+        score,
+        "X-Request-Priority: low\r\nX-Request-Id: score-high\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        access_line(&s, "score-high").str("lane"),
+        Some("high"),
+        "the body wins"
+    );
+    let rerank = json!({"query": "a query", "documents": ["one document"], "priority": 2});
+    let r = post("/rerank", rerank, "X-Request-Id: rerank-low\r\n");
+    assert_eq!(r.status, 200);
+    assert_eq!(access_line(&s, "rerank-low").str("lane"), Some("low"));
+    let plain = json!({"query": "a query", "documents": ["one document"]});
+    let r = post(
+        "/v1/rerank",
+        plain,
+        "X-Request-Priority: high\r\nX-Request-Id: header\r\n",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(access_line(&s, "header").str("lane"), Some("high"));
+    let bad = json!({"text_1": "a query", "text_2": "a document", "priority": "soon"});
+    let r = post("/score", bad, "");
+    assert_eq!(r.status, 400);
+    let e = &r.json()["error"];
+    assert_eq!(e["param"], "priority", "{e}");
 }
