@@ -63,7 +63,10 @@ impl Source for DevSource {
         Snapshot {
             traffic: app.traffic(),
             in_flight: u64::from(c.in_flight),
-            waiting: Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued())),
+            waiting: Waiting {
+                lanes: app.runner.queued_lanes().map(u64::from),
+                ..Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued()))
+            },
             workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,
             starts: [("exec".to_string(), 1)].into(),

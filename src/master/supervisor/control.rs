@@ -108,6 +108,7 @@ impl Supervisor {
                     served,
                     in_flight,
                     queued,
+                    queued_lanes,
                     allocator_peak,
                     allocator_reserved,
                     footprint,
@@ -125,6 +126,7 @@ impl Supervisor {
                     st.served = served;
                     st.in_flight = in_flight;
                     st.queued = queued;
+                    st.queued_lanes = queued_lanes;
                 }
                 ControlMsg::Retiring {
                     reason,

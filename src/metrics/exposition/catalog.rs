@@ -166,6 +166,14 @@ pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
             (l(&[("queue", "model")]), w.model as f64),
         ],
     );
+    let lanes =
+        crate::lanes::LANES.map(|lane| (l(&[("lane", lane.name())]), w.lanes[lane.index()] as f64));
+    f.gauge(
+        "requests_waiting_by_lane",
+        "Requests workers have taken that wait for their model, by priority lane (high, normal, low; as of their last heartbeats): the queue=model row of vramfork_requests_waiting by lane, so that scaling can leave the low lane's backlog out.",
+        None,
+        lanes.to_vec(),
+    );
     f.gauge(
         "listen_queue_limit",
         "Connections the listening socket's accept queue may hold (the backlog as the kernel caps it, net.core.somaxconn); absent once the socket is closed.",

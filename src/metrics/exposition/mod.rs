@@ -112,6 +112,8 @@ pub struct Waiting {
     pub model: u64,
     /// How many connections the accept queue may hold; `None` when the socket is closed.
     pub listen_limit: Option<u64>,
+    /// `model` by priority lane, highest first (`crate::lanes::LANES`).
+    pub lanes: [u64; 3],
 }
 
 impl Waiting {
@@ -122,6 +124,7 @@ impl Waiting {
             listen: backlog.map_or(0, |b| u64::from(b.waiting)),
             model,
             listen_limit: backlog.map(|b| u64::from(b.limit)),
+            lanes: [0; 3],
         }
     }
 }

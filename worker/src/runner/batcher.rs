@@ -1,8 +1,9 @@
-//! The model thread's loop with batching on: it takes the oldest queued request, adds the
-//! queued requests that can be stacked with it (oldest first, while the rows fit), waits up
-//! to the batch timeout for more, runs them as one forward pass and cuts the outputs back.
-//! Requests of another shape stay queued in order; the oldest of them leads the next batch,
-//! so none waits forever.
+//! The model thread's loop with batching on: it takes the first queued request by lane
+//! (`lanes.rs`: the highest lane, the oldest within it), adds the queued requests that can be
+//! stacked with it (in the same order, while the rows fit), waits up to the batch timeout for
+//! more, runs them as one forward pass and cuts the outputs back. Requests of another shape
+//! stay queued in order; the first of them by lane leads the next batch, and a request past
+//! its age limit ranks as high, so none waits forever.
 //!
 //! One request's failure never fails the others: when a batched pass raises (or its output
 //! cannot be cut), the requests run again one by one and each gets its own outcome. Running
@@ -29,6 +30,7 @@ use crate::model::Model;
 use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};
+use super::lanes;
 use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
 
@@ -101,22 +103,29 @@ pub fn serve(
             }
         }
         pending.retain(|q| q.job.live());
-        let Some(head) = pending.pop_front() else {
+        let now = Instant::now();
+        let head = lanes::first(&pending, |q| q.job.place, now).and_then(|i| pending.remove(i));
+        let Some(head) = head else {
             continue;
         };
         let mut rows = head.rows();
         let key = head.key.as_ref().filter(|_| stacking).map(|k| k.0.clone());
         let mut members = vec![head];
         if let Some(key) = key {
-            let mut i = 0;
-            while i < pending.len() && rows < b.max_rows {
-                if pending[i].joins(&key, rows, b.max_rows) {
-                    let q = pending.remove(i).expect("index checked");
-                    rows += q.rows();
-                    members.push(q);
-                } else {
-                    i += 1;
+            let mut joining = Vec::new();
+            for i in lanes::order(&pending, |q| q.job.place, now) {
+                if rows >= b.max_rows {
+                    break;
                 }
+                if pending[i].joins(&key, rows, b.max_rows) {
+                    rows += pending[i].rows();
+                    joining.push(i);
+                }
+            }
+            // Taken out from the back, so that the indices left stay valid.
+            joining.sort_unstable();
+            for i in joining.into_iter().rev() {
+                members.push(pending.remove(i).expect("an index of the queue"));
             }
             if let Some(rt) = &timer {
                 let deadline = tokio::time::Instant::now() + b.timeout;

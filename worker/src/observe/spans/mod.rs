@@ -41,7 +41,7 @@ use std::time::SystemTime;
 
 use hyper::header::HeaderMap;
 
-use crate::observe::access_log::Record;
+use crate::observe::access_log::{Record, Trace};
 use crate::observe::trace_context::TraceContext;
 use export::Exporter;
 use otlp::Value;
@@ -278,6 +278,9 @@ fn server_span(
         otlp::attribute(b, a, "vramfork.request_id", Value::Str(&r.request_id));
         otlp::attribute(b, a, "process.pid", Value::Int(pid.into()));
         otlp::attribute(b, a, "vramfork.worker.slot", Value::Int(slot.into()));
+        if let Some(lane) = r.trace.as_deref().and_then(Trace::lane_name) {
+            otlp::attribute(b, a, "vramfork.priority.lane", Value::Str(lane));
+        }
         if let Some(t) = passes.last() {
             otlp::attribute(b, a, "vramfork.batch.size", Value::Int(t.batch.into()));
             if let Some(p) = &t.pass {
