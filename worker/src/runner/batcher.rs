@@ -42,12 +42,44 @@ struct Queued {
     job: Job,
     /// Its stacking key and rows (`None`: it runs alone).
     key: Option<(Vec<ArgKey>, usize)>,
+    /// Its text rows and their padded length, when it has text rows (`parts.rs`).
+    text: Option<(usize, usize)>,
+}
+
+/// A pass being formed: what its members share, its rows, its text rows' padded length.
+struct Forming {
+    key: Vec<ArgKey>,
+    rows: usize,
+    width: usize,
+}
+
+impl Forming {
+    /// Whether `q` may join it: the same key, the rows within `max`, and the text rows,
+    /// padded to the longest of them, within the token budget (`max_batch_tokens`).
+    fn admits(&self, q: &Queued, max: usize, budget: Option<usize>) -> bool {
+        q.joins(&self.key, self.rows, max)
+            && match (budget, q.text) {
+                (Some(tokens), Some((r, w))) => (self.rows + r) * self.width.max(w) <= tokens,
+                _ => true,
+            }
+    }
+
+    fn add(&mut self, q: &Queued) {
+        self.rows += q.rows();
+        self.width = self.width.max(q.width());
+    }
 }
 
 impl Queued {
     fn new(job: Job) -> Queued {
         let key = batch::key_of(&job.input);
-        Queued { job, key }
+        let text = super::parts::text_rows(&job.input.args);
+        Queued { job, key, text }
+    }
+
+    /// Its text rows' padded length (0: none).
+    fn width(&self) -> usize {
+        self.text.map_or(0, |t| t.1)
     }
 
     fn rows(&self) -> usize {
@@ -108,17 +140,24 @@ pub fn serve(
         let Some(head) = head else {
             continue;
         };
-        let mut rows = head.rows();
         let key = head.key.as_ref().filter(|_| stacking).map(|k| k.0.clone());
+        let mut forming = key.map(|key| Forming {
+            key,
+            rows: head.rows(),
+            width: head.width(),
+        });
+        let budget = super::parts::token_budget();
         let mut members = vec![head];
-        if let Some(key) = key {
+        if let Some(pass) = &mut forming {
+            // By lane; within one, the rows nearest the pass's length first.
+            let near = |q: &Queued| q.width().abs_diff(pass.width);
             let mut joining = Vec::new();
-            for i in lanes::order(&pending, |q| q.job.place, now) {
-                if rows >= b.max_rows {
+            for i in lanes::order_by(&pending, |q| q.job.place, now, near) {
+                if pass.rows >= b.max_rows {
                     break;
                 }
-                if pending[i].joins(&key, rows, b.max_rows) {
-                    rows += pending[i].rows();
+                if pass.admits(&pending[i], b.max_rows, budget) {
+                    pass.add(&pending[i]);
                     joining.push(i);
                 }
             }
@@ -129,14 +168,14 @@ pub fn serve(
             }
             if let Some(rt) = &timer {
                 let deadline = tokio::time::Instant::now() + b.timeout;
-                while rows < b.max_rows {
+                while pass.rows < b.max_rows {
                     let next =
                         rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await });
                     match next {
                         Ok(Some(job)) => {
                             let q = Queued::new(job);
-                            if q.joins(&key, rows, b.max_rows) {
-                                rows += q.rows();
+                            if pass.admits(&q, b.max_rows, budget) {
+                                pass.add(&q);
                                 members.push(q);
                             } else {
                                 pending.push_back(q);

@@ -3,7 +3,7 @@
 //! limit is served as if `high` (then among the `high` ones by when it was queued), so a
 //! lower lane waits at most that long behind a stream of higher ones. Without batching the
 //! loop takes [`first`]; with batching the head is [`first`] and the requests that join it
-//! are tried in [`order`].
+//! are tried in [`order_by`] (within a lane, the rows nearest the pass's length first).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -51,14 +51,19 @@ pub(super) fn first<T>(
     (0..queue.len()).min_by_key(|&i| place(&queue[i]).rank(now))
 }
 
-/// The indices of `queue` in the order its jobs are served at `now`.
-pub(super) fn order<T>(
+/// The indices of `queue` by lane at `now` (the highest first), within a lane those of the
+/// least `distance` first (a pass's rows grouped by length), then the oldest.
+pub(super) fn order_by<T>(
     queue: &VecDeque<T>,
     place: impl Fn(&T) -> Place,
     now: Instant,
+    distance: impl Fn(&T) -> usize,
 ) -> Vec<usize> {
     let mut at: Vec<usize> = (0..queue.len()).collect();
-    at.sort_by_key(|&i| place(&queue[i]).rank(now));
+    at.sort_by_key(|&i| {
+        let (lane, since) = place(&queue[i]).rank(now);
+        (lane, distance(&queue[i]), since)
+    });
     at
 }
 
@@ -89,7 +94,10 @@ mod tests {
         .into();
         let now = t + ms(10);
         assert_eq!(first(&q, |p| *p, now), Some(4));
-        assert_eq!(order(&q, |p| *p, now), [4, 2, 1, 0, 3]);
+        assert_eq!(order_by(&q, |p| *p, now, |_| 0), [4, 2, 1, 0, 3]);
+        // Within a lane, the nearest first: the two high jobs swap by distance.
+        let far = |p: &Place| usize::from(p.since == t + ms(2));
+        assert_eq!(order_by(&q, |p| *p, now, far), [2, 4, 1, 0, 3]);
         assert_eq!(first(&VecDeque::<Place>::new(), |p| *p, now), None);
     }
 
@@ -104,9 +112,9 @@ mod tests {
         ]
         .into();
         // Before its limit the low job waits behind every high one…
-        assert_eq!(order(&q, |p| *p, t + ms(499)), [1, 2, 0]);
+        assert_eq!(order_by(&q, |p| *p, t + ms(499), |_| 0), [1, 2, 0]);
         // …after it, it is high, and the oldest of the high ones.
-        assert_eq!(order(&q, |p| *p, t + ms(500)), [0, 1, 2]);
+        assert_eq!(order_by(&q, |p| *p, t + ms(500), |_| 0), [0, 1, 2]);
         assert_eq!(first(&q, |p| *p, t + ms(700)), Some(0));
     }
 }

@@ -65,7 +65,7 @@ pub(super) fn note(args: &[Arg]) {
 }
 
 /// The rows and padded length of the text arguments of `args`, when it has any.
-fn text_rows(args: &[Arg]) -> Option<(usize, usize)> {
+pub(super) fn text_rows(args: &[Arg]) -> Option<(usize, usize)> {
     let (mut rows, mut width) = (0usize, 0usize);
     for &i in TEXT_ARGS.get()? {
         if let Some(Arg::Tensor(t) | Arg::Padded { tensor: t, .. }) = args.get(i) {
