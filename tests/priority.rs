@@ -19,10 +19,10 @@ use std::time::Duration;
 use common::{made_once, python_json, raw, read_one, App, Event, Response, Server};
 use serde_json::{json, Value};
 
-/// slowcount.pt iterations (~22 µs each once warm, on one torch thread): a pass of a few
-/// seconds, long enough for the queue behind it to form and be seen in `/metrics`.
-const LONG: u64 = 150_000;
-/// A pass that outlasts the default age limit (5 s) by far, even on a fast machine.
+/// slowcount.pt iterations (~22 µs each once warm, on one torch thread, 26 µs on a busy
+/// one): a pass of about 10 s, long enough for the queue behind it to form and be seen in
+/// `/metrics` (a heartbeat or three), and to outlast the default age limit (5 s), even on a
+/// fast machine.
 const LONGER: u64 = 500_000;
 
 /// One worker, one torch thread, its passes on its model thread (slowcount.pt's input is the
@@ -137,7 +137,7 @@ fn a_high_priority_request_sent_last_runs_before_ten_queued_low_ones() {
     let mut conns: Vec<Conn> = (0..12).map(|_| Conn::open(s.port)).collect();
     let (blocker, rest) = conns.split_first_mut().unwrap();
     let (high, lows) = rest.split_last_mut().unwrap();
-    blocker.send(&body(LONG), "low", "blocker");
+    blocker.send(&body(LONGER), "low", "blocker");
     s.wait_pool(|p| p.u64("in_flight") == Some(1));
     for (i, c) in lows.iter_mut().enumerate() {
         c.send(&body(1000), "low", &format!("low-{i}"));
@@ -172,13 +172,17 @@ fn with_batching_the_high_request_leads_the_next_batch_and_the_oldest_low_joins_
     let mut conns: Vec<Conn> = (0..12).map(|_| Conn::open(s.port)).collect();
     let (blocker, rest) = conns.split_first_mut().unwrap();
     let (high, lows) = rest.split_last_mut().unwrap();
-    blocker.send(&body(LONG), "low", "blocker");
+    // A pass that outlasts three heartbeats by far: the test waits for one after the first
+    // low request (so that it is known to be the oldest), one after the other nine and one
+    // after the high one.
+    blocker.send(&body(LONGER), "low", "blocker");
     s.wait_pool(|p| p.u64("in_flight") == Some(1));
-    for (i, c) in lows.iter_mut().enumerate() {
+    lows[0].send(&body(1000), "low", "low-0");
+    wait_lane(&s, mport, "low", 1);
+    for (i, c) in lows.iter_mut().enumerate().skip(1) {
         c.send(&body(1000), "low", &format!("low-{i}"));
-        // One at a time, so that which of them is the oldest is known.
-        wait_lane(&s, mport, "low", i as u64 + 1);
     }
+    wait_lane(&s, mport, "low", 10);
     high.send(&body(1000), "high", "high");
     wait_lane(&s, mport, "high", 1);
     let first = blocker.ran_after();
