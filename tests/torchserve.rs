@@ -1,6 +1,6 @@
 //! TorchServe's users: their model archives (`.mar`) and model stores served as they are,
-//! answers equal to what TorchServe's own `image_classifier` handler gives (computed by its
-//! Python class in `tests/support/make_torchserve.py`), its inference API (`/predictions`,
+//! answers equal to what TorchServe's own `image_classifier` and `image_segmenter` handlers
+//! give (computed by their Python classes in `tests/support/make_torchserve.py`), its inference API (`/predictions`,
 //! `/ping`, `/models`), and the archives vramfork cannot serve refused at start naming what
 //! to do instead.
 
@@ -112,6 +112,90 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     s.wait_workers(1);
     let r = post(&s, "POST", "/predictions/small", &png);
     assert_same_classes(&r.json(), &want["index"]["wide.png"], 1e-5, "by index");
+}
+
+/// `got` is TorchServe's segmentation `want` (`[H][W][class, probability]`): each pixel's
+/// probability within `tol`, and its class the same unless the best two tie within `tol`.
+fn assert_same_segments(got: &Value, want: &Value, tol: f64, what: &str) {
+    let (g, w) = (got.as_array().unwrap(), want.as_array().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}: rows");
+    let mut classes = std::collections::BTreeSet::new();
+    for (y, (gr, wr)) in g.iter().zip(w).enumerate() {
+        let (gr, wr) = (gr.as_array().unwrap(), wr.as_array().unwrap());
+        assert_eq!(gr.len(), wr.len(), "{what}: row {y}");
+        for (x, (gp, wp)) in gr.iter().zip(wr).enumerate() {
+            let p = |v: &Value, i: usize| v[i].as_f64().unwrap();
+            let d = (p(gp, 1) - p(wp, 1)).abs();
+            assert!(d <= tol, "{what}: ({y}, {x}): {gp} vs TorchServe's {wp}");
+            assert!(
+                p(gp, 0) == p(wp, 0) || p(wp, 1) < 0.5 + tol,
+                "{what}: ({y}, {x}): {gp} vs TorchServe's {wp}"
+            );
+            classes.insert(p(wp, 0) as i64);
+        }
+    }
+    // The model is made so that pixels differ: a test of more than one class.
+    assert!(classes.len() > 1, "{what}: one class everywhere");
+}
+
+#[test]
+fn an_archive_answers_as_torchserves_image_segmenter() {
+    let art = artefacts();
+    let want = expected(&art);
+    let app = app_for(&art.join("segmenter.mar"), json!({}));
+    let s = Server::start(&app, &ARGS);
+    s.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    let r = post(&s, "POST", "/predictions/seg", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(&r.json(), &want["segments"], 1e-5, "predictions");
+    // KServe v1, TorchServe's instance form.
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = json!({"instances": [{"data": b64}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/seg:predict",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(&r.json()["predictions"][0], &want["segments"], 1e-5, "v1");
+    // `POST /` writes the model's dict as it is: an object of its named outputs.
+    let r = post(&s, "POST", "/", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let outputs = r.json()["outputs"].clone();
+    let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
+    assert_eq!(names, ["out", "aux"]);
+    assert_eq!(outputs["out"][0].as_array().map(Vec::len), Some(3));
+    drop(s);
+    // v2 names the outputs by the dict's keys (here with the handler's work declared as a
+    // plain tensor input).
+    let declared = app_for(
+        &art.join("segmenter.mar"),
+        json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]}),
+    );
+    let s = Server::start(&declared, &ARGS);
+    s.wait_workers(1);
+    let body = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 16, 16],
+        "data": vec![0.5; 3 * 16 * 16]}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v2/models/small/infer",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let names: Vec<Value> = r.json()["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("out"), json!("aux")], "{:?}", r.json());
+    assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 3, 16, 16]));
 }
 
 #[test]

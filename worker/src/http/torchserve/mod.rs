@@ -3,10 +3,12 @@
 //! an image's bytes, or JSON), `GET /ping` (`{"status": "Healthy"}`) and the management
 //! API's read-only `GET /models[/{name}]`. A prediction runs through `POST /`'s path
 //! (`root.rs`) and is written as the handler writes it: `image_classifier`'s
-//! `{label: probability}` of the top 5, else the outputs. Every refusal is in TorchServe's
-//! shape (`error.rs`).
+//! `{label: probability}` of the top 5, `image_segmenter`'s best class and probability per
+//! pixel (`segments.rs`), else the outputs. Every refusal is in TorchServe's shape
+//! (`error.rs`).
 
 mod error;
+pub mod segments;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
@@ -17,6 +19,7 @@ use self::error::TsError;
 use super::answer::{json_bytes, Answer};
 use crate::app::App;
 use crate::error::ApiError;
+use crate::infer::{Done, Encoding, Wanted};
 
 /// Whether `path` is one of TorchServe's.
 pub fn owns(path: &str) -> bool {
@@ -131,6 +134,9 @@ fn describe(rest: &str, app: &App) -> Result<Answer, TsError> {
 /// `POST /predictions/{name}[/{version}]`: `POST /`'s path, answered as the handler would.
 async fn predict(rest: &str, req: Request<Incoming>, app: &App) -> Result<Answer, TsError> {
     checked(rest, app)?;
+    if archive(app).is_some_and(|a| a.handler == Handler::ImageSegmenter) {
+        return segment(req, app).await;
+    }
     let mut answer = super::root::infer(req, app).await?;
     let done: Value = serde_json::from_slice(&answer.body).map_err(|e| {
         TsError::new(
@@ -140,6 +146,55 @@ async fn predict(rest: &str, req: Request<Incoming>, app: &App) -> Result<Answer
         )
     })?;
     answer.body = json_bytes(&handled(app, done));
+    Ok(answer)
+}
+
+/// The model's segmentation output (`out` of its dict), as every door that post-processes
+/// for `image_segmenter` asks for it.
+pub fn segmenter_outputs(app: &App) -> Encoding {
+    Encoding::Tensors(Wanted {
+        outputs: Some(vec![handler::SEGMENTS.into()]),
+        declared: app.metadata.outputs.clone(),
+    })
+}
+
+/// Each image's segmentation (`segments.rs`) from a pass's outputs.
+pub fn segmentations(out: crate::infer::RunOutput) -> Result<Vec<Vec<u8>>, ApiError> {
+    let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let scores = tensors.first().ok_or_else(|| {
+        ApiError::Run(crate::infer::RunError::Unsupported(
+            "the model returned no `out` output".into(),
+        ))
+    })?;
+    segments::segmented(scores).map_err(|e| ApiError::Run(crate::infer::RunError::Unsupported(e)))
+}
+
+/// `image_segmenter`'s prediction: for one image its `[H][W][2]`, for several a list.
+async fn segment(req: Request<Incoming>, app: &App) -> Result<Answer, TsError> {
+    let Done {
+        out,
+        extra: (),
+        last,
+    } = super::root::run(req, app, segmenter_outputs(app)).await?;
+    let timing = out.preprocess.map(|p| (p, out.forward));
+    let mut images = segmentations(out)?;
+    let body = match images.len() {
+        1 => images.remove(0),
+        _ => {
+            let mut all = vec![b'['];
+            for (i, image) in images.iter().enumerate() {
+                if i > 0 {
+                    all.push(b',');
+                }
+                all.extend_from_slice(image);
+            }
+            all.push(b']');
+            all
+        }
+    };
+    let mut answer = Answer::with(StatusCode::OK, body);
+    answer.timing = timing;
+    answer.close = last;
     Ok(answer)
 }
 
