@@ -454,3 +454,46 @@ fn kserve_v1_predicts_as_the_model_and_openais_sdk_still_lists_it() {
     let p = &r.json()["predictions"][0];
     assert_same_classes(p, &want["labels"]["wide.png"], 1e-5, "v1 data");
 }
+
+#[test]
+fn torchserve_and_kserve_v1_answers_are_counted_under_their_own_endpoints() {
+    let app = app_for(
+        &common::fixtures().join("mlp.pt"),
+        json!({"input": {"shape": [-1, 4]}}),
+    );
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--metrics-port", "0"],
+    );
+    s.wait_workers(1);
+    let mport = s.metrics_port();
+    let json_type = "Content-Type: application/json\r\n";
+    let row = br#"{"inputs": [[1, 2, 3, 4]]}"#;
+    for method in ["POST", "PUT"] {
+        let r = raw(s.port, method, "/predictions/small", json_type, row);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/small:predict",
+        json_type,
+        br#"{"instances": [[1, 2, 3, 4]]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(s.get("/ping").status, 200);
+    // Counts reach the master with the worker's heartbeats.
+    let counted = |m: &str, endpoint: &str, n: u32| {
+        m.lines().any(|l| {
+            l.starts_with("vramfork_requests_total{")
+                && l.contains(&format!("endpoint=\"{endpoint}\""))
+                && l.contains("code=\"200\"")
+                && l.ends_with(&format!(" {n}"))
+        })
+    };
+    s.poll("torchserve 2, kserve-v1 1, /ping under other", || {
+        let m = common::http(mport, "GET", "/metrics", None).body;
+        (counted(&m, "torchserve", 2) && counted(&m, "kserve-v1", 1) && counted(&m, "other", 1))
+            .then_some(())
+    });
+}

@@ -33,6 +33,12 @@ pub async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let endpoint = match req.uri().path() {
         p if rerank::owns(p) && req.method() == Method::POST => Endpoint::Rerank,
+        p if p.starts_with("/predictions/")
+            && matches!(*req.method(), Method::POST | Method::PUT) =>
+        {
+            Endpoint::TorchServe
+        }
+        p if kserve::owns(p) && req.method() == Method::POST => Endpoint::KServeV1,
         p => endpoint_of(req.method(), p),
     };
     let arrived = arrival(&req);
