@@ -421,7 +421,17 @@ fn kserve_v1_predicts_as_the_model_and_openais_sdk_still_lists_it() {
         &[&base, "small"],
         &serde_json::to_vec(&cases).unwrap(),
     );
-    assert_eq!(seen["ready"], true, "{seen}");
+    assert_eq!(
+        (&seen["live"], &seen["ready"]),
+        (&json!(true), &json!(true)),
+        "{seen}"
+    );
+    // `GET /` is still the metadata, with the liveness KServe's client read.
+    let root = s.get("/").json();
+    assert_eq!(
+        (&root["name"], &root["status"]),
+        (&json!("small"), &json!("alive"))
+    );
     for (i, case) in cases["cases"].as_array().unwrap().iter().enumerate() {
         let got = &seen["predictions"][i];
         assert!(

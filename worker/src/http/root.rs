@@ -17,10 +17,13 @@ use crate::error::ApiError;
 use crate::infer::{Done, Encoding, Parsed};
 
 /// `GET /`: the metadata as given, with the measured footprint beside the declared one
-/// (`--profile-memory`) and the hwFetch line when asked.
+/// (`--profile-memory`) and the hwFetch line when asked; and `"status": "alive"`, the
+/// answer KServe v1's liveness check (`is_server_live`) reads at `/`, unless the metadata
+/// has a `status` of its own.
 pub fn metadata(query: Option<&str>, app: &App) -> Result<Answer, ApiError> {
     let hw = hw_fetch(query, app)?;
     let mut doc = app.metadata.raw.clone();
+    doc.entry("status").or_insert_with(|| Value::from("alive"));
     if let Some(f) = &app.footprint {
         doc.insert(
             "gpu_footprint_mb".into(),
