@@ -266,7 +266,9 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
         &escaping,
         &[("MAR-INF/MANIFEST.json", b"{}"), ("../evil.pt", b"x")],
     );
-    let cases: [(PathBuf, &str); 3] = [
+    let counted = evil.path().join("counted.mar");
+    huge_declared_count(&counted);
+    let cases: [(PathBuf, &str); 4] = [
         (
             art.join("custom.mar"),
             "its handler (handler.py) is Python code vramfork does not run",
@@ -275,6 +277,12 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
         (
             escaping,
             "\"../evil.pt\", which would be unpacked outside its folder",
+        ),
+        // Read before the zip reader reserves memory for that many entries (it would ask
+        // for hundreds of GB, and the process abort).
+        (
+            counted,
+            "declares 3000000000 entries in its central directory; at most 50000 are read",
         ),
     ];
     for (mar, want) in cases {
@@ -336,6 +344,54 @@ fn unpacked_copies(pid: u32) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("mar-"))
         .collect()
+}
+
+/// A sparse 4 GiB archive (a few KB on disk) whose ZIP64 end record declares 3,000,000,000
+/// entries: fewer than its size in bytes, which is all the zip reader checks before it
+/// reserves memory for them.
+fn huge_declared_count(path: &Path) {
+    write_zip(path, &[("MAR-INF/MANIFEST.json", b"{}")]);
+    let small = std::fs::read(path).unwrap();
+    let central_end = small.len() - 22;
+    let cd_size = u32::from_le_bytes(
+        small[central_end + 12..central_end + 16]
+            .try_into()
+            .unwrap(),
+    );
+    let cd_at = u32::from_le_bytes(
+        small[central_end + 16..central_end + 20]
+            .try_into()
+            .unwrap(),
+    );
+    let len: u64 = 4 << 30;
+    let count: u64 = 3_000_000_000;
+    let mut tail = Vec::new();
+    let record_at = len - 22 - 20 - 56;
+    tail.extend_from_slice(&0x0606_4b50u32.to_le_bytes());
+    tail.extend_from_slice(&44u64.to_le_bytes());
+    tail.extend_from_slice(&45u16.to_le_bytes());
+    tail.extend_from_slice(&45u16.to_le_bytes());
+    tail.extend_from_slice(&[0; 8]);
+    for v in [count, count, u64::from(cd_size), u64::from(cd_at)] {
+        tail.extend_from_slice(&v.to_le_bytes());
+    }
+    tail.extend_from_slice(&0x0706_4b50u32.to_le_bytes());
+    tail.extend_from_slice(&0u32.to_le_bytes());
+    tail.extend_from_slice(&record_at.to_le_bytes());
+    tail.extend_from_slice(&1u32.to_le_bytes());
+    tail.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+    for v in [0u16, 0, 0xFFFF, 0xFFFF] {
+        tail.extend_from_slice(&v.to_le_bytes());
+    }
+    tail.extend_from_slice(&[0xFF; 8]);
+    tail.extend_from_slice(&0u16.to_le_bytes());
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(len).unwrap();
+    use std::io::{Seek, SeekFrom};
+    f.seek(SeekFrom::Start(central_end as u64)).unwrap();
+    f.write_all(&[0; 22]).unwrap();
+    f.seek(SeekFrom::Start(record_at)).unwrap();
+    f.write_all(&tail).unwrap();
 }
 
 /// A zip of `files` (stored), written without Python.
