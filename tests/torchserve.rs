@@ -297,6 +297,23 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
             mar.display()
         );
     }
+    // TorchServe's command line, typed out of habit, names what does the same here.
+    let app = app_for(&art.join("classifier.mar"), json!({}));
+    let mut s = Server::spawn(
+        &app,
+        &[
+            "--start",
+            "--model-store",
+            "model_store",
+            "--models",
+            "small.mar",
+        ],
+        &[],
+    );
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(log.contains("`--start` is TorchServe's option, which vramfork does not take: `app --production` runs the server"), "{log}");
     // TorchServe's settings written into the metadata are named with ours, not kept silently.
     let settings = app_for(
         &common::fixtures().join("mlp.pt"),
