@@ -97,6 +97,29 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     let one = s.get("/models/small").json();
     assert_eq!(one[0]["modelVersion"], "1.0", "{one}");
     assert_eq!(one[0]["handler"], "image_classifier", "{one}");
+    // Its writes (register, scale, unregister) name what does the same here.
+    for (method, path) in [
+        ("POST", "/models?url=other.mar"),
+        ("PUT", "/models/small?min_worker=3"),
+        ("DELETE", "/models/small"),
+    ] {
+        let r = post(&s, method, path, b"");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert_eq!(r.status, 405, "{method} {path}: {message}");
+        assert!(
+            message.contains("read-only here") && message.contains("SIGTTIN"),
+            "{message}"
+        );
+    }
+    let r = post(&s, "POST", "/explanations/small", &png);
+    assert_eq!(r.status, 404);
+    assert!(
+        r.json()["message"].as_str().unwrap().contains("Captum"),
+        "{:?}",
+        r.json()
+    );
+    let r = s.get("/metrics");
+    assert!(r.body.contains("--metrics-port"), "{}", r.body);
     drop(s);
     // The same model as a torch.export program in the archive.
     let exported = app_for(&art.join("exported.mar"), json!({}));

@@ -187,6 +187,10 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         (p, _) if torchserve::owns(p) => Ok(torchserve::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
         ("/healthz", _) => Err(ApiError::not_allowed(&method, &path, "GET")),
+        // TorchServe's and most servers' habit: metrics on a port of their own here.
+        ("/metrics", _) => Err(ApiError::NotFound(format!(
+            "{method} {path} (Prometheus metrics are served on --metrics-port)"
+        ))),
         _ => Err(ApiError::NotFound(format!("{method} {path}"))),
     }
 }

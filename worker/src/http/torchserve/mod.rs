@@ -27,6 +27,7 @@ pub fn owns(path: &str) -> bool {
         || path == "/models"
         || path.starts_with("/models/")
         || path.starts_with("/predictions/")
+        || path.starts_with("/explanations/")
 }
 
 /// A refusal of the server's own (token auth) on one of TorchServe's paths, in its shape.
@@ -42,15 +43,22 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
         ("/ping", _) => Err(ApiError::not_allowed(&method, &path, "GET").into()),
         ("/models", &Method::GET) => Ok(Answer::ok(json!({"models": [summary(app)]}))),
         (p, &Method::GET) if p.starts_with("/models/") => describe(&p["/models/".len()..], app),
-        ("/models", _) => Err(ApiError::not_allowed(&method, &path, "GET").into()),
-        (p, _) if p.starts_with("/models/") => {
-            Err(ApiError::not_allowed(&method, &path, "GET").into())
+        _ if path.starts_with("/models") => {
+            Err(TsError::from(ApiError::not_allowed(&method, &path, "GET")).hint(MANAGEMENT))
         }
+        (p, _) if p.starts_with("/explanations/") => Err(TsError::new(
+            StatusCode::NOT_FOUND,
+            "ModelNotFoundException",
+            "explanations are not served: TorchServe computes them with Captum in the handler's Python, which vramfork does not run",
+        )),
         (p, &Method::POST | &Method::PUT) => predict(&p["/predictions/".len()..], req, app).await,
         _ => Err(ApiError::not_allowed(&method, &path, "POST, PUT").into()),
     };
     done.unwrap_or_else(TsError::answer)
 }
+
+/// What the management API's writes do here: it is read-only.
+const MANAGEMENT: &str = "the management API is read-only here. One server serves the one model its metadata's `model` names (start another server for another archive: the host's ledger shares the GPU); its workers are set at start (--workers, or the plan) and changed while serving with SIGTTIN and SIGTTOU to the master; SIGTERM stops it";
 
 /// `GET /ping`: TorchServe's health answer; 503 once this worker retires.
 fn ping(app: &App) -> Answer {
