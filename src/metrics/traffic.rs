@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 10] = [
+pub const ENDPOINTS: [&str; 12] = [
     "infer",
     "metadata",
     "health",
@@ -23,6 +23,8 @@ pub const ENDPOINTS: [&str; 10] = [
     "grpc",
     "embeddings",
     "rerank",
+    "torchserve",
+    "kserve-v1",
 ];
 
 /// One endpoint's answers.
