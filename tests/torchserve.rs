@@ -587,6 +587,17 @@ fn torchserve_and_kserve_v1_answers_are_counted_under_their_own_endpoints() {
         br#"{"instances": [[1, 2, 3, 4]]}"#,
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // KServe's explain is not served, and says what to do instead.
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/small:explain",
+        json_type,
+        br#"{"instances": [[1, 2, 3, 4]]}"#,
+    );
+    let text = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status, 404, "{text}");
+    assert!(text.contains("run the explainer"), "{text}");
     assert_eq!(s.get("/ping").status, 200);
     // Counts reach the master with the worker's heartbeats.
     let counted = |m: &str, endpoint: &str, n: u32| {

@@ -54,6 +54,11 @@ impl Hw {
         }
     }
 
+    /// Whether the model runs on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
     /// The hwFetch line, or a message saying what could not be read.
     pub fn line(&self) -> Result<String, String> {
         self.info().map(|i| i.line())

@@ -183,6 +183,9 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         (p, _) if rerank::owns(p) => Ok(rerank::route(req, app).await),
         (p, _) if p == "/v2" || p.starts_with("/v2/") => v2::route(req, app).await,
         (p, &Method::POST) if kserve::owns(p) => kserve::predict(req, app).await,
+        (p, _) if kserve::explains(p) => Err(ApiError::NotFound(format!(
+            "{method} {path}: KServe's :explain needs an explainer beside the model, which vramfork does not run; serve predictions with :predict and run the explainer (Captum, Alibi) as a client of it"
+        ))),
         (p, _) if openai::owns(p) => Ok(openai::route(req, app).await),
         (p, _) if torchserve::owns(p) => Ok(torchserve::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),

@@ -17,6 +17,11 @@ use crate::documents::text::Row;
 use crate::error::ApiError;
 use crate::runner::parts::token_budget;
 
+/// What one more pass costs on the CPU, in tokens: a forward pass's fixed part (dispatching
+/// each layer's operators, a few milliseconds for a small encoder on one thread) against
+/// what one padded token costs (a tenth of a millisecond or more).
+const CPU_PASS_COST_TOKENS: usize = 32;
+
 /// Runs `rows` in passes asking for the model's output `output`; `each` gets a pass's rows
 /// (indices into `rows`, shortest first) and its outputs. Returns the passes' forward time.
 pub async fn text_passes<R: Row, E: From<ApiError>>(
@@ -36,7 +41,10 @@ pub async fn text_passes<R: Row, E: From<ApiError>>(
     let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
     let lengths: Vec<usize> = rows.iter().map(Row::len).collect();
     let mut forward = Duration::ZERO;
-    for pass in by_length(&lengths, per_pass, token_budget(), width) {
+    // On the CPU a pass costs about its padded tokens plus a fixed part: passes are cut where
+    // the two together are least. On a GPU, as few passes as fit.
+    let pass_cost = (!app.hw.on_gpu()).then_some(CPU_PASS_COST_TOKENS);
+    for pass in by_length(&lengths, per_pass, token_budget(), width, pass_cost) {
         let (real, padded) = tokens(pass.iter().map(|&i| lengths[i]), width);
         if let Some(m) = &app.metrics {
             m.text_tokens(real, padded);

@@ -32,6 +32,14 @@ pub fn owns(path: &str) -> bool {
     })
 }
 
+/// Whether `path` is v1's explain path (`/v1/models/{name}:explain`), which vramfork does
+/// not serve.
+pub fn explains(path: &str) -> bool {
+    path.strip_prefix("/v1/models/")
+        .and_then(|rest| rest.strip_suffix(":explain"))
+        .is_some_and(|name| !name.contains('/'))
+}
+
 /// `POST /v1/models/{name}:predict`.
 pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let path = req.uri().path().to_string();
