@@ -68,6 +68,64 @@ impl Forming {
         self.rows += q.rows();
         self.width = self.width.max(q.width());
     }
+
+    /// Moves the queued requests that may join it into `members`: by lane, and within one
+    /// the rows nearest its length first.
+    fn take_queued(
+        &mut self,
+        pending: &mut VecDeque<Queued>,
+        members: &mut Vec<Queued>,
+        max: usize,
+        budget: Option<usize>,
+        now: Instant,
+    ) {
+        let width = self.width;
+        let near = |q: &Queued| q.width().abs_diff(width);
+        let mut joining = Vec::new();
+        for i in lanes::order_by(pending, |q| q.job.place, now, near) {
+            if self.rows >= max {
+                break;
+            }
+            if self.admits(&pending[i], max, budget) {
+                self.add(&pending[i]);
+                joining.push(i);
+            }
+        }
+        // Taken out from the back, so that the indices left stay valid.
+        joining.sort_unstable();
+        for i in joining.into_iter().rev() {
+            members.push(pending.remove(i).expect("an index of the queue"));
+        }
+    }
+
+    /// Waits up to the batch timeout for requests that may join it (the others queue).
+    fn wait_for_more(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        rx: &mut mpsc::Receiver<Job>,
+        b: Batching,
+        budget: Option<usize>,
+        pending: &mut VecDeque<Queued>,
+        members: &mut Vec<Queued>,
+    ) {
+        let deadline = tokio::time::Instant::now() + b.timeout;
+        while self.rows < b.max_rows {
+            let next = rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await });
+            match next {
+                Ok(Some(job)) => {
+                    let q = Queued::new(job);
+                    if self.admits(&q, b.max_rows, budget) {
+                        self.add(&q);
+                        members.push(q);
+                    } else {
+                        pending.push_back(q);
+                    }
+                }
+                // Every sender gone, or the timeout: run what there is.
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
 }
 
 impl Queued {
@@ -149,42 +207,9 @@ pub fn serve(
         let budget = super::parts::token_budget();
         let mut members = vec![head];
         if let Some(pass) = &mut forming {
-            // By lane; within one, the rows nearest the pass's length first.
-            let near = |q: &Queued| q.width().abs_diff(pass.width);
-            let mut joining = Vec::new();
-            for i in lanes::order_by(&pending, |q| q.job.place, now, near) {
-                if pass.rows >= b.max_rows {
-                    break;
-                }
-                if pass.admits(&pending[i], b.max_rows, budget) {
-                    pass.add(&pending[i]);
-                    joining.push(i);
-                }
-            }
-            // Taken out from the back, so that the indices left stay valid.
-            joining.sort_unstable();
-            for i in joining.into_iter().rev() {
-                members.push(pending.remove(i).expect("an index of the queue"));
-            }
+            pass.take_queued(&mut pending, &mut members, b.max_rows, budget, now);
             if let Some(rt) = &timer {
-                let deadline = tokio::time::Instant::now() + b.timeout;
-                while pass.rows < b.max_rows {
-                    let next =
-                        rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await });
-                    match next {
-                        Ok(Some(job)) => {
-                            let q = Queued::new(job);
-                            if pass.admits(&q, b.max_rows, budget) {
-                                pass.add(&q);
-                                members.push(q);
-                            } else {
-                                pending.push_back(q);
-                            }
-                        }
-                        // Every sender gone, or the timeout: run what there is.
-                        Ok(None) | Err(_) => break,
-                    }
-                }
+                pass.wait_for_more(rt, &mut rx, b, budget, &mut pending, &mut members);
             }
         }
         let taken: Vec<Taken> = members
