@@ -201,7 +201,7 @@ fn no_batch_dimension(v: &IValue) -> String {
 
 /// A copy of a value sharing its tensors' storage (`IValue` is not `Clone`); `None` for the
 /// kinds an output cannot be written as anyway (objects).
-fn shallow(v: &IValue) -> Option<IValue> {
+pub(super) fn shallow(v: &IValue) -> Option<IValue> {
     Some(match v {
         IValue::None => IValue::None,
         IValue::Tensor(t) => IValue::Tensor(t.shallow_clone()),

@@ -153,13 +153,16 @@ pub(super) fn join(parts: Vec<IValue>, rows: &[usize]) -> Result<IValue, String>
             IValue::TensorList(joined)
         }
         IValue::GenericDict(entries) => {
-            let keys: Vec<IValue> = entries.iter().map(|(k, _)| same(k)).collect();
+            let keys = entries
+                .iter()
+                .map(|(k, _)| same(k))
+                .collect::<Result<Vec<_>, _>>()?;
             let mut joined = Vec::with_capacity(keys.len());
             for (k, key) in keys.into_iter().enumerate() {
                 let col = parts
                     .iter()
                     .map(|p| match p {
-                        IValue::GenericDict(e) if e.len() == entries.len() => Ok(same(&e[k].1)),
+                        IValue::GenericDict(e) if e.len() == entries.len() => same(&e[k].1),
                         _ => Err("the parts' outputs differ in shape".to_string()),
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -200,7 +203,7 @@ fn each(parts: &[IValue], n: usize, rows: &[usize]) -> Result<Vec<IValue>, Strin
                 .iter()
                 .map(|p| match p {
                     IValue::Tuple(items) | IValue::GenericList(items) if items.len() == n => {
-                        Ok(same(&items[k]))
+                        same(&items[k])
                     }
                     _ => Err("the parts' outputs differ in shape".to_string()),
                 })
@@ -246,30 +249,9 @@ fn lists<T: Clone>(
     Ok(all)
 }
 
-/// A copy of `v` sharing its tensors (`IValue` is not `Clone`).
-fn same(v: &IValue) -> IValue {
-    match v {
-        IValue::Tensor(t) => IValue::Tensor(t.shallow_clone()),
-        IValue::None => IValue::None,
-        IValue::Double(f) => IValue::Double(*f),
-        IValue::Int(i) => IValue::Int(*i),
-        IValue::Bool(b) => IValue::Bool(*b),
-        IValue::String(s) => IValue::String(s.clone()),
-        IValue::StringList(v) => IValue::StringList(v.clone()),
-        IValue::IntList(v) => IValue::IntList(v.clone()),
-        IValue::DoubleList(v) => IValue::DoubleList(v.clone()),
-        IValue::BoolList(v) => IValue::BoolList(v.clone()),
-        IValue::TensorList(ts) => {
-            IValue::TensorList(ts.iter().map(Tensor::shallow_clone).collect())
-        }
-        IValue::Tuple(items) => IValue::Tuple(items.iter().map(same).collect()),
-        IValue::GenericList(items) => IValue::GenericList(items.iter().map(same).collect()),
-        IValue::GenericDict(e) => {
-            IValue::GenericDict(e.iter().map(|(k, v)| (same(k), same(v))).collect())
-        }
-        // Objects and the like: never joined (`join` refuses them before).
-        _ => IValue::None,
-    }
+/// A copy of `v` sharing its tensors (`IValue` is not `Clone`); objects cannot be joined.
+fn same(v: &IValue) -> Result<IValue, String> {
+    super::batch::shallow(v).ok_or_else(|| "an object output cannot be joined".to_string())
 }
 
 #[cfg(test)]
