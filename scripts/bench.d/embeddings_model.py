@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Makes the embeddings bench's model in OUTDIR (once; skipped when OUTDIR/done exists): a
 sentence encoder of all-MiniLM-L6-v2's shape (BERT, 6 layers, width 384, 12 heads, 1536
-intermediate; random weights) with a WordPiece tokenizer trained on the project's docs, as
+intermediate; random weights), or with SHAPE `bert-base` of BERT-base's (12 layers, width 768,
+12 heads, 3072 intermediate), with a WordPiece tokenizer trained on the project's docs, as
 
 - pooled.pt: TorchScript, forward(input_ids, attention_mask) -> the mean over each input's
   own tokens, L2-normalised, [inputs, 384] (what `/v1/embeddings` serves with pooling "none"
@@ -10,7 +11,10 @@ intermediate; random weights) with a WordPiece tokenizer trained on the project'
   (`models.Transformer` + `Pooling("mean")` + `Normalize`) in the Python server;
 - tokenizer.json and sentences.json (64 sentences of the docs, 8 to 40 words each).
 
-Usage: embeddings_model.py OUTDIR
+MAX_LENGTH (default 128) is the tokenizer's `model_max_length` in hf/ (what
+sentence-transformers cuts at). The text bench (text.py) makes both shapes.
+
+Usage: embeddings_model.py OUTDIR [SHAPE [MAX_LENGTH]]
 """
 import glob
 import json
@@ -26,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 import wordpiece  # noqa: E402
 
-MAX_LENGTH = 128
+# name: (hidden size, layers, attention heads, intermediate size)
+SHAPES = {"minilm": (384, 6, 12, 1536), "bert-base": (768, 12, 12, 3072)}
 
 
 class Pooled(torch.nn.Module):
@@ -55,14 +60,16 @@ def sentences():
 
 def main():
     out = sys.argv[1]
+    hidden, layers, heads, inner = SHAPES[sys.argv[2] if len(sys.argv) > 2 else "minilm"]
+    max_length = int(sys.argv[3]) if len(sys.argv) > 3 else 128
     if os.path.exists(os.path.join(out, "done")):
         return
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     tok = wordpiece.train(os.path.join(ROOT, "README.md"))
     tok.save(os.path.join(out, "tokenizer.json"))
-    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=384, num_hidden_layers=6,
-                     num_attention_heads=12, intermediate_size=1536,
+    cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=inner,
                      max_position_embeddings=512, attn_implementation="eager")
     bert = BertModel(cfg, add_pooling_layer=False).eval()
     with torch.no_grad():
@@ -70,7 +77,7 @@ def main():
         torch.jit.trace(Pooled(bert), (ids, torch.ones_like(ids)), strict=False).save(
             os.path.join(out, "pooled.pt"))
     bert.save_pretrained(os.path.join(out, "hf"))
-    wordpiece.save_pretrained(tok, os.path.join(out, "hf"), model_max_length=MAX_LENGTH)
+    wordpiece.save_pretrained(tok, os.path.join(out, "hf"), model_max_length=max_length)
     with open(os.path.join(out, "sentences.json"), "w") as f:
         json.dump(sentences(), f)
     open(os.path.join(out, "done"), "w").close()
