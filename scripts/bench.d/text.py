@@ -144,9 +144,10 @@ def token_counts(folder, texts, max_length):
 def foretell(per_input, n, rounds, prio_s, prio_rounds):
     """The timed part's expected seconds from each side's checked pace at one client (a
     round at c = 4 or 16 took about as long as at c = 1 on two cores): the cells, and the
-    priority part's windows with the bulk's last requests drained after each."""
+    priority part's windows, each followed by the wait for the interactive requests still
+    queued behind the bulk's (about two rounds of every bulk client's request)."""
     cells = len(CONCURRENCY) * rounds * n * sum(per_input[k] for k in SIDES)
-    drain = 2 * text_priority.BULK_INPUTS * per_input["after"]
+    drain = 2 * text_priority.BULK_CLIENTS * text_priority.BULK_INPUTS * per_input["after"]
     return cells + prio_s * (0.5 + 2 * prio_rounds) + 2 * prio_rounds * (1 + drain)
 
 
@@ -223,7 +224,7 @@ def main():
     a = ap.parse_args()
     n = a.n or (128 if a.quick else 512)
     rounds = a.rounds or (1 if a.quick else 2)
-    prio_s, prio_rounds = (8, 1) if a.quick else (15, 2)
+    prio_s, prio_rounds = (8, 1) if a.quick else (20, 1)
     if n % K:
         raise SystemExit(f"text: --n {n} is not a multiple of {K}")
     max_length = MAX_LENGTH[a.shape]

@@ -3,15 +3,18 @@ with and without priority, on one vramfork server (text.py starts it and calls `
 
 - *bulk*: BULK_CLIENTS closed-loop clients, each sending requests of BULK_INPUTS of the bench's
   mixed-length inputs in turn for the whole window;
-- *interactive*: one short input a request, arriving open-loop (a new connection each, one
-  every 1 / RATE s, whether or not the last was answered), for the window after the bulk has
-  started.
+- *interactive*: one short input a request, arriving open-loop (one every 1 / RATE s,
+  whether or not the last was answered) for the window after the bulk has started, in turn of
+  two kinds: on a *new connection* each (a client without a pool: the connection waits to be
+  accepted by a worker), and *kept alive* (a client's pool of keep-alive connections, opened
+  before the bulk starts; an arrival takes an idle one, or opens one more when none is idle,
+  and gives it back once answered; a connection the server closes is opened again).
 
 Three modes: *alone* (the interactive arrivals on an idle server), *no priority* (the bulk
 running, neither side sending a priority) and *priority* (the bulk sending vLLM's body field
 `"priority": 1`, the interactive `"priority": -1`; lower is served earlier). The modes with a
 bulk alternate over `rounds` (no priority, priority, priority, no priority, ...); each mode's
-p50/p99 is over all its interactive requests.
+p50/p99, by kind, is over all its interactive requests, each timed from its arrival.
 
 Before that, one request of each kind with the field says what the server makes of it: a
 refusal (its status and message; the priority mode is then left out) or an answer. An answer
@@ -20,6 +23,7 @@ whether it changed anything, and /metrics' families naming a lane or a priority 
 """
 import http.client
 import json
+import queue
 import re
 import threading
 import time
@@ -29,7 +33,9 @@ from common import closed_loop, get, log, pct
 PATH = "/v1/embeddings"
 BULK_CLIENTS = 4
 BULK_INPUTS = 64
-RATE = 2.0  # interactive arrivals a second
+RATE = 4.0  # interactive arrivals a second, the two kinds in turn
+KINDS = ("new connection", "kept alive")
+POOL = 4  # kept-alive connections opened before the bulk starts
 QUERY = "how does the server recycle a worker without failing a request?"
 
 
@@ -67,14 +73,45 @@ def probe(port, name, texts):
     return out
 
 
-def interactive(port, payload, secs):
-    """Open-loop arrivals of `payload` at RATE a second for `secs`: (latencies ms of the
-    answered, failures by status)."""
-    lat, failed, lock, threads = [], {}, threading.Lock(), []
+def open_pool(port, payload):
+    """POOL keep-alive connections, each taken by a worker (its first request answered)."""
+    pool = queue.LifoQueue()
+    for _ in range(POOL):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        c.request("POST", PATH, body=payload, headers={"Content-Type": "application/json"})
+        c.getresponse().read()
+        pool.put(c)
+    return pool
 
-    def send():
-        status, ms, _ = one(port, payload)
+
+def interactive(port, payload, secs, pool):
+    """Open-loop arrivals of `payload` at RATE a second for `secs`, the KINDS in turn (the
+    kept-alive ones on `pool`, closed after): {kind: (latencies ms of the answered, failures
+    by status)}."""
+    out = {k: ([], {}) for k in KINDS}
+    lock, threads = threading.Lock(), []
+
+    def kept_alive():
+        try:
+            c = pool.get_nowait()
+        except queue.Empty:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        try:
+            c.request("POST", PATH, body=payload, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read()
+            status = r.status
+        except (OSError, http.client.HTTPException):
+            status = 0
+            c.close()
+        pool.put(c)
+        return status
+
+    def send(kind, due):
+        status = one(port, payload)[0] if kind == KINDS[0] else kept_alive()
+        ms = (time.perf_counter() - due) * 1e3
         with lock:
+            lat, failed = out[kind]
             if status == 200:
                 lat.append(ms)
             else:
@@ -82,13 +119,16 @@ def interactive(port, payload, secs):
 
     t0 = time.perf_counter()
     for i in range(int(secs * RATE)):
-        time.sleep(max(0.0, t0 + i / RATE - time.perf_counter()))
-        t = threading.Thread(target=send)
+        due = t0 + i / RATE
+        time.sleep(max(0.0, due - time.perf_counter()))
+        t = threading.Thread(target=send, args=(KINDS[i % 2], due))
         t.start()
         threads.append(t)
     for t in threads:
         t.join()
-    return lat, failed
+    while not pool.empty():
+        pool.get().close()
+    return out
 
 
 def bulk_with(port, payloads, secs, fn):
@@ -137,31 +177,36 @@ def measure(port, name, texts, secs, rounds):
     bulks[True] = [body(name, texts[i:i + BULK_INPUTS], 1)
                    for i in range(0, len(texts) - BULK_INPUTS + 1, BULK_INPUTS)]
     one_q = {False: body(name, [QUERY]), True: body(name, [QUERY], -1)}
-    modes = {"alone": {"lat": [], "failed": {}}, "no priority": {"lat": [], "failed": {},
-                                                                 "bulk_inputs_s": []}}
-    if not refused:
-        modes["priority"] = {"lat": [], "failed": {}, "bulk_inputs_s": []}
-    lat, failed = interactive(port, one_q[False], secs / 2)
-    modes["alone"].update(lat=lat, failed={str(k): v for k, v in failed.items()})
-    order = [m for m in ("no priority", "priority") if m in modes]
+    modes = {m: {k: {"lat": [], "failed": {}} for k in KINDS}
+             for m in ("alone", "no priority", "priority")[:2 if refused else 3]}
+    bulk_s = {m: [] for m in modes if m != "alone"}
+
+    def add(mode, got):
+        for k, (lat, failed) in got.items():
+            modes[mode][k]["lat"] += lat
+            for st, v in failed.items():
+                modes[mode][k]["failed"][str(st)] = modes[mode][k]["failed"].get(str(st), 0) + v
+
+    add("alone", interactive(port, one_q[False], secs / 2, open_pool(port, one_q[False])))
+    order = list(bulk_s)
     for r in range(rounds):
         for mode in order if r % 2 == 0 else order[::-1]:
             prio = mode == "priority"
-            (lat, failed), bulk_s = bulk_with(port, bulks[prio], secs,
-                                              lambda: interactive(port, one_q[prio], secs))
-            m = modes[mode]
-            m["lat"] += lat
-            m["bulk_inputs_s"].append(bulk_s)
-            for k, v in failed.items():
-                m["failed"][str(k)] = m["failed"].get(str(k), 0) + v
-            log(f"text priority round {r + 1} {mode}: interactive p50 {pct(lat, 50) or 0:.0f} "
-                f"p99 {pct(lat, 99) or 0:.0f} ms ({len(lat)}), bulk {bulk_s:.0f} inputs/s",
-                "text")
+            pool = open_pool(port, one_q[prio])
+            got, per_s = bulk_with(port, bulks[prio], secs,
+                                   lambda: interactive(port, one_q[prio], secs, pool))
+            add(mode, got)
+            bulk_s[mode].append(per_s)
+            log(f"text priority round {r + 1} {mode}: interactive p50/p99 " + ", ".join(
+                f"{k} {pct(lat, 50) or 0:.0f}/{pct(lat, 99) or 0:.0f} ms ({len(lat)})"
+                for k, (lat, _) in got.items()) + f"; bulk {per_s:.0f} inputs/s", "text")
     out = {"probe": seen, "refused": refused, "lane_metrics": lane_metrics(port),
            "bulk_clients": BULK_CLIENTS, "bulk_inputs": BULK_INPUTS, "rate_per_s": RATE,
+           "pool": POOL,
            "seconds": secs, "rounds": rounds, "modes": {}}
     for mode, m in modes.items():
-        out["modes"][mode] = {"p50_ms": pct(m["lat"], 50), "p99_ms": pct(m["lat"], 99),
-                              "requests": len(m["lat"]), "failed": m["failed"],
-                              "bulk_inputs_s": m.get("bulk_inputs_s")}
+        out["modes"][mode] = {k: {"p50_ms": pct(v["lat"], 50), "p99_ms": pct(v["lat"], 99),
+                                  "requests": len(v["lat"]), "failed": v["failed"]}
+                              for k, v in m.items()}
+        out["modes"][mode]["bulk_inputs_s"] = bulk_s.get(mode)
     return out

@@ -3,6 +3,7 @@ import json
 import os
 
 from common import OUT
+from text_priority import KINDS
 
 LABELS = {"after": "vramfork (this build)", "before": "vramfork before",
           "infinity": "Infinity", "python": "sentence-transformers + LitServe"}
@@ -51,21 +52,26 @@ def write(res):
     md += ["", f"## An interactive request beside a bulk ingestion (vramfork, this build)\n\n"
            f"Bulk: {p['bulk_clients']} closed-loop clients of {p['bulk_inputs']} mixed-length "
            f"inputs a request; interactive: one short input a request, {p['rate_per_s']:g} "
-           f"arrivals a second (open loop) for {p['seconds']} s a round, {p['rounds']} round(s) "
-           "of each mode with the bulk, alternating. *priority*: the bulk sends `\"priority\": "
-           "1`, the interactive `\"priority\": -1` (vLLM's field; lower is earlier).\n",
+           f"arrivals a second (open loop, timed from the arrival) for {p['seconds']} s a round "
+           f"(half that alone), {p['rounds']} round(s) of each mode with the bulk, alternating; "
+           "every other arrival on a new connection, the others on a pool of keep-alive "
+           f"connections ({p['pool']} opened before the bulk, more opened when none is idle). "
+           "*priority*: the bulk sends `\"priority\": 1`, the interactive `\"priority\": -1` "
+           "(vLLM's field; lower is earlier).\n",
            "The field: " + "; ".join(
                f"{k} answered {v['status']}" + (f" ({v['message']!r})" if "message" in v else "")
                for k, v in p["probe"].items())
            + ("; the priority mode is left out." if p["refused"] else ".")
            + " /metrics families naming a lane or priority: "
            + (", ".join(f"`{m}`" for m in p["lane_metrics"]) or "none") + ".\n",
-           "| mode | interactive p50 ms | interactive p99 ms | interactive requests | failed | "
-           "bulk inputs/s (each round) |", "|---|---:|---:|---:|---|---|"]
+           "| mode | " + " | ".join(f"{k}: p50, p99 ms (requests)" for k in KINDS)
+           + " | failed | bulk inputs/s |", "|---|" + "---:|" * len(KINDS) + "---|---|"]
     for mode, m in p["modes"].items():
         bulk = ", ".join(fmt(x, 0) for x in m["bulk_inputs_s"]) if m["bulk_inputs_s"] else "—"
-        md.append(f"| {mode} | {fmt(m['p50_ms'], 0)} | {fmt(m['p99_ms'], 0)} | {m['requests']} | "
-                  f"{m['failed'] or '—'} | {bulk} |")
+        failed = {f"{k} {st}": n for k in KINDS for st, n in m[k]["failed"].items()}
+        md.append(f"| {mode} | " + " | ".join(
+            f"{fmt(m[k]['p50_ms'], 0)}, **{fmt(m[k]['p99_ms'], 0)}** ({m[k]['requests']})"
+            for k in KINDS) + f" | {failed or '—'} | {bulk} |")
     with open(os.path.join(OUT, "text.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
