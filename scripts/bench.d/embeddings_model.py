@@ -12,9 +12,13 @@ intermediate; random weights), or with SHAPE `bert-base` of BERT-base's (12 laye
 - tokenizer.json and sentences.json (64 sentences of the docs, 8 to 40 words each).
 
 MAX_LENGTH (default 128) is the tokenizer's `model_max_length` in hf/ (what
-sentence-transformers cuts at). The text bench (text.py) makes both shapes.
+sentence-transformers cuts at). ATTENTION is the attention pooled.pt is traced with: `eager`
+(the default) or `sdpa` (PyTorch's scaled_dot_product_attention, what transformers and so the
+Python servers reading hf/ use by default: the same kernels on every side). transformers' sdpa
+path leaves the mask out when the example's is all ones, so the trace's example mask has
+padding: the traced graph always applies it. The text bench (text.py) makes both shapes, sdpa.
 
-Usage: embeddings_model.py OUTDIR [SHAPE [MAX_LENGTH]]
+Usage: embeddings_model.py OUTDIR [SHAPE [MAX_LENGTH [ATTENTION]]]
 """
 import glob
 import json
@@ -62,6 +66,7 @@ def main():
     out = sys.argv[1]
     hidden, layers, heads, inner = SHAPES[sys.argv[2] if len(sys.argv) > 2 else "minilm"]
     max_length = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+    attention = sys.argv[4] if len(sys.argv) > 4 else "eager"
     if os.path.exists(os.path.join(out, "done")):
         return
     os.makedirs(out, exist_ok=True)
@@ -70,11 +75,14 @@ def main():
     tok.save(os.path.join(out, "tokenizer.json"))
     cfg = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=heads, intermediate_size=inner,
-                     max_position_embeddings=512, attn_implementation="eager")
+                     max_position_embeddings=512, attn_implementation=attention)
     bert = BertModel(cfg, add_pooling_layer=False).eval()
     with torch.no_grad():
         ids = torch.randint(5, tok.get_vocab_size(), (2, 16))
-        torch.jit.trace(Pooled(bert), (ids, torch.ones_like(ids)), strict=False).save(
+        mask = torch.ones_like(ids)
+        if attention == "sdpa":
+            mask[1, 8:] = 0
+        torch.jit.trace(Pooled(bert), (ids, mask), strict=False).save(
             os.path.join(out, "pooled.pt"))
     bert.save_pretrained(os.path.join(out, "hf"))
     wordpiece.save_pretrained(tok, os.path.join(out, "hf"), model_max_length=max_length)
