@@ -18,6 +18,7 @@ pub mod documents;
 pub mod files;
 pub mod hwline;
 pub mod labels;
+pub mod lanes;
 pub mod logging;
 pub mod master;
 pub mod metadata;

@@ -15,6 +15,11 @@ use vramfork::master::config::{self, Config};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    // TorchServe's options, typed out of habit: named with what does the same here.
+    if let Some(e) = vramfork::torchserve::cli::habit(args.get(1..).unwrap_or_default()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     // The command line with each option's default rendered into its help.
     let cli = Cli::from_arg_matches(&config::command().get_matches()).unwrap_or_else(|e| e.exit());
     // `app ledger` reads the host's ledger only: no metadata, no configuration.

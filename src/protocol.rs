@@ -150,6 +150,9 @@ pub enum ControlMsg {
         /// Requests it has taken that wait for the model (not started yet).
         #[serde(default)]
         queued: u32,
+        /// `queued` by priority lane, highest first (`crate::lanes::LANES`).
+        #[serde(default)]
+        queued_lanes: [u32; 3],
         #[serde(default)]
         allocator_peak: Option<u64>,
         #[serde(default)]
@@ -323,6 +326,7 @@ mod tests {
                 served: 7,
                 in_flight: 1,
                 queued: 2,
+                queued_lanes: [1, 0, 1],
                 allocator_peak: Some(3 << 30),
                 allocator_reserved: None,
                 footprint: Some(3 << 30),

@@ -200,8 +200,8 @@ fn packages_for_another_cpu_or_device_and_unfit_metadata_are_refused() {
         &mlp(),
         &format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 128"#),
         &[
-            "the export bounds input input__0's dimension 0 at 64",
-            "torch.export.Dim",
+            "the package takes 2..64 rows in input input__0's dimension 0",
+            "Set max_batch_size to at most 64, or serve the torch.export program itself",
         ],
     );
     // Without batching, the warm-up's one row is below the package's two: the fix named.

@@ -1,6 +1,6 @@
 //! TorchServe's users: their model archives (`.mar`) and model stores served as they are,
-//! answers equal to what TorchServe's own `image_classifier` handler gives (computed by its
-//! Python class in `tests/support/make_torchserve.py`), its inference API (`/predictions`,
+//! answers equal to what TorchServe's own `image_classifier` and `image_segmenter` handlers
+//! give (computed by their Python classes in `tests/support/make_torchserve.py`), its inference API (`/predictions`,
 //! `/ping`, `/models`), and the archives vramfork cannot serve refused at start naming what
 //! to do instead.
 
@@ -97,6 +97,29 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     let one = s.get("/models/small").json();
     assert_eq!(one[0]["modelVersion"], "1.0", "{one}");
     assert_eq!(one[0]["handler"], "image_classifier", "{one}");
+    // Its writes (register, scale, unregister) name what does the same here.
+    for (method, path) in [
+        ("POST", "/models?url=other.mar"),
+        ("PUT", "/models/small?min_worker=3"),
+        ("DELETE", "/models/small"),
+    ] {
+        let r = post(&s, method, path, b"");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert_eq!(r.status, 405, "{method} {path}: {message}");
+        assert!(
+            message.contains("read-only here") && message.contains("SIGTTIN"),
+            "{message}"
+        );
+    }
+    let r = post(&s, "POST", "/explanations/small", &png);
+    assert_eq!(r.status, 404);
+    assert!(
+        r.json()["message"].as_str().unwrap().contains("Captum"),
+        "{:?}",
+        r.json()
+    );
+    let r = s.get("/metrics");
+    assert!(r.body.contains("--metrics-port"), "{}", r.body);
     drop(s);
     // The same model as a torch.export program in the archive.
     let exported = app_for(&art.join("exported.mar"), json!({}));
@@ -112,6 +135,90 @@ fn an_archive_answers_as_torchserves_image_classifier() {
     s.wait_workers(1);
     let r = post(&s, "POST", "/predictions/small", &png);
     assert_same_classes(&r.json(), &want["index"]["wide.png"], 1e-5, "by index");
+}
+
+/// `got` is TorchServe's segmentation `want` (`[H][W][class, probability]`): each pixel's
+/// probability within `tol`, and its class the same unless the best two tie within `tol`.
+fn assert_same_segments(got: &Value, want: &Value, tol: f64, what: &str) {
+    let (g, w) = (got.as_array().unwrap(), want.as_array().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}: rows");
+    let mut classes = std::collections::BTreeSet::new();
+    for (y, (gr, wr)) in g.iter().zip(w).enumerate() {
+        let (gr, wr) = (gr.as_array().unwrap(), wr.as_array().unwrap());
+        assert_eq!(gr.len(), wr.len(), "{what}: row {y}");
+        for (x, (gp, wp)) in gr.iter().zip(wr).enumerate() {
+            let p = |v: &Value, i: usize| v[i].as_f64().unwrap();
+            let d = (p(gp, 1) - p(wp, 1)).abs();
+            assert!(d <= tol, "{what}: ({y}, {x}): {gp} vs TorchServe's {wp}");
+            assert!(
+                p(gp, 0) == p(wp, 0) || p(wp, 1) < 0.5 + tol,
+                "{what}: ({y}, {x}): {gp} vs TorchServe's {wp}"
+            );
+            classes.insert(p(wp, 0) as i64);
+        }
+    }
+    // The model is made so that pixels differ: a test of more than one class.
+    assert!(classes.len() > 1, "{what}: one class everywhere");
+}
+
+#[test]
+fn an_archive_answers_as_torchserves_image_segmenter() {
+    let art = artefacts();
+    let want = expected(&art);
+    let app = app_for(&art.join("segmenter.mar"), json!({}));
+    let s = Server::start(&app, &ARGS);
+    s.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    let r = post(&s, "POST", "/predictions/seg", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(&r.json(), &want["segments"], 1e-5, "predictions");
+    // KServe v1, TorchServe's instance form.
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = json!({"instances": [{"data": b64}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/seg:predict",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(&r.json()["predictions"][0], &want["segments"], 1e-5, "v1");
+    // `POST /` writes the model's dict as it is: an object of its named outputs.
+    let r = post(&s, "POST", "/", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let outputs = r.json()["outputs"].clone();
+    let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
+    assert_eq!(names, ["out", "aux"]);
+    assert_eq!(outputs["out"][0].as_array().map(Vec::len), Some(3));
+    drop(s);
+    // v2 names the outputs by the dict's keys (here with the handler's work declared as a
+    // plain tensor input).
+    let declared = app_for(
+        &art.join("segmenter.mar"),
+        json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]}),
+    );
+    let s = Server::start(&declared, &ARGS);
+    s.wait_workers(1);
+    let body = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 16, 16],
+        "data": vec![0.5; 3 * 16 * 16]}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v2/models/small/infer",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let names: Vec<Value> = r.json()["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("out"), json!("aux")], "{:?}", r.json());
+    assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 3, 16, 16]));
 }
 
 #[test]
@@ -182,7 +289,9 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
         &escaping,
         &[("MAR-INF/MANIFEST.json", b"{}"), ("../evil.pt", b"x")],
     );
-    let cases: [(PathBuf, &str); 3] = [
+    let counted = evil.path().join("counted.mar");
+    huge_declared_count(&counted);
+    let cases: [(PathBuf, &str); 4] = [
         (
             art.join("custom.mar"),
             "its handler (handler.py) is Python code vramfork does not run",
@@ -191,6 +300,12 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
         (
             escaping,
             "\"../evil.pt\", which would be unpacked outside its folder",
+        ),
+        // Read before the zip reader reserves memory for that many entries (it would ask
+        // for hundreds of GB, and the process abort).
+        (
+            counted,
+            "declares 3000000000 entries in its central directory; at most 50000 are read",
         ),
     ];
     for (mar, want) in cases {
@@ -205,6 +320,23 @@ fn archives_vramfork_cannot_serve_are_refused_at_start_naming_what_to_do() {
             mar.display()
         );
     }
+    // TorchServe's command line, typed out of habit, names what does the same here.
+    let app = app_for(&art.join("classifier.mar"), json!({}));
+    let mut s = Server::spawn(
+        &app,
+        &[
+            "--start",
+            "--model-store",
+            "model_store",
+            "--models",
+            "small.mar",
+        ],
+        &[],
+    );
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(2), "{log}");
+    assert!(log.contains("`--start` is TorchServe's option, which vramfork does not take: `app --production` runs the server"), "{log}");
     // TorchServe's settings written into the metadata are named with ours, not kept silently.
     let settings = app_for(
         &common::fixtures().join("mlp.pt"),
@@ -252,6 +384,54 @@ fn unpacked_copies(pid: u32) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("mar-"))
         .collect()
+}
+
+/// A sparse 4 GiB archive (a few KB on disk) whose ZIP64 end record declares 3,000,000,000
+/// entries: fewer than its size in bytes, which is all the zip reader checks before it
+/// reserves memory for them.
+fn huge_declared_count(path: &Path) {
+    write_zip(path, &[("MAR-INF/MANIFEST.json", b"{}")]);
+    let small = std::fs::read(path).unwrap();
+    let central_end = small.len() - 22;
+    let cd_size = u32::from_le_bytes(
+        small[central_end + 12..central_end + 16]
+            .try_into()
+            .unwrap(),
+    );
+    let cd_at = u32::from_le_bytes(
+        small[central_end + 16..central_end + 20]
+            .try_into()
+            .unwrap(),
+    );
+    let len: u64 = 4 << 30;
+    let count: u64 = 3_000_000_000;
+    let mut tail = Vec::new();
+    let record_at = len - 22 - 20 - 56;
+    tail.extend_from_slice(&0x0606_4b50u32.to_le_bytes());
+    tail.extend_from_slice(&44u64.to_le_bytes());
+    tail.extend_from_slice(&45u16.to_le_bytes());
+    tail.extend_from_slice(&45u16.to_le_bytes());
+    tail.extend_from_slice(&[0; 8]);
+    for v in [count, count, u64::from(cd_size), u64::from(cd_at)] {
+        tail.extend_from_slice(&v.to_le_bytes());
+    }
+    tail.extend_from_slice(&0x0706_4b50u32.to_le_bytes());
+    tail.extend_from_slice(&0u32.to_le_bytes());
+    tail.extend_from_slice(&record_at.to_le_bytes());
+    tail.extend_from_slice(&1u32.to_le_bytes());
+    tail.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+    for v in [0u16, 0, 0xFFFF, 0xFFFF] {
+        tail.extend_from_slice(&v.to_le_bytes());
+    }
+    tail.extend_from_slice(&[0xFF; 8]);
+    tail.extend_from_slice(&0u16.to_le_bytes());
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(len).unwrap();
+    use std::io::{Seek, SeekFrom};
+    f.seek(SeekFrom::Start(central_end as u64)).unwrap();
+    f.write_all(&[0; 22]).unwrap();
+    f.seek(SeekFrom::Start(record_at)).unwrap();
+    f.write_all(&tail).unwrap();
 }
 
 /// A zip of `files` (stored), written without Python.
@@ -337,7 +517,17 @@ fn kserve_v1_predicts_as_the_model_and_openais_sdk_still_lists_it() {
         &[&base, "small"],
         &serde_json::to_vec(&cases).unwrap(),
     );
-    assert_eq!(seen["ready"], true, "{seen}");
+    assert_eq!(
+        (&seen["live"], &seen["ready"]),
+        (&json!(true), &json!(true)),
+        "{seen}"
+    );
+    // `GET /` is still the metadata, with the liveness KServe's client read.
+    let root = s.get("/").json();
+    assert_eq!(
+        (&root["name"], &root["status"]),
+        (&json!("small"), &json!("alive"))
+    );
     for (i, case) in cases["cases"].as_array().unwrap().iter().enumerate() {
         let got = &seen["predictions"][i];
         assert!(
@@ -369,4 +559,47 @@ fn kserve_v1_predicts_as_the_model_and_openais_sdk_still_lists_it() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let p = &r.json()["predictions"][0];
     assert_same_classes(p, &want["labels"]["wide.png"], 1e-5, "v1 data");
+}
+
+#[test]
+fn torchserve_and_kserve_v1_answers_are_counted_under_their_own_endpoints() {
+    let app = app_for(
+        &common::fixtures().join("mlp.pt"),
+        json!({"input": {"shape": [-1, 4]}}),
+    );
+    let s = Server::start(
+        &app,
+        &["--production", "--workers", "1", "--metrics-port", "0"],
+    );
+    s.wait_workers(1);
+    let mport = s.metrics_port();
+    let json_type = "Content-Type: application/json\r\n";
+    let row = br#"{"inputs": [[1, 2, 3, 4]]}"#;
+    for method in ["POST", "PUT"] {
+        let r = raw(s.port, method, "/predictions/small", json_type, row);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/small:predict",
+        json_type,
+        br#"{"instances": [[1, 2, 3, 4]]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(s.get("/ping").status, 200);
+    // Counts reach the master with the worker's heartbeats.
+    let counted = |m: &str, endpoint: &str, n: u32| {
+        m.lines().any(|l| {
+            l.starts_with("vramfork_requests_total{")
+                && l.contains(&format!("endpoint=\"{endpoint}\""))
+                && l.contains("code=\"200\"")
+                && l.ends_with(&format!(" {n}"))
+        })
+    };
+    s.poll("torchserve 2, kserve-v1 1, /ping under other", || {
+        let m = common::http(mport, "GET", "/metrics", None).body;
+        (counted(&m, "torchserve", 2) && counted(&m, "kserve-v1", 1) && counted(&m, "other", 1))
+            .then_some(())
+    });
 }

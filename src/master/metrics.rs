@@ -38,6 +38,8 @@ struct LiveWorker {
     served: u64,
     /// Requests it has taken that wait for its model (its last heartbeat).
     queued: u32,
+    /// `queued` by priority lane, highest first.
+    queued_lanes: [u32; 3],
     traffic: Traffic,
     allocator_peak: Option<u64>,
 }
@@ -92,6 +94,8 @@ impl MasterMetrics {
                 footprint_measured_mb: plan.measured_mb,
                 footprint_planned_mb: plan.planned_typ_mb,
                 footprint_observed_mb: None,
+                pass_peak_warmup: None,
+                pass_peak_observed: None,
             },
             ..State::default()
         };
@@ -121,6 +125,7 @@ impl MasterMetrics {
                     gpu: st.gpu,
                     served: 0,
                     queued: 0,
+                    queued_lanes: [0; 3],
                     traffic: Traffic::default(),
                     allocator_peak: None,
                 },
@@ -134,6 +139,19 @@ impl MasterMetrics {
         self.with(|s| {
             s.plan.host_bound = Some(bound);
             s.plan.workers = workers;
+        });
+    }
+
+    /// How far the template's resident set rose over its warm-up passes, in bytes.
+    pub fn warmup_pass_peak(&self, bytes: u64) {
+        self.with(|s| s.plan.pass_peak_warmup = Some(bytes));
+    }
+
+    /// How far a worker's resident set rose above its figure when ready, over its passes:
+    /// the highest seen is kept.
+    pub fn serving_pass_peak(&self, bytes: u64) {
+        self.with(|s| {
+            s.plan.pass_peak_observed = Some(s.plan.pass_peak_observed.unwrap_or(0).max(bytes))
         });
     }
 
@@ -180,6 +198,7 @@ impl MasterMetrics {
                 if let Some(w) = s.live.get_mut(&st.pid) {
                     w.served = st.served;
                     w.queued = st.queued;
+                    w.queued_lanes = st.queued_lanes;
                 }
             }
         });
@@ -237,10 +256,19 @@ impl MasterMetrics {
             traffic.log_lines_dropped += crate::logging::dropped(crate::logging::Kind::Log);
             let p = s.pool;
             let model: u64 = s.live.values().map(|w| u64::from(w.queued)).sum();
+            let mut lanes = [0u64; 3];
+            for w in s.live.values() {
+                for (sum, n) in lanes.iter_mut().zip(w.queued_lanes) {
+                    *sum += u64::from(n);
+                }
+            }
             let snap = Snapshot {
                 traffic,
                 in_flight: u64::from(p.in_flight),
-                waiting: Waiting::of(s.backlog, model),
+                waiting: Waiting {
+                    lanes,
+                    ..Waiting::of(s.backlog, model)
+                },
                 workers: [p.booting, p.ready, p.retiring],
                 planned: p.target,
                 starts: s.starts.clone(),

@@ -127,6 +127,8 @@ pub struct WorkerState {
     pub in_flight: u32,
     /// Requests it has taken that wait for the model, as its last heartbeat said.
     pub queued: u32,
+    /// `queued` by priority lane, highest first (`crate::lanes::LANES`).
+    pub queued_lanes: [u32; 3],
     /// NVML index of its GPU, if it has one.
     pub gpu: Option<u32>,
     pub retire_reason: Option<RetireReason>,
@@ -167,6 +169,7 @@ impl WorkerState {
             served: 0,
             in_flight: 0,
             queued: 0,
+            queued_lanes: [0; 3],
             gpu,
             retire_reason: None,
             asked_to_stop: None,

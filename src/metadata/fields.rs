@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::{kind, MAX_BATCH_SIZE_LIMIT};
 
 /// The fields vramfork reads from the metadata.
-pub(super) const KNOWN_FIELDS: [&str; 17] = [
+pub(super) const KNOWN_FIELDS: [&str; 18] = [
     "name",
     "description",
     "version",
@@ -22,6 +22,7 @@ pub(super) const KNOWN_FIELDS: [&str; 17] = [
     "inputs",
     "outputs",
     "max_batch_size",
+    "max_batch_tokens",
     "profile_input",
     "warmup_inputs",
     "embeddings",

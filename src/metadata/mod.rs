@@ -13,8 +13,10 @@
 //! | `output_choice.rs` | which of the model's outputs a block reads (`output`: a position or a declared name) |
 //! | `classify.rs` | the `classify` block (sequence classifiers: the classify and predict endpoints) |
 //! | `shapes.rs` | the shapes of the warm-up and profiling passes (`warmup_inputs`, `profile_input`) |
+//! | `batch_tokens.rs` | the token budget of a text pass (`max_batch_tokens`) and its worst shape |
 //! | `torchserve.rs` | a TorchServe archive as `model`: read, and what it amounts to filled in |
 
+pub mod batch_tokens;
 mod blocks;
 pub mod classify;
 pub mod embeddings;
@@ -60,6 +62,9 @@ pub struct AppMetadata {
     pub outputs: Option<Vec<TensorSpec>>,
     /// Rows a worker may stack into one forward pass (`max_batch_size`); 0 = no batching.
     pub max_batch_size: u32,
+    /// Rows × padded length one pass of a text input may hold (`max_batch_tokens`); `None`:
+    /// the default (`batch_tokens.rs`).
+    pub max_batch_tokens: Option<usize>,
     /// The input to profile a worker's memory with (`profile_input`): a shape per declared
     /// input, by name; inputs not named take their declared shape with `-1` as 1.
     pub profile_input: Option<BTreeMap<String, Vec<i64>>>,
@@ -163,6 +168,7 @@ impl AppMetadata {
             classify::parse(doc, inputs.as_deref(), outputs.as_deref()).map_err(field)?;
         let max_batch_size = fields::max_batch_size(doc).map_err(field)?;
         let pin = fields::pin(&raw).map_err(field)?;
+        let max_batch_tokens = batch_tokens::parse(&raw).map_err(field)?;
         if let Some(spec) = unbatchable_input(inputs.as_deref(), max_batch_size) {
             return Err(field(spec));
         }
@@ -189,6 +195,7 @@ impl AppMetadata {
             inputs,
             outputs,
             max_batch_size,
+            max_batch_tokens,
             profile_input,
             warmup_inputs,
             labels,

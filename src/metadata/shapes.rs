@@ -52,10 +52,18 @@ impl AppMetadata {
 
     /// The shapes a profiling pass uses, one per declared input in order: `profile_input`'s
     /// where given, else the declared shape with a leading `-1` as `batch` (the rows a
-    /// batching worker stacks: `max_batch_size`, 1 without batching) and other `-1` as 1.
-    /// `None` when an input has no declared shape (nothing to build a pass from).
+    /// batching worker stacks: `max_batch_size`, 1 without batching) and other `-1` as 1 —
+    /// or, for a model with text inputs, as the rows of their token budgets' worst pass
+    /// (`batch_tokens.rs`; the pass runs their documents at `max_length`). `None` when an
+    /// input has no declared shape (nothing to build a pass from).
     pub fn profile_shapes(&self, batch: u32) -> Option<Vec<Vec<i64>>> {
         let specs = self.inputs.as_ref()?;
+        let worst = self
+            .token_budgets(batch)
+            .iter()
+            .map(|(_, b)| b.worst_rows())
+            .max();
+        let batch = worst.map_or(batch, |w| w as u32);
         specs
             .iter()
             .map(|s| {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::histogram::Hist;
 
 /// The endpoints requests are counted under (`endpoint` label).
-pub const ENDPOINTS: [&str; 10] = [
+pub const ENDPOINTS: [&str; 12] = [
     "infer",
     "metadata",
     "health",
@@ -23,6 +23,8 @@ pub const ENDPOINTS: [&str; 10] = [
     "grpc",
     "embeddings",
     "rerank",
+    "torchserve",
+    "kserve-v1",
 ];
 
 /// One endpoint's answers.
@@ -76,6 +78,10 @@ pub struct Traffic {
     /// …and the tokens those passes held once their rows were padded to one length.
     #[serde(default)]
     pub text_tokens_padded: u64,
+    /// The most tokens one pass of a text input held (rows × padded length): at most the
+    /// token budget (`max_batch_tokens`), but for a single longer document.
+    #[serde(default)]
+    pub text_pass_tokens_max: u64,
     /// With batching on: forward passes of the model thread by the rows stacked into them.
     #[serde(default, with = "pairs")]
     pub batches: BTreeMap<u32, u64>,
@@ -108,6 +114,7 @@ impl Traffic {
         self.queue_wait.add(&o.queue_wait);
         self.text_tokens += o.text_tokens;
         self.text_tokens_padded += o.text_tokens_padded;
+        self.text_pass_tokens_max = self.text_pass_tokens_max.max(o.text_pass_tokens_max);
         for (rows, n) in &o.batches {
             *self.batches.entry(*rows).or_default() += n;
         }

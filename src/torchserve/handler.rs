@@ -1,15 +1,20 @@
 //! TorchServe's default handlers, as the metadata blocks they amount to. `image_classifier`
 //! is torchvision's `Resize(256)`, `CenterCrop(224)`, `ToTensor()` and ImageNet's
 //! `Normalize` (an `image` block with `center_crop`, `shorter_side` 256), then a softmax
-//! and the top 5 classes (a `labels` block). Any other handler is Python code vramfork does
-//! not run: the metadata's `inputs` stand in for it, or the start is refused
-//! ([`custom_refusal`]).
+//! and the top 5 classes (a `labels` block). `image_segmenter` takes the same image; its
+//! model returns a dict whose `out` (`[N, K, H, W]` scores) becomes, per pixel, the best
+//! class and its softmax probability (`[H, W, 2]` per image: what TorchServe's
+//! `ImageSegmenter.postprocess` returns; written by the serving doors from the `out`
+//! output). Any other handler is Python code vramfork does not run: the metadata's
+//! `inputs` stand in for it, or the start is refused ([`custom_refusal`]).
 
 use serde_json::{json, Map, Value};
 
 use super::Archive;
 use crate::labels::Labels;
 
+/// The output of the segmentation model's dict that `image_segmenter` reads.
+pub const SEGMENTS: &str = "out";
 /// The classes `image_classifier` answers (its `topk`).
 pub const TOP_K: usize = 5;
 /// ImageNet's statistics, as `image_classifier` normalises with them.
@@ -21,17 +26,20 @@ pub const STD: [f32; 3] = [0.229, 0.224, 0.225];
 pub enum Handler {
     /// `image_classifier`: served without Python.
     ImageClassifier,
+    /// `image_segmenter`: served without Python.
+    ImageSegmenter,
     /// Any other: its model is served with the pre-processing the metadata declares.
     Custom,
 }
 
 impl Handler {
-    /// The handler the manifest names (`image_classifier`, or the module path TorchServe
-    /// accepts for it).
+    /// The handler the manifest names (`image_classifier`, `image_segmenter`, or the
+    /// module path TorchServe accepts for it).
     pub fn of(name: &str) -> Handler {
         let module = name.split(':').next().unwrap_or(name);
         match module.trim_start_matches("ts.torch_handler.") {
             "image_classifier" => Handler::ImageClassifier,
+            "image_segmenter" => Handler::ImageSegmenter,
             _ => Handler::Custom,
         }
     }
@@ -39,12 +47,13 @@ impl Handler {
 
 impl Archive {
     /// The metadata document with what the handler amounts to filled in where the metadata
-    /// declares nothing: `image_classifier`'s image input and scores output (its labels are
-    /// [`Archive::labels_block`]).
+    /// declares nothing: the image input of `image_classifier` and `image_segmenter`, and
+    /// the classifier's scores output (its labels are [`Archive::labels_block`]; the
+    /// segmenter's model names its outputs itself, a dict).
     pub fn filled(&self, raw: &Map<String, Value>) -> Map<String, Value> {
         let mut view = raw.clone();
         let declared = ["input", "inputs"].iter().any(|k| raw.contains_key(*k));
-        if self.handler != Handler::ImageClassifier || declared {
+        if self.handler == Handler::Custom || declared {
             return view;
         }
         view.insert(
@@ -62,7 +71,7 @@ impl Archive {
                 }
             }]),
         );
-        if !raw.contains_key("outputs") {
+        if self.handler == Handler::ImageClassifier && !raw.contains_key("outputs") {
             let classes = self.labels.as_ref().map_or(-1, |l| l.len() as i64);
             view.insert(
                 "outputs".into(),
@@ -102,7 +111,7 @@ pub fn by_index(classes: usize) -> Labels {
 pub fn custom_refusal(shown: &str, handler: &str) -> String {
     let handler = if handler.is_empty() { "none" } else { handler };
     format!(
-        "{shown}: its handler ({handler}) is Python code vramfork does not run (only `image_classifier` is served as it is). Declare what the handler's preprocess did as the model's `inputs` in the metadata — an `image` block for images (size, resize, mean, std), a `tokenizer` block for text, plain tensors otherwise — and its postprocess as `outputs` (a `labels` block for class names); the archive's model is then served with them (docs/migrating.md, \"Coming from TorchServe\", has the common handlers written out)"
+        "{shown}: its handler ({handler}) is Python code vramfork does not run (only `image_classifier` and `image_segmenter` are served as they are). Declare what the handler's preprocess did as the model's `inputs` in the metadata — an `image` block for images (size, resize, mean, std), a `tokenizer` block for text, plain tensors otherwise — and its postprocess as `outputs` (a `labels` block for class names); the archive's model is then served with them (docs/migrating.md, \"Coming from TorchServe\", has the common handlers written out)"
     )
 }
 
@@ -120,6 +129,10 @@ mod tests {
         assert_eq!(
             Handler::of("image_classifier:handle"),
             Handler::ImageClassifier
+        );
+        assert_eq!(
+            Handler::of("ts.torch_handler.image_segmenter"),
+            Handler::ImageSegmenter
         );
         assert_eq!(Handler::of("handler.py"), Handler::Custom);
         assert_eq!(Handler::of("text_classifier"), Handler::Custom);

@@ -13,7 +13,9 @@
 //! | `zipped.rs` | the archive's zip, read bounded (zip bombs, `../` names refused) |
 //! | `store.rs` | a model store: its one archive, `config.properties` |
 //! | `handler.rs` | the default handlers: the inputs and outputs each amounts to |
+//! | `cli.rs` | TorchServe's command-line options, refused naming what does the same here |
 
+pub mod cli;
 pub mod handler;
 pub mod store;
 mod zipped;

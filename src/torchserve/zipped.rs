@@ -1,12 +1,15 @@
 //! A model archive's zip read with the same hardening as an exported program's records:
-//! the entry count and the sizes the central directory declares are bounded against the
-//! file's own size before anything is inflated (a 1 MB archive can declare a 1 GiB entry),
+//! the entry count is read from the end-of-central-directory record (or its ZIP64 form)
+//! before the zip reader sees the file — the reader reserves memory for as many entries as
+//! the record declares (up to the file's size: a sparse 4 GiB file could ask for hundreds
+//! of GB), so a count over [`MAX_ENTRIES`] is refused first — and the sizes the central
+//! directory declares are bounded against the file's own size before anything is inflated (a 1 MB archive can declare a 1 GiB entry),
 //! no entry is read past what it declared (a header that lies is caught), and a name that
 //! would leave the folder it is unpacked into (`../`, an absolute path) refuses the whole
 //! archive.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -40,6 +43,14 @@ impl Zipped {
             .map_err(|e| format!("cannot open the model archive {shown}: {e}"))?;
         if !meta.is_file() {
             return Err(format!("the model archive {shown} is not a regular file"));
+        }
+        let mut file = file;
+        let declared = declared_entries(&mut file, meta.len())
+            .map_err(|e| format!("cannot read the model archive {shown}: {e}"))?;
+        if declared > MAX_ENTRIES as u64 {
+            return Err(format!(
+                "the model archive {shown} declares {declared} entries in its central directory; at most {MAX_ENTRIES} are read"
+            ));
         }
         let zip = ZipArchive::new(file).map_err(|e| {
             format!("the model archive {shown} is not a zip file (a TorchServe .mar is one): {e}")
@@ -143,4 +154,65 @@ impl Zipped {
             .map_err(|e| format!("cannot unpack {name} to {}: {e}", to.display()))?;
         Ok(written)
     }
+}
+/// The classic end-of-central-directory record: its signature and size without a comment.
+const EOCD: u32 = 0x0605_4b50;
+const EOCD_LEN: u64 = 22;
+/// The ZIP64 locator (20 bytes, just before the classic record) and the ZIP64 record.
+const LOCATOR: u32 = 0x0706_4b50;
+const LOCATOR_LEN: u64 = 20;
+const EOCD64: u32 = 0x0606_4b50;
+const EOCD64_LEN: usize = 56;
+
+/// The entry count the zip reader will take from the archive, found as it finds it: the
+/// last classic end record within the final 64 KiB (its comment's greatest length), and the
+/// ZIP64 record when a locator stands where that record's comment length puts it. A ZIP64
+/// record that is not where its locator says (the reader would search the file for it) is
+/// refused: archivers write it there. 0 when there is no end record (the reader's error
+/// then names it).
+fn declared_entries(file: &mut File, len: u64) -> Result<u64, String> {
+    if len < EOCD_LEN {
+        return Ok(0);
+    }
+    let start = len.saturating_sub(EOCD_LEN + u64::from(u16::MAX));
+    let tail = read_at(file, start, (len - start) as usize)?;
+    let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let Some(at) = (0..=tail.len() - EOCD_LEN as usize)
+        .rev()
+        .find(|&i| u32_at(&tail, i) == EOCD)
+    else {
+        return Ok(0);
+    };
+    let end = &tail[at..];
+    let classic = u64::from(u16_at(end, 8).max(u16_at(end, 10)));
+    let comment = u64::from(u16_at(end, 20));
+    let Some(locator_at) = len.checked_sub(LOCATOR_LEN + EOCD_LEN + comment) else {
+        return Ok(classic);
+    };
+    let locator = read_at(file, locator_at, LOCATOR_LEN as usize)?;
+    if u32_at(&locator, 0) != LOCATOR {
+        return Ok(classic);
+    }
+    let nominal = u64_at(&locator, 8);
+    let record = match nominal.checked_add(EOCD64_LEN as u64) {
+        Some(e) if e <= len => read_at(file, nominal, EOCD64_LEN)?,
+        _ => Vec::new(),
+    };
+    if record.len() != EOCD64_LEN || u32_at(&record, 0) != EOCD64 {
+        return Err(format!(
+            "its ZIP64 end record is not at offset {nominal}, where its locator says (an archiver writes it there)"
+        ));
+    }
+    Ok(u64_at(&record, 24).max(u64_at(&record, 32)))
+}
+
+/// `n` bytes of `file` from `at`.
+fn read_at(file: &mut File, at: u64, n: usize) -> Result<Vec<u8>, String> {
+    let mut out = vec![0; n];
+    file.seek(SeekFrom::Start(at))
+        .and_then(|_| file.read_exact(&mut out))
+        .map_err(|e| e.to_string())?;
+    Ok(out)
 }

@@ -16,7 +16,8 @@ async def main():
     base, model = sys.argv[1:3]
     cases = json.load(sys.stdin)["cases"]
     client = InferenceRESTClient(RESTConfig(protocol="v1"))
-    out = {"ready": await client.is_model_ready(base, model), "predictions": []}
+    out = {"live": await client.is_server_live(base),
+           "ready": await client.is_model_ready(base, model), "predictions": []}
     for case in cases:
         answer = await client.infer(base, {"instances": case["inputs"]}, model_name=model)
         out["predictions"].append(answer["predictions"])

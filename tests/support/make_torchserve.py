@@ -9,9 +9,13 @@ serialized model, index_to_name.json), and the answers TorchServe's own handler 
 - plain.mar: the same model without index_to_name.json (TorchServe names classes by index);
 - custom.mar: the same model with a custom handler.py;
 - eager.mar: an eager model (model.py and a state dict, .pth);
+- segmenter.mar: torchvision's FCN (its FCNHead on a small convolutional backbone, random
+  weights, 3 classes), scripted (it returns a dict, {"out": ..., "aux": ...}), with the
+  default handler `image_segmenter`;
 - cat.jpg, wide.png: images written by Pillow;
 - expected.json: what ts.torch_handler.image_classifier.ImageClassifier answers for each
-  image (its preprocess, the model, its postprocess), as TorchServe would return it.
+  image (its preprocess, the model, its postprocess), as TorchServe would return it; and
+  under "segments" what ts.torch_handler.image_segmenter.ImageSegmenter answers for wide.png.
 
 Usage: make_torchserve.py OUTDIR README
 """
@@ -25,6 +29,9 @@ import numpy as np
 import torch
 from PIL import Image
 from ts.torch_handler.image_classifier import ImageClassifier
+from ts.torch_handler.image_segmenter import ImageSegmenter
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.models.segmentation.fcn import FCN, FCNHead
 from ts.utils.util import load_label_mapping
 
 out = sys.argv[1]
@@ -52,8 +59,8 @@ names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", 
 index_to_name = {str(i): ["n%08d" % (1440764 + i), n] for i, n in enumerate(names)}
 
 
-def manifest(handler, serialized="model.pt", model_file=None):
-    m = {"modelName": "small", "serializedFile": serialized, "handler": handler,
+def manifest(handler, serialized="model.pt", model_file=None, name="small"):
+    m = {"modelName": name, "serializedFile": serialized, "handler": handler,
          "modelVersion": "1.0"}
     if model_file:
         m["modelFile"] = model_file
@@ -80,6 +87,21 @@ mar("exported.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier", "mode
 mar("plain.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier"), "model.pt": model_pt})
 mar("custom.mar", {"MAR-INF/MANIFEST.json": manifest("handler.py"), "model.pt": model_pt,
                    "handler.py": "from ts.torch_handler.base_handler import BaseHandler\n"})
+torch.manual_seed(0)
+backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+                               torch.nn.Conv2d(16, 16, 3, stride=2, padding=1), torch.nn.ReLU())
+segmenter = FCN(IntermediateLayerGetter(backbone, {"3": "aux", "5": "out"}), FCNHead(16, 3),
+                FCNHead(16, 3)).eval()
+with torch.no_grad():  # scores that differ from pixel to pixel
+    for m in segmenter.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            m.weight.mul_(4.0)
+segmenter = torch.jit.script(segmenter)
+buf = io.BytesIO()
+torch.jit.save(segmenter, buf)
+mar("segmenter.mar", {"MAR-INF/MANIFEST.json": manifest("image_segmenter", name="seg"),
+                      "model.pt": buf.getvalue()})
 state = io.BytesIO()
 torch.save(model.state_dict(), state)
 mar("eager.mar", {"MAR-INF/MANIFEST.json": manifest("image_classifier", "model.pth", "model.py"),
@@ -112,6 +134,14 @@ for mapping in ("labels", "index"):
             answer = handler.postprocess(handler.model(x))
         expected.setdefault(mapping, {})[f] = answer[0]
 os.remove(os.path.join(out, "index_to_name.json"))
+handler = ImageSegmenter()
+handler.model = segmenter
+handler.device = torch.device("cpu")
+with open(os.path.join(out, "wide.png"), "rb") as fh:
+    body = fh.read()
+with torch.no_grad():
+    x = handler.preprocess([{"body": bytearray(body)}])
+    expected["segments"] = handler.postprocess(handler.model(x))[0]
 with open(os.path.join(out, "expected.json"), "w") as f:
     json.dump(expected, f)
 print(json.dumps({"ok": True}))

@@ -344,9 +344,14 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
             && te <= forward["start"].as_u64().unwrap(),
         "tokenized within the request, before its pass: {spans:#?}"
     );
-    // Five inputs, two a pass: three passes, each its queue and forward, one after another.
+    // Five inputs, two a pass: three passes, each its queue and forward, one after another,
+    // shortest rows first, each with its tokens (each word one token, [CLS] and [SEP]
+    // around: 5, 3, 4, 6 and 3 tokens make passes of 3 + 3, 4 + 5 padded to 5, and 6).
     let trace = "8bf92f3577b34da6a3ce929d0e0e4732";
-    embed(trace, serde_json::json!(["a", "b", "c", "d", "e"]));
+    embed(
+        trace,
+        serde_json::json!(["a b c", "a", "a b", "a b c d", "b"]),
+    );
     let spans = rx.spans_of(trace, 9);
     let named = |name: &str| -> Vec<&Value> {
         let mut v: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
@@ -360,6 +365,24 @@ fn an_embeddings_request_has_a_tokenize_span_with_counts_and_no_text() {
         "{spans:#?}"
     );
     let at = |s: &Value, k: &str| s[k].as_u64().unwrap();
+    let tokens: Vec<(u64, u64, f64)> = forwards
+        .iter()
+        .map(|f| {
+            let a = &f["attributes"];
+            let n = |k: &str| a[k].as_u64().unwrap_or_else(|| panic!("{k} in {f:#}"));
+            let e = a["vramfork.pass.padding_efficiency"].as_f64();
+            (
+                n("vramfork.pass.tokens"),
+                n("vramfork.pass.padded_tokens"),
+                e.unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tokens,
+        vec![(6, 6, 1.0), (9, 10, 0.9), (6, 6, 1.0)],
+        "{forwards:#?}"
+    );
     for (k, f) in forwards.iter().enumerate() {
         assert_eq!(f["attributes"]["vramfork.batch.size"], 1, "{f:#}");
         assert!(at(queues[k], "end") <= at(f, "start"), "{spans:#?}");

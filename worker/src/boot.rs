@@ -187,6 +187,7 @@ fn load(
                 format!("app metadata {}: {e}", metadata.path.display()),
             )
         })?;
+    configure_parts(metadata, batch.max_batch_size);
     let (runner, info, profiled) = runner::Runner::start(runner::Setup {
         path: cfg.model_path.clone(),
         wanted,
@@ -232,6 +233,26 @@ fn load(
         device,
         documents,
     })
+}
+
+/// The token budget a request's text rows run within (`runner::parts`): the smallest of
+/// the text inputs' budgets, over the `forward` arguments their tokens become.
+fn configure_parts(metadata: &AppMetadata, max_batch_size: u32) {
+    let budgets = metadata.token_budgets(max_batch_size);
+    let Some(tokens) = budgets.iter().map(|(_, b)| b.tokens).min() else {
+        return;
+    };
+    let (mut at, mut text_args) = (0, Vec::new());
+    for spec in metadata.inputs.as_deref().unwrap_or_default() {
+        match &spec.document {
+            Some(vramfork::documents::Document::Text(t)) => {
+                text_args.extend(at..at + t.feeds.len());
+                at += t.feeds.len();
+            }
+            _ => at += 1,
+        }
+    }
+    runner::parts::configure(tokens, text_args);
 }
 
 /// What the profiling pass used (allocator figures of CUDA device `device`), sent to the master's

@@ -37,6 +37,14 @@ impl Control {
         }
     }
 
+    /// Whether a master's channel was inherited (and has not broken).
+    pub fn attached(&self) -> bool {
+        self.stream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// Sends one message (a short blocking write of one line).
     pub fn send(&self, msg: &ControlMsg) {
         tracing::debug!(?msg, "control");

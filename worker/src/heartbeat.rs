@@ -48,6 +48,7 @@ pub fn send(app: &App) {
         served: c.served,
         in_flight: c.in_flight,
         queued: app.runner.queued(),
+        queued_lanes: app.runner.queued_lanes(),
         allocator_peak: peak,
         allocator_reserved: reserved,
         footprint,

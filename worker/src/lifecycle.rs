@@ -55,6 +55,10 @@ pub fn run(plan: Plan) -> anyhow::Result<i32> {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut quit = signal(SignalKind::quit())?;
+        // No master (development mode): the process that started it is watched instead.
+        if !shared.control.attached() {
+            crate::parent_watch::start();
+        }
 
         // Siblings may hand requests to this worker once it shows free: listen for them first.
         listen_for_siblings(&app);

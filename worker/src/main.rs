@@ -32,6 +32,7 @@ mod model;
 mod model_archive;
 mod observe;
 mod outgoing;
+mod parent_watch;
 mod process;
 mod report;
 mod request_id;

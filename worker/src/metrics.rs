@@ -32,6 +32,10 @@ pub enum Endpoint {
     /// The rerank, score and classify doors (`/v2/rerank`, `/v1/rerank`, `/rerank`,
     /// `/predict`, `/score`, `/v1/classify`).
     Rerank = 9,
+    /// TorchServe's inference, `POST`/`PUT /predictions/…`.
+    TorchServe = 10,
+    /// KServe v1's `POST /v1/models/{name}:predict`.
+    KServeV1 = 11,
 }
 
 /// Why the worker closed a connection on its client's account (`closes.rs`): the `reason`

@@ -63,7 +63,10 @@ impl Source for DevSource {
         Snapshot {
             traffic: app.traffic(),
             in_flight: u64::from(c.in_flight),
-            waiting: Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued())),
+            waiting: Waiting {
+                lanes: app.runner.queued_lanes().map(u64::from),
+                ..Waiting::of(app.shared.listen_backlog(), u64::from(app.runner.queued()))
+            },
             workers: if c.stopping() { [0, 0, 1] } else { [0, 1, 0] },
             planned: 1,
             starts: [("exec".to_string(), 1)].into(),
@@ -87,6 +90,8 @@ impl Source for DevSource {
                 footprint_measured_mb: None,
                 footprint_planned_mb: self.cfg.planned_typ_mb,
                 footprint_observed_mb: app.hw.process_gpu_used().map(|b| b.div_ceil(1 << 20)),
+                pass_peak_warmup: None,
+                pass_peak_observed: app.serving_peak.read().map(|p| p.rise),
             },
             idle: Default::default(),
             // Development mode reserves nothing in a ledger.

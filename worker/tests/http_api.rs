@@ -47,9 +47,11 @@ fn mlp_outputs_equal_torch_and_metadata_is_served_whole() {
     let r = w.get("/");
     assert_eq!(r.status, 200);
     assert_eq!(r.pid(), w.pid());
-    let md: Value =
+    let mut md: Value =
         serde_json::from_str(&std::fs::read_to_string(util::fixtures().join("mlp.json")).unwrap())
             .unwrap();
+    // With KServe v1's liveness answer beside it.
+    md["status"] = json!("alive");
     assert_eq!(
         r.json(),
         md,

@@ -108,6 +108,7 @@ impl Supervisor {
                     served,
                     in_flight,
                     queued,
+                    queued_lanes,
                     allocator_peak,
                     allocator_reserved,
                     footprint,
@@ -115,6 +116,9 @@ impl Supervisor {
                     passes_peak,
                 } => {
                     self.host.own_memory(st, own_memory);
+                    if let (Some(m), Some(p)) = (&self.metrics, passes_peak) {
+                        m.serving_pass_peak(p.rise);
+                    }
                     self.serving_measured(st, passes_peak);
                     st.allocator = allocator_peak.zip(allocator_reserved);
                     st.footprint = footprint;
@@ -122,6 +126,7 @@ impl Supervisor {
                     st.served = served;
                     st.in_flight = in_flight;
                     st.queued = queued;
+                    st.queued_lanes = queued_lanes;
                 }
                 ControlMsg::Retiring {
                     reason,

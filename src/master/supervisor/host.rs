@@ -148,6 +148,9 @@ impl Supervisor {
     /// the host-memory bound (before any CPU worker starts) — or, when it ran no pass, the
     /// first worker's passes will be measured.
     pub(super) fn template_measured(&mut self, memory: Option<ReadyMemory>) {
+        if let (Some(m), Some(peak)) = (&self.metrics, memory.and_then(|m| m.pass_peak)) {
+            m.warmup_pass_peak(peak);
+        }
         if self.host.tried || self.stopping.is_some() {
             return;
         }

@@ -90,6 +90,14 @@ pub(super) fn passes(f: &mut Families, s: &Snapshot) {
             ],
         );
     }
+    if t.text_pass_tokens_max > 0 {
+        f.gauge(
+            "text_pass_tokens_max",
+            "The most tokens one forward pass of a text input held (rows x padded length, any door, batched or not): at most the token budget (max_batch_tokens), but for a single longer document, which runs alone.",
+            None,
+            vec![(vec![], t.text_pass_tokens_max as f64)],
+        );
+    }
     f.counter(
         "batches",
         "With batching on: forward passes by the rows stacked into them (size: 1, 2, 3-4, 5-8, ...).",
@@ -157,6 +165,14 @@ pub(super) fn refusals(f: &mut Families, s: &Snapshot) {
             (l(&[("queue", "listen")]), w.listen as f64),
             (l(&[("queue", "model")]), w.model as f64),
         ],
+    );
+    let lanes =
+        crate::lanes::LANES.map(|lane| (l(&[("lane", lane.name())]), w.lanes[lane.index()] as f64));
+    f.gauge(
+        "requests_waiting_by_lane",
+        "Requests workers have taken that wait for their model, by priority lane (high, normal, low; as of their last heartbeats): the queue=model row of vramfork_requests_waiting by lane, so that scaling can leave the low lane's backlog out.",
+        None,
+        lanes.to_vec(),
     );
     f.gauge(
         "listen_queue_limit",
@@ -340,6 +356,18 @@ pub(super) fn plan(f: &mut Families, s: &Snapshot) {
         "worker_gpu_footprint_bytes",
         "One worker's GPU memory: declared (est_gpu_mem_typ), measured before planning, planned (what the plan assumes per worker) and observed (the highest any worker reached serving).",
         footprint,
+    );
+    let peaks: Vec<(Labels, f64)> = [
+        ("warmup", p.pass_peak_warmup),
+        ("observed", p.pass_peak_observed),
+    ]
+    .into_iter()
+    .filter_map(|(src, b)| b.map(|b| (l(&[("source", src)]), b as f64)))
+    .collect();
+    f.gauge_bytes(
+        "worker_pass_peak_bytes",
+        "How far one worker's forward passes take its resident set: warmup (the template's warm-up passes, what the host-memory plan counts per worker) and observed (the most any worker's rose serving, above its figure when ready).",
+        peaks,
     );
     f.gauge(
         "build_info",

@@ -94,6 +94,11 @@ pub struct PlanGauges {
     pub footprint_measured_mb: Option<u64>,
     pub footprint_planned_mb: u64,
     pub footprint_observed_mb: Option<u64>,
+    /// How far a worker's passes take its resident set, in bytes: as the template's warm-up
+    /// measured it (what the host-memory plan is made from), and the most any worker's rose
+    /// serving (above its figure when ready).
+    pub pass_peak_warmup: Option<u64>,
+    pub pass_peak_observed: Option<u64>,
 }
 
 /// Requests waiting for a model, now: the `queue` rows of `vramfork_requests_waiting`.
@@ -107,6 +112,8 @@ pub struct Waiting {
     pub model: u64,
     /// How many connections the accept queue may hold; `None` when the socket is closed.
     pub listen_limit: Option<u64>,
+    /// `model` by priority lane, highest first (`crate::lanes::LANES`).
+    pub lanes: [u64; 3],
 }
 
 impl Waiting {
@@ -117,6 +124,7 @@ impl Waiting {
             listen: backlog.map_or(0, |b| u64::from(b.waiting)),
             model,
             listen_limit: backlog.map(|b| u64::from(b.limit)),
+            lanes: [0; 3],
         }
     }
 }

@@ -197,6 +197,32 @@ impl Signature {
         Ok(())
     }
 
+    /// An AOTInductor package's batch range against `max_batch_size`, checked before
+    /// [`Signature::check_declared`]: a package takes the range its compile proved, which can
+    /// be narrower than the export's `Dim` (on the CPU torch picks a convolution backend by
+    /// whether the batch is under 16 rows, and the compile keeps the example input's side:
+    /// ResNet-18 exported with `Dim(max=64)` and 2 example rows takes 2..15), so exporting
+    /// with a larger `Dim` cannot help; the refusal says what can.
+    pub fn check_compiled_batch(&self, max_batch_size: u32) -> Result<(), String> {
+        let rows = i64::from(max_batch_size);
+        for input in &self.inputs {
+            if let Some(Dim::Dynamic {
+                min,
+                max: Some(max),
+                ..
+            }) = input.dims.first()
+            {
+                if *max < rows {
+                    return Err(format!(
+                        "max_batch_size is {rows}, but the package takes {min}..{max} rows in input {}'s dimension 0: a compiled package takes the range its compile proved, which can be narrower than the export's Dim (a choice inside the model that depends on the batch keeps the example input's side of it: on the CPU, the convolution backend torch picks under 16 rows and from 16), so a larger Dim does not help. Set max_batch_size to at most {max}, or serve the torch.export program itself (the .pt2 torch.export.save writes, not compiled), whose range is its Dim's",
+                        input.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn names(&self) -> String {
         let names: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
         names.join(", ")
@@ -454,6 +480,19 @@ mod tests {
         let e = s.check_declared(None, 128).unwrap_err();
         assert!(
             e.contains("bounds input x's dimension 0 at 64") && e.contains("torch.export.Dim"),
+            "{e}"
+        );
+        // A compiled package's narrower range: what sets it, and what helps.
+        let mut compiled = s.clone();
+        compiled.inputs[0].dims[0] = Dim::Dynamic {
+            symbol: "s77".into(),
+            min: 2,
+            max: Some(15),
+        };
+        assert_eq!(compiled.check_compiled_batch(15), Ok(()));
+        let e = compiled.check_compiled_batch(32).unwrap_err();
+        assert!(
+            e.contains("the package takes 2..15 rows") && e.contains("at most 15"),
             "{e}"
         );
         let mut fixed = s.clone();

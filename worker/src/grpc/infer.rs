@@ -17,7 +17,8 @@ use crate::args::Inputs;
 use crate::decode::BodyError;
 use crate::error::ApiError;
 use crate::infer::v2::{check, from_raw, model_id, model_tensors, Checked, Slots, TensorMeta};
-use crate::infer::{classification, Encoding, Parsed, RunOutput, Wanted, MAX_TIMEOUT_S};
+use crate::infer::{classification, Encoding, Parsed, Ranked, RunOutput, Wanted, MAX_TIMEOUT_S};
+use vramfork::lanes::{Lane, TRITON_LEVELS};
 
 /// What the answer needs of the request besides the outputs.
 pub struct Asked {
@@ -46,14 +47,15 @@ pub fn check_model(app: &App, name: &str, version: &str) -> Result<(), ApiError>
 }
 
 /// A request made into the model's input, the outputs' encoding (all binary: raw outputs)
-/// and what the answer needs.
+/// and what the answer needs, with the lane its `priority` parameter asks for.
 pub fn parse(
     req: ModelInferRequest,
     specs: Option<&[TensorSpec]>,
     declared: Option<Vec<TensorSpec>>,
-) -> Result<Parsed<Asked>, ApiError> {
+) -> Result<Ranked<Asked>, ApiError> {
     let hw_fetch = flag(&req.parameters, "hwFetch")?;
     let timeout = timeout(&req.parameters)?;
+    let lane = priority(&req.parameters)?;
     let inputs = inputs(&req, specs)?;
     let outputs = (!req.outputs.is_empty()).then(|| {
         req.outputs
@@ -75,7 +77,7 @@ pub fn parse(
             }
         }
     }
-    Ok(Parsed {
+    let parsed = Parsed {
         inputs,
         encoding: Encoding::Tensors(Wanted { outputs, declared }),
         timeout,
@@ -84,7 +86,26 @@ pub fn parse(
             hw_fetch,
             classes,
         },
-    })
+    };
+    Ok(Ranked { parsed, lane })
+}
+
+/// The `priority` parameter (`uint64_param`, as `tritonclient` sends it, or `int64_param`):
+/// a level from 1 (the highest) to 3, 0 the default level (`vramfork::lanes`).
+fn priority(params: &Params) -> Result<Option<Lane>, ApiError> {
+    let level = match params.get("priority").and_then(|p| p.parameter_choice.as_ref()) {
+        None => return Ok(None),
+        Some(ParameterChoice::Uint64Param(p)) => *p,
+        Some(ParameterChoice::Int64Param(p)) if *p >= 0 => *p as u64,
+        Some(other) => {
+            return Err(ApiError::Body(BodyError::Invalid(format!(
+                "parameter priority must be a whole number (uint64_param), a level from 1 (the highest) to {TRITON_LEVELS} or 0 for the default level, not {other:?}"
+            ))))
+        }
+    };
+    Lane::of_triton(level)
+        .map(Some)
+        .map_err(|e| ApiError::Body(BodyError::Invalid(e)))
 }
 
 fn flag(params: &Params, key: &str) -> Result<bool, ApiError> {

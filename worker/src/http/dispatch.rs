@@ -33,6 +33,12 @@ pub async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     let endpoint = match req.uri().path() {
         p if rerank::owns(p) && req.method() == Method::POST => Endpoint::Rerank,
+        p if p.starts_with("/predictions/")
+            && matches!(*req.method(), Method::POST | Method::PUT) =>
+        {
+            Endpoint::TorchServe
+        }
+        p if kserve::owns(p) && req.method() == Method::POST => Endpoint::KServeV1,
         p => endpoint_of(req.method(), p),
     };
     let arrived = arrival(&req);
@@ -181,6 +187,10 @@ async fn route(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
         (p, _) if torchserve::owns(p) => Ok(torchserve::route(req, app).await),
         ("/", _) => Err(ApiError::not_allowed(&method, &path, "GET, POST")),
         ("/healthz", _) => Err(ApiError::not_allowed(&method, &path, "GET")),
+        // TorchServe's and most servers' habit: metrics on a port of their own here.
+        ("/metrics", _) => Err(ApiError::NotFound(format!(
+            "{method} {path} (Prometheus metrics are served on --metrics-port)"
+        ))),
         _ => Err(ApiError::NotFound(format!("{method} {path}"))),
     }
 }

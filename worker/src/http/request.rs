@@ -1,8 +1,9 @@
 //! What every HTTP handler reads of a request: its id, the endpoint it is counted under,
 //! whether it asks for hwFetch; the one header of Triton's binary extension both directions
-//! use; its body, within the limits ([`read_body`]); and [`admit`] and [`model_request`], an
-//! HTTP model request's way into the inference core (`infer/`). What gRPC reads the same way
-//! (arrival, key) is `head.rs`.
+//! use; its body, within the limits ([`read_body`]); its priority lane from
+//! `X-Request-Priority` ([`lane_of`]); and [`admit`] and [`model_request`], an HTTP model
+//! request's way into the inference core (`infer/`). What gRPC reads the same way (arrival,
+//! key) is `head.rs`.
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -10,11 +11,12 @@ use hyper::header::CONTENT_LENGTH;
 use hyper::{Method, Request};
 use serde_json::Value;
 use vramfork::hwline::wants_hw_fetch;
+use vramfork::lanes::{self, Lane};
 
 use crate::app::App;
 use crate::error::ApiError;
 use crate::head::{arrival, hw_line};
-use crate::infer::{Admitted, Deadline, Done, Meta, Parsed};
+use crate::infer::{Admitted, Deadline, Done, IntoParsed, Meta};
 use crate::metrics::Endpoint;
 use crate::request_id::RequestId;
 use crate::timeouts::BODY_READ;
@@ -119,16 +121,35 @@ pub fn meta_of(req: &Request<Incoming>) -> Result<Meta, ApiError> {
     Ok(meta)
 }
 
+/// The lane `X-Request-Priority` asks for (`None`: no header): a value that names no lane is
+/// a 400 naming the header.
+pub fn lane_of(headers: &hyper::HeaderMap) -> Result<Option<Lane>, ApiError> {
+    let Some(v) = headers.get(lanes::HEADER) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "header {} must be high, normal or low, not {v:?}",
+            lanes::HEADER
+        ))
+    };
+    let v = v.to_str().map_err(|_| bad())?;
+    Lane::of_header(v).map(Some).map_err(ApiError::BadRequest)
+}
+
 /// An HTTP model request admitted by the core (`infer::Admitted`), claimed towards
 /// `--max-requests` (retiring the worker when it is the last), with its body read and
 /// counted; or its refusal when it waited past its client's deadline or `--max-queue-wait`
-/// (the body read first, so the refusal is not lost to a reset).
+/// (the body read first, so the refusal is not lost to a reset). Its passes wait in the lane
+/// `X-Request-Priority` names, unless its body names another.
 pub async fn admit(req: Request<Incoming>, app: &App) -> Result<(Admitted<'_>, Vec<u8>), ApiError> {
     let meta = meta_of(&req)?;
+    let lane = lane_of(req.headers())?;
     let mut admitted = match Admitted::admit(app, meta) {
         Ok(a) => a,
         Err(r) => return Err(refuse(req, app, &r.meta, r.error).await),
     };
+    admitted.prioritize(lane);
     admitted.claim();
     let body = read_body(req, app.max_body_bytes).await?;
     admitted.received(body.len());
@@ -147,11 +168,11 @@ pub async fn refuse<E>(req: Request<Incoming>, app: &App, meta: &Meta, refused: 
 /// A model request, whatever its HTTP protocol (`POST /`, v2 infer): admitted ([`admit`]),
 /// parsed by `parse` (on a blocking thread when large) into the model's input, the outputs'
 /// encoding and whatever the caller needs to answer, and run.
-pub async fn model_request<T: Send + 'static>(
+pub async fn model_request<P: IntoParsed>(
     req: Request<Incoming>,
     app: &App,
-    parse: impl FnOnce(Vec<u8>) -> Result<Parsed<T>, ApiError> + Send + 'static,
-) -> Result<Done<T>, ApiError> {
+    parse: impl FnOnce(Vec<u8>) -> Result<P, ApiError> + Send + 'static,
+) -> Result<Done<P::Extra>, ApiError> {
     let (mut admitted, body) = admit(req, app).await?;
     admitted.run(body, parse).await
 }

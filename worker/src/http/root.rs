@@ -17,10 +17,13 @@ use crate::error::ApiError;
 use crate::infer::{Done, Encoding, Parsed};
 
 /// `GET /`: the metadata as given, with the measured footprint beside the declared one
-/// (`--profile-memory`) and the hwFetch line when asked.
+/// (`--profile-memory`) and the hwFetch line when asked; and `"status": "alive"`, the
+/// answer KServe v1's liveness check (`is_server_live`) reads at `/`, unless the metadata
+/// has a `status` of its own.
 pub fn metadata(query: Option<&str>, app: &App) -> Result<Answer, ApiError> {
     let hw = hw_fetch(query, app)?;
     let mut doc = app.metadata.raw.clone();
+    doc.entry("status").or_insert_with(|| Value::from("alive"));
     if let Some(f) = &app.footprint {
         doc.insert(
             "gpu_footprint_mb".into(),
@@ -49,36 +52,11 @@ pub fn health(app: &App) -> Answer {
 pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     let hw_wanted =
         wants_hw_fetch(req.uri().query()).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let specs = app.metadata.inputs.clone();
-    let content_type = req
-        .headers()
-        .get(hyper::header::CONTENT_TYPE)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let Done {
         out,
         extra: (),
         last,
-    } = model_request(req, app, move |body| {
-        let one = match specs.as_deref() {
-            Some([one]) => one.document.as_ref(),
-            _ => None,
-        };
-        let inputs = match classify(content_type.as_deref(), one, &body)? {
-            // One document, as it is: pre-processing decodes it.
-            BodyKind::Image | BodyKind::Text => Inputs {
-                args: vec![Arg::Blobs(vec![body])],
-            },
-            BodyKind::Json => parse_request(&body, specs.as_deref())
-                .map_err(|e| explained(e.into(), content_type.as_deref(), one))?,
-        };
-        Ok(Parsed {
-            inputs,
-            encoding: Encoding::Json,
-            timeout: None,
-            extra: (),
-        })
-    })
-    .await?;
+    } = run(req, app, Encoding::Json).await?;
     let out_timing = out.preprocess.map(|p| (p, out.forward));
     let outputs = out.outputs.json().map_err(ApiError::Run)?;
     // {"outputs": <written by the runner>[, "hwFetch": "<line>"]}
@@ -101,6 +79,41 @@ pub async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError
     answer.timing = out_timing;
     answer.close = last;
     Ok(answer)
+}
+
+/// `POST /`'s request (a document as it is, or `{"inputs": …}`) through the core, its outputs
+/// made as `encoding` asks: what TorchServe's `/predictions` runs too.
+pub async fn run(
+    req: Request<Incoming>,
+    app: &App,
+    encoding: Encoding,
+) -> Result<Done<()>, ApiError> {
+    let specs = app.metadata.inputs.clone();
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    model_request(req, app, move |body| {
+        let one = match specs.as_deref() {
+            Some([one]) => one.document.as_ref(),
+            _ => None,
+        };
+        let inputs = match classify(content_type.as_deref(), one, &body)? {
+            // One document, as it is: pre-processing decodes it.
+            BodyKind::Image | BodyKind::Text => Inputs {
+                args: vec![Arg::Blobs(vec![body])],
+            },
+            BodyKind::Json => parse_request(&body, specs.as_deref())
+                .map_err(|e| explained(e.into(), content_type.as_deref(), one))?,
+        };
+        Ok(Parsed {
+            inputs,
+            encoding,
+            timeout: None,
+            extra: (),
+        })
+    })
+    .await
 }
 
 /// Output `i` of the model's outputs as `POST /` writes them (`all`), `declared` being the

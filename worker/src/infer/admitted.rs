@@ -4,9 +4,12 @@
 //! [`Admitted::run_or_hand`] where a sibling may take it instead): counted as work while it
 //! lives, parsed (on a blocking thread when large), pre-processed, run. A door with several
 //! passes for one request (`/v1/embeddings`) runs each through the same admitted request.
+//! Each pass waits for the model in the request's lane ([`Admitted::prioritize`]: the
+//! header's, then its body's; a parser gives its body's with [`Ranked`]).
 
 use std::time::Instant;
 
+use vramfork::lanes::Lane;
 use vramfork::protocol::RetireReason;
 
 use super::pass::{run, Pass};
@@ -33,6 +36,35 @@ pub struct Admitted<'a> {
     last: Option<bool>,
     /// Its body's size, once received.
     size: usize,
+    /// The lane its passes wait in.
+    lane: Lane,
+}
+
+/// What a door's parser makes of a body: a [`Parsed`] request, with the lane its body asks
+/// for where the protocol has a field for it ([`Ranked`]).
+pub trait IntoParsed: Send + 'static {
+    type Extra;
+    fn into_parsed(self) -> (Parsed<Self::Extra>, Option<Lane>);
+}
+
+impl<T: Send + 'static> IntoParsed for Parsed<T> {
+    type Extra = T;
+    fn into_parsed(self) -> (Parsed<T>, Option<Lane>) {
+        (self, None)
+    }
+}
+
+/// A parsed request with the lane its body asks for (`None`: it asks none).
+pub struct Ranked<T> {
+    pub parsed: Parsed<T>,
+    pub lane: Option<Lane>,
+}
+
+impl<T: Send + 'static> IntoParsed for Ranked<T> {
+    type Extra = T;
+    fn into_parsed(self) -> (Parsed<T>, Option<Lane>) {
+        (self.parsed, self.lane)
+    }
 }
 
 /// A model request refused before the core took it, with its `meta` to count a body read
@@ -76,7 +108,16 @@ impl<'a> Admitted<'a> {
             taken_at: Instant::now(),
             last: None,
             size: 0,
+            lane: Lane::Normal,
         })
+    }
+
+    /// Its passes wait in `lane` (`None`: as they did). A door calls it with the header's
+    /// lane, then with its body's, which wins.
+    pub fn prioritize(&mut self, lane: Option<Lane>) {
+        if let Some(lane) = lane {
+            self.lane = lane;
+        }
     }
 
     /// Takes it towards `--max-requests` now (before its body is read: the master starts a
@@ -97,11 +138,11 @@ impl<'a> Admitted<'a> {
     }
 
     /// Parses `body` with `parse`, pre-processes its documents and runs it.
-    pub async fn run<T: Send + 'static, B: Send + 'static>(
+    pub async fn run<P: IntoParsed, B: Send + 'static>(
         &mut self,
         body: B,
-        parse: impl FnOnce(B) -> Result<Parsed<T>, ApiError> + Send + 'static,
-    ) -> Result<Done<T>, ApiError> {
+        parse: impl FnOnce(B) -> Result<P, ApiError> + Send + 'static,
+    ) -> Result<Done<P::Extra>, ApiError> {
         match self
             .run_or_hand(body, parse, None::<Handoff<'_, ()>>)
             .await?
@@ -126,37 +167,39 @@ impl<'a> Admitted<'a> {
     /// As [`run`](Self::run), and while it waits for the model, `handoff` (when given, and
     /// it is not the worker's last request) resolving withdraws it, if it has not started:
     /// it ends [`Ran::HandedOff`], unclaimed (a later run claims it again).
-    pub async fn run_or_hand<T: Send + 'static, B: Send + 'static, H>(
+    pub async fn run_or_hand<P: IntoParsed, B: Send + 'static, H>(
         &mut self,
         body: B,
-        parse: impl FnOnce(B) -> Result<Parsed<T>, ApiError> + Send + 'static,
+        parse: impl FnOnce(B) -> Result<P, ApiError> + Send + 'static,
         handoff: Option<Handoff<'_, H>>,
-    ) -> Result<Ran<T, H>, ApiError> {
+    ) -> Result<Ran<P::Extra, H>, ApiError> {
         let inline = self.size <= PARSE_INLINE_MAX;
         self.go(body, parse, handoff, inline).await
     }
 
-    async fn go<T: Send + 'static, B: Send + 'static, H>(
+    async fn go<P: IntoParsed, B: Send + 'static, H>(
         &mut self,
         body: B,
-        parse: impl FnOnce(B) -> Result<Parsed<T>, ApiError> + Send + 'static,
+        parse: impl FnOnce(B) -> Result<P, ApiError> + Send + 'static,
         handoff: Option<Handoff<'_, H>>,
         parse_inline: bool,
-    ) -> Result<Ran<T, H>, ApiError> {
+    ) -> Result<Ran<P::Extra, H>, ApiError> {
         let last = self.claim();
         let app = self.app;
-        let meta = &self.meta;
         // From here on the request is work: this worker takes no new connection until it is
         // answered (a body still arriving did not count).
         let _work = Working::enter(&app.shared);
         let parse = move || parse(body);
-        let mut parsed = if parse_inline {
+        let (mut parsed, lane) = if parse_inline {
             parse()
         } else {
             tokio::task::spawn_blocking(parse).await.map_err(|e| {
                 ApiError::BadRequest(format!("could not parse the request body: {e}"))
             })?
-        }?;
+        }?
+        .into_parsed();
+        self.prioritize(lane);
+        let meta = &self.meta;
         // The earlier of the header's deadline and the body's.
         let body_deadline = parsed
             .timeout
@@ -176,6 +219,7 @@ impl<'a> Admitted<'a> {
             arrived: meta.arrived,
             queue_from: meta.arrived + self.taken_at.elapsed(),
             deadline,
+            lane: self.lane,
         };
         let handoff = handoff.filter(|_| !last);
         match run(app, job, trace, handoff).await? {

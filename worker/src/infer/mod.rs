@@ -6,8 +6,9 @@
 //! (`deadline.rs`); counted towards `--max-requests`, retiring the worker when it is the
 //! last; counted as work while it lives; parsed (off the event loop when large); its
 //! documents pre-processed (`preprocess.rs`); run (`pass.rs`): inline on the event loop or
-//! handed to the model thread (batched there), bounded by the queue wait, the client's
-//! deadline and `--request-timeout`, withdrawn for a sibling when one shows free; then the
+//! handed to the model thread (batched there, served there by priority lane), bounded by the
+//! queue wait, the client's deadline and `--request-timeout`, withdrawn for a sibling when
+//! one shows free; then the
 //! retire policy after the pass (out of memory, CUDA failure, `--max-worker-gpu-mb`,
 //! `--max-worker-memory-mb`), in `pass.rs` too. A request that never reached the model is
 //! refused with 503 and `Retry-After`, never 504. What the Open Inference Protocol's two
@@ -32,7 +33,7 @@ use crate::error::ApiError;
 use crate::metrics::Endpoint;
 use crate::observe::access_log::Trace;
 pub use crate::runner::{Encoding, OutTensor, RunError, RunOutput, Wanted};
-pub use admitted::{Admitted, Done, Handoff, Ran, Working};
+pub use admitted::{Admitted, Done, Handoff, IntoParsed, Ran, Ranked, Working};
 pub use deadline::{Deadline, MAX_TIMEOUT_S};
 pub use text_passes::text_passes;
 
@@ -92,6 +93,8 @@ struct Job {
     /// queue only).
     queue_from: Instant,
     deadline: Option<Deadline>,
+    /// The lane it waits for the model in.
+    lane: vramfork::lanes::Lane,
 }
 
 /// The refusal for a request that has waited past `--max-queue-wait`, if it has.

@@ -48,7 +48,11 @@ pub(super) async fn run<H>(
         arrived,
         queue_from,
         deadline,
+        lane,
     } = job;
+    if let Some(t) = trace {
+        t.lane(lane);
+    }
     if app.shared.get().model_unusable {
         // A forward pass is stuck (or CUDA failed): this one would only queue behind it.
         return Err(unusable(app));
@@ -67,9 +71,16 @@ pub(super) async fn run<H>(
         waited(app, trace, queue_from.elapsed(), arrived.elapsed());
         return finish(app, Some(run), deadline, arrived, trace).map(Pass::Ran);
     }
+    let age_limit = vramfork::lanes::age_limit(app.max_queue_wait);
     let mut ticket = app
         .runner
-        .submit(id, input, encoding, deadline.map(|d| d.at()))
+        .submit(
+            id,
+            input,
+            encoding,
+            deadline.map(|d| d.at()),
+            (lane, age_limit),
+        )
         .await
         .map_err(ApiError::Run)?;
     let claim = ticket.claim();

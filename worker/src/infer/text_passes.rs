@@ -1,6 +1,7 @@
 //! A request's token rows for the model's one text input, run through the core in passes of
-//! at most `max_batch_size` rows (without batching, the input's `max_documents`), shortest
-//! rows first (`documents/passes.rs`), the tokens of each pass counted
+//! at most `max_batch_size` rows (without batching, the input's `max_documents`) and at most
+//! the token budget (`max_batch_tokens`), shortest rows first (`documents/passes.rs`), the
+//! tokens of each pass counted
 //! (`vramfork_text_tokens_total`). The text doors (`/v1/embeddings`, rerank, score,
 //! classify) read each pass's one output their own way.
 
@@ -14,6 +15,7 @@ use crate::args::Inputs;
 use crate::documents::passes::{by_length, tokens};
 use crate::documents::text::Row;
 use crate::error::ApiError;
+use crate::runner::parts::token_budget;
 
 /// Runs `rows` in passes asking for the model's output `output`; `each` gets a pass's rows
 /// (indices into `rows`, shortest first) and its outputs. Returns the passes' forward time.
@@ -34,9 +36,9 @@ pub async fn text_passes<R: Row, E: From<ApiError>>(
     let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
     let lengths: Vec<usize> = rows.iter().map(Row::len).collect();
     let mut forward = Duration::ZERO;
-    for pass in by_length(&lengths, per_pass) {
+    for pass in by_length(&lengths, per_pass, token_budget(), width) {
+        let (real, padded) = tokens(pass.iter().map(|&i| lengths[i]), width);
         if let Some(m) = &app.metrics {
-            let (real, padded) = tokens(pass.iter().map(|&i| lengths[i]), width);
             m.text_tokens(real, padded);
         }
         let chunk: Vec<&R> = pass.iter().map(|&i| &rows[i]).collect();
@@ -56,6 +58,9 @@ pub async fn text_passes<R: Row, E: From<ApiError>>(
             })
             .await?
             .out;
+        if let Some(t) = admitted.meta().trace.as_deref() {
+            t.pass_tokens(real, padded);
+        }
         forward += out.forward;
         each(&pass, out.outputs.tensors().map_err(ApiError::Run)?)?;
     }

@@ -25,9 +25,9 @@ pub fn load(path: &str, device: Device, declared: &Declared) -> Result<Model, St
         cuda: device.is_cuda(),
     };
     let checked = exported::aoti::check(path, &at, &names)?;
-    checked
-        .signature()
-        .check_declared(declared.inputs.as_deref(), declared.max_batch_size)?;
+    let signature = checked.signature();
+    signature.check_compiled_batch(declared.max_batch_size)?;
+    signature.check_declared(declared.inputs.as_deref(), declared.max_batch_size)?;
     let pad = declared.max_batch_size > 0;
     let root = exported::aoti::unpack_root();
     let on = match device {

@@ -11,11 +11,12 @@
 //! another log line, wait.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::runner::SharedPass;
+use vramfork::lanes::{Lane, LANES};
 
 /// How often the writer thread writes what has gathered.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
@@ -37,8 +38,12 @@ pub struct Trace {
     model_us: AtomicU64,
     /// Requests in the pass it ran in (1: alone); 0 until known.
     batch: AtomicU32,
+    /// The tokens of its pass's text rows, real and padded (`u64::MAX`: not a text pass).
+    tokens: [AtomicU64; 2],
     /// Its pass ran on the event loop's thread (`runner/inline.rs`).
     inline: std::sync::atomic::AtomicBool,
+    /// The priority lane its passes waited in: 1 + its index in [`LANES`]; 0 until one ran.
+    lane: AtomicU8,
     /// The pass it shared with other requests, when it was batched.
     pass: Mutex<Option<Arc<SharedPass>>>,
     /// Its passes before the last, when it ran in several (`/v1/embeddings` with more
@@ -92,8 +97,10 @@ impl Default for Trace {
             model_us: AtomicU64::new(u64::MAX),
             batch: AtomicU32::new(0),
             inline: std::sync::atomic::AtomicBool::new(false),
+            lane: AtomicU8::new(0),
             pass: Mutex::new(None),
             earlier: Mutex::new(Vec::new()),
+            tokens: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
             tokenized: std::sync::OnceLock::new(),
             preprocessed: std::sync::OnceLock::new(),
         }
@@ -111,6 +118,9 @@ impl Trace {
     pub fn started(&self, waited: Duration, began: Duration) {
         if let Some(done) = self.timing() {
             self.model_us.store(u64::MAX, Ordering::Relaxed);
+            for t in &self.tokens {
+                t.store(u64::MAX, Ordering::Relaxed);
+            }
             *self.pass.lock().unwrap_or_else(|p| p.into_inner()) = None;
             self.earlier
                 .lock()
@@ -121,6 +131,19 @@ impl Trace {
             .store(began.as_micros() as u64, Ordering::Relaxed);
         self.wait_us
             .store(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Its passes wait in `lane`.
+    pub fn lane(&self, lane: Lane) {
+        self.lane.store(1 + lane.index() as u8, Ordering::Relaxed);
+    }
+
+    /// The lane its passes waited in (`None`: it reached no pass).
+    pub fn lane_name(&self) -> Option<&'static str> {
+        let i = usize::from(self.lane.load(Ordering::Relaxed));
+        i.checked_sub(1)
+            .and_then(|i| LANES.get(i))
+            .map(|l| l.name())
     }
 
     /// Its inputs were tokenized (by its handler).
@@ -160,6 +183,10 @@ impl Trace {
             batch: self.batch.load(Ordering::Relaxed),
             inline: self.inline.load(Ordering::Relaxed),
             pass: self.pass.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            tokens: match self.tokens.each_ref().map(|t| t.load(Ordering::Relaxed)) {
+                [u64::MAX, _] | [_, u64::MAX] => None,
+                [real, padded] => Some((real, padded)),
+            },
         })
     }
 
@@ -200,6 +227,12 @@ impl Trace {
         all
     }
 
+    /// Its last pass (a text pass) held `real` tokens, `padded` once padded.
+    pub fn pass_tokens(&self, real: u64, padded: u64) {
+        self.tokens[0].store(real, Ordering::Relaxed);
+        self.tokens[1].store(padded, Ordering::Relaxed);
+    }
+
     /// Its pass took `took` and ran `batch` requests, on the event loop's thread if `inline`;
     /// `pass`: the pass, when it was batched.
     pub fn ran(&self, took: Duration, batch: u32, inline: bool, pass: Option<&Arc<SharedPass>>) {
@@ -228,6 +261,8 @@ pub struct Timing {
     pub inline: bool,
     /// The pass, when it was batched: its span is the pass's own (`spans/pass.rs`).
     pub pass: Option<Arc<SharedPass>>,
+    /// A text pass's tokens, real and padded (`infer::text_passes`).
+    pub tokens: Option<(u64, u64)>,
 }
 
 /// One answered request.
@@ -335,6 +370,7 @@ impl AccessLog {
         let model = us(t.map(|t| t.model_us.load(Ordering::Relaxed))).map(|m| m + model_before);
         let batch = t.map_or(0, |t| t.batch.load(Ordering::Relaxed));
         let inline = t.is_some_and(|t| t.inline.load(Ordering::Relaxed));
+        let lane = t.and_then(Trace::lane_name);
         let ms = |v: u64| v as f64 / 1e3;
         let total = r.total.as_micros() as u64;
         let time = rfc3339(r.time);
@@ -343,7 +379,7 @@ impl AccessLog {
             let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| format!("{:.3}", ms(v)));
             let _ = writeln!(
                 out,
-                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"trace_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
+                "{{\"timestamp\":\"{time}\",\"level\":\"INFO\",\"fields\":{{\"message\":\"access\",\"event\":\"access\",\"request_id\":{},\"trace_id\":{},\"method\":{},\"path\":{},\"status\":{},\"bytes_in\":{bytes_in},\"bytes_out\":{},\"wait_ms\":{},\"model_ms\":{},\"total_ms\":{:.3},\"batch\":{batch},\"inline\":{inline},\"lane\":{},\"slot\":{},\"pid\":{}}},\"target\":\"vramfork::access\"}}",
                 s(&r.request_id),
                 s(r.context.trace_id()),
                 s(&r.method),
@@ -353,6 +389,7 @@ impl AccessLog {
                 opt(wait),
                 opt(model),
                 ms(total),
+                lane.map_or("null".into(), s),
                 self.slot,
                 self.pid,
             );
@@ -365,7 +402,7 @@ impl AccessLog {
             let rest = |target: &str, out: &mut String| {
                 let _ = writeln!(
                     out,
-                    "{time}  INFO access: {} {target} {} request_id={} trace_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} inline={inline} slot={} pid={}",
+                    "{time}  INFO access: {} {target} {} request_id={} trace_id={} bytes_in={bytes_in} bytes_out={} wait_ms={} model_ms={} total_ms={:.3} batch={batch} inline={inline} lane={} slot={} pid={}",
                     r.method,
                     r.status,
                     r.request_id,
@@ -374,6 +411,7 @@ impl AccessLog {
                     opt(wait),
                     opt(model),
                     ms(total),
+                    lane.unwrap_or("-"),
                     self.slot,
                     self.pid,
                 );
@@ -493,6 +531,7 @@ mod tests {
         t.bytes_in(100);
         t.started(Duration::from_micros(1500), Duration::from_micros(2000));
         t.ran(Duration::from_micros(900), 4, true, None);
+        t.lane(Lane::Low);
         let mut s = String::new();
         log(true).line(&record("/v2/models/m\"x/infer?a=b", Some(t)), &mut s);
         assert!(s.ends_with('\n') && s.matches('\n').count() == 1, "{s:?}");
@@ -508,6 +547,7 @@ mod tests {
         assert_eq!(f["total_ms"], 2.5);
         assert_eq!(f["batch"], 4);
         assert_eq!(f["inline"], true);
+        assert_eq!(f["lane"], "low");
         assert_eq!((f["slot"].as_u64(), f["pid"].as_u64()), (Some(3), Some(42)));
         assert_eq!(v["target"], "vramfork::access");
         // A request that never reached the model: no wait, no model time.
@@ -515,6 +555,7 @@ mod tests {
         log(true).line(&record("/healthz", None), &mut s);
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         assert!(v["fields"]["model_ms"].is_null() && v["fields"]["wait_ms"].is_null());
+        assert!(v["fields"]["lane"].is_null());
     }
 
     #[test]
@@ -523,9 +564,9 @@ mod tests {
         log(false).line(&record("/a b\nc", None), &mut s);
         assert_eq!(s.matches('\n').count(), 1, "{s:?}");
         assert!(s.contains(" POST /a%20b\\nc 200 request_id=id-1 "), "{s:?}");
-        assert!(
-            s.contains("wait_ms=- model_ms=- total_ms=2.500 batch=0 inline=false slot=3 pid=42")
-        );
+        assert!(s.contains(
+            "wait_ms=- model_ms=- total_ms=2.500 batch=0 inline=false lane=- slot=3 pid=42"
+        ));
     }
 
     #[test]

@@ -132,6 +132,24 @@ pub fn split(out: &IValue, rows: &[usize]) -> Result<Vec<IValue>, String> {
         IValue::Tuple(items) => {
             transpose(items, rows).map(|p| p.into_iter().map(IValue::Tuple).collect())
         }
+        // A dict of named outputs: each value cut, the keys kept.
+        IValue::GenericDict(pairs) => {
+            let values: Vec<IValue> = pairs
+                .iter()
+                .map(|(_, v)| shallow(v).ok_or_else(|| no_batch_dimension(v)))
+                .collect::<Result<_, _>>()?;
+            let keys: Vec<IValue> = pairs
+                .iter()
+                .map(|(k, _)| shallow(k).ok_or_else(|| no_batch_dimension(k)))
+                .collect::<Result<_, _>>()?;
+            Ok(transpose(&values, rows)?
+                .into_iter()
+                .map(|parts| {
+                    let keys = keys.iter().filter_map(shallow);
+                    IValue::GenericDict(keys.zip(parts).collect())
+                })
+                .collect())
+        }
         // A list of outputs (each cut), or else a list of one element per row (TorchScript's
         // `List[str]` can arrive as a list of strings).
         IValue::GenericList(items) => match transpose(items, rows) {
@@ -170,15 +188,19 @@ pub fn split(out: &IValue, rows: &[usize]) -> Result<Vec<IValue>, String> {
         IValue::Int(_) => Err("an int output has no batch dimension".into()),
         IValue::Double(_) => Err("a float output has no batch dimension".into()),
         IValue::Bool(_) => Err("a bool output has no batch dimension".into()),
-        other => Err(format!(
-            "a {} output has no batch dimension",
-            super::tensors::type_name(other)
-        )),
+        other => Err(no_batch_dimension(other)),
     }
 }
 
+fn no_batch_dimension(v: &IValue) -> String {
+    format!(
+        "a {} output has no batch dimension",
+        super::tensors::type_name(v)
+    )
+}
+
 /// A copy of a value sharing its tensors' storage (`IValue` is not `Clone`); `None` for the
-/// kinds an output cannot be written as anyway (dicts, objects).
+/// kinds an output cannot be written as anyway (objects).
 fn shallow(v: &IValue) -> Option<IValue> {
     Some(match v {
         IValue::None => IValue::None,
@@ -198,6 +220,12 @@ fn shallow(v: &IValue) -> Option<IValue> {
         IValue::GenericList(items) => {
             IValue::GenericList(items.iter().map(shallow).collect::<Option<_>>()?)
         }
+        IValue::GenericDict(pairs) => IValue::GenericDict(
+            pairs
+                .iter()
+                .map(|(k, v)| Some((shallow(k)?, shallow(v)?)))
+                .collect::<Option<_>>()?,
+        ),
         _ => return None,
     })
 }
@@ -355,6 +383,30 @@ mod tests {
             vec![0., 2., 4., 6., 8., 10.]
         );
         assert!(matches!(&p1[1], IValue::StringList(s) if s == &["x", "y", "z"]));
+    }
+
+    #[test]
+    fn a_dict_of_outputs_is_cut_value_by_value() {
+        let out = IValue::GenericDict(vec![
+            (
+                IValue::String("out".into()),
+                IValue::Tensor(Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).reshape([3, 2])),
+            ),
+            (
+                IValue::String("aux".into()),
+                IValue::Tensor(Tensor::from_slice(&[7i64, 8, 9])),
+            ),
+        ]);
+        let parts = split(&out, &[1, 2]).unwrap();
+        let IValue::GenericDict(second) = &parts[1] else {
+            panic!("not a dict")
+        };
+        assert!(matches!(&second[0].0, IValue::String(k) if k == "out"));
+        assert!(
+            matches!(&second[1].1, IValue::Tensor(t) if Vec::<i64>::try_from(t).unwrap() == [8, 9])
+        );
+        let scalar = IValue::GenericDict(vec![(IValue::String("n".into()), IValue::Int(1))]);
+        assert!(split(&scalar, &[1, 2]).unwrap_err().contains("int output"));
     }
 
     #[test]

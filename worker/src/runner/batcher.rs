@@ -1,8 +1,9 @@
-//! The model thread's loop with batching on: it takes the oldest queued request, adds the
-//! queued requests that can be stacked with it (oldest first, while the rows fit), waits up
-//! to the batch timeout for more, runs them as one forward pass and cuts the outputs back.
-//! Requests of another shape stay queued in order; the oldest of them leads the next batch,
-//! so none waits forever.
+//! The model thread's loop with batching on: it takes the first queued request by lane
+//! (`lanes.rs`: the highest lane, the oldest within it), adds the queued requests that can be
+//! stacked with it (in the same order, while the rows fit), waits up to the batch timeout for
+//! more, runs them as one forward pass and cuts the outputs back. Requests of another shape
+//! stay queued in order; the first of them by lane leads the next batch, and a request past
+//! its age limit ranks as high, so none waits forever.
 //!
 //! One request's failure never fails the others: when a batched pass raises (or its output
 //! cannot be cut), the requests run again one by one and each gets its own outcome. Running
@@ -29,6 +30,7 @@ use crate::model::Model;
 use tokio::sync::mpsc;
 
 use super::batch::{self, ArgKey, Batching};
+use super::lanes;
 use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
 
@@ -40,12 +42,44 @@ struct Queued {
     job: Job,
     /// Its stacking key and rows (`None`: it runs alone).
     key: Option<(Vec<ArgKey>, usize)>,
+    /// Its text rows and their padded length, when it has text rows (`parts.rs`).
+    text: Option<(usize, usize)>,
+}
+
+/// A pass being formed: what its members share, its rows, its text rows' padded length.
+struct Forming {
+    key: Vec<ArgKey>,
+    rows: usize,
+    width: usize,
+}
+
+impl Forming {
+    /// Whether `q` may join it: the same key, the rows within `max`, and the text rows,
+    /// padded to the longest of them, within the token budget (`max_batch_tokens`).
+    fn admits(&self, q: &Queued, max: usize, budget: Option<usize>) -> bool {
+        q.joins(&self.key, self.rows, max)
+            && match (budget, q.text) {
+                (Some(tokens), Some((r, w))) => (self.rows + r) * self.width.max(w) <= tokens,
+                _ => true,
+            }
+    }
+
+    fn add(&mut self, q: &Queued) {
+        self.rows += q.rows();
+        self.width = self.width.max(q.width());
+    }
 }
 
 impl Queued {
     fn new(job: Job) -> Queued {
         let key = batch::key_of(&job.input);
-        Queued { job, key }
+        let text = super::parts::text_rows(&job.input.args);
+        Queued { job, key, text }
+    }
+
+    /// Its text rows' padded length (0: none).
+    fn width(&self) -> usize {
+        self.text.map_or(0, |t| t.1)
     }
 
     fn rows(&self) -> usize {
@@ -101,33 +135,47 @@ pub fn serve(
             }
         }
         pending.retain(|q| q.job.live());
-        let Some(head) = pending.pop_front() else {
+        let now = Instant::now();
+        let head = lanes::first(&pending, |q| q.job.place, now).and_then(|i| pending.remove(i));
+        let Some(head) = head else {
             continue;
         };
-        let mut rows = head.rows();
         let key = head.key.as_ref().filter(|_| stacking).map(|k| k.0.clone());
+        let mut forming = key.map(|key| Forming {
+            key,
+            rows: head.rows(),
+            width: head.width(),
+        });
+        let budget = super::parts::token_budget();
         let mut members = vec![head];
-        if let Some(key) = key {
-            let mut i = 0;
-            while i < pending.len() && rows < b.max_rows {
-                if pending[i].joins(&key, rows, b.max_rows) {
-                    let q = pending.remove(i).expect("index checked");
-                    rows += q.rows();
-                    members.push(q);
-                } else {
-                    i += 1;
+        if let Some(pass) = &mut forming {
+            // By lane; within one, the rows nearest the pass's length first.
+            let near = |q: &Queued| q.width().abs_diff(pass.width);
+            let mut joining = Vec::new();
+            for i in lanes::order_by(&pending, |q| q.job.place, now, near) {
+                if pass.rows >= b.max_rows {
+                    break;
                 }
+                if pass.admits(&pending[i], b.max_rows, budget) {
+                    pass.add(&pending[i]);
+                    joining.push(i);
+                }
+            }
+            // Taken out from the back, so that the indices left stay valid.
+            joining.sort_unstable();
+            for i in joining.into_iter().rev() {
+                members.push(pending.remove(i).expect("an index of the queue"));
             }
             if let Some(rt) = &timer {
                 let deadline = tokio::time::Instant::now() + b.timeout;
-                while rows < b.max_rows {
+                while pass.rows < b.max_rows {
                     let next =
                         rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await });
                     match next {
                         Ok(Some(job)) => {
                             let q = Queued::new(job);
-                            if q.joins(&key, rows, b.max_rows) {
-                                rows += q.rows();
+                            if pass.admits(&q, b.max_rows, budget) {
+                                pass.add(&q);
                                 members.push(q);
                             } else {
                                 pending.push_back(q);

@@ -3,13 +3,14 @@
 //! One atomic decides between the model thread taking a job and the HTTP side withdrawing
 //! it ([`Claim::withdraw`]). The runner's count of jobs still queued ([`Queued`]) follows
 //! the claims: one more when a job is submitted, one less when it leaves the queue (taken,
-//! withdrawn, or dropped untaken).
+//! withdrawn, or dropped untaken), by the lane it waits in.
 
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
+use vramfork::lanes::{Lane, LANES};
 
 use super::{RunError, RunOutput};
 
@@ -18,14 +19,20 @@ pub(super) const QUEUED: u8 = 0;
 pub(super) const STARTED: u8 = 1;
 pub(super) const WITHDRAWN: u8 = 2;
 
-/// Jobs submitted to the model thread that it has not taken yet: what `/metrics` shows as
-/// the worker's model queue. Cheap to clone (one shared counter).
+/// Jobs submitted to the model thread that it has not taken yet, by lane: what `/metrics`
+/// shows as the worker's model queue. Cheap to clone (shared counters).
 #[derive(Clone, Default)]
-pub struct Queued(Arc<AtomicU32>);
+pub struct Queued(Arc<[AtomicU32; LANES.len()]>);
 
 impl Queued {
+    /// All lanes.
     pub fn get(&self) -> u32 {
-        self.0.load(Ordering::Relaxed)
+        self.lanes().iter().sum()
+    }
+
+    /// By lane, highest first ([`LANES`]).
+    pub fn lanes(&self) -> [u32; LANES.len()] {
+        LANES.map(|l| self.0[l.index()].load(Ordering::Relaxed))
     }
 }
 
@@ -38,16 +45,18 @@ pub struct Claim {
     started: Mutex<Option<Instant>>,
     /// The count it is in while it is queued.
     queued: Queued,
+    lane: Lane,
 }
 
 impl Claim {
-    /// A job's claim, counted in `queued` until it leaves the queue.
-    pub(super) fn queued(queued: &Queued) -> Claim {
-        queued.0.fetch_add(1, Ordering::Relaxed);
+    /// A job's claim, counted in `queued` under `lane` until it leaves the queue.
+    pub(super) fn queued(queued: &Queued, lane: Lane) -> Claim {
+        queued.0[lane.index()].fetch_add(1, Ordering::Relaxed);
         Claim {
             state: AtomicU8::new(QUEUED),
             started: Mutex::new(None),
             queued: queued.clone(),
+            lane,
         }
     }
 
@@ -59,7 +68,7 @@ impl Claim {
             .compare_exchange(QUEUED, to, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok();
         if moved {
-            self.queued.0.fetch_sub(1, Ordering::Relaxed);
+            self.queued.0[self.lane.index()].fetch_sub(1, Ordering::Relaxed);
         }
         moved
     }
@@ -141,15 +150,17 @@ mod tests {
     fn the_queued_count_follows_each_job_until_it_leaves_the_queue() {
         let q = Queued::default();
         let (taken, withdrawn, dropped) = (
-            Claim::queued(&q),
-            Claim::queued(&q),
-            Arc::new(Claim::queued(&q)),
+            Claim::queued(&q, Lane::High),
+            Claim::queued(&q, Lane::Low),
+            Arc::new(Claim::queued(&q, Lane::Low)),
         );
         assert_eq!(q.get(), 3);
+        assert_eq!(q.lanes(), [1, 0, 2]);
         assert!(taken.take());
         assert_eq!(q.get(), 2, "the model thread took one");
         assert!(!taken.withdraw(), "a started job cannot be withdrawn");
         assert_eq!(q.get(), 2);
+        assert_eq!(q.lanes(), [0, 0, 2], "by the lane it waited in");
         assert!(withdrawn.withdraw());
         assert!(!withdrawn.take(), "a withdrawn job is never taken");
         assert_eq!(q.get(), 1);

@@ -9,6 +9,7 @@ use tch::Device;
 use tokio::sync::oneshot;
 
 use super::claim::QUEUED;
+use super::lanes::Place;
 use super::{forward, guarded, Claim, Encoding, Model, RunError, RunOutput};
 use crate::args::Inputs;
 
@@ -20,6 +21,8 @@ pub(super) struct Job {
     pub(super) encoding: Encoding,
     /// The client's deadline: past it, the job never starts.
     pub(super) deadline: Option<Instant>,
+    /// Its lane, and since when it waits: where it stands in the queue.
+    pub(super) place: Place,
     pub(super) claim: Arc<Claim>,
     pub(super) reply: oneshot::Sender<Result<RunOutput, RunError>>,
 }

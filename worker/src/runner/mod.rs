@@ -10,6 +10,10 @@
 //! started is written where the HTTP side reads it when one of its timers fires
 //! ([`Claim::started_at`]), not sent to it (a wake-up less per request, which small models
 //! pay for in full).
+//!
+//! Queued jobs are served by lane (`lanes.rs`): the highest lane first, the oldest first
+//! within a lane, a job past its age limit as if high. A request of several passes submits
+//! one job per pass, so it yields to higher lanes between its passes.
 
 pub mod batch;
 mod batcher;
@@ -18,19 +22,22 @@ mod failure;
 mod info;
 mod inline;
 mod job;
+mod lanes;
 mod ops;
+pub mod parts;
 mod shared_pass;
 mod tensors;
 pub mod v2out;
 mod warmup;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tch::{Device, IValue};
 use tokio::sync::{mpsc, oneshot};
+use vramfork::lanes::{Lane, LANES};
 
 pub use batch::Batching;
 pub use batcher::BatchCounts;
@@ -49,6 +56,7 @@ use crate::cuda;
 use crate::model::{self, Declared, Failure, LoadError, Model};
 use failure::{classify, cuda_first};
 use job::{Job, Taken};
+use lanes::Place;
 
 /// How many requests may wait for the model thread.
 const QUEUE: usize = 64;
@@ -266,23 +274,30 @@ impl Runner {
         self.queued.get()
     }
 
-    /// Queues one forward pass (waiting for a queue slot when many are queued); past
-    /// `deadline` it will not start.
+    /// [`Runner::queued`] by lane, highest first ([`LANES`]).
+    pub fn queued_lanes(&self) -> [u32; LANES.len()] {
+        self.queued.lanes()
+    }
+
+    /// Queues one forward pass in `lane` (waiting for a queue slot when many are queued),
+    /// served as if high once it waited `age_limit`; past `deadline` it will not start.
     pub async fn submit(
         &self,
         id: Arc<str>,
         input: Inputs,
         encoding: Encoding,
         deadline: Option<Instant>,
+        (lane, age_limit): (Lane, std::time::Duration),
     ) -> Result<Ticket, RunError> {
         let (reply, reply_rx) = oneshot::channel();
-        let claim = Arc::new(Claim::queued(&self.queued));
+        let claim = Arc::new(Claim::queued(&self.queued, lane));
         self.tx
             .send(Job {
                 id,
                 input,
                 encoding,
                 deadline,
+                place: Place::now(lane, age_limit),
                 claim: claim.clone(),
                 reply,
             })
@@ -295,9 +310,27 @@ impl Runner {
     }
 }
 
-/// The model thread's loop: one job at a time until every sender is gone.
+/// The model thread's loop: one job at a time until every sender is gone, the first by
+/// lane of those queued (`lanes.rs`).
 fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
-    while let Some(job) = rx.blocking_recv() {
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    loop {
+        if queue.is_empty() {
+            match rx.blocking_recv() {
+                Some(job) => queue.push_back(job),
+                None => return,
+            }
+        }
+        while queue.len() < QUEUE {
+            match rx.try_recv() {
+                Ok(job) => queue.push_back(job),
+                Err(_) => break,
+            }
+        }
+        let next = lanes::first(&queue, |j| j.place, Instant::now());
+        let Some(job) = next.and_then(|i| queue.remove(i)) else {
+            continue;
+        };
         let Some(taken) = job.take() else {
             // Withdrawn while it waited (or its client is gone): it never runs.
             continue;
@@ -316,6 +349,7 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
 
 /// The input's move to the device and the forward pass, under `no_grad`.
 fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
+    parts::note(args);
     let args = args
         .iter()
         .map(|a| tensors::to_ivalue(a, device))
@@ -392,7 +426,7 @@ fn forward(
     encoding: &Encoding,
 ) -> Result<RunOutput, RunError> {
     let start = Instant::now();
-    let out = pass(module, device, &input.args)?;
+    let out = parts::pass(module, device, &input.args)?;
     let outputs = encode(&out, encoding)?;
     drop(out);
     let gpu_reserved = reserved(device);

@@ -5,9 +5,11 @@
 //! Output rules: a tensor becomes a nested array of its shape (a 0-d tensor a bare number),
 //! floats as numbers in their shortest exact form (float32 and narrower as float32) with NaN
 //! and ±Inf as `null` (JSON has no such numbers), integers as integers, bools as bools; a
-//! tuple or list becomes an array of its outputs; int, float and bool scalars become numbers
-//! and bools; strings (a text model's `str` or `List[str]`) become JSON strings. Anything
-//! else (dicts, objects, None) is "unsupported output type".
+//! tuple or list becomes an array of its outputs; a dict with string keys (torchvision's
+//! segmentation models return `{"out": …, "aux": …}`) becomes an object of its named
+//! outputs, in the dict's order; int, float and bool scalars become numbers and bools;
+//! strings (a text model's `str` or `List[str]`) become JSON strings. Anything else
+//! (a dict with other keys, objects, None) is "unsupported output type".
 
 use tch::{Device, IValue, Kind, Tensor};
 
@@ -48,6 +50,7 @@ pub fn write_json(v: &IValue, out: &mut Vec<u8>) -> Result<(), String> {
             write_list(items, out, write_json)?;
         }
         IValue::TensorList(ts) => write_list(ts, out, write_tensor)?,
+        IValue::GenericDict(pairs) => write_dict(pairs, out)?,
         IValue::IntList(v) => write_list(v, out, |i, o| {
             write_int(*i, o);
             Ok(())
@@ -62,11 +65,32 @@ pub fn write_json(v: &IValue, out: &mut Vec<u8>) -> Result<(), String> {
         })?,
         other => {
             return Err(format!(
-                "model returned unsupported output type {}; supported: tensors, tuples and lists of them, int, float, bool, str",
+                "model returned unsupported output type {}; supported: tensors, tuples, lists and dicts (with str keys) of them, int, float, bool, str",
                 type_name(other)
             ))
         }
     }
+    Ok(())
+}
+
+/// A dict of named outputs as a JSON object, in the dict's order.
+fn write_dict(pairs: &[(IValue, IValue)], out: &mut Vec<u8>) -> Result<(), String> {
+    out.push(b'{');
+    for (i, (key, value)) in pairs.iter().enumerate() {
+        let IValue::String(name) = key else {
+            return Err(format!(
+                "model returned a dict with {} keys; a dict output needs str keys (its outputs' names)",
+                type_name(key)
+            ));
+        };
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, name).expect("writing to a Vec cannot fail");
+        out.push(b':');
+        write_json(value, out)?;
+    }
+    out.push(b'}');
     Ok(())
 }
 
@@ -94,6 +118,11 @@ pub(super) fn type_name(v: &IValue) -> &'static str {
         IValue::GenericDict(_) => "Dict",
         IValue::Object(_) => "Object",
         IValue::Device(_) => "Device",
+        IValue::Tensor(_) => "Tensor",
+        IValue::Int(_) => "int",
+        IValue::Double(_) => "float",
+        IValue::Bool(_) => "bool",
+        IValue::Tuple(_) => "Tuple",
         _ => "unknown",
     }
 }
@@ -348,9 +377,28 @@ mod tests {
     }
 
     #[test]
+    fn a_dict_with_str_keys_is_an_object_of_named_outputs() {
+        let v = IValue::GenericDict(vec![
+            (
+                IValue::String("out".into()),
+                IValue::Tensor(Tensor::from_slice(&[1i64, 2])),
+            ),
+            (IValue::String("aux".into()), IValue::Double(0.5)),
+        ]);
+        let mut text = Vec::new();
+        write_json(&v, &mut text).unwrap();
+        // In the dict's order.
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            r#"{"out":[1,2],"aux":0.5}"#
+        );
+        assert_eq!(to_json(&IValue::GenericDict(vec![])).unwrap(), json!({}));
+    }
+
+    #[test]
     fn unsupported_outputs_are_named() {
-        let e = to_json(&IValue::GenericDict(vec![])).unwrap_err();
-        assert!(e.contains("unsupported output type Dict"), "{e}");
+        let e = to_json(&IValue::GenericDict(vec![(IValue::Int(1), IValue::Int(2))])).unwrap_err();
+        assert!(e.contains("a dict with int keys"), "{e}");
         let e = to_json(&IValue::Tuple(vec![IValue::None])).unwrap_err();
         assert!(e.contains("unsupported output type None"), "{e}");
     }

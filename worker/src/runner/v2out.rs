@@ -3,7 +3,9 @@
 //! embeddings), each of which writes its own wire format from them. Each output is named as
 //! the metadata's `outputs` declare (in the order the model returns them), else `output__N`
 //! (Triton's PyTorch-backend naming: the N-th item of a tuple or list, or `output__0` for a
-//! single one). A tensor (or an int, float or bool) is a numeric output; a `List[str]` (or a
+//! single one). A model that returns a dict with string keys (torchvision's segmentation
+//! models: `{"out": …, "aux": …}`) names its outputs itself: each key is an output's name
+//! (declared outputs are then found by name, in the metadata's order). A tensor (or an int, float or bool) is a numeric output; a `List[str]` (or a
 //! `str`) is a `BYTES` output of shape `[n]`. Its data are row-major little-endian elements;
 //! for `BYTES`, each string as a 4-byte little-endian length and its UTF-8 bytes (the raw
 //! form of Triton's binary tensor data extension and of gRPC's `raw_output_contents`).
@@ -100,20 +102,39 @@ fn one(v: &IValue) -> Result<Out, String> {
     })
 }
 
-/// The model's answer as outputs, in order. A list of strings is one output (not one per
-/// string); so is any list when the metadata declares a single `BYTES` output.
-fn outputs(v: &IValue, declared: Option<&[TensorSpec]>) -> Result<Vec<Out>, String> {
+/// The model's answer as outputs, in order, each with the name the model gives it (a
+/// dict's key), if any. A list of strings is one output (not one per string); so is any
+/// list when the metadata declares a single `BYTES` output.
+fn outputs(
+    v: &IValue,
+    declared: Option<&[TensorSpec]>,
+) -> Result<Vec<(Option<String>, Out)>, String> {
     let one_bytes = matches!(declared, Some([d]) if d.datatype == Datatype::Bytes);
+    let unnamed = |all: Vec<Out>| all.into_iter().map(|o| (None, o)).collect();
     match v {
         IValue::GenericList(items) if items.is_empty() && one_bytes => {
-            Ok(vec![Out::Strings(Vec::new())])
+            Ok(unnamed(vec![Out::Strings(Vec::new())]))
         }
         IValue::GenericList(items) if !items.is_empty() && strings(v).is_some() => {
-            Ok(vec![one(v)?])
+            Ok(unnamed(vec![one(v)?]))
         }
-        IValue::Tuple(items) | IValue::GenericList(items) => items.iter().map(one).collect(),
-        IValue::TensorList(ts) => Ok(ts.iter().map(|t| Out::Tensor(t.shallow_clone())).collect()),
-        other => Ok(vec![one(other)?]),
+        IValue::Tuple(items) | IValue::GenericList(items) => {
+            Ok(unnamed(items.iter().map(one).collect::<Result<_, _>>()?))
+        }
+        IValue::TensorList(ts) => Ok(unnamed(
+            ts.iter().map(|t| Out::Tensor(t.shallow_clone())).collect(),
+        )),
+        IValue::GenericDict(pairs) => pairs
+            .iter()
+            .map(|(key, value)| match key {
+                IValue::String(name) => Ok((Some(name.clone()), one(value)?)),
+                other => Err(format!(
+                    "model returned a dict with {} keys; a dict output needs str keys (its outputs' names)",
+                    type_name(other)
+                )),
+            })
+            .collect(),
+        other => Ok(unnamed(vec![one(other)?])),
     }
 }
 
@@ -123,12 +144,17 @@ fn outputs(v: &IValue, declared: Option<&[TensorSpec]>) -> Result<Vec<Out>, Stri
 pub fn tensors(v: &IValue, wanted: &Wanted) -> Result<Vec<OutTensor>, RunError> {
     let declared = wanted.declared.as_deref();
     let all = outputs(v, declared).map_err(RunError::Unsupported)?;
-    let names: Vec<String> = match declared {
+    let (names, all): (Vec<String>, Vec<Out>) = match declared {
         Some(specs) => {
+            let all = in_declared_order(specs, all)?;
             check_declared(specs, &all)?;
-            specs.iter().map(|s| s.name.clone()).collect()
+            (specs.iter().map(|s| s.name.clone()).collect(), all)
         }
-        None => (0..all.len()).map(|i| format!("output__{i}")).collect(),
+        None => all
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, out))| (name.unwrap_or_else(|| format!("output__{i}")), out))
+            .unzip(),
     };
     let picked: Vec<usize> = match &wanted.outputs {
         None => (0..all.len()).collect(),
@@ -152,6 +178,39 @@ pub fn tensors(v: &IValue, wanted: &Wanted) -> Result<Vec<OutTensor>, RunError> 
         })
         .collect::<Result<_, _>>()
         .map_err(RunError::Unsupported)
+}
+
+/// The model's outputs in the declared order: outputs the model names (a dict's) are found
+/// by the declared names; unnamed ones are taken in the model's order.
+fn in_declared_order(
+    specs: &[TensorSpec],
+    all: Vec<(Option<String>, Out)>,
+) -> Result<Vec<Out>, RunError> {
+    if all.iter().any(|(name, _)| name.is_none()) {
+        return Ok(all.into_iter().map(|(_, o)| o).collect());
+    }
+    let given = all
+        .iter()
+        .filter_map(|(n, _)| n.as_deref())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut named = all;
+    let mut ordered = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let Some(at) = named
+            .iter()
+            .position(|(n, _)| n.as_deref() == Some(&spec.name))
+        else {
+            return Err(RunError::Unsupported(format!(
+                "the model returned outputs named {}; the metadata declares output {}, which is not among them",
+                given, spec.name
+            )));
+        };
+        ordered.push(named.remove(at).1);
+    }
+    // Outputs the metadata does not declare: counted, so that the check names them.
+    ordered.extend(named.into_iter().map(|(_, o)| o));
+    Ok(ordered)
 }
 
 /// The model's outputs against the metadata's declared ones: as many, of the same datatypes.
@@ -275,6 +334,50 @@ mod tests {
         let e = tensors(&v, &wanted(Some(&["nope"]))).unwrap_err();
         assert!(
             matches!(&e, RunError::Request(m) if m.contains("output__0, output__1")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_dicts_keys_name_its_outputs() {
+        let v = IValue::GenericDict(vec![
+            (
+                IValue::String("out".into()),
+                IValue::Tensor(Tensor::from_slice(&[1.0f32, 2.0])),
+            ),
+            (
+                IValue::String("aux".into()),
+                IValue::Tensor(Tensor::from_slice(&[3i64])),
+            ),
+        ]);
+        let all = tensors(&v, &wanted(None)).unwrap();
+        let names: Vec<&str> = all.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["out", "aux"]);
+        let picked = tensors(&v, &wanted(Some(&["aux"]))).unwrap();
+        assert_eq!((picked.len(), picked[0].shape.as_slice()), (1, &[1i64][..]));
+        // Declared outputs are found by name, in the metadata's order.
+        let spec = |name: &str, d: Dtype| TensorSpec {
+            name: name.into(),
+            datatype: Datatype::Tensor(d),
+            shape: None,
+            document: None,
+        };
+        let declared = Wanted {
+            outputs: None,
+            declared: Some(vec![spec("aux", Dtype::Int64), spec("out", Dtype::Float32)]),
+        };
+        let all = tensors(&v, &declared).unwrap();
+        assert_eq!(
+            (all[0].name.as_str(), all[1].shape.as_slice()),
+            ("aux", &[2i64][..])
+        );
+        let missing = Wanted {
+            outputs: None,
+            declared: Some(vec![spec("logits", Dtype::Float32)]),
+        };
+        let e = tensors(&v, &missing).unwrap_err();
+        assert!(
+            matches!(&e, RunError::Unsupported(m) if m.contains("named out, aux") && m.contains("declares output logits")),
             "{e:?}"
         );
     }

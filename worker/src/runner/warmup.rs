@@ -8,11 +8,14 @@
 //! kernels lazily, the allocator growing its heaps, oneDNN choosing and generating kernels —
 //! is then paid before the first request instead of by it (which with `--max-requests 1` is
 //! every request). The first pass also checks the declared inputs against `forward()`
-//! ([`boot_refusal`]), and one more pass per text input whose passes ran shorter than its
-//! `max_length` runs a document of `max_length` tokens ([`check_max_lengths`]): a
-//! `max_length` beyond what the model takes (its position embeddings) ends the boot naming
-//! the field, instead of failing the first long text with a 500. An image input's
-//! passes already run at its declared `size`.
+//! ([`boot_refusal`]), and per text input one more pass runs a document of `max_length`
+//! tokens and one its token budget's worst shape (`max_batch_tokens`: as many documents of
+//! `max_length` tokens as one pass may hold; [`check_budgets`]), unless the passes before
+//! ran it: the footprint the template measures
+//! (and `--profile-memory`, which runs the same shape) then bounds every pass a client can
+//! cause, and a `max_length` beyond what the model takes (its position embeddings) ends the
+//! boot naming the field, instead of failing the first long text with a 500. An image
+//! input's passes already run at its declared `size`.
 
 use std::time::Instant;
 
@@ -20,6 +23,7 @@ use tch::{Device, IValue, Tensor};
 
 use crate::model::{Failure, Model};
 use vramfork::documents::{Document, Feed, Padding, TextSpec};
+use vramfork::metadata::batch_tokens::TokenBudget;
 use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
 
 use super::useful_line;
@@ -34,6 +38,8 @@ pub struct Warmup {
     /// ([`AppMetadata::warmup_shapes`]); each pass runs at every set, in order.
     pub shapes: Vec<Vec<Vec<i64>>>,
     pub passes: u32,
+    /// The token budget of each text input, by input index.
+    pub budgets: Vec<(usize, TokenBudget)>,
 }
 
 impl Warmup {
@@ -47,6 +53,7 @@ impl Warmup {
             specs: metadata.inputs.clone()?,
             shapes: metadata.warmup_shapes(max_batch_size)?,
             passes,
+            budgets: metadata.token_budgets(max_batch_size),
         })
     }
 }
@@ -81,7 +88,7 @@ pub fn warm(
     let mut pass_ms = Vec::new();
     for _ in 0..plan.passes {
         for shapes in &plan.shapes {
-            match pass(module, &plan.specs, shapes, device, None) {
+            match pass(module, &plan.specs, shapes, device, Long::None) {
                 Ok(ms) => pass_ms.push(ms),
                 Err(e) => {
                     if let Some(refused) = boot_refusal(path, &plan.specs, shapes, &e) {
@@ -99,7 +106,7 @@ pub fn warm(
             }
         }
     }
-    let checked = check_max_lengths(module, plan, path, device)?;
+    let checked = check_budgets(module, plan, path, device)?;
     let warmed = Warmed {
         ms: start.elapsed().as_secs_f64() * 1e3,
         passes: plan.passes * plan.shapes.len() as u32 + checked,
@@ -227,80 +234,151 @@ pub fn boot_refusal(
     })
 }
 
-/// The text inputs whose warm-up passes ran shorter than their `max_length` (`"longest"`
-/// padding runs them at [`short_length`]) get one pass more each, at the one-request shape
-/// with that input's documents `max_length` tokens long. The passes before it ran, so its
-/// failure is the length's: the boot ends naming the field (a pass out of GPU memory is a
-/// warning: such requests will get 507). Returns the passes it ran.
-fn check_max_lengths(
+/// Each text input's token budget's worst pass ([`TokenBudget::worst_rows`] documents of
+/// `max_length` tokens, every other input at as many rows), unless a pass before ran it
+/// (`"max_length"` padding at as many rows). The passes before it ran, so its failure is the
+/// length's or the budget's: the boot ends naming the field. Out of GPU memory, a budget the
+/// metadata gave ends the boot (`max_batch_tokens`); the default one is halved until its pass
+/// runs, and lowered to that for this worker's passes (`parts.rs`); one document of
+/// `max_length` tokens out of memory is a warning (such requests will get 507). Returns the
+/// passes it ran.
+fn check_budgets(
     module: &Model,
     plan: &Warmup,
     path: &str,
     device: Device,
 ) -> Result<u32, LoadError> {
-    let Some(shapes) = plan.shapes.last() else {
+    let Some(base) = plan.shapes.last() else {
         return Ok(0);
     };
     let mut passes = 0;
-    for (i, spec) in plan.specs.iter().enumerate() {
-        let Some(Document::Text(text)) = &spec.document else {
+    for &(i, budget) in &plan.budgets {
+        let Some(Document::Text(text)) = &plan.specs[i].document else {
             continue;
         };
-        if short_length(text) == text.max_length {
+        let worst = budget.worst_rows();
+        let ran = |s: &Vec<Vec<i64>>| s.get(i).and_then(|s| s.first()).copied().unwrap_or(1);
+        if text.padding == Padding::MaxLength && plan.shapes.iter().any(|s| ran(s) >= worst as i64)
+        {
             continue;
         }
-        passes += 1;
-        let Err(e) = pass(module, &plan.specs, shapes, device, Some(i)) else {
-            continue;
-        };
-        // The passes before it ran: a model failure here is the length's (below).
-        match boot_refusal(path, &plan.specs, shapes, &e) {
-            Some(LoadError::Warmup { .. }) | None => {}
-            Some(refused) => return Err(refused),
+        // One document of `max_length` first (a failure there is the length's), then the
+        // budget's worst pass.
+        let (mut rows, mut alone_ran) = (1, worst == 1);
+        loop {
+            passes += 1;
+            let shapes = with_rows(&plan.specs, base, rows as i64);
+            let Err(e) = pass(module, &plan.specs, &shapes, device, Long::Input(i)) else {
+                if !alone_ran {
+                    (rows, alone_ran) = (worst, true);
+                    continue;
+                }
+                if rows < worst {
+                    let tokens = rows * budget.max_length;
+                    tracing::warn!(
+                        "the default token budget ({} tokens a pass of inputs[{i}]) ran out of GPU memory at the warm-up; this worker's passes hold {tokens} tokens ({rows} documents of {} tokens). Set `max_batch_tokens` to fix it",
+                        budget.tokens,
+                        budget.max_length
+                    );
+                    super::parts::lower(tokens);
+                }
+                break;
+            };
+            // The passes before it ran: a model failure here is the length's (below).
+            match boot_refusal(path, &plan.specs, &shapes, &e) {
+                Some(LoadError::Warmup { .. }) | None => {}
+                Some(refused) => return Err(refused),
+            }
+            let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
+            if e.out_of_memory() {
+                if budget.given && alone_ran {
+                    return Err(LoadError::Model {
+                        path: path.to_string(),
+                        reason: format!(
+                            "max_batch_tokens = {}: the warm-up pass of its worst shape ({rows} documents of {n} tokens) ran out of GPU memory ({e}). Lower `max_batch_tokens` (a pass of it must fit beside the model), or remove it to let the warm-up find one that fits",
+                            budget.tokens
+                        ),
+                    });
+                }
+                if alone_ran && rows > 1 {
+                    rows /= 2;
+                    continue;
+                }
+                tracing::warn!(
+                    "{field} = {n}: a pass on a document of {n} tokens ran out of GPU memory ({e}); requests with documents that long will get 507"
+                );
+                break;
+            }
+            let docs = match rows {
+                1 => format!("{n} tokens"),
+                r => format!("{r} documents of {n} tokens"),
+            };
+            return Err(LoadError::Model {
+                path: path.to_string(),
+                reason: format!(
+                    "{field} = {n}, but the model failed on {docs} (shorter documents ran): {e}. Set `{field}` to at most what the model takes (for a transformers model, its config's max_position_embeddings)"
+                ),
+            });
         }
-        let (field, n) = (format!("inputs[{i}].tokenizer.max_length"), text.max_length);
-        if e.out_of_memory() {
-            tracing::warn!(
-                "{field} = {n}: a pass on a document of {n} tokens ran out of GPU memory ({e}); requests with documents that long will get 507"
-            );
-            continue;
-        }
-        return Err(LoadError::Model {
-            path: path.to_string(),
-            reason: format!(
-                "{field} = {n}, but the model failed on {n} tokens (shorter documents ran): {e}. Set `{field}` to at most what the model takes (for a transformers model, its config's max_position_embeddings)"
-            ),
-        });
     }
     Ok(passes)
 }
 
-/// One forward pass on `device` with zeros of `shapes` (one per declared input); its
-/// duration in ms, or the model's message when it failed.
+/// `shapes` with `rows` in the leading dimension of every input that declares it `-1` (or
+/// declares no shape).
+pub fn with_rows(specs: &[TensorSpec], shapes: &[Vec<i64>], rows: i64) -> Vec<Vec<i64>> {
+    specs
+        .iter()
+        .zip(shapes)
+        .map(|(spec, shape)| {
+            let mut shape = shape.clone();
+            let open = spec.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
+            if open && !shape.is_empty() {
+                shape[0] = rows;
+            }
+            shape
+        })
+        .collect()
+}
+
+/// Which text inputs a warm-up pass runs at `max_length` tokens (the others at
+/// [`short_length`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Long {
+    None,
+    Input(usize),
+    All,
+}
+
+/// The profiling pass: one forward pass on `device` with zeros of `shapes` (one per
+/// declared input), every text input's documents `max_length` tokens long (with
+/// [`with_rows`]' worst rows, its token budget's worst shape); its duration in ms, or the
+/// model's message when it failed.
 pub fn warm_up(
     module: &Model,
     specs: &[TensorSpec],
     shapes: &[Vec<i64>],
     device: Device,
 ) -> Result<f64, String> {
-    pass(module, specs, shapes, device, None).map_err(|e| e.to_string())
+    pass(module, specs, shapes, device, Long::All).map_err(|e| e.to_string())
 }
 
-/// [`warm_up`], with the documents of text input `longest` (an index into `specs`), if any,
-/// `max_length` tokens long.
+/// One forward pass on `device` with zeros of `shapes`, the documents of the text inputs
+/// `long` says `max_length` tokens long.
 fn pass(
     module: &Model,
     specs: &[TensorSpec],
     shapes: &[Vec<i64>],
     device: Device,
-    longest: Option<usize>,
+    long: Long,
 ) -> Result<f64, Failed> {
     let mut args = Vec::with_capacity(specs.len());
     for (i, (spec, shape)) in specs.iter().zip(shapes).enumerate() {
         if let Some(doc) = &spec.document {
             // What its documents become: zeros at the rows the shape gives.
             let rows = shape.first().copied().unwrap_or(1);
-            for (t, kind) in document_args(doc, rows, longest == Some(i)) {
+            let at_max = long == Long::All || long == Long::Input(i);
+            for (t, kind) in document_args(doc, rows, at_max) {
                 args.push(IValue::Tensor(t.to_kind(kind).to_device(device)));
             }
             continue;

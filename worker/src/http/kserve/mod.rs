@@ -3,7 +3,8 @@
 //! `{"predictions": […]}`, one prediction per instance. An instance is a row of the model's
 //! one input (numbers, nested), an object of its named inputs, or for an image model
 //! TorchServe's `{"data": "<base64>"}`; an image classifier's predictions are
-//! `{label: probability}` as TorchServe's `image_classifier` writes them. `GET
+//! `{label: probability}` as TorchServe's `image_classifier` writes them, an image
+//! segmenter's its `[H][W][class, probability]`. `GET
 //! /v1/models/{name}` is OpenAI's door's, whose answer carries v1's `name` and `ready` too
 //! (`openai/mod.rs`). Refusals are the server's own (`{"error": …}`, v1's shape).
 
@@ -43,6 +44,11 @@ pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiErr
         )));
     }
     let specs = app.metadata.inputs.clone();
+    let segmenter = archive.is_some_and(|a| a.handler == Handler::ImageSegmenter);
+    let encoding = match segmenter {
+        true => super::torchserve::segmenter_outputs(app),
+        false => Encoding::Json,
+    };
     let Done {
         out,
         extra: (),
@@ -50,12 +56,26 @@ pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiErr
     } = model_request(req, app, move |body| {
         Ok(Parsed {
             inputs: instances(&body, specs.as_deref())?,
-            encoding: Encoding::Json,
+            encoding,
             timeout: None,
             extra: (),
         })
     })
     .await?;
+    if segmenter {
+        let images = super::torchserve::segmentations(out)?;
+        let mut body = b"{\"predictions\":[".to_vec();
+        for (i, image) in images.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(image);
+        }
+        body.extend_from_slice(b"]}");
+        let mut answer = Answer::with(StatusCode::OK, body);
+        answer.close = last;
+        return Ok(answer);
+    }
     let outputs: Value = serde_json::from_slice(&out.outputs.json().map_err(ApiError::Run)?)
         .map_err(|e| ApiError::BadRequest(format!("the outputs could not be read back: {e}")))?;
     let classifier = archive.is_some_and(|a| a.handler == Handler::ImageClassifier);

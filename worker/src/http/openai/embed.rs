@@ -75,6 +75,7 @@ pub async fn embeddings(req: Request<Incoming>, app: &App) -> Result<Answer, Oai
     let asked = tokio::task::spawn_blocking(move || request::parse(&body, rules))
         .await
         .map_err(|e| ApiError::BadRequest(format!("could not parse the request body: {e}")))??;
+    admitted.prioritize(asked.priority);
     // The vectors' width, once a pass has shown it: a wrong `dimensions` costs no tokenizing.
     match WIDTH.load(Ordering::Relaxed) {
         0 => {}

@@ -1,7 +1,8 @@
 //! The body of `POST /v1/embeddings` as OpenAI defines it: `input` (a string, an array of
 //! strings, an array of token ids, or an array of arrays of token ids; at most
 //! [`MAX_INPUTS`]), `model` (required, echoed), `encoding_format` (`float` or `base64`),
-//! `dimensions` (a positive integer) and `user` (accepted, unused). Each refusal is a 400
+//! `dimensions` (a positive integer), `user` (accepted, unused) and vLLM's `priority` (an
+//! integer, lower served earlier, 0 the default: the request's lane). Each refusal is a 400
 //! naming the field. The body is read by one streaming pass (`walk.rs`) that keeps only
 //! what the limits let a request hold; this file judges what it found.
 
@@ -9,6 +10,7 @@ use super::walk::{walk, Fault, Field, Kind, Seen};
 pub use super::walk::{Rules, MAX_INPUTS};
 
 use super::error::OaiError;
+use vramfork::lanes::{self, Lane};
 
 /// Token ids one input may carry, unless the model's `max_length` is larger: what OpenAI's
 /// embedding models take (8,191 tokens), so a client that cuts its inputs for them —
@@ -44,6 +46,8 @@ pub struct EmbeddingsRequest {
     pub model: String,
     pub format: Format,
     pub dimensions: Option<usize>,
+    /// The lane `priority` asks for (`None`: absent or null).
+    pub priority: Option<Lane>,
 }
 
 const SHAPES: &str =
@@ -93,11 +97,13 @@ pub fn parse(body: &[u8], rules: Rules) -> Result<EmbeddingsRequest, OaiError> {
     if matches!(input, Input::Ids(_)) && !rules.token_ids {
         return Err(token_ids_refusal());
     }
+    let priority = priority(w.priority)?;
     Ok(EmbeddingsRequest {
         input,
         model,
         format,
         dimensions,
+        priority,
     })
 }
 
@@ -192,6 +198,21 @@ fn dimensions(f: Option<Field>) -> Result<Option<usize>, OaiError> {
     }
 }
 
+/// vLLM's `priority`: an integer, lower served earlier (`vramfork::lanes`).
+fn priority(f: Option<Field>) -> Result<Option<Lane>, OaiError> {
+    let refused =
+        |shown: &str| OaiError::invalid("priority", "invalid_priority", lanes::vllm_refusal(shown));
+    match f {
+        None | Some(Field::Null) => Ok(None),
+        Some(Field::Unsigned(n)) => Ok(Some(i64::try_from(n).map_or(Lane::Low, Lane::of_vllm))),
+        Some(Field::Shown(s)) => s
+            .parse::<i64>()
+            .map(|p| Some(Lane::of_vllm(p)))
+            .map_err(|_| refused(&s)),
+        Some(v) => Err(refused(&v.shown())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +247,11 @@ mod tests {
         assert_eq!(r.input, Input::Ids(vec![vec![1, 2, 3]]));
         let r = p(json!({"input": [[1], [2, 3]], "model": "m"})).unwrap();
         assert_eq!(r.input, Input::Ids(vec![vec![1], vec![2, 3]]));
+        assert_eq!(r.priority, None);
+        for (level, lane) in [(-2, Lane::High), (0, Lane::Normal), (3, Lane::Low)] {
+            let r = p(json!({"input": "hi", "model": "m", "priority": level})).unwrap();
+            assert_eq!(r.priority, Some(lane), "{level}");
+        }
     }
 
     #[test]
@@ -252,6 +278,18 @@ mod tests {
             (
                 json!({"input": "x", "model": "m", "dimensions": "8"}),
                 "dimensions",
+            ),
+            (
+                json!({"input": "x", "model": "m", "priority": "high"}),
+                "priority",
+            ),
+            (
+                json!({"input": "x", "model": "m", "priority": 1.5}),
+                "priority",
+            ),
+            (
+                json!({"input": "x", "model": "m", "priority": [1]}),
+                "priority",
             ),
         ] {
             let e = refused(body.clone());

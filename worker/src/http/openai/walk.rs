@@ -112,6 +112,8 @@ pub struct Walked {
     pub model: Option<Field>,
     pub encoding_format: Option<Field>,
     pub dimensions: Option<Field>,
+    /// vLLM's `priority`.
+    pub priority: Option<Field>,
 }
 
 /// Walks `body`: `Err` is serde_json's own refusal (syntax, nesting, trailing bytes).
@@ -128,6 +130,7 @@ enum Key {
     Model,
     Format,
     Dimensions,
+    Priority,
     Other,
 }
 
@@ -151,6 +154,7 @@ impl<'de> Visitor<'de> for KeySeed {
             "model" => Key::Model,
             "encoding_format" => Key::Format,
             "dimensions" => Key::Dimensions,
+            "priority" => Key::Priority,
             _ => Key::Other,
         })
     }
@@ -182,6 +186,7 @@ impl<'de> Visitor<'de> for Top {
                 Key::Model => w.model = Some(map.next_value_seed(FieldSeed)?),
                 Key::Format => w.encoding_format = Some(map.next_value_seed(FieldSeed)?),
                 Key::Dimensions => w.dimensions = Some(map.next_value_seed(FieldSeed)?),
+                Key::Priority => w.priority = Some(map.next_value_seed(FieldSeed)?),
                 Key::Other => map.next_value_seed(Skip)?,
             }
         }
@@ -348,7 +353,8 @@ impl<'de> Visitor<'de> for Partial<'_> {
     }
 }
 
-/// `model`, `encoding_format` and `dimensions`: what `request.rs` needs to judge them.
+/// `model`, `encoding_format`, `dimensions` and `priority`: what `request.rs` needs to judge
+/// them.
 struct FieldSeed;
 
 impl<'de> DeserializeSeed<'de> for FieldSeed {

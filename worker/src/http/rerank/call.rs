@@ -23,6 +23,7 @@ use crate::http::answer::Answer;
 use crate::http::request::{self, meta_of, refuse};
 use crate::infer::{text_passes, Admitted, OutTensor, Working};
 use crate::observe::access_log::Tokenize;
+use vramfork::lanes::{self, Lane};
 use vramfork::metadata::{Datatype, Dtype};
 
 /// A row to score: one text, or a pair (a query and a document).
@@ -117,7 +118,21 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> 
     })
 }
 
+/// vLLM's `priority` field (lower is served earlier, 0 the default): its lane, or a 400
+/// naming the field.
+pub fn lane(priority: Option<&serde_json::Value>) -> Result<Option<Lane>, Refusal> {
+    match priority {
+        None => Ok(None),
+        Some(v) => lanes::of_vllm_json(v).map_err(|e| Refusal::invalid("priority", e)),
+    }
+}
+
 impl Call<'_> {
+    /// Its passes wait in `lane` (`None`: in the header's, or the normal lane).
+    pub fn prioritize(&mut self, lane: Option<Lane>) {
+        self.admitted.prioritize(lane);
+    }
+
     /// The logits of each row, in the request's order. `field` names the documents (or
     /// inputs) in refusals; `query` the query.
     pub async fn score(

@@ -4,7 +4,8 @@
 //! first with their `index` and `relevance_score`, and `document.text` when
 //! `return_documents` is true (the default on `/v1/rerank`, as at Jina; not on
 //! `/v2/rerank`, as at Cohere). `max_tokens_per_doc` cuts each document to that many tokens.
-//! `usage` and Cohere's `meta.tokens` carry the tokens given to the model.
+//! `usage` and Cohere's `meta.tokens` carry the tokens given to the model. vLLM's
+//! `priority` (lower is served earlier, 0 the default) picks the request's lane.
 
 use hyper::body::Incoming;
 use hyper::Request;
@@ -31,6 +32,9 @@ struct Asked {
     return_documents: Option<bool>,
     #[serde(default)]
     max_tokens_per_doc: Option<i64>,
+    /// vLLM's (its `/rerank` takes this shape): lower is served earlier, 0 the default.
+    #[serde(default)]
+    priority: Option<Value>,
 }
 
 /// Which version of the API, and so which defaults and shape.
@@ -63,12 +67,13 @@ async fn answer(
 
 /// An admitted request read as Cohere's (or Jina's) and answered.
 pub async fn ranked(
-    call: Call<'_>,
+    mut call: Call<'_>,
     app: &App,
     version: Version,
     id: String,
 ) -> Result<Answer, Refusal> {
     let asked: Asked = call::parse(&call.body)?;
+    call.prioritize(call::lane(asked.priority.as_ref())?);
     let top_n = top_n(asked.top_n)?;
     let doc_cap = match asked.max_tokens_per_doc {
         None => None,

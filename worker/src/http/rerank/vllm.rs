@@ -3,7 +3,8 @@
 //! object: "score", score}], usage}` in the request's order; `POST /v1/classify` (`input`:
 //! a text or a list of texts) answers `{id, object, created, model, data: [{index, label,
 //! probs, num_classes}], usage}`. `use_activation: false` gives the logits as the model
-//! gives them. Errors in OpenAI's shape, as vLLM's.
+//! gives them. `priority` (lower is served earlier, 0 the default) picks the request's lane.
+//! Errors in OpenAI's shape, as vLLM's.
 
 use hyper::body::Incoming;
 use hyper::Request;
@@ -33,6 +34,8 @@ struct Score {
     text_2: Texts,
     #[serde(default)]
     use_activation: Option<bool>,
+    #[serde(default)]
+    priority: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -42,6 +45,8 @@ struct Classify {
     input: Texts,
     #[serde(default)]
     use_activation: Option<bool>,
+    #[serde(default)]
+    priority: Option<Value>,
 }
 
 pub async fn score(req: Request<Incoming>, app: &App) -> Answer {
@@ -59,8 +64,9 @@ pub async fn classify(req: Request<Incoming>, app: &App) -> Answer {
 }
 
 async fn scored(req: Request<Incoming>, app: &App, id: String) -> Result<Answer, Refusal> {
-    let call = admit(req, app, Need::Rerank).await?;
+    let mut call = admit(req, app, Need::Rerank).await?;
     let asked: Score = call::parse(&call.body)?;
+    call.prioritize(call::lane(asked.priority.as_ref())?);
     let rows = match (asked.text_1, asked.text_2) {
         (Texts::One(query), Texts::One(doc)) => Rows::Query {
             query,
@@ -113,8 +119,9 @@ async fn scored(req: Request<Incoming>, app: &App, id: String) -> Result<Answer,
 }
 
 async fn classified(req: Request<Incoming>, app: &App, id: String) -> Result<Answer, Refusal> {
-    let call = admit(req, app, Need::Classify).await?;
+    let mut call = admit(req, app, Need::Classify).await?;
     let asked: Classify = call::parse(&call.body)?;
+    call.prioritize(call::lane(asked.priority.as_ref())?);
     let texts = match asked.input {
         Texts::One(t) => vec![t],
         Texts::Many(t) => t,

@@ -30,6 +30,12 @@ impl TsError {
         }
     }
 
+    /// The message, followed by what does the same here.
+    pub fn hint(mut self, instead: &str) -> TsError {
+        self.message = format!("{}: {instead}", self.message);
+        self
+    }
+
     pub fn body(&self) -> serde_json::Value {
         json!({"code": self.status.as_u16(), "type": self.kind, "message": self.message})
     }

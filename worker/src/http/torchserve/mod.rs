@@ -3,10 +3,12 @@
 //! an image's bytes, or JSON), `GET /ping` (`{"status": "Healthy"}`) and the management
 //! API's read-only `GET /models[/{name}]`. A prediction runs through `POST /`'s path
 //! (`root.rs`) and is written as the handler writes it: `image_classifier`'s
-//! `{label: probability}` of the top 5, else the outputs. Every refusal is in TorchServe's
-//! shape (`error.rs`).
+//! `{label: probability}` of the top 5, `image_segmenter`'s best class and probability per
+//! pixel (`segments.rs`), else the outputs. Every refusal is in TorchServe's shape
+//! (`error.rs`).
 
 mod error;
+pub mod segments;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
@@ -17,6 +19,7 @@ use self::error::TsError;
 use super::answer::{json_bytes, Answer};
 use crate::app::App;
 use crate::error::ApiError;
+use crate::infer::{Done, Encoding, Wanted};
 
 /// Whether `path` is one of TorchServe's.
 pub fn owns(path: &str) -> bool {
@@ -24,6 +27,7 @@ pub fn owns(path: &str) -> bool {
         || path == "/models"
         || path.starts_with("/models/")
         || path.starts_with("/predictions/")
+        || path.starts_with("/explanations/")
 }
 
 /// A refusal of the server's own (token auth) on one of TorchServe's paths, in its shape.
@@ -39,15 +43,22 @@ pub async fn route(req: Request<Incoming>, app: &App) -> Answer {
         ("/ping", _) => Err(ApiError::not_allowed(&method, &path, "GET").into()),
         ("/models", &Method::GET) => Ok(Answer::ok(json!({"models": [summary(app)]}))),
         (p, &Method::GET) if p.starts_with("/models/") => describe(&p["/models/".len()..], app),
-        ("/models", _) => Err(ApiError::not_allowed(&method, &path, "GET").into()),
-        (p, _) if p.starts_with("/models/") => {
-            Err(ApiError::not_allowed(&method, &path, "GET").into())
+        _ if path.starts_with("/models") => {
+            Err(TsError::from(ApiError::not_allowed(&method, &path, "GET")).hint(MANAGEMENT))
         }
+        (p, _) if p.starts_with("/explanations/") => Err(TsError::new(
+            StatusCode::NOT_FOUND,
+            "ModelNotFoundException",
+            "explanations are not served: TorchServe computes them with Captum in the handler's Python, which vramfork does not run",
+        )),
         (p, &Method::POST | &Method::PUT) => predict(&p["/predictions/".len()..], req, app).await,
         _ => Err(ApiError::not_allowed(&method, &path, "POST, PUT").into()),
     };
     done.unwrap_or_else(TsError::answer)
 }
+
+/// What the management API's writes do here: it is read-only.
+const MANAGEMENT: &str = "the management API is read-only here. One server serves the one model its metadata's `model` names (start another server for another archive: the host's ledger shares the GPU); its workers are set at start (--workers, or the plan) and changed while serving with SIGTTIN and SIGTTOU to the master; SIGTERM stops it";
 
 /// `GET /ping`: TorchServe's health answer; 503 once this worker retires.
 fn ping(app: &App) -> Answer {
@@ -131,6 +142,9 @@ fn describe(rest: &str, app: &App) -> Result<Answer, TsError> {
 /// `POST /predictions/{name}[/{version}]`: `POST /`'s path, answered as the handler would.
 async fn predict(rest: &str, req: Request<Incoming>, app: &App) -> Result<Answer, TsError> {
     checked(rest, app)?;
+    if archive(app).is_some_and(|a| a.handler == Handler::ImageSegmenter) {
+        return segment(req, app).await;
+    }
     let mut answer = super::root::infer(req, app).await?;
     let done: Value = serde_json::from_slice(&answer.body).map_err(|e| {
         TsError::new(
@@ -140,6 +154,55 @@ async fn predict(rest: &str, req: Request<Incoming>, app: &App) -> Result<Answer
         )
     })?;
     answer.body = json_bytes(&handled(app, done));
+    Ok(answer)
+}
+
+/// The model's segmentation output (`out` of its dict), as every door that post-processes
+/// for `image_segmenter` asks for it.
+pub fn segmenter_outputs(app: &App) -> Encoding {
+    Encoding::Tensors(Wanted {
+        outputs: Some(vec![handler::SEGMENTS.into()]),
+        declared: app.metadata.outputs.clone(),
+    })
+}
+
+/// Each image's segmentation (`segments.rs`) from a pass's outputs.
+pub fn segmentations(out: crate::infer::RunOutput) -> Result<Vec<Vec<u8>>, ApiError> {
+    let tensors = out.outputs.tensors().map_err(ApiError::Run)?;
+    let scores = tensors.first().ok_or_else(|| {
+        ApiError::Run(crate::infer::RunError::Unsupported(
+            "the model returned no `out` output".into(),
+        ))
+    })?;
+    segments::segmented(scores).map_err(|e| ApiError::Run(crate::infer::RunError::Unsupported(e)))
+}
+
+/// `image_segmenter`'s prediction: for one image its `[H][W][2]`, for several a list.
+async fn segment(req: Request<Incoming>, app: &App) -> Result<Answer, TsError> {
+    let Done {
+        out,
+        extra: (),
+        last,
+    } = super::root::run(req, app, segmenter_outputs(app)).await?;
+    let timing = out.preprocess.map(|p| (p, out.forward));
+    let mut images = segmentations(out)?;
+    let body = match images.len() {
+        1 => images.remove(0),
+        _ => {
+            let mut all = vec![b'['];
+            for (i, image) in images.iter().enumerate() {
+                if i > 0 {
+                    all.push(b',');
+                }
+                all.extend_from_slice(image);
+            }
+            all.push(b']');
+            all
+        }
+    };
+    let mut answer = Answer::with(StatusCode::OK, body);
+    answer.timing = timing;
+    answer.close = last;
     Ok(answer)
 }
 

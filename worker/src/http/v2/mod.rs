@@ -20,7 +20,7 @@ use super::request::{hw_fetch, model_request, request_id_of, INFERENCE_HEADER};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::infer::v2::{is_ready, model_id, model_tensors, TensorMeta, EXTENSIONS};
-use crate::infer::{classification, Done, Encoding, Parsed};
+use crate::infer::{classification, Done, Encoding, Parsed, Ranked};
 
 /// Percent-decodes a path segment (model names may hold spaces and such).
 fn decode(seg: &str) -> Result<String, ApiError> {
@@ -163,11 +163,15 @@ async fn infer(req: Request<Incoming>, app: &App) -> Result<Answer, ApiError> {
     } = model_request(req, app, move |body| {
         let mut r = request::parse(&body, header_len, specs.as_deref())?;
         r.wanted.declared = declared;
-        Ok(Parsed {
+        let parsed = Parsed {
             inputs: r.inputs,
             encoding: Encoding::Tensors(r.wanted),
             timeout: r.timeout,
             extra: (r.id, r.hw_fetch, r.binary, r.classes),
+        };
+        Ok(Ranked {
+            parsed,
+            lane: r.priority,
         })
     })
     .await?;

@@ -18,6 +18,7 @@ use crate::decode::BodyError;
 use crate::infer::v2::{check, from_raw, Slots};
 use crate::infer::Wanted;
 use crate::infer::MAX_TIMEOUT_S;
+use vramfork::lanes::{Lane, TRITON_LEVELS};
 
 /// The JSON header. Values that may be large (`data`, `id`, parameters) are kept as their
 /// JSON text, never as a tree of values: `data` is read in one pass by `elements.rs`.
@@ -84,6 +85,17 @@ pub struct Infer {
     /// `parameters.timeout` (microseconds, as Triton defines it; 0 = none): the client's
     /// deadline, from the request's arrival.
     pub timeout: Option<std::time::Duration>,
+    /// `parameters.priority` (Triton's levels: `vramfork::lanes`), when given.
+    pub priority: Option<Lane>,
+}
+
+/// `parameters.priority`: a level from 1 (the highest) to 3, 0 the default level; absent or
+/// null is none.
+fn priority(params: &Params<'_>) -> Result<Option<Lane>, String> {
+    let p = whole(params, "priority").map_err(|other| {
+        format!("parameter priority must be a whole number, a level from 1 (the highest) to {TRITON_LEVELS} or 0 for the default level, not {other}")
+    })?;
+    p.map(Lane::of_triton).transpose()
 }
 
 /// `parameters.timeout`: a whole number of microseconds, at most a day as the
@@ -155,6 +167,7 @@ fn parse_infer(
     };
     let hw_fetch = flag(&h.parameters, "hwFetch")?;
     let timeout = timeout(&h.parameters)?;
+    let priority = priority(&h.parameters)?;
     let binary_default = flag(&h.parameters, "binary_data_output")?;
     // The arguments in the declared order; binary data is taken in the request's order.
     let mut slots = Slots::new(specs, h.inputs.len())?;
@@ -209,6 +222,7 @@ fn parse_infer(
         hw_fetch,
         classes,
         timeout,
+        priority,
     })
 }
 
@@ -417,6 +431,29 @@ mod tests {
                 .err()
                 .unwrap_or_else(|| panic!("accepted {}", String::from_utf8_lossy(body)));
             assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+    }
+
+    #[test]
+    fn parameters_priority_is_a_triton_level() {
+        let s = spec();
+        let body = |p: &str| {
+            format!(
+                r#"{{"parameters":{{"priority":{p}}},"inputs":[{{"name":"input__0","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}}]}}"#
+            )
+        };
+        let lane =
+            |p: &str| parse(body(p).as_bytes(), None, Some(s.as_slice())).map(|r| r.priority);
+        assert_eq!(lane("1").ok(), Some(Some(Lane::High)));
+        assert_eq!(lane("0").ok(), Some(Some(Lane::Normal)));
+        assert_eq!(lane("2").ok(), Some(Some(Lane::Normal)));
+        assert_eq!(lane("3").ok(), Some(Some(Lane::Low)));
+        assert_eq!(lane("null").ok(), Some(None));
+        for bad in ["4", "-1", "1.5", "\"high\"", "true", "[1]"] {
+            let e = lane(bad)
+                .err()
+                .unwrap_or_else(|| panic!("accepted priority {bad}"));
+            assert!(e.contains("parameter priority"), "{bad}: {e:?}");
         }
     }
 }

@@ -41,7 +41,7 @@ use std::time::SystemTime;
 
 use hyper::header::HeaderMap;
 
-use crate::observe::access_log::Record;
+use crate::observe::access_log::{Record, Trace};
 use crate::observe::trace_context::TraceContext;
 use export::Exporter;
 use otlp::Value;
@@ -278,6 +278,9 @@ fn server_span(
         otlp::attribute(b, a, "vramfork.request_id", Value::Str(&r.request_id));
         otlp::attribute(b, a, "process.pid", Value::Int(pid.into()));
         otlp::attribute(b, a, "vramfork.worker.slot", Value::Int(slot.into()));
+        if let Some(lane) = r.trace.as_deref().and_then(Trace::lane_name) {
+            otlp::attribute(b, a, "vramfork.priority.lane", Value::Str(lane));
+        }
         if let Some(t) = passes.last() {
             otlp::attribute(b, a, "vramfork.batch.size", Value::Int(t.batch.into()));
             if let Some(p) = &t.pass {
@@ -358,10 +361,20 @@ fn children(
         child("queue", queued, ran, &[]);
         // A batched pass is one span of its own (`pass.rs`), not a child of each member.
         if t.pass.is_none() {
-            let attributes = [
+            let mut attributes = vec![
                 ("vramfork.batch.size", Value::Int(t.batch.into())),
                 ("vramfork.inline", Value::Bool(t.inline)),
             ];
+            if let Some((real, padded)) = t.tokens {
+                attributes.extend([
+                    ("vramfork.pass.tokens", Value::Int(real as i64)),
+                    ("vramfork.pass.padded_tokens", Value::Int(padded as i64)),
+                    (
+                        "vramfork.pass.padding_efficiency",
+                        Value::Double(real as f64 / padded.max(1) as f64),
+                    ),
+                ]);
+            }
             child("forward", ran, ended, &attributes);
         }
         done = Some(ended);

@@ -109,15 +109,17 @@ pub enum Value<'a> {
     Str(&'a str),
     Bool(bool),
     Int(i64),
+    Double(f64),
 }
 
 /// An attribute (`KeyValue`) at `field` ([`SPAN_ATTRIBUTES`] in a span).
 pub fn attribute(buf: &mut Vec<u8>, field: u32, name: &str, value: Value<'_>) {
-    // AnyValue: string_value 1, bool_value 2, int_value 3.
+    // AnyValue: string_value 1, bool_value 2, int_value 3, double_value 4.
     let any_len = match value {
         Value::Str(s) => 1 + varint_len(s.len() as u64) + s.len(),
         Value::Bool(_) => 2,
         Value::Int(i) => 1 + varint_len(i as u64),
+        Value::Double(_) => 9,
     };
     let kv_len =
         1 + varint_len(name.len() as u64) + name.len() + 1 + varint_len(any_len as u64) + any_len;
@@ -141,6 +143,10 @@ pub fn attribute(buf: &mut Vec<u8>, field: u32, name: &str, value: Value<'_>) {
         Value::Int(i) => {
             key(buf, 3, VARINT);
             varint(buf, i as u64);
+        }
+        Value::Double(f) => {
+            key(buf, 4, I64);
+            buf.extend_from_slice(&f.to_le_bytes());
         }
     }
 }

@@ -48,6 +48,8 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingsRequest, OaiError> {
         model,
         format: format(&o)?,
         dimensions: dimensions(&o)?,
+        // The bodies it is compared on give none.
+        priority: None,
     })
 }
 

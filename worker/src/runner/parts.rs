@@ -1,0 +1,323 @@
+//! A request whose text rows are more tokens than one pass may hold (`max_batch_tokens`,
+//! rows × padded length) runs in parts: its rows cut into consecutive parts of at most the
+//! budget, each part a forward pass, the outputs joined along the rows again — so the
+//! largest pass a client can cause is the one the warm-up ran (`warmup.rs`), whatever door
+//! it came through. Every part keeps the request's padded length, so the joined outputs are
+//! exactly one pass's (per-token outputs keep their width). The doors that run a request's
+//! texts themselves (`/v1/embeddings`, rerank, classify: `infer::text_passes`) cut them
+//! shortest first instead, within the same budget, before they reach the model thread.
+//!
+//! The budget is the worker's own (the model thread is its one reader): set at boot from
+//! the metadata, and lowered by the warm-up when the default one ran out of GPU memory.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use tch::{Device, IValue, Tensor};
+
+use super::RunError;
+use crate::args::Arg;
+use crate::model::Model;
+
+/// Tokens one pass of a text input may hold (0: no budget).
+static TOKENS: AtomicUsize = AtomicUsize::new(0);
+/// What a warm-up could run, when it lowered the budget (`usize::MAX`: it did not). Set
+/// in the template before it forks, so a forked worker's [`configure`] keeps it.
+static LOWERED: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The `forward` arguments that are text rows (`[rows, length]`), by index.
+static TEXT_ARGS: OnceLock<Vec<usize>> = OnceLock::new();
+
+/// The most tokens one pass of the text arguments held (rows × padded length).
+static LARGEST: AtomicU64 = AtomicU64::new(0);
+
+/// The budget of this worker's text passes: `tokens` for the arguments `text_args`.
+pub fn configure(tokens: usize, text_args: Vec<usize>) {
+    TOKENS.store(
+        tokens.min(LOWERED.load(Ordering::Relaxed)),
+        Ordering::Relaxed,
+    );
+    let _ = TEXT_ARGS.set(text_args);
+}
+
+/// The budget now, when there is one.
+pub fn token_budget() -> Option<usize> {
+    Some(TOKENS.load(Ordering::Relaxed)).filter(|&t| t > 0)
+}
+
+/// Lowers the budget to `tokens` (what the warm-up could run).
+pub(super) fn lower(tokens: usize) {
+    LOWERED.fetch_min(tokens.max(1), Ordering::Relaxed);
+    let _ = TOKENS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+        (t > 0).then_some(t.min(tokens.max(1)))
+    });
+}
+
+/// The most tokens one pass of the text arguments held (`vramfork_text_pass_tokens_max`).
+pub fn largest() -> u64 {
+    LARGEST.load(Ordering::Relaxed)
+}
+
+/// Counts a pass about to run on `args` towards [`largest`].
+pub(super) fn note(args: &[Arg]) {
+    if let Some((rows, width)) = text_rows(args) {
+        LARGEST.fetch_max((rows * width) as u64, Ordering::Relaxed);
+    }
+}
+
+/// The rows and padded length of the text arguments of `args`, when it has any.
+pub(super) fn text_rows(args: &[Arg]) -> Option<(usize, usize)> {
+    let (mut rows, mut width) = (0usize, 0usize);
+    for &i in TEXT_ARGS.get()? {
+        if let Some(Arg::Tensor(t) | Arg::Padded { tensor: t, .. }) = args.get(i) {
+            if let [r, w] = t.size()[..] {
+                rows = rows.max(r as usize);
+                width = width.max(w as usize);
+            }
+        }
+    }
+    (rows > 0).then_some((rows, width))
+}
+
+/// Rows per part for `args`, when their text rows are over the budget (`None`: one pass).
+pub(super) fn rows_per_part(args: &[Arg]) -> Option<(usize, usize)> {
+    let tokens = token_budget()?;
+    let (rows, width) = text_rows(args)?;
+    (rows > 1 && rows * width > tokens).then(|| ((tokens / width.max(1)).max(1), rows))
+}
+
+/// The model's forward pass on `args` ([`super::pass`]), in parts when their text rows are
+/// over the budget, the parts' outputs joined.
+pub(super) fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
+    let Some((per, rows)) = rows_per_part(args) else {
+        return super::pass(module, device, args);
+    };
+    let (mut outs, mut sizes, mut start) = (Vec::new(), Vec::new(), 0);
+    while start < rows {
+        let n = per.min(rows - start);
+        outs.push(super::pass(module, device, &cut(args, rows, start, n))?);
+        sizes.push(n);
+        start += n;
+    }
+    join(outs, &sizes).map_err(|why| {
+        RunError::Unsupported(format!(
+            "the request's {rows} documents are more tokens than one pass holds (`max_batch_tokens` {}), so they ran in passes of {per}, but the model's outputs cannot be joined again: {why}. Send fewer documents a request",
+            token_budget().unwrap_or(0)
+        ))
+    })
+}
+
+/// Rows `start..start + n` of every argument with `rows` rows (the others as they are).
+pub(super) fn cut(args: &[Arg], rows: usize, start: usize, n: usize) -> Vec<Arg> {
+    let narrow = |t: &Tensor| match t.size().first() {
+        Some(&r) if r as usize == rows => t.narrow(0, start as i64, n as i64),
+        _ => t.shallow_clone(),
+    };
+    args.iter()
+        .map(|a| match a {
+            Arg::Tensor(t) => Arg::Tensor(narrow(t)),
+            Arg::Padded { tensor, pad } => Arg::Padded {
+                tensor: narrow(tensor),
+                pad: *pad,
+            },
+            Arg::Strings(s) if s.len() == rows => Arg::Strings(s[start..start + n].to_vec()),
+            Arg::Strings(s) => Arg::Strings(s.clone()),
+            Arg::Blobs(b) => Arg::Blobs(b.clone()),
+        })
+        .collect()
+}
+
+/// The outputs of the parts (`rows[i]` rows each), joined along the rows: tensors
+/// concatenated, tuples, lists and dicts joined element by element, lists of one element a
+/// row concatenated. `Err` names what has no row dimension.
+pub(super) fn join(parts: Vec<IValue>, rows: &[usize]) -> Result<IValue, String> {
+    let first = parts.first().ok_or("no part ran")?;
+    Ok(match first {
+        IValue::Tensor(_) => IValue::Tensor(tensors(&parts, rows)?),
+        IValue::Tuple(items) => IValue::Tuple(each(&parts, items.len(), rows)?),
+        IValue::GenericList(items) => IValue::GenericList(each(&parts, items.len(), rows)?),
+        IValue::TensorList(ts) => {
+            let n = ts.len();
+            let mut joined = Vec::with_capacity(n);
+            for k in 0..n {
+                let col: Vec<IValue> = parts
+                    .iter()
+                    .map(|p| match p {
+                        IValue::TensorList(ts) if ts.len() == n => {
+                            Ok(IValue::Tensor(ts[k].shallow_clone()))
+                        }
+                        _ => Err("the parts' outputs differ in shape".to_string()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                joined.push(tensors(&col, rows)?);
+            }
+            IValue::TensorList(joined)
+        }
+        IValue::GenericDict(entries) => {
+            let keys: Vec<IValue> = entries.iter().map(|(k, _)| same(k)).collect();
+            let mut joined = Vec::with_capacity(keys.len());
+            for (k, key) in keys.into_iter().enumerate() {
+                let col = parts
+                    .iter()
+                    .map(|p| match p {
+                        IValue::GenericDict(e) if e.len() == entries.len() => Ok(same(&e[k].1)),
+                        _ => Err("the parts' outputs differ in shape".to_string()),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                joined.push((key, join(col, rows)?));
+            }
+            IValue::GenericDict(joined)
+        }
+        IValue::StringList(_) => IValue::StringList(lists(parts, rows, |v| match v {
+            IValue::StringList(s) => Some(s),
+            _ => None,
+        })?),
+        IValue::IntList(_) => IValue::IntList(lists(parts, rows, |v| match v {
+            IValue::IntList(s) => Some(s),
+            _ => None,
+        })?),
+        IValue::DoubleList(_) => IValue::DoubleList(lists(parts, rows, |v| match v {
+            IValue::DoubleList(s) => Some(s),
+            _ => None,
+        })?),
+        IValue::BoolList(_) => IValue::BoolList(lists(parts, rows, |v| match v {
+            IValue::BoolList(s) => Some(s),
+            _ => None,
+        })?),
+        other => {
+            return Err(format!(
+                "a {} output has no row dimension",
+                super::tensors::type_name(other)
+            ))
+        }
+    })
+}
+
+/// Element `k` of every part's tuple or list, each joined.
+fn each(parts: &[IValue], n: usize, rows: &[usize]) -> Result<Vec<IValue>, String> {
+    (0..n)
+        .map(|k| {
+            let col = parts
+                .iter()
+                .map(|p| match p {
+                    IValue::Tuple(items) | IValue::GenericList(items) if items.len() == n => {
+                        Ok(same(&items[k]))
+                    }
+                    _ => Err("the parts' outputs differ in shape".to_string()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            join(col, rows)
+        })
+        .collect()
+}
+
+/// The parts' tensors concatenated along dimension 0; each must have its part's rows.
+fn tensors(parts: &[IValue], rows: &[usize]) -> Result<Tensor, String> {
+    let mut ts = Vec::with_capacity(parts.len());
+    for (p, &r) in parts.iter().zip(rows) {
+        let IValue::Tensor(t) = p else {
+            return Err("the parts' outputs differ in kind".into());
+        };
+        match t.size().first() {
+            Some(&n) if n as usize == r => ts.push(t),
+            _ => {
+                return Err(format!(
+                    "an output of shape {:?} has no row dimension of {r} rows",
+                    t.size()
+                ))
+            }
+        }
+    }
+    Tensor::f_cat(&ts, 0).map_err(|e| super::useful_line(&e.to_string()))
+}
+
+/// Lists of one element a row, concatenated.
+fn lists<T: Clone>(
+    parts: Vec<IValue>,
+    rows: &[usize],
+    of: fn(&IValue) -> Option<&Vec<T>>,
+) -> Result<Vec<T>, String> {
+    let mut all = Vec::new();
+    for (p, &r) in parts.iter().zip(rows) {
+        match of(p) {
+            Some(v) if v.len() == r => all.extend(v.iter().cloned()),
+            _ => return Err("a list output has not one element a row".into()),
+        }
+    }
+    Ok(all)
+}
+
+/// A copy of `v` sharing its tensors (`IValue` is not `Clone`).
+fn same(v: &IValue) -> IValue {
+    match v {
+        IValue::Tensor(t) => IValue::Tensor(t.shallow_clone()),
+        IValue::None => IValue::None,
+        IValue::Double(f) => IValue::Double(*f),
+        IValue::Int(i) => IValue::Int(*i),
+        IValue::Bool(b) => IValue::Bool(*b),
+        IValue::String(s) => IValue::String(s.clone()),
+        IValue::StringList(v) => IValue::StringList(v.clone()),
+        IValue::IntList(v) => IValue::IntList(v.clone()),
+        IValue::DoubleList(v) => IValue::DoubleList(v.clone()),
+        IValue::BoolList(v) => IValue::BoolList(v.clone()),
+        IValue::TensorList(ts) => {
+            IValue::TensorList(ts.iter().map(Tensor::shallow_clone).collect())
+        }
+        IValue::Tuple(items) => IValue::Tuple(items.iter().map(same).collect()),
+        IValue::GenericList(items) => IValue::GenericList(items.iter().map(same).collect()),
+        IValue::GenericDict(e) => {
+            IValue::GenericDict(e.iter().map(|(k, v)| (same(k), same(v))).collect())
+        }
+        // Objects and the like: never joined (`join` refuses them before).
+        _ => IValue::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cut_and_join_back_to_one_pass() {
+        let t = Tensor::arange(12, (tch::Kind::Int64, tch::Device::Cpu)).reshape([6, 2]);
+        let args = vec![
+            Arg::Padded {
+                tensor: t.shallow_clone(),
+                pad: 0,
+            },
+            Arg::Tensor(Tensor::zeros([1, 3], (tch::Kind::Float, tch::Device::Cpu))),
+        ];
+        let a = cut(&args, 6, 0, 4);
+        let b = cut(&args, 6, 4, 2);
+        let rows_of = |a: &[Arg]| match &a[0] {
+            Arg::Padded { tensor, .. } => tensor.size(),
+            _ => panic!(),
+        };
+        assert_eq!((rows_of(&a), rows_of(&b)), (vec![4, 2], vec![2, 2]));
+        // An argument of another row count is passed whole.
+        assert!(matches!(&b[1], Arg::Tensor(x) if x.size() == vec![1, 3]));
+        let out = |a: &[Arg]| match &a[0] {
+            Arg::Padded { tensor, .. } => IValue::Tuple(vec![
+                IValue::Tensor(tensor.shallow_clone()),
+                IValue::StringList(vec!["x".into(); tensor.size()[0] as usize]),
+            ]),
+            _ => panic!(),
+        };
+        let joined = join(vec![out(&a), out(&b)], &[4, 2]).unwrap();
+        let IValue::Tuple(items) = joined else {
+            panic!()
+        };
+        match &items[..] {
+            [IValue::Tensor(j), IValue::StringList(s)] => {
+                assert!(j.equal(&t));
+                assert_eq!(s.len(), 6);
+            }
+            other => panic!("{other:?}"),
+        }
+        // An output without the parts' rows cannot be joined.
+        let pooled =
+            |_: &[Arg]| IValue::Tensor(Tensor::zeros([3], (tch::Kind::Float, tch::Device::Cpu)));
+        let e = join(vec![pooled(&a), pooled(&b)], &[4, 2]).unwrap_err();
+        assert!(e.contains("no row dimension"), "{e}");
+        assert!(join(vec![IValue::Int(1), IValue::Int(2)], &[4, 2]).is_err());
+    }
+}
