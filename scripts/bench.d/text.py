@@ -252,7 +252,8 @@ def main():
             + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in per_input.items()) + ")", "text")
         bodies = [body(texts[i:i + K]) for i in range(0, n, K)]
         rows = [cell(ports, bodies, n, c, rounds) for c in CONCURRENCY]
-        prio = text_priority.measure(ports["after"], NAME, texts, prio_s, prio_rounds)
+        prio = text_priority.measure(ports["after"], vf_log("after"), NAME, texts, prio_s,
+                                     prio_rounds)
     finally:
         stop(srv)
     took = time.monotonic() - t0

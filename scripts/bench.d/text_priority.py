@@ -19,7 +19,8 @@ p50/p99, by kind, is over all its interactive requests, each timed from its arri
 Before that, one request of each kind with the field says what the server makes of it: a
 refusal (its status and message; the priority mode is then left out) or an answer. An answer
 does not prove the field was read: the priority mode's p99 against the no-priority mode's says
-whether it changed anything, and /metrics' families naming a lane or a priority are listed.
+whether it changed anything, and the access log which lane each request's passes waited in,
+how long it waited (for a worker and its model) and how long its model time was.
 """
 import http.client
 import json
@@ -134,7 +135,7 @@ def interactive(port, payload, secs, pool):
 def bulk_with(port, payloads, secs, fn):
     """The bulk's closed loop running while `fn()` runs (started one bulk request's worth
     of time before, stopped after: the clients finish the request they hold): (fn's result,
-    inputs the bulk had answered a second)."""
+    (inputs the bulk had answered a second, its requests answered))."""
     stop = threading.Event()
 
     def feed():
@@ -154,20 +155,47 @@ def bulk_with(port, payloads, secs, fn):
         stop.set()
         t.join()
     wall, lat, _ = got["run"]
-    return result, len(lat) * BULK_INPUTS / wall
+    return result, (len(lat) * BULK_INPUTS / wall, len(lat))
 
 
-def lane_metrics(port):
-    """/metrics' family names that speak of a lane or a priority."""
-    status, text = get(port, "/metrics")
-    if status != 200:
-        return []
-    return sorted({m[1] for m in re.finditer(r"^# TYPE (\S+)", text.decode(), re.M)
-                   if re.search(r"lane|priorit", m[1])})
+def access(log_path):
+    """The server's access lines for PATH so far, each {lane, kind, wait_ms, model_ms}: the
+    lane its passes waited in, and whether it was an interactive request (a body of one
+    short input) or the bulk's."""
+    out = []
+    with open(log_path) as f:
+        for line in f:
+            if "access:" in line and f" {PATH} " in line:
+                v = dict(re.findall(r"\b(bytes_in|wait_ms|model_ms|lane)=(\S+)", line))
+                out.append({"lane": v.get("lane"), "wait_ms": float(v.get("wait_ms", 0)),
+                            "model_ms": float(v.get("model_ms", 0)),
+                            "kind": "interactive" if int(v.get("bytes_in", 0)) < 1000
+                            else "bulk"})
+    return out
 
 
-def measure(port, name, texts, secs, rounds):
-    """The three modes' interactive p50/p99 (and the bulk's inputs/s)."""
+def seen_since(log_path, start, answered):
+    """The access lines after the first `start`, once `answered` more are in (10 s at most:
+    a line is written once its answer has gone): by kind, the requests in each lane and
+    p50/p99 of the time they waited (for a worker and its model) and of their model time."""
+    end = time.monotonic() + 10
+    while len(lines := access(log_path)) < start + answered and time.monotonic() < end:
+        time.sleep(0.1)
+    out = {}
+    for kind in ("interactive", "bulk"):
+        mine = [x for x in lines[start:] if x["kind"] == kind]
+        lanes = {}
+        for x in mine:
+            lanes[x["lane"]] = lanes.get(x["lane"], 0) + 1
+        out[kind] = {"lanes": lanes, **{f"{k}_{q}": pct([x[k] for x in mine], n)
+                                        for k in ("wait_ms", "model_ms")
+                                        for q, n in (("p50", 50), ("p99", 99))}}
+    return out
+
+
+def measure(port, log_path, name, texts, secs, rounds):
+    """The three modes' interactive p50/p99 (and the bulk's inputs/s), and what the access
+    log at `log_path` says of each mode's requests (seen_since)."""
     seen = probe(port, name, texts)
     refused = any(v["status"] != 200 for v in seen.values())
     log(f"text priority: the field answered {({k: v['status'] for k, v in seen.items()})}",
@@ -180,6 +208,7 @@ def measure(port, name, texts, secs, rounds):
     modes = {m: {k: {"lat": [], "failed": {}} for k in KINDS}
              for m in ("alone", "no priority", "priority")[:2 if refused else 3]}
     bulk_s = {m: [] for m in modes if m != "alone"}
+    seen_log = {m: [] for m in bulk_s}
 
     def add(mode, got):
         for k, (lat, failed) in got.items():
@@ -193,14 +222,17 @@ def measure(port, name, texts, secs, rounds):
         for mode in order if r % 2 == 0 else order[::-1]:
             prio = mode == "priority"
             pool = open_pool(port, one_q[prio])
-            got, per_s = bulk_with(port, bulks[prio], secs,
-                                   lambda: interactive(port, one_q[prio], secs, pool))
+            start = len(access(log_path))
+            got, (per_s, bulk_n) = bulk_with(port, bulks[prio], secs,
+                                             lambda: interactive(port, one_q[prio], secs, pool))
             add(mode, got)
+            seen_log[mode].append(seen_since(log_path, start, bulk_n + sum(
+                len(lat) for lat, _ in got.values())))
             bulk_s[mode].append(per_s)
             log(f"text priority round {r + 1} {mode}: interactive p50/p99 " + ", ".join(
                 f"{k} {pct(lat, 50) or 0:.0f}/{pct(lat, 99) or 0:.0f} ms ({len(lat)})"
                 for k, (lat, _) in got.items()) + f"; bulk {per_s:.0f} inputs/s", "text")
-    out = {"probe": seen, "refused": refused, "lane_metrics": lane_metrics(port),
+    out = {"probe": seen, "refused": refused, "access_log": seen_log,
            "bulk_clients": BULK_CLIENTS, "bulk_inputs": BULK_INPUTS, "rate_per_s": RATE,
            "pool": POOL,
            "seconds": secs, "rounds": rounds, "modes": {}}

@@ -62,8 +62,12 @@ def write(res):
                f"{k} answered {v['status']}" + (f" ({v['message']!r})" if "message" in v else "")
                for k, v in p["probe"].items())
            + ("; the priority mode is left out." if p["refused"] else ".")
-           + " /metrics families naming a lane or priority: "
-           + (", ".join(f"`{m}`" for m in p["lane_metrics"]) or "none") + ".\n",
+           + " The access log, by mode (each round's requests with a bulk): "
+           + "; ".join(f"*{mode}*: " + ", ".join(
+               f"{kind} lanes {v[kind]['lanes']}, waited p50 {fmt(v[kind]['wait_ms_p50'], 0)} / "
+               f"p99 {fmt(v[kind]['wait_ms_p99'], 0)} ms, model p50 "
+               f"{fmt(v[kind]['model_ms_p50'], 0)} ms" for kind in ("interactive", "bulk"))
+               for mode, rounds in p["access_log"].items() for v in rounds) + ".\n",
            "| mode | " + " | ".join(f"{k}: p50, p99 ms (requests)" for k in KINDS)
            + " | failed | bulk inputs/s |", "|---|" + "---:|" * len(KINDS) + "---|---|"]
     for mode, m in p["modes"].items():
