@@ -1,18 +1,21 @@
 """What every part of the bench shares (written once here): where things are, the log line,
-the median, a free port, a process's CPU time, one HTTP GET, and `app --production` (or
-another server) started in its own process group, waited for on a state it reports, and
-stopped.
+the median and a percentile, a free port, a process's CPU time, one HTTP GET, a closed loop of
+clients POSTing a list of bodies, the requests each worker answered by its access log, and `app --production` (or another server) started in its
+own process group, waited for on a state it reports, and stopped.
 
 Stdlib only: every part imports it (`sys.path` holds this folder when a part runs as a
 script).
 """
 import http.client
+import math
 import os
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +33,14 @@ def log(msg, part="bench"):
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def pct(xs, p):
+    """The nearest-rank `p`th percentile of `xs` (None when empty)."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]
 
 
 def free_port():
@@ -75,6 +86,72 @@ def get(port, path, timeout=5.0):
         return r.status, r.read()
     finally:
         c.close()
+
+
+def closed_loop(port, path, payloads, clients, timeout=1800):
+    """`clients` threads, each on its own keep-alive connection, taking the next of `payloads`
+    (JSON bodies, any iterable: a list, or a generator that ends when a run's time is up) as
+    soon as its last answer is in, and POSTing it to `path`: wall seconds, every answered
+    request's latency (ms), and the failures by status (0: no answer)."""
+    lat, failed, lock, it = [], {}, threading.Lock(), iter(payloads)
+
+    def client():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            while True:
+                with lock:
+                    payload = next(it, None)
+                if payload is None:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    c.request("POST", path, body=payload,
+                              headers={"Content-Type": "application/json"})
+                    r = c.getresponse()
+                    r.read()
+                    status = r.status
+                except (OSError, http.client.HTTPException):
+                    status = 0
+                    c.close()
+                ms = (time.perf_counter() - t0) * 1e3
+                with lock:
+                    if status == 200:
+                        lat.append(ms)
+                    else:
+                        failed[status] = failed.get(status, 0) + 1
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, lat, failed
+
+
+def answered_by_worker(log_path, path):
+    """Requests to `path` answered so far by each worker of the `app --access-log` whose log
+    is `log_path`, from its access lines: {slot: requests}."""
+    counts = {}
+    with open(log_path) as f:
+        for line in f:
+            m = re.search(r"\bslot=(\d+)", line) if "access:" in line and path in line else None
+            if m:
+                counts[m[1]] = counts.get(m[1], 0) + 1
+    return counts
+
+
+def worker_share(log_path, path, before, requests):
+    """The `requests` answered since `before` (answered_by_worker's counts then) by each
+    worker: {slot: requests}. An access line is written once its answer has gone, so this
+    waits (10 s at most) until every one is in the log."""
+    end = time.monotonic() + 10
+    while (sum((after := answered_by_worker(log_path, path)).values())
+           < sum(before.values()) + requests and time.monotonic() < end):
+        time.sleep(0.1)
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items())}
 
 
 class App:

@@ -88,24 +88,31 @@ def v2_vectors(port, texts):
     return [list(flat[i * width:(i + 1) * width]) for i in range(out["shape"][0])]
 
 
-def vramfork():
-    meta = os.path.join(DIR, "app-metadata.json")
+def vramfork(folder=DIR, max_length=128, binary_dir=None, tag="embeddings", args=(),
+             name=MODEL):
+    """`app --production` serving embeddings_model.py's pooled.pt in `folder` as `name` on 2
+    workers x 1 torch thread (the binaries of `binary_dir`, else the build's; more `args`):
+    (app, port)."""
+    meta = os.path.join(folder, f"app-metadata-{tag}.json")
     with open(meta, "w") as f:
-        json.dump({"name": MODEL, "model": "pooled.pt", "max_batch_size": 32,
+        json.dump({"name": name, "model": "pooled.pt", "max_batch_size": 32,
                    "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1],
-                               "tokenizer": {"file": "tokenizer.json", "max_length": 128}}],
+                               "tokenizer": {"file": "tokenizer.json",
+                                             "max_length": max_length}}],
                    "embeddings": {"pooling": "none"}}, f)
     port = free_port()
-    app = App(["--metadata", meta, "--port", str(port), "--workers", "2", "--torch-threads", "1"],
-              os.path.join(TMP, "log-embeddings.txt"))
+    app = App(["--metadata", meta, "--port", str(port), "--workers", "2", "--torch-threads", "1",
+               *args], os.path.join(TMP, f"log-{tag}.txt"), binary_dir=binary_dir)
     app.wait_ready(port, 300)
     return app, port
 
 
-def litserve(max_batch):
+def litserve(max_batch, folder=DIR, max_length=128):
+    """embeddings_litserve.py on `folder`'s hf/ (batching across requests up to `max_batch`):
+    (server, port)."""
     port = free_port()
-    srv = App.other([PY, os.path.join(HERE, "embeddings_litserve.py"), os.path.join(DIR, "hf"),
-                     str(port), str(max_batch)],
+    srv = App.other([PY, os.path.join(HERE, "embeddings_litserve.py"), os.path.join(folder, "hf"),
+                     str(port), str(max_batch), str(max_length)],
                     os.path.join(TMP, f"log-embeddings-litserve-{max_batch}.txt"))
     srv.wait(lambda: get(port, "/health", timeout=2)[0] == 200, 600)
     return srv, port

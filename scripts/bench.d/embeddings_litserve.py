@@ -7,9 +7,10 @@ from the Hugging Face folder embeddings_model.py writes (`models.Transformer` +
 
 MAX_BATCH 1: each request's inputs encoded together (LitServe refuses a request of several
 inputs when it batches across requests); above 1: requests of one input each batched across
-requests, up to MAX_BATCH, waiting at most 5 ms for more.
+requests, up to MAX_BATCH, waiting at most 5 ms for more. MAX_LENGTH (default 128): the
+tokens an input is cut to, as the vramfork side's `max_length`.
 
-Usage: embeddings_litserve.py HF_FOLDER PORT MAX_BATCH
+Usage: embeddings_litserve.py HF_FOLDER PORT MAX_BATCH [MAX_LENGTH]
 """
 import sys
 
@@ -19,12 +20,13 @@ from litserve.specs import OpenAIEmbeddingSpec
 from sentence_transformers import SentenceTransformer, models
 
 FOLDER, PORT, MAX_BATCH = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+MAX_LENGTH = int(sys.argv[4]) if len(sys.argv) > 4 else 128
 
 
 class Embedder(ls.LitAPI):
     def setup(self, device):
         torch.set_num_threads(1)
-        word = models.Transformer(FOLDER, max_seq_length=128)
+        word = models.Transformer(FOLDER, max_seq_length=MAX_LENGTH)
         pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
         self.model = SentenceTransformer(modules=[word, pool, models.Normalize()], device="cpu")
 

@@ -39,6 +39,8 @@ PREPARE = {
     "aiperf": ["bash", "-c", "test -x bench/tmp/aiperf-venv/bin/aiperf || { python3 -m venv "
                "bench/tmp/aiperf-venv && bench/tmp/aiperf-venv/bin/pip install --quiet "
                "--disable-pip-version-check aiperf==0.13.0; }"],
+    # Infinity (infinity-emb, pinned) in a venv of its own; see text_infinity.py.
+    "infinity": [PY, f"{D}/text_infinity.py", "--prepare"],
     "cnn": [PY, f"{D}/make_real.py", "bench/tmp/real", "cnn"],
     "shapes": [PY, "tests/support/make_shapes.py", "bench/tmp/shapes", "mlp64", "mlp256",
                "mlp1024", "conv1d", "attention"],
@@ -149,6 +151,14 @@ PARTS = [
          "documents only, about 7 minutes; 16 clients of 1,000 documents are most of the "
          "full form's time on 2 cores; to bench/rerank.{json,md}", [PY, f"{D}/rerank.py"], 5400,
          prepare=["embeddings-libraries"]),
+    Part("text", 12, "N mixed-length inputs (many short, a tail cut at max_length; 512 by "
+         "default, --quick 128) through /v1/embeddings in requests of 16 at c=1/4/16: this "
+         "build against the release build of 834a3b3, Infinity (infinity-emb 0.0.78, torch "
+         "engine) and sentence-transformers behind LitServe, interleaved, a MiniLM-L6-shaped "
+         "encoder (text.py --shape bert-base: BERT-base); then an interactive request's "
+         "p50/p99 beside a bulk ingestion, with and without vLLM's `priority` field; to "
+         "bench/text.{json,md}", [PY, f"{D}/text.py"], 1800,
+         prepare=["embeddings-libraries", "infinity"]),
     Part("ledger", 1, "the GPU-memory ledger and --idle-release on one simulated A100 (small MLP "
          "on the CPU): the first request after an idle release (connect → answer, 7 rounds) "
          "beside a warm request, `app plan` with and without the ledger, TTIN → the grown "

@@ -19,8 +19,8 @@ stops: the sides would not be the same model).
 A request of 100 documents takes seconds on two shared cores and one of 1,000 most of a
 minute, past wrk's timeout once clients queue, so the load is a closed loop of Python threads
 (one keep-alive connection each, no timeout that matters) with a fixed number of requests a
-run: each client sends its share in turn, the run's documents/s is the documents answered ÷
-its wall time, and p50/p99 come from every request of the cell's runs. The sides run
+run, each taken by whichever client is free (common.closed_loop): the run's documents/s is the
+documents answered ÷ its wall time, and p50/p99 come from every request of the cell's runs. The sides run
 interleaved (the order alternating from round to round). vramfork's access log says which
 worker answered each request (a keep-alive connection stays with the worker that accepted
 it). Writes bench/rerank.{json,md}.
@@ -30,19 +30,16 @@ Usage: rerank.py --command CMD [--quick]
 import argparse
 import http.client
 import json
-import math
 import os
-import re
 import subprocess
 import sys
-import threading
-import time
 from datetime import datetime, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import run as R  # noqa: E402
-from common import OUT, ROOT, TMP, App, free_port, get, log, median  # noqa: E402
+from common import OUT, ROOT, TMP, App, answered_by_worker, closed_loop, free_port, get, log  # noqa: E402
+from common import median, pct, worker_share  # noqa: E402
 
 PY = os.environ.get("VRAMFORK_PYTHON", sys.executable)
 MODEL = "reranker"
@@ -92,58 +89,17 @@ def same_scores(ports, query, docs):
 
 
 def load(port, payload, clients, per_client):
-    """`clients` threads, each on its own keep-alive connection sending `payload`
-    `per_client` times in turn: wall seconds, every answered request's latency (ms), and the
-    failures by status (0: no answer)."""
-    lat, failed, lock = [], {}, threading.Lock()
-
-    def client():
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
-        try:
-            for _ in range(per_client):
-                t0 = time.perf_counter()
-                try:
-                    status, _ = post(c, payload)
-                except (OSError, http.client.HTTPException):
-                    status = 0
-                    c.close()
-                ms = (time.perf_counter() - t0) * 1e3
-                with lock:
-                    if status == 200:
-                        lat.append(ms)
-                    else:
-                        failed[status] = failed.get(status, 0) + 1
-        finally:
-            c.close()
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, lat, failed
-
-
-def pct(xs, p):
-    """The nearest-rank `p`th percentile of `xs` (None when empty)."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]
+    """`clients` closed-loop clients, each on its own keep-alive connection, sending
+    `payload` `clients` x `per_client` times in all: wall seconds, every answered request's
+    latency (ms), and the failures by status (0: no answer)."""
+    return closed_loop(port, PATH, [payload] * (clients * per_client), clients)
 
 
 def by_worker():
-    """Rerank requests answered so far by each vramfork worker, from its access log: a
+    """Rerank requests answered so far by each vramfork worker (common.by_worker): a
     keep-alive connection stays with the worker that accepted it, so a few connections of
     second-long requests may load one worker more than the other. {slot: requests}."""
-    counts = {}
-    with open(LOG) as f:
-        for line in f:
-            m = re.search(r"\bslot=(\d+)", line) if "access:" in line and PATH in line else None
-            if m:
-                counts[m[1]] = counts.get(m[1], 0) + 1
-    return counts
+    return answered_by_worker(LOG, PATH)
 
 
 def cell(ports, payload, n, c, per_client, reps):
@@ -159,12 +115,7 @@ def cell(ports, payload, n, c, per_client, reps):
                   "failed": sum(sum(f.values()) for _, _, f in rs),
                   "failed_by_status": {str(st): sum(f.get(st, 0) for _, _, f in rs)
                                        for st in {st for _, _, f in rs for st in f}}}
-    # An access line is written once its answer has gone: wait (a few seconds at most) until
-    # every answer of the cell is in the log.
-    want, end = sum(before.values()) + row["vramfork"]["requests"], time.monotonic() + 10
-    while sum((after := by_worker()).values()) < want and time.monotonic() < end:
-        time.sleep(0.1)
-    row["vramfork"]["by_worker"] = {k: v - before.get(k, 0) for k, v in sorted(after.items())}
+    row["vramfork"]["by_worker"] = worker_share(LOG, PATH, before, row["vramfork"]["requests"])
     py = row["python"]["docs_s"]
     row["ratio"] = row["vramfork"]["docs_s"] / py if py else None
     log(f"rerank {n} docs c={c}: vramfork {row['vramfork']['docs_s']:.0f}, Python "
