@@ -1,7 +1,8 @@
 //! The model thread's loop with batching on: it takes the first queued request by lane
-//! (`lanes.rs`: the highest lane, the oldest within it), adds the queued requests that can be
-//! stacked with it (in the same order, while the rows fit), waits up to the batch timeout for
-//! more, runs them as one forward pass and cuts the outputs back. Requests of another shape
+//! (`lanes.rs`: the highest lane, the oldest within it), adds the queued requests of its
+//! lane that can be stacked with it (in the same order, while the rows and the token budget
+//! fit), waits up to the batch timeout for more, runs them as one forward pass and cuts the
+//! outputs back. Requests of another shape
 //! stay queued in order; the first of them by lane leads the next batch, and a request past
 //! its age limit ranks as high, so none waits forever.
 //!
@@ -33,6 +34,7 @@ use super::batch::{self, ArgKey, Batching};
 use super::lanes;
 use super::{encode, guarded, pass, reserved, Job, Outputs, RunError, RunOutput, Taken};
 use crate::args::Inputs;
+use vramfork::lanes::Lane;
 
 /// Forward passes by rows, as `/metrics` reports them.
 pub type BatchCounts = Arc<Mutex<BTreeMap<u32, u64>>>;
@@ -46,18 +48,21 @@ struct Queued {
     text: Option<(usize, usize)>,
 }
 
-/// A pass being formed: what its members share, its rows, its text rows' padded length.
+/// A pass being formed: what its members share, its rows, its text rows' padded length, and
+/// its head's lane (lower lanes do not join it: a larger pass would make the head wait).
 struct Forming {
     key: Vec<ArgKey>,
     rows: usize,
     width: usize,
+    lane: Lane,
 }
 
 impl Forming {
     /// Whether `q` may join it: the same key, the rows within `max`, and the text rows,
     /// padded to the longest of them, within the token budget (`max_batch_tokens`).
-    fn admits(&self, q: &Queued, max: usize, budget: Option<usize>) -> bool {
-        q.joins(&self.key, self.rows, max)
+    fn admits(&self, q: &Queued, max: usize, budget: Option<usize>, now: Instant) -> bool {
+        q.job.place.lane_at(now) <= self.lane
+            && q.joins(&self.key, self.rows, max)
             && match (budget, q.text) {
                 (Some(tokens), Some((r, w))) => (self.rows + r) * self.width.max(w) <= tokens,
                 _ => true,
@@ -86,7 +91,7 @@ impl Forming {
             if self.rows >= max {
                 break;
             }
-            if self.admits(&pending[i], max, budget) {
+            if self.admits(&pending[i], max, budget, now) {
                 self.add(&pending[i]);
                 joining.push(i);
             }
@@ -114,7 +119,7 @@ impl Forming {
             match next {
                 Ok(Some(job)) => {
                     let q = Queued::new(job);
-                    if self.admits(&q, b.max_rows, budget) {
+                    if self.admits(&q, b.max_rows, budget, std::time::Instant::now()) {
                         self.add(&q);
                         members.push(q);
                     } else {
@@ -203,6 +208,7 @@ pub fn serve(
             key,
             rows: head.rows(),
             width: head.width(),
+            lane: head.job.place.lane_at(now),
         });
         let budget = super::parts::token_budget();
         let mut members = vec![head];

@@ -31,6 +31,11 @@ impl Place {
         }
     }
 
+    /// Its lane at `now`: `high` once aged.
+    pub(super) fn lane_at(&self, now: Instant) -> Lane {
+        self.rank(now).0
+    }
+
     /// Its rank at `now` (lower is served first): its lane, `high` once aged, then its age.
     fn rank(&self, now: Instant) -> (Lane, Instant) {
         let lane = if now >= self.aged_at {
