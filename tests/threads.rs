@@ -81,16 +81,19 @@ fn serve_on_every_worker(s: &Server, pids: &[u32]) {
 /// sets libtorch's count (`at::set_num_threads` sizes caffe2's pthreadpool too)), the model
 /// thread's team of `n`
 /// (`vf-model`), its log writer (`vf-log`), the watchdog of passes on the event loop
-/// (`vf-watch`, with one thread only) and, at most, the event loop's blocking threads
-/// (`vf-http`, which parse large bodies).
+/// (`vf-watch`, with one thread only), a server without a master's watch of the process
+/// that started it (`vf-parent`, one, `parent_watch.rs`) and, at most, the event loop's
+/// blocking threads (`vf-http`, which parse large bodies).
 fn assert_team(pid: u32, n: usize, what: &str, s: &Server) {
     let t = threads(pid);
     let model = t.get("vf-model").copied().unwrap_or(0);
     let others: Vec<_> = t
         .keys()
         .filter(|k| {
-            !matches!(k.as_str(), "vf-model" | "vf-http" | "vf-log" | "vf-watch")
-                && !k.starts_with("vf-worker-")
+            !matches!(
+                k.as_str(),
+                "vf-model" | "vf-http" | "vf-log" | "vf-watch" | "vf-parent"
+            ) && !k.starts_with("vf-worker-")
         })
         .collect();
     let main: usize = t
@@ -99,9 +102,11 @@ fn assert_team(pid: u32, n: usize, what: &str, s: &Server) {
         .map(|(_, c)| c)
         .sum();
     let watch = t.get("vf-watch").copied().unwrap_or(0);
+    let parent = t.get("vf-parent").copied().unwrap_or(0);
     assert!(
         model == n
             && others.is_empty()
+            && parent <= 1
             && (main == 1 || (n > 1 && main <= n))
             && watch <= usize::from(n == 1),
         "{what}: worker {pid} should run its passes on {n} thread(s) named vf-model beside its \

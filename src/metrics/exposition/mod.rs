@@ -234,6 +234,7 @@ mod tests {
         s.traffic.preprocess.observe(0.01);
         s.traffic.text_tokens = 3;
         s.traffic.text_tokens_padded = 4;
+        s.traffic.text_pass_tokens_max = 4;
         let scrape = encode(&s, Format::Prometheus).unwrap();
         let declared: std::collections::BTreeSet<String> = scrape
             .lines()
