@@ -88,6 +88,20 @@ def get(port, path, timeout=5.0):
         c.close()
 
 
+def post_status(c, path, payload):
+    """POSTs the JSON `payload` to `path` on the keep-alive connection `c` and reads the
+    answer whole: its status, or 0 when there was no answer (then `c` is closed, and its
+    next request reconnects)."""
+    try:
+        c.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        return r.status
+    except (OSError, http.client.HTTPException):
+        c.close()
+        return 0
+
+
 def closed_loop(port, path, payloads, clients, timeout=1800):
     """`clients` threads, each on its own keep-alive connection, taking the next of `payloads`
     (JSON bodies, any iterable: a list, or a generator that ends when a run's time is up) as
@@ -104,15 +118,7 @@ def closed_loop(port, path, payloads, clients, timeout=1800):
                 if payload is None:
                     return
                 t0 = time.perf_counter()
-                try:
-                    c.request("POST", path, body=payload,
-                              headers={"Content-Type": "application/json"})
-                    r = c.getresponse()
-                    r.read()
-                    status = r.status
-                except (OSError, http.client.HTTPException):
-                    status = 0
-                    c.close()
+                status = post_status(c, path, payload)
                 ms = (time.perf_counter() - t0) * 1e3
                 with lock:
                     if status == 200:

@@ -29,7 +29,7 @@ import re
 import threading
 import time
 
-from common import closed_loop, get, log, pct
+from common import closed_loop, get, log, pct, post_status
 
 PATH = "/v1/embeddings"
 BULK_CLIENTS = 4
@@ -97,14 +97,7 @@ def interactive(port, payload, secs, pool):
             c = pool.get_nowait()
         except queue.Empty:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        try:
-            c.request("POST", PATH, body=payload, headers={"Content-Type": "application/json"})
-            r = c.getresponse()
-            r.read()
-            status = r.status
-        except (OSError, http.client.HTTPException):
-            status = 0
-            c.close()
+        status = post_status(c, PATH, payload)
         pool.put(c)
         return status
 

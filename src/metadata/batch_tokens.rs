@@ -33,6 +33,16 @@ pub(super) fn parse(raw: &Map<String, Value>) -> Result<Option<usize>, String> {
     }
 }
 
+/// Rows one pass of text input `text` may hold whatever their length: `max_batch_size` with
+/// batching, else the input's `max_documents`.
+pub fn pass_rows(text: &TextSpec, max_batch_size: u32) -> usize {
+    match max_batch_size {
+        0 => text.max_documents,
+        n => n as usize,
+    }
+    .max(1)
+}
+
 /// What one pass of a text input may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBudget {
@@ -51,11 +61,7 @@ impl TokenBudget {
     /// The budget of text input `text`: `max_batch_tokens`, else the rows a pass may hold ×
     /// `max_length`, at most [`DEFAULT_BATCH_TOKENS`] (and at least one full document).
     pub fn of(given: Option<usize>, text: &TextSpec, max_batch_size: u32) -> TokenBudget {
-        let max_rows = match max_batch_size {
-            0 => text.max_documents,
-            n => n as usize,
-        }
-        .max(1);
+        let max_rows = pass_rows(text, max_batch_size);
         let max_length = text.max_length.max(1);
         let tokens = given.unwrap_or_else(|| {
             (max_rows * max_length)

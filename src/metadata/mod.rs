@@ -34,6 +34,7 @@ use serde_json::{Map, Value};
 
 use crate::near_miss;
 pub use crate::schema::{kind, Dtype};
+pub use shapes::with_rows;
 pub use signature::{Datatype, InputSpec, TensorSpec, SINGLE_INPUT};
 
 /// Parsed and validated app metadata.

@@ -31,18 +31,10 @@ impl AppMetadata {
                 )
             })
             .collect::<Option<_>>()?;
-        let batched: Vec<Vec<i64>> = specs
-            .iter()
-            .zip(&one)
-            .map(|(s, shape)| {
-                let mut shape = shape.clone();
-                let open = s.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
-                if max_batch_size > 1 && open && !shape.is_empty() {
-                    shape[0] = i64::from(max_batch_size);
-                }
-                shape
-            })
-            .collect();
+        let batched = match max_batch_size {
+            0 | 1 => one.clone(),
+            n => with_rows(specs, &one, i64::from(n)),
+        };
         Some(if batched == one {
             vec![one]
         } else {
@@ -85,6 +77,24 @@ impl AppMetadata {
             })
             .collect()
     }
+}
+
+/// `shapes` (one per input of `specs`) with `rows` in the leading dimension of every input
+/// that declares it `-1` (or declares no shape): the rows of a batch, or of a text input's
+/// worst pass.
+pub fn with_rows(specs: &[TensorSpec], shapes: &[Vec<i64>], rows: i64) -> Vec<Vec<i64>> {
+    specs
+        .iter()
+        .zip(shapes)
+        .map(|(spec, shape)| {
+            let mut shape = shape.clone();
+            let open = spec.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
+            if open && !shape.is_empty() {
+                shape[0] = rows;
+            }
+            shape
+        })
+        .collect()
 }
 
 /// `profile_input` or `warmup_inputs` (`key`): one shape (a model with one declared input)

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use vramfork::documents::Padding;
+use vramfork::metadata::batch_tokens::pass_rows;
 
 use super::{Admitted, Encoding, OutTensor, Parsed, Wanted};
 use crate::app::App;
@@ -33,11 +34,7 @@ pub async fn text_passes<R: Row, E: From<ApiError>>(
 ) -> Result<Duration, E> {
     let docs = app.documents.as_ref().expect("tokenized on the documents");
     let text = docs.text(0).expect("a text input");
-    let per_pass = match app.metadata.max_batch_size {
-        0 => text.spec().max_documents,
-        n => n as usize,
-    }
-    .max(1);
+    let per_pass = pass_rows(text.spec(), app.metadata.max_batch_size);
     let width = (text.spec().padding == Padding::MaxLength).then_some(text.spec().max_length);
     let lengths: Vec<usize> = rows.iter().map(Row::len).collect();
     let mut forward = Duration::ZERO;

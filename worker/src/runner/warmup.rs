@@ -24,7 +24,7 @@ use tch::{Device, IValue, Tensor};
 use crate::model::{Failure, Model};
 use vramfork::documents::{Document, Feed, Padding, TextSpec};
 use vramfork::metadata::batch_tokens::TokenBudget;
-use vramfork::metadata::{AppMetadata, Datatype, TensorSpec};
+use vramfork::metadata::{with_rows, AppMetadata, Datatype, TensorSpec};
 
 use super::useful_line;
 use crate::args::kind_of;
@@ -322,23 +322,6 @@ fn check_budgets(
         }
     }
     Ok(passes)
-}
-
-/// `shapes` with `rows` in the leading dimension of every input that declares it `-1` (or
-/// declares no shape).
-pub fn with_rows(specs: &[TensorSpec], shapes: &[Vec<i64>], rows: i64) -> Vec<Vec<i64>> {
-    specs
-        .iter()
-        .zip(shapes)
-        .map(|(spec, shape)| {
-            let mut shape = shape.clone();
-            let open = spec.shape.as_ref().is_none_or(|d| d.first() == Some(&-1));
-            if open && !shape.is_empty() {
-                shape[0] = rows;
-            }
-            shape
-        })
-        .collect()
 }
 
 /// Which text inputs a warm-up pass runs at `max_length` tokens (the others at
