@@ -185,17 +185,8 @@ pub fn serve(
     // would run twice (batched, then one by one), so requests run alone from then on.
     let mut stacking = true;
     loop {
-        if pending.is_empty() {
-            match rx.blocking_recv() {
-                Some(job) => pending.push_back(Queued::new(job)),
-                None => return,
-            }
-        }
-        while pending.len() < cap {
-            match rx.try_recv() {
-                Ok(job) => pending.push_back(Queued::new(job)),
-                Err(_) => break,
-            }
+        if !lanes::refill(&mut rx, &mut pending, cap, Queued::new) {
+            return;
         }
         pending.retain(|q| q.job.live());
         let now = Instant::now();

@@ -47,6 +47,29 @@ impl Place {
     }
 }
 
+/// Takes what the channel holds into `queue` (as `make` wraps it), up to `cap`, waiting for
+/// one job when `queue` is empty; `false` once every sender is gone and nothing is queued.
+pub(super) fn refill<T>(
+    rx: &mut tokio::sync::mpsc::Receiver<super::Job>,
+    queue: &mut VecDeque<T>,
+    cap: usize,
+    make: impl Fn(super::Job) -> T,
+) -> bool {
+    if queue.is_empty() {
+        match rx.blocking_recv() {
+            Some(job) => queue.push_back(make(job)),
+            None => return false,
+        }
+    }
+    while queue.len() < cap {
+        match rx.try_recv() {
+            Ok(job) => queue.push_back(make(job)),
+            Err(_) => break,
+        }
+    }
+    true
+}
+
 /// The index of the job of `queue` served first at `now` (of equal ranks, the earlier).
 pub(super) fn first<T>(
     queue: &VecDeque<T>,

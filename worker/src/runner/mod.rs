@@ -314,19 +314,7 @@ impl Runner {
 /// lane of those queued (`lanes.rs`).
 fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
     let mut queue: VecDeque<Job> = VecDeque::new();
-    loop {
-        if queue.is_empty() {
-            match rx.blocking_recv() {
-                Some(job) => queue.push_back(job),
-                None => return,
-            }
-        }
-        while queue.len() < QUEUE {
-            match rx.try_recv() {
-                Ok(job) => queue.push_back(job),
-                Err(_) => break,
-            }
-        }
+    while lanes::refill(&mut rx, &mut queue, QUEUE, |job| job) {
         let next = lanes::first(&queue, |j| j.place, Instant::now());
         let Some(job) = next.and_then(|i| queue.remove(i)) else {
             continue;
