@@ -79,7 +79,7 @@ pub(super) fn text_rows(args: &[Arg]) -> Option<(usize, usize)> {
 }
 
 /// Rows per part for `args`, when their text rows are over the budget (`None`: one pass).
-pub(super) fn rows_per_part(args: &[Arg]) -> Option<(usize, usize)> {
+fn rows_per_part(args: &[Arg]) -> Option<(usize, usize)> {
     let tokens = token_budget()?;
     let (rows, width) = text_rows(args)?;
     (rows > 1 && rows * width > tokens).then(|| ((tokens / width.max(1)).max(1), rows))
@@ -107,7 +107,7 @@ pub(super) fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValu
 }
 
 /// Rows `start..start + n` of every argument with `rows` rows (the others as they are).
-pub(super) fn cut(args: &[Arg], rows: usize, start: usize, n: usize) -> Vec<Arg> {
+fn cut(args: &[Arg], rows: usize, start: usize, n: usize) -> Vec<Arg> {
     let narrow = |t: &Tensor| match t.size().first() {
         Some(&r) if r as usize == rows => t.narrow(0, start as i64, n as i64),
         _ => t.shallow_clone(),
@@ -129,7 +129,7 @@ pub(super) fn cut(args: &[Arg], rows: usize, start: usize, n: usize) -> Vec<Arg>
 /// The outputs of the parts (`rows[i]` rows each), joined along the rows: tensors
 /// concatenated, tuples, lists and dicts joined element by element, lists of one element a
 /// row concatenated. `Err` names what has no row dimension.
-pub(super) fn join(parts: Vec<IValue>, rows: &[usize]) -> Result<IValue, String> {
+fn join(parts: Vec<IValue>, rows: &[usize]) -> Result<IValue, String> {
     let first = parts.first().ok_or("no part ran")?;
     Ok(match first {
         IValue::Tensor(_) => IValue::Tensor(tensors(&parts, rows)?),
