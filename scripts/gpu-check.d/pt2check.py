@@ -156,9 +156,16 @@ def make(kind, work, device, env, end):
     args = [sys.executable, os.path.abspath(__file__), "--internal-make", kind, "--work", work,
             "--device", device]
     log = open(os.path.join(work, f"make-{kind}.log"), "w")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
-                            start_new_session=True)
-    MAKING.append(proc)
+    # A TERM between the child's start and its place in MAKING would leave it compiling in
+    # its own session: the signals wait until it is there (the child unblocks them).
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
+                                start_new_session=True)
+        MAKING.append(proc)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     try:
         out, _ = proc.communicate(timeout=max(0.1, left(end)))
     except subprocess.TimeoutExpired:
@@ -485,6 +492,8 @@ def main():
     ap.add_argument("--device")
     a = ap.parse_args()
     if a.internal_make:
+        # started with TERM and INT blocked (see make): Inductor's workers need them
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         return internal_make(a.internal_make, a.work, a.device)
     if not a.bin or not a.out:
         ap.error("--bin and --out are required")
