@@ -149,6 +149,9 @@ fn every_doors_passes_stay_within_the_budget_and_answer_as_one_pass() {
     // no pass held more than 40 tokens otherwise.
     let largest = largest_pass(&s, 1.0);
     assert!(largest <= 40.0, "a pass held {largest} tokens (budget 40)");
+    // Every input's tokens were given twice (in the request of 200, and alone).
+    let embedded = 2 * lengths.iter().sum::<usize>();
+    let (_, padded) = tokens_given(&s, embedded);
     // POST /: 30 documents at once (30 × 32 tokens, over the budget): run in parts of one
     // row each at the request's padded length, the per-token states of each document equal
     // to its own pass's (a BERT with an attention mask: padding changes no real token's).
@@ -170,6 +173,25 @@ fn every_doors_passes_stay_within_the_budget_and_answer_as_one_pass() {
     }
     let largest = largest_pass(&s, 1.0);
     assert!(largest <= 40.0, "a pass held {largest} tokens (budget 40)");
+    // POST /'s passes are counted too, as they ran: the 30 in parts at the request's
+    // padded length, each document alone at its own.
+    let own: usize = lengths[..30].iter().sum();
+    let width = *lengths[..30].iter().max().unwrap();
+    let (_, padded_after) = tokens_given(&s, embedded + 2 * own);
+    assert_eq!(
+        padded_after - padded,
+        (30 * width + own) as f64,
+        "POST /'s padded tokens"
+    );
+}
+
+/// `vramfork_text_tokens_total` once its real tokens are `real`: (real, padded).
+fn tokens_given(s: &Server, real: usize) -> (f64, f64) {
+    let kind = |k: &str| gauge(s, &format!("vramfork_text_tokens_total{{kind=\"{k}\"}}"));
+    s.poll(&format!("vramfork_text_tokens_total real = {real}"), || {
+        let got = (kind("real")?, kind("padded")?);
+        (got.0 == real as f64).then_some(got)
+    })
 }
 
 #[test]
@@ -265,10 +287,12 @@ fn batched_requests_share_a_pass_only_within_the_budget_each_answer_its_own() {
     );
     let s = serve(&app, &["--batch-timeout-ms", "20"]);
     let docs = documents(48, 20);
-    let alone: Vec<Value> = docs
-        .iter()
-        .map(|d| embed(&s, json!(d))["data"][0]["embedding"].clone())
-        .collect();
+    let (mut alone, mut own) = (Vec::new(), 0);
+    for d in &docs {
+        let e = embed(&s, json!(d));
+        alone.push(e["data"][0]["embedding"].clone());
+        own += e["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    }
     let port = s.port;
     std::thread::scope(|scope| {
         for t in 0..8 {
@@ -308,4 +332,11 @@ fn batched_requests_share_a_pass_only_within_the_budget_each_answer_its_own() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(batched > 0.0, "requests met in batches: {}", r.body);
+    // Each document's tokens were given twice; alone it has no padding, and the batches
+    // are counted as they ran, padded to their longest document.
+    let (real, padded) = tokens_given(&s, 2 * own);
+    assert!(
+        padded > real,
+        "the batched passes' padding is counted: {padded} padded tokens for {real}"
+    );
 }

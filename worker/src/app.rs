@@ -170,7 +170,8 @@ impl App {
             .map(Recorder::traffic)
             .unwrap_or_default();
         t.batches = self.runner.batches();
-        t.text_pass_tokens_max = crate::runner::parts::largest();
+        t.text_pass_tokens_max = crate::runner::pass_tokens::largest();
+        (t.text_tokens, t.text_tokens_padded) = crate::runner::pass_tokens::totals();
         t.access_log_dropped = self.access_log.as_ref().map_or(0, |l| l.dropped());
         t.trace_spans_dropped = self.spans.as_ref().map_or(0, |s| s.dropped());
         t.log_lines_dropped = vramfork::logging::dropped(vramfork::logging::Kind::Log);

@@ -187,7 +187,7 @@ fn load(
                 format!("app metadata {}: {e}", metadata.path.display()),
             )
         })?;
-    configure_parts(metadata, batch.max_batch_size);
+    configure_parts(metadata, batch.max_batch_size, documents.as_ref());
     let (runner, info, profiled) = runner::Runner::start(runner::Setup {
         path: cfg.model_path.clone(),
         wanted,
@@ -236,23 +236,48 @@ fn load(
 }
 
 /// The token budget a request's text rows run within (`runner::parts`): the smallest of
-/// the text inputs' budgets, over the `forward` arguments their tokens become.
-fn configure_parts(metadata: &AppMetadata, max_batch_size: u32) {
+/// the text inputs' budgets; and the `forward` arguments their tokens become, with where
+/// their real tokens show (`runner::pass_tokens`).
+fn configure_parts(
+    metadata: &AppMetadata,
+    max_batch_size: u32,
+    docs: Option<&documents::Documents>,
+) {
+    use runner::pass_tokens::{Real, TextArgs};
+    use vramfork::documents::{Document, Feed};
     let budgets = metadata.token_budgets(max_batch_size);
     let Some(tokens) = budgets.iter().map(|(_, b)| b.tokens).min() else {
         return;
     };
-    let (mut at, mut text_args) = (0, Vec::new());
-    for spec in metadata.inputs.as_deref().unwrap_or_default() {
-        match &spec.document {
-            Some(vramfork::documents::Document::Text(t)) => {
-                text_args.extend(at..at + t.feeds.len());
-                at += t.feeds.len();
-            }
-            _ => at += 1,
+    let (mut at, mut texts) = (0, Vec::new());
+    for (i, spec) in metadata
+        .inputs
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let Some(Document::Text(t)) = &spec.document else {
+            at += 1;
+            continue;
+        };
+        let arg = |f: Feed| t.feeds.iter().position(|&g| g == f).map(|k| at + k);
+        let pad = docs.and_then(|d| d.text(i)).map_or(0, |d| d.pad_id());
+        let real = match (arg(Feed::AttentionMask), arg(Feed::InputIds)) {
+            (Some(mask), _) => Some(Real::Mask(mask)),
+            (None, Some(ids)) => Some(Real::NotPad { ids, pad }),
+            (None, None) => None,
+        };
+        if let Some(real) = real {
+            texts.push(TextArgs {
+                args: at..at + t.feeds.len(),
+                real,
+            });
         }
+        at += t.feeds.len();
     }
-    runner::parts::configure(tokens, text_args);
+    runner::parts::configure(tokens);
+    runner::pass_tokens::configure(texts);
 }
 
 /// What the profiling pass used (allocator figures of CUDA device `device`), sent to the master's

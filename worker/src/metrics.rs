@@ -77,8 +77,6 @@ pub struct Recorder {
     forward: AtomicHist,
     preprocess: AtomicHist,
     queue_wait: AtomicHist,
-    /// Tokens given to the model in text passes: real, and padded.
-    text_tokens: [AtomicU64; 2],
     /// Token-auth refusals by [`AuthFailure`] (missing, malformed, invalid).
     auth: [AtomicU64; 3],
     /// Connections closed on their client's account, by [`Closed`].
@@ -133,21 +131,12 @@ impl Recorder {
         self.preprocess.observe(took);
     }
 
-    /// A pass of token rows: the tokens they hold, and the tokens given to the model once
-    /// padded (`vramfork_text_tokens_total`).
-    pub fn text_tokens(&self, real: u64, padded: u64) {
-        self.text_tokens[0].fetch_add(real, Ordering::Relaxed);
-        self.text_tokens[1].fetch_add(padded, Ordering::Relaxed);
-    }
-
     /// Everything so far.
     pub fn traffic(&self) -> Traffic {
         let mut t = Traffic {
             forward: self.forward.load(),
             preprocess: self.preprocess.load(),
             queue_wait: self.queue_wait.load(),
-            text_tokens: self.text_tokens[0].load(Ordering::Relaxed),
-            text_tokens_padded: self.text_tokens[1].load(Ordering::Relaxed),
             ..Traffic::default()
         };
         for f in [

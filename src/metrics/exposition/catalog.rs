@@ -83,7 +83,7 @@ pub(super) fn passes(f: &mut Families, s: &Snapshot) {
     if t.text_tokens_padded > 0 {
         f.counter(
             "text_tokens",
-            "Tokens of the text passes given to the model (/v1/embeddings): kind real the rows' own, kind padded once padded to one length; real / padded is the padding efficiency.",
+            "Tokens of the text passes given to the model (any door, each pass as it ran, batched or not): kind real the rows' own, kind padded once padded to one length; real / padded is the padding efficiency.",
             vec![
                 (l(&[("kind", "real")]), t.text_tokens),
                 (l(&[("kind", "padded")]), t.text_tokens_padded),

@@ -173,6 +173,11 @@ impl Text {
             .collect()
     }
 
+    /// The id its rows are padded with.
+    pub fn pad_id(&self) -> i64 {
+        self.pad_id
+    }
+
     /// The tokenizer itself, for pair encoding (`pair.rs`).
     pub(super) fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -1,8 +1,7 @@
 //! A request's token rows for the model's one text input, run through the core in passes of
 //! at most `max_batch_size` rows (without batching, the input's `max_documents`) and at most
-//! the token budget (`max_batch_tokens`), shortest rows first (`documents/passes.rs`), the
-//! tokens of each pass counted
-//! (`vramfork_text_tokens_total`). The text doors (`/v1/embeddings`, rerank, score,
+//! the token budget (`max_batch_tokens`), shortest rows first (`documents/passes.rs`), each
+//! pass's tokens on the request's span. The text doors (`/v1/embeddings`, rerank, score,
 //! classify) read each pass's one output their own way.
 
 use std::time::Duration;
@@ -43,9 +42,6 @@ pub async fn text_passes<R: Row, E: From<ApiError>>(
     let pass_cost = (!app.hw.on_gpu()).then_some(CPU_PASS_COST_TOKENS);
     for pass in by_length(&lengths, per_pass, token_budget(), width, pass_cost) {
         let (real, padded) = tokens(pass.iter().map(|&i| lengths[i]), width);
-        if let Some(m) = &app.metrics {
-            m.text_tokens(real, padded);
-        }
         let chunk: Vec<&R> = pass.iter().map(|&i| &rows[i]).collect();
         let inputs = Inputs {
             args: text.feeds(&chunk),

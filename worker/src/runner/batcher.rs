@@ -136,7 +136,7 @@ impl Forming {
 impl Queued {
     fn new(job: Job) -> Queued {
         let key = batch::key_of(&job.input);
-        let text = super::parts::text_rows(&job.input.args);
+        let text = super::pass_tokens::text_rows(&job.input.args);
         Queued { job, key, text }
     }
 

@@ -25,6 +25,7 @@ mod job;
 mod lanes;
 mod ops;
 pub mod parts;
+pub mod pass_tokens;
 mod shared_pass;
 mod tensors;
 pub mod v2out;
@@ -337,7 +338,7 @@ fn serve(model: Arc<Inline>, device: Device, mut rx: mpsc::Receiver<Job>) {
 
 /// The input's move to the device and the forward pass, under `no_grad`.
 fn pass(module: &Model, device: Device, args: &[Arg]) -> Result<IValue, RunError> {
-    parts::note(args);
+    pass_tokens::note(args);
     let args = args
         .iter()
         .map(|a| tensors::to_ivalue(a, device))

@@ -10,11 +10,11 @@
 //! The budget is the worker's own (the model thread is its one reader): set at boot from
 //! the metadata, and lowered by the warm-up when the default one ran out of GPU memory.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tch::{Device, IValue, Tensor};
 
+use super::pass_tokens::text_rows;
 use super::RunError;
 use crate::args::Arg;
 use crate::model::Model;
@@ -24,19 +24,13 @@ static TOKENS: AtomicUsize = AtomicUsize::new(0);
 /// What a warm-up could run, when it lowered the budget (`usize::MAX`: it did not). Set
 /// in the template before it forks, so a forked worker's [`configure`] keeps it.
 static LOWERED: AtomicUsize = AtomicUsize::new(usize::MAX);
-/// The `forward` arguments that are text rows (`[rows, length]`), by index.
-static TEXT_ARGS: OnceLock<Vec<usize>> = OnceLock::new();
 
-/// The most tokens one pass of the text arguments held (rows × padded length).
-static LARGEST: AtomicU64 = AtomicU64::new(0);
-
-/// The budget of this worker's text passes: `tokens` for the arguments `text_args`.
-pub fn configure(tokens: usize, text_args: Vec<usize>) {
+/// The budget of this worker's text passes (the text arguments are `pass_tokens`').
+pub fn configure(tokens: usize) {
     TOKENS.store(
         tokens.min(LOWERED.load(Ordering::Relaxed)),
         Ordering::Relaxed,
     );
-    let _ = TEXT_ARGS.set(text_args);
 }
 
 /// The budget now, when there is one.
@@ -50,32 +44,6 @@ pub(super) fn lower(tokens: usize) {
     let _ = TOKENS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
         (t > 0).then_some(t.min(tokens.max(1)))
     });
-}
-
-/// The most tokens one pass of the text arguments held (`vramfork_text_pass_tokens_max`).
-pub fn largest() -> u64 {
-    LARGEST.load(Ordering::Relaxed)
-}
-
-/// Counts a pass about to run on `args` towards [`largest`].
-pub(super) fn note(args: &[Arg]) {
-    if let Some((rows, width)) = text_rows(args) {
-        LARGEST.fetch_max((rows * width) as u64, Ordering::Relaxed);
-    }
-}
-
-/// The rows and padded length of the text arguments of `args`, when it has any.
-pub(super) fn text_rows(args: &[Arg]) -> Option<(usize, usize)> {
-    let (mut rows, mut width) = (0usize, 0usize);
-    for &i in TEXT_ARGS.get()? {
-        if let Some(Arg::Tensor(t) | Arg::Padded { tensor: t, .. }) = args.get(i) {
-            if let [r, w] = t.size()[..] {
-                rows = rows.max(r as usize);
-                width = width.max(w as usize);
-            }
-        }
-    }
-    (rows > 0).then_some((rows, width))
 }
 
 /// Rows per part for `args`, when their text rows are over the budget (`None`: one pass).
