@@ -633,6 +633,7 @@ fn part_1_runs_here_on_the_simulated_gpu() {
         "kill9",
         "served",
         "production",
+        "budget",
     ] {
         assert_eq!(result(s), "PASS", "{s}: {}\n{log}", r[s].3);
     }
@@ -671,6 +672,14 @@ fn part_1_runs_here_on_the_simulated_gpu() {
         r["production"].3.starts_with("3 workers running (3 asked"),
         "{}",
         r["production"].3
+    );
+    // The burst of the longest documents: every pass within the small encoder's budget
+    // of 2,048 tokens (16 documents of 128), and no allocator here to compare.
+    assert!(
+        r["budget"].3.contains("largest pass 2048 tokens")
+            && r["budget"].3.contains("peaks not compared; 0 failures"),
+        "{}",
+        r["budget"].3
     );
     // Every step that started workers says how long each took to boot.
     for s in ["footprint", "recycle", "kill9", "served", "production"] {
