@@ -103,6 +103,31 @@ impl Zipped {
 
     /// The entry `name` whole, when it declares at most `max` bytes.
     pub fn read(&mut self, name: &str, max: u64) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        self.copy(name, max, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes the entry `name` into the file `to` (created; never one that exists), in
+    /// pieces, held to the size it declares. Returns the bytes written.
+    pub fn extract(&mut self, name: &str, to: &Path) -> Result<u64, String> {
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(to)
+            .map_err(|e| format!("cannot unpack {name} to {}: {e}", to.display()))?;
+        let written = self.copy(name, u64::MAX, &mut out).inspect_err(|_| {
+            let _ = std::fs::remove_file(to);
+        })?;
+        out.flush()
+            .map_err(|e| format!("cannot unpack {name} to {}: {e}", to.display()))?;
+        Ok(written)
+    }
+
+    /// Copies the entry `name` into `out` when it declares at most `max` bytes, never past
+    /// what it declares (a header that lies is refused). Returns the bytes copied.
+    fn copy(&mut self, name: &str, max: u64, out: &mut impl Write) -> Result<u64, String> {
         let shown = self.path.display().to_string();
         let mut entry = self
             .zip
@@ -114,47 +139,17 @@ impl Zipped {
                 "the model archive {shown}: {name} is {declared} bytes; at most {max} are read"
             ));
         }
-        let mut out = Vec::with_capacity(declared as usize);
-        (&mut entry)
-            .take(declared + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| format!("the model archive {shown}: {name}: {e}"))?;
-        if out.len() as u64 != declared {
-            return Err(format!(
-                "the model archive {shown}: {name} unpacks to another size than it declares: refused"
-            ));
-        }
-        Ok(out)
-    }
-
-    /// Writes the entry `name` into the file `to` (created; never one that exists), in
-    /// pieces, held to the size it declares. Returns the bytes written.
-    pub fn extract(&mut self, name: &str, to: &Path) -> Result<u64, String> {
-        let shown = self.path.display().to_string();
-        let mut entry = self
-            .zip
-            .by_name(name)
-            .map_err(|e| format!("the model archive {shown}: {name}: {e}"))?;
-        let declared = entry.size();
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(to)
-            .map_err(|e| format!("cannot unpack {name} to {}: {e}", to.display()))?;
-        let written = std::io::copy(&mut (&mut entry).take(declared + 1), &mut out)
+        let copied = std::io::copy(&mut (&mut entry).take(declared + 1), out)
             .map_err(|e| format!("cannot unpack {name} of {shown}: {e}"))?;
-        if written != declared {
-            let _ = std::fs::remove_file(to);
+        if copied != declared {
             return Err(format!(
                 "the model archive {shown}: {name} unpacks to another size than it declares: refused"
             ));
         }
-        out.flush()
-            .map_err(|e| format!("cannot unpack {name} to {}: {e}", to.display()))?;
-        Ok(written)
+        Ok(copied)
     }
 }
+
 /// The classic end-of-central-directory record: its signature and size without a comment.
 const EOCD: u32 = 0x0605_4b50;
 const EOCD_LEN: u64 = 22;
@@ -215,4 +210,53 @@ fn read_at(file: &mut File, at: u64, n: usize) -> Result<Vec<u8>, String> {
         .and_then(|_| file.read_exact(&mut out))
         .map_err(|e| e.to_string())?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archive of one stored entry of ten bytes whose central directory says `size`.
+    fn lying(dir: &Path, size: u32) -> PathBuf {
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let stored =
+            zip::write::FileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        w.start_file("model.pt", stored).unwrap();
+        w.write_all(b"0123456789").unwrap();
+        let mut bytes = w.finish().unwrap().into_inner();
+        let cd = (0..bytes.len() - 4)
+            .find(|&i| bytes[i..i + 4] == [0x50, 0x4b, 0x01, 0x02])
+            .unwrap();
+        bytes[cd + 24..cd + 28].copy_from_slice(&size.to_le_bytes());
+        let path = dir.join("x.mar");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn an_entry_is_read_and_unpacked_only_at_the_size_it_declares() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut z = Zipped::open(&lying(dir.path(), 10)).unwrap();
+        assert_eq!(z.read("model.pt", 10).unwrap(), b"0123456789");
+        let e = z.read("model.pt", 9).unwrap_err();
+        assert!(
+            e.ends_with("model.pt is 10 bytes; at most 9 are read"),
+            "{e}"
+        );
+        assert_eq!(z.extract("model.pt", &dir.path().join("m.pt")), Ok(10));
+        // A header that says 3 bytes of an entry of 10: refused, nothing left unpacked.
+        let mut z = Zipped::open(&lying(dir.path(), 3)).unwrap();
+        let e = z.read("model.pt", 100).unwrap_err();
+        assert!(
+            e.contains("unpacks to another size than it declares"),
+            "{e}"
+        );
+        let to = dir.path().join("lied.pt");
+        let e = z.extract("model.pt", &to).unwrap_err();
+        assert!(
+            e.contains("unpacks to another size than it declares"),
+            "{e}"
+        );
+        assert!(!to.exists());
+    }
 }
