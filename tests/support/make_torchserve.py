@@ -12,6 +12,10 @@ serialized model, index_to_name.json), and the answers TorchServe's own handler 
 - segmenter.mar: torchvision's FCN (its FCNHead on a small convolutional backbone, random
   weights, 3 classes), scripted (it returns a dict, {"out": ..., "aux": ...}), with the
   default handler `image_segmenter`;
+- segmenter_exported.mar: the same FCN and weights as a torch.export program (.pt2) of a
+  module returning a plain dict of its outputs (`dict(fcn(x))`), batch and size dynamic;
+- segmenter_ordered.mar: the FCN itself exported (its output an OrderedDict, whose pytree
+  type libtorch's Native Runtime does not load);
 - cat.jpg, wide.png: images written by Pillow;
 - expected.json: what ts.torch_handler.image_classifier.ImageClassifier answers for each
   image (its preprocess, the model, its postprocess), as TorchServe would return it; and
@@ -97,6 +101,34 @@ with torch.no_grad():  # scores that differ from pixel to pixel
     for m in segmenter.modules():
         if isinstance(m, torch.nn.Conv2d):
             m.weight.mul_(4.0)
+
+
+class PlainDict(torch.nn.Module):
+    """The FCN returning a plain dict of its outputs (not its OrderedDict)."""
+
+    def __init__(self, fcn):
+        super().__init__()
+        self.fcn = fcn
+
+    def forward(self, x):
+        return dict(self.fcn(x))
+
+
+def exported_mar(name, module):
+    example = (torch.zeros(2, 3, 224, 224),)
+    dims = {0: torch.export.Dim("batch", max=64), 2: torch.export.Dim("h", min=16, max=2048),
+            3: torch.export.Dim("w", min=16, max=2048)}
+    program = torch.export.export(module, example, dynamic_shapes={"x": dims})
+    for node in program.graph.nodes:  # no path of this machine in the archive
+        node.meta.pop("stack_trace", None)
+    data = io.BytesIO()
+    torch.export.save(program, data)
+    mar(name, {"MAR-INF/MANIFEST.json": manifest("image_segmenter", "model.pt2", name="seg"),
+               "model.pt2": data.getvalue()})
+
+
+exported_mar("segmenter_exported.mar", PlainDict(segmenter))
+exported_mar("segmenter_ordered.mar", segmenter)
 segmenter = torch.jit.script(segmenter)
 buf = io.BytesIO()
 torch.jit.save(segmenter, buf)
