@@ -32,6 +32,7 @@ import zipfile
 import numpy as np
 import torch
 from PIL import Image
+from torch.export import Dim
 from ts.torch_handler.image_classifier import ImageClassifier
 from ts.torch_handler.image_segmenter import ImageSegmenter
 from torchvision.models._utils import IntermediateLayerGetter
@@ -103,22 +104,16 @@ with torch.no_grad():  # scores that differ from pixel to pixel
             m.weight.mul_(4.0)
 
 
-class PlainDict(torch.nn.Module):
-    """The FCN returning a plain dict of its outputs (not its OrderedDict)."""
-
-    def __init__(self, fcn):
+class Plain(torch.nn.Module):
+    def __init__(self, model):
         super().__init__()
-        self.fcn = fcn
+        self.model = model
 
     def forward(self, x):
-        return dict(self.fcn(x))
+        return dict(self.model(x))   # {"out": …, "aux": …}, a plain dict
 
 
-def exported_mar(name, module):
-    example = (torch.zeros(2, 3, 224, 224),)
-    dims = {0: torch.export.Dim("batch", max=64), 2: torch.export.Dim("h", min=16, max=2048),
-            3: torch.export.Dim("w", min=16, max=2048)}
-    program = torch.export.export(module, example, dynamic_shapes={"x": dims})
+def archive_program(name, program):
     for node in program.graph.nodes:  # no path of this machine in the archive
         node.meta.pop("stack_trace", None)
     data = io.BytesIO()
@@ -127,8 +122,16 @@ def exported_mar(name, module):
                "model.pt2": data.getvalue()})
 
 
-exported_mar("segmenter_exported.mar", PlainDict(segmenter))
-exported_mar("segmenter_ordered.mar", segmenter)
+# fcn: torchvision's segmentation model (fcn_resnet50(weights=…) and the like)
+fcn = segmenter
+batch, h, w = Dim("batch", max=64), Dim("h", min=16, max=2048), Dim("w", min=16, max=2048)
+program = torch.export.export(Plain(fcn.eval()), (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: batch, 2: h, 3: w}})
+archive_program("segmenter_exported.mar", program)
+# The FCN as it is: its output an OrderedDict, which the Native Runtime does not load.
+program = torch.export.export(fcn, (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: batch, 2: h, 3: w}})
+archive_program("segmenter_ordered.mar", program)
 segmenter = torch.jit.script(segmenter)
 buf = io.BytesIO()
 torch.jit.save(segmenter, buf)
