@@ -204,7 +204,8 @@ fn an_archive_answers_as_torchserves_image_segmenter() {
     assert_eq!(v2_output_names(&s), json!(["out", "aux"]));
 }
 
-/// v2's output names of `s` for one `[1, 3, 16, 16]` image as a plain tensor input `x`.
+/// v2's output names of `s` for one `[1, 3, 16, 16]` image as a plain tensor input `x`, the
+/// same on REST and gRPC (NVIDIA's client, `tests/support/triton_grpc.py outputs`).
 fn v2_output_names(s: &Server) -> Value {
     let body = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 16, 16],
         "data": vec![0.5; 3 * 16 * 16]}]});
@@ -217,18 +218,30 @@ fn v2_output_names(s: &Server) -> Value {
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 3, 16, 16]));
-    r.json()["outputs"]
+    let names: Value = r.json()["outputs"]
         .as_array()
         .unwrap()
         .iter()
         .map(|o| o["name"].clone())
-        .collect()
+        .collect();
+    let url = format!("127.0.0.1:{}", s.port);
+    let args = ["outputs", &url, "small", "x", "[1, 3, 16, 16]"];
+    let grpc = common::python_json("triton_grpc.py", &args, b"");
+    let grpc_names: Value = grpc["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].clone())
+        .collect();
+    assert_eq!(grpc_names, names, "gRPC: {grpc}");
+    assert_eq!(grpc["outputs"][0]["shape"], json!([1, 3, 16, 16]), "{grpc}");
+    names
 }
 
 /// The same FCN as a torch.export program (`.pt2`) in the archive, returning a plain dict:
 /// the Native Runtime's tensors are named by the program's output spec, so the segmenter
 /// finds `out` and answers as TorchServe's ImageSegmenter on /predictions and KServe v1,
-/// `POST /` names `out` and `aux`, and so does v2. The FCN exported as it is (its output an
+/// `POST /` names `out` and `aux`, and so does v2 (REST and gRPC). The FCN exported as it is (its output an
 /// OrderedDict, a type the Native Runtime cannot load) is refused at start, naming the way
 /// out.
 #[test]
