@@ -19,6 +19,7 @@ AOTInductor packages are compiled for this machine's CPU (-march=native) and thi
 they are not committed: `aoti_package` below makes them, and the tests cache what it makes
 (tests/support/make_aoti_package.py). Compiling one takes about a minute on two cores.
 """
+import collections
 import os
 import sys
 
@@ -29,6 +30,19 @@ OUT = os.path.join(os.path.dirname(HERE), "tests", "fixtures")
 sys.path.insert(0, HERE)
 
 from make_models import Mlp, Pair  # noqa: E402
+
+
+class MlpDict(torch.nn.Module):
+    """An MLP's scores and their softmax as a dict (an OrderedDict, as torchvision's
+    segmentation models return): [-1, 4] float32 -> {"scores": [-1, 3], "probs": [-1, 3]}."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor):
+        scores = self.mlp(x)
+        return collections.OrderedDict([("scores", scores), ("probs", scores.softmax(-1))])
 
 
 class Mlp256(torch.nn.Module):
@@ -58,16 +72,18 @@ def save(program: torch.export.ExportedProgram, name: str, written: list) -> Non
 
 def aoti_package(module: str, path: str, dynamic_threads: bool) -> None:
     """An AOTInductor package of `module` at `path`: "mlp" (mlp.pt's module and weights,
-    Dim("batch", max=64)) or "mlp256" (as mlp256.pt2, rows up to 1024). With
+    Dim("batch", max=64)), "dict" (the same returning a dict, MlpDict) or "mlp256" (as
+    mlp256.pt2, rows up to 1024). With
     `dynamic_threads` its kernels take their OpenMP team from the calling thread
     (TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1, what vramfork serves); without, they are compiled as
     torch's default does on a machine of 4 cores: `num_threads(4)` written into the kernels
     (what vramfork refuses)."""
     import torch._inductor.config as inductor
 
-    if module == "mlp":
+    if module in ("mlp", "dict"):
         model = Mlp().eval()
         model.load_state_dict(torch.jit.load(os.path.join(OUT, "mlp.pt")).state_dict())
+        model = MlpDict(model).eval() if module == "dict" else model
         x, rows = torch.zeros(2, 4), torch.export.Dim("batch", max=64)
     else:
         torch.manual_seed(0)

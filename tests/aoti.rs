@@ -19,7 +19,7 @@ use aoti_common::{mlp, package};
 use common::exported::*;
 use common::nvml_sim;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// mlp.pt's module served as a package and as TorchScript: the same answers (≤ 1e-5) for
 /// every case of mlp_expected.json (one-row cases padded to the package's two rows, the
@@ -54,6 +54,57 @@ fn a_package_answers_as_the_torchscript_export_on_post_and_v2() {
     // Its v2 metadata names the format as Triton's platform for AOTInductor packages does.
     let meta = a.get("/v2/models/test%20app").json();
     assert_eq!(meta["platform"], "torch_aoti", "{meta}");
+}
+
+/// A package whose model returns a dict (an OrderedDict of `scores` and `probs`, mlp.pt's
+/// module and weights) names its outputs by the dict's keys, read from its output spec, as
+/// a TorchScript model's dict does: `POST /` an object of them (the scores mlp.pt's, rows
+/// padded to the package's two cut back), v2 the keys as output names.
+#[test]
+fn a_package_returning_a_dict_names_its_outputs() {
+    let decl = format!(r#"{MLP_INPUT_DECL}, "max_batch_size": 4"#);
+    let dict = package("dict", "dynamic");
+    let (aoti, scripted) = (
+        App::new(dict.to_str().unwrap(), &decl),
+        App::new("mlp.pt", &decl),
+    );
+    let a = Server::start(&aoti, &["--production", "--workers", "1"]);
+    let t = Server::start(&scripted, &["--production", "--workers", "1"]);
+    a.wait_workers(1);
+    t.wait_workers(1);
+    let (ra, rt) = (a.post("/", MLP_INPUT), t.post("/", MLP_INPUT));
+    assert_eq!(ra.status, 200, "{ra:?}\n{}", a.log_text());
+    let outputs = ra.json()["outputs"].clone();
+    let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
+    assert_eq!(names, ["scores", "probs"], "{outputs}");
+    assert!(
+        within_1e5(&outputs["scores"], &rt.json()["outputs"]),
+        "{outputs} vs .pt {:?}",
+        rt.json()
+    );
+    let probs: Vec<f64> = outputs["probs"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_f64().unwrap())
+        .collect();
+    assert_eq!(probs.len(), 3, "{outputs}");
+    assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-5, "{outputs}");
+    let v2 = json!({"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [3, 4],
+                    "data": [1.0, 2.0, 3.0, 4.0, -1.0, 0.5, 2.5, -3.0, 0.0, 0.0, 1.0, 1.0]}]});
+    let r = a.post("/v2/models/test%20app/infer", &v2.to_string());
+    assert_eq!(r.status, 200, "{r:?}");
+    let got: Vec<(Value, Value)> = r.json()["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| (o["name"].clone(), o["shape"].clone()))
+        .collect();
+    let shape = json!([3, 3]);
+    assert_eq!(
+        got,
+        [(json!("scores"), shape.clone()), (json!("probs"), shape)]
+    );
 }
 
 /// NVIDIA's gRPC client (`tests/support/triton_grpc.py basics`) gets torch's answers from a

@@ -3,7 +3,9 @@
 //! and `pair.pt`, made by `scripts/make_pt2_models.py`) on `POST /` and v2; concurrent
 //! requests sharing passes of a program exported with a dynamic batch; a request outside
 //! the export's bounds refused with 400 naming the bound (libtorch's Native Runtime does not
-//! check them); workers forked from the template answering with two intra-op threads; and
+//! check them); workers forked from the template answering with two intra-op threads; an
+//! output that nests answered numbered, saying why (a dict of tensors is named: the
+//! segmenter of `tests/torchserve.rs`); and
 //! the refusals at boot (exit 3): a file that is no archive, a TorchScript file named `.pt2`,
 //! `max_batch_size` on a program whose batch was fixed at export, declared inputs the program
 //! does not take. AOTInductor packages: `tests/aoti.rs`.
@@ -85,6 +87,33 @@ fn tritonclient_grpc_gets_torchs_answers_from_a_program() {
             );
         }
     }
+}
+
+/// A program whose output nests (a dict holding a tuple: `tests/support/
+/// make_nested_program.py`) answers its tensors numbered in its output spec's order, as an
+/// AOTInductor package's always were, and the log says why they are not named.
+#[test]
+fn a_program_whose_output_nests_answers_numbered_outputs_saying_why() {
+    let art = made_once("make_nested_program.py", &[], "nested-program");
+    let nested = art.join("nested.pt2");
+    let app = App::new(nested.to_str().unwrap(), MLP_INPUT_DECL);
+    let s = Server::start(&app, &["--production", "--workers", "1"]);
+    s.wait_workers(1);
+    let exp: Value =
+        serde_json::from_slice(&std::fs::read(art.join("expected.json")).unwrap()).unwrap();
+    let r = s.post("/", &json!({"inputs": exp["input"]}).to_string());
+    assert_eq!(r.status, 200, "{r:?}\n{}", s.log_text());
+    assert!(
+        within_1e5(&r.json()["outputs"], &exp["flat"]),
+        "{:?} vs torch's {}",
+        r.json(),
+        exp["flat"]
+    );
+    let log = s.log_text();
+    assert!(
+        log.contains("outputs_numbered") && log.contains("a dict holding a tuple"),
+        "{log}"
+    );
 }
 
 #[test]

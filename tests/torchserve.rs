@@ -201,6 +201,12 @@ fn an_archive_answers_as_torchserves_image_segmenter() {
     );
     let s = Server::start(&declared, &ARGS);
     s.wait_workers(1);
+    assert_eq!(v2_output_names(&s), json!(["out", "aux"]));
+}
+
+/// v2's output names of `s` for one `[1, 3, 16, 16]` image as a plain tensor input `x`, the
+/// same on REST and gRPC (NVIDIA's client, `tests/support/triton_grpc.py outputs`).
+fn v2_output_names(s: &Server) -> Value {
     let body = json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3, 16, 16],
         "data": vec![0.5; 3 * 16 * 16]}]});
     let r = raw(
@@ -211,14 +217,88 @@ fn an_archive_answers_as_torchserves_image_segmenter() {
         &serde_json::to_vec(&body).unwrap(),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let names: Vec<Value> = r.json()["outputs"]
+    assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 3, 16, 16]));
+    let names: Value = r.json()["outputs"]
         .as_array()
         .unwrap()
         .iter()
         .map(|o| o["name"].clone())
         .collect();
-    assert_eq!(names, [json!("out"), json!("aux")], "{:?}", r.json());
-    assert_eq!(r.json()["outputs"][0]["shape"], json!([1, 3, 16, 16]));
+    let url = format!("127.0.0.1:{}", s.port);
+    let args = ["outputs", &url, "small", "x", "[1, 3, 16, 16]"];
+    let grpc = common::python_json("triton_grpc.py", &args, b"");
+    let grpc_names: Value = grpc["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].clone())
+        .collect();
+    assert_eq!(grpc_names, names, "gRPC: {grpc}");
+    assert_eq!(grpc["outputs"][0]["shape"], json!([1, 3, 16, 16]), "{grpc}");
+    names
+}
+
+/// The same FCN as a torch.export program (`.pt2`) in the archive, returning a plain dict:
+/// the Native Runtime's tensors are named by the program's output spec, so the segmenter
+/// finds `out` and answers as TorchServe's ImageSegmenter on /predictions and KServe v1,
+/// `POST /` names `out` and `aux`, and so does v2 (REST and gRPC). The FCN exported as it is (its output an
+/// OrderedDict, a type the Native Runtime cannot load) is refused at start, naming the way
+/// out.
+#[test]
+fn an_exported_segmenter_answers_as_torchserves_image_segmenter() {
+    let art = artefacts();
+    let want = expected(&art);
+    let app = app_for(&art.join("segmenter_exported.mar"), json!({}));
+    let s = Server::start(&app, &ARGS);
+    s.wait_workers(1);
+    let png = std::fs::read(art.join("wide.png")).unwrap();
+    let r = post(&s, "POST", "/predictions/seg", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(&r.json(), &want["segments"], 1e-5, "exported predictions");
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    let body = json!({"instances": [{"data": b64}]});
+    let r = raw(
+        s.port,
+        "POST",
+        "/v1/models/seg:predict",
+        "Content-Type: application/json\r\n",
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_same_segments(
+        &r.json()["predictions"][0],
+        &want["segments"],
+        1e-5,
+        "exported v1",
+    );
+    let r = post(&s, "POST", "/", &png);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let outputs = r.json()["outputs"].clone();
+    let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
+    assert_eq!(names, ["out", "aux"]);
+    assert_eq!(outputs["out"][0].as_array().map(Vec::len), Some(3));
+    drop(s);
+    let declared = app_for(
+        &art.join("segmenter_exported.mar"),
+        json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]}),
+    );
+    let s = Server::start(&declared, &ARGS);
+    s.wait_workers(1);
+    assert_eq!(v2_output_names(&s), json!(["out", "aux"]));
+    drop(s);
+    let ordered = app_for(&art.join("segmenter_ordered.mar"), json!({}));
+    let mut s = Server::spawn(&ordered, &ARGS, &[]);
+    let st = s.wait_exit(PATIENCE);
+    let log = s.log_text();
+    assert_eq!(st.code(), Some(3), "{log}");
+    for named in [
+        "its output is a collections.OrderedDict",
+        "dict(self.model(x))",
+        "AOTInductor package",
+    ] {
+        assert!(log.contains(named), "no {named:?} in\n{log}");
+    }
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::python_json;
 
-/// An AOTInductor package of `module` (`mlp`, `mlp256`) compiled with `threads` (`dynamic`:
+/// An AOTInductor package of `module` (`mlp`, `dict`, `mlp256`) compiled with `threads` (`dynamic`:
 /// TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1; `default`: a team of 4 fixed in the kernels), made
 /// once (about a minute) and cached in the build's temporary directory, keyed by the
 /// scripts that make it.

@@ -3,7 +3,7 @@ prints {"path": ..., "bytes": ...}. Compiling takes about a minute on two cores:
 cache it (tests/aoti.rs's `package`).
 
 usage: make_aoti_package.py PATH MODULE dynamic|default
-  MODULE: mlp (mlp.pt's module and weights) or mlp256
+  MODULE: mlp (mlp.pt's module and weights), dict (the same returning a dict) or mlp256
   dynamic: compiled with TORCHINDUCTOR_CPP_DYNAMIC_THREADS=1 (served);
   default: torch's default, a thread count fixed in the kernels (refused)"""
 import json

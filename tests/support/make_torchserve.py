@@ -12,6 +12,10 @@ serialized model, index_to_name.json), and the answers TorchServe's own handler 
 - segmenter.mar: torchvision's FCN (its FCNHead on a small convolutional backbone, random
   weights, 3 classes), scripted (it returns a dict, {"out": ..., "aux": ...}), with the
   default handler `image_segmenter`;
+- segmenter_exported.mar: the same FCN and weights as a torch.export program (.pt2) of a
+  module returning a plain dict of its outputs (`dict(fcn(x))`), batch and size dynamic;
+- segmenter_ordered.mar: the FCN itself exported (its output an OrderedDict, whose pytree
+  type libtorch's Native Runtime does not load);
 - cat.jpg, wide.png: images written by Pillow;
 - expected.json: what ts.torch_handler.image_classifier.ImageClassifier answers for each
   image (its preprocess, the model, its postprocess), as TorchServe would return it; and
@@ -28,6 +32,7 @@ import zipfile
 import numpy as np
 import torch
 from PIL import Image
+from torch.export import Dim
 from ts.torch_handler.image_classifier import ImageClassifier
 from ts.torch_handler.image_segmenter import ImageSegmenter
 from torchvision.models._utils import IntermediateLayerGetter
@@ -97,6 +102,36 @@ with torch.no_grad():  # scores that differ from pixel to pixel
     for m in segmenter.modules():
         if isinstance(m, torch.nn.Conv2d):
             m.weight.mul_(4.0)
+
+
+class Plain(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return dict(self.model(x))   # {"out": …, "aux": …}, a plain dict
+
+
+def archive_program(name, program):
+    for node in program.graph.nodes:  # no path of this machine in the archive
+        node.meta.pop("stack_trace", None)
+    data = io.BytesIO()
+    torch.export.save(program, data)
+    mar(name, {"MAR-INF/MANIFEST.json": manifest("image_segmenter", "model.pt2", name="seg"),
+               "model.pt2": data.getvalue()})
+
+
+# fcn: torchvision's segmentation model (fcn_resnet50(weights=…) and the like)
+fcn = segmenter
+batch, h, w = Dim("batch", max=64), Dim("h", min=16, max=2048), Dim("w", min=16, max=2048)
+program = torch.export.export(Plain(fcn.eval()), (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: batch, 2: h, 3: w}})
+archive_program("segmenter_exported.mar", program)
+# The FCN as it is: its output an OrderedDict, which the Native Runtime does not load.
+program = torch.export.export(fcn, (torch.zeros(2, 3, 224, 224),),
+                              dynamic_shapes={"x": {0: batch, 2: h, 3: w}})
+archive_program("segmenter_ordered.mar", program)
 segmenter = torch.jit.script(segmenter)
 buf = io.BytesIO()
 torch.jit.save(segmenter, buf)

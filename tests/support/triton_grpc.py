@@ -29,7 +29,10 @@ usage:
       parameters.timeout passes while it waits and one whose client deadline
       (grpc-timeout) does; then one without a deadline (its answer counts the passes).
   triton_grpc.py tls HOST:PORT CAFILE MODEL
-      health and one inference over TLS (ssl=True, the CA as root certificates)."""
+      health and one inference over TLS (ssl=True, the CA as root certificates).
+  triton_grpc.py outputs HOST:PORT MODEL INPUT SHAPE_JSON
+      one inference of INPUT (FP32, that shape, every value 0.5): each output's name and
+      shape, in the answer's order."""
 import json
 import socket
 import sys
@@ -349,6 +352,14 @@ def tls(url, cafile, model):
     }))
 
 
+def outputs(url, model, name, shape):
+    c = grpcclient.InferenceServerClient(url)
+    i = grpcclient.InferInput(name, json.loads(shape), "FP32")
+    i.set_data_from_numpy(np.full(json.loads(shape), 0.5, np.float32))
+    r = c.infer(model, [i]).get_response()
+    print(json.dumps({"outputs": [{"name": o.name, "shape": list(o.shape)} for o in r.outputs]}))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "basics":
@@ -367,6 +378,8 @@ def main():
         deadline(*args)
     elif cmd == "tls":
         tls(*args)
+    elif cmd == "outputs":
+        outputs(*args)
     else:
         sys.exit("unknown command " + cmd)
 

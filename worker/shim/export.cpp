@@ -42,34 +42,35 @@ void give(const std::string& s, char** out, size_t* len) {
   *len = s.size();
 }
 
-// The output tensors of one pass: a tensor alone, or the tensors of a tuple or list.
-void flatten(const c10::IValue& v, std::vector<at::Tensor>& out, int* single) {
+// The tensors of `v`, in its pytree's order (a tuple's or list's items, a dict's values in
+// its keys' order: the order of the program's output spec, which the Native Runtime builds
+// the dict in), nested containers included.
+void leaves(const c10::IValue& v, std::vector<at::Tensor>& out) {
   if (v.isTensor()) {
     out.push_back(v.toTensor());
-    *single = 1;
-    return;
-  }
-  *single = 0;
-  std::vector<c10::IValue> items;
-  if (v.isTuple()) {
+  } else if (v.isTuple()) {
     for (const auto& e : v.toTupleRef().elements()) {
-      items.push_back(e);
+      leaves(e, out);
     }
   } else if (v.isList()) {
     for (const auto& e : v.toListRef()) {
-      items.push_back(e);
+      leaves(e, out);
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      leaves(e.value(), out);
     }
   } else {
     throw std::runtime_error("the program returned a " + v.tagKind() +
-                             ", which is not served (a tensor, or a tuple or list of tensors, is)");
+                             " among its outputs, which is not served (only tensors are)");
   }
-  for (const auto& e : items) {
-    if (!e.isTensor()) {
-      throw std::runtime_error("the program returned a " + e.tagKind() +
-                               " among its outputs, which is not served (only tensors are)");
-    }
-    out.push_back(e.toTensor());
-  }
+}
+
+// The output tensors of one pass: a tensor alone (`*single` 1), or the tensors of a tuple,
+// list or dict (nested ones too), flat; the caller names them by the program's output spec.
+void flatten(const c10::IValue& v, std::vector<at::Tensor>& out, int* single) {
+  *single = v.isTensor() ? 1 : 0;
+  leaves(v, out);
 }
 
 }  // namespace
@@ -184,7 +185,7 @@ void vf_export_free(void* program) noexcept {
 
 // One pass: `n` borrowed input tensors in; `*n_out` owned output tensors out, in a malloc'ed
 // array the caller frees with vf_export_free_bytes (each tensor it takes over, as tch does).
-// `*single`: the program returned one tensor (1), or a tuple or list of them (0).
+// `*single`: the program returned one tensor (1), or a tuple, list or dict of them (0).
 int vf_export_run(void* program, const at::Tensor* const* inputs, size_t n, at::Tensor*** outputs,
                   size_t* n_out, int* single) noexcept {
   return guarded([&] {

@@ -38,6 +38,7 @@ use std::ptr::NonNull;
 use tch::{IValue, Tensor};
 
 use super::archive::Archive;
+use super::outputs::Outputs;
 use super::package::{self, Contents};
 use super::signature::Dim;
 use super::{PassError, Placement, Signature};
@@ -73,8 +74,9 @@ mod ffi {
 pub struct Package {
     handle: NonNull<c_void>,
     pub signature: Signature,
-    /// The model returns one tensor (its output spec is a leaf), not a tuple.
-    single: bool,
+    /// What its flat outputs are, by its output spec: one tensor, a dict's named by its
+    /// keys, or numbered.
+    outputs: Outputs,
     /// Batches of fewer rows than the package's minimum are padded up to it (and the
     /// answers cut back): only with batching on, whose requests are independent rows.
     pad_rows: Option<i64>,
@@ -198,8 +200,8 @@ impl Package {
             unpacked.bytes,
             super::archive::opened() - readers_before
         );
-        let single = match call_spec(handle) {
-            Ok(spec) => output_is_leaf(&spec),
+        let outputs = match call_spec(handle) {
+            Ok(spec) => output_spec(&spec),
             Err(e) => {
                 release(handle, cuda.is_some());
                 return Err(e);
@@ -212,7 +214,7 @@ impl Package {
         Ok(Package {
             handle,
             signature,
-            single,
+            outputs,
             pad_rows,
             cuda,
             weights_in_allocator,
@@ -251,11 +253,7 @@ impl Package {
         if let (Some(n), true) = (rows, args.first().map(|t| t.size()[0]) != rows) {
             tensors = tensors.into_iter().map(|t| t.narrow(0, 0, n)).collect();
         }
-        let mut tensors = tensors.into_iter();
-        Ok(match (self.single, tensors.len()) {
-            (true, 1) => IValue::Tensor(tensors.next().expect("one output")),
-            _ => IValue::Tuple(tensors.map(IValue::Tensor).collect()),
-        })
+        Ok(self.outputs.assemble(tensors))
     }
 
     fn min_rows(&self) -> i64 {
@@ -420,14 +418,12 @@ fn call_spec(handle: NonNull<c_void>) -> Result<Vec<String>, String> {
     Ok(text.lines().map(str::to_string).collect())
 }
 
-/// Whether the output spec (`[1, {"type": null, …}]`) is a single tensor, not a tuple.
-fn output_is_leaf(spec: &[String]) -> bool {
-    let Some(out) = spec.get(1) else {
-        return false;
-    };
-    serde_json::from_str::<serde_json::Value>(out)
-        .map(|v| v[1]["type"].is_null())
-        .unwrap_or(false)
+/// What the outputs are by the call spec's second line, the output spec (`[1, {"type":
+/// null, …}]` a single tensor; a dict's keys name its tensors); numbered without one.
+fn output_spec(spec: &[String]) -> Outputs {
+    spec.get(1)
+        .map(|out| Outputs::read_logged(out))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -438,9 +434,9 @@ mod tests {
     fn a_leaf_output_spec_is_one_tensor() {
         let leaf = r#"[1, {"type": null, "context": null, "children_spec": []}]"#;
         let tuple = r#"[1, {"type": "builtins.tuple", "context": "null", "children_spec": []}]"#;
-        assert!(output_is_leaf(&["in".into(), leaf.into()]));
-        assert!(!output_is_leaf(&["in".into(), tuple.into()]));
-        assert!(!output_is_leaf(&[]));
+        assert_eq!(output_spec(&["in".into(), leaf.into()]), Outputs::Leaf);
+        assert_eq!(output_spec(&["in".into(), tuple.into()]), Outputs::Flat);
+        assert_eq!(output_spec(&[]), Outputs::Flat);
     }
 
     /// A package of `files` under `data/aotinductor/model/`, with a library that is not one

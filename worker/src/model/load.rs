@@ -27,7 +27,7 @@ pub fn pick_device(wanted: Wanted, path: &str) -> Result<Device, LoadError> {
     let cuda = cuda::is_available();
     if matches!(wanted, Wanted::Auto) && is_exported(path) {
         // A program runs where it was exported (an unreadable one fails its load below).
-        let on_gpu = exported::open(path).is_ok_and(|(_, s)| s.device == "cuda");
+        let on_gpu = exported::open(path).is_ok_and(|(_, s, _)| s.device == "cuda");
         return Ok(if on_gpu && cuda {
             Device::Cuda(0)
         } else {

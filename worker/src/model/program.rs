@@ -16,7 +16,7 @@ pub fn load(path: &str, device: Device, declared: &Declared) -> Result<Model, Lo
         path: path.into(),
         reason,
     };
-    let (name, signature) = exported::open(path).map_err(|e| fail(exported_line(&e)))?;
+    let (name, signature, out_spec) = exported::open(path).map_err(|e| fail(exported_line(&e)))?;
     let on_gpu = signature.device == "cuda";
     if let (Device::Cuda(_), Some(i @ 1..)) = (device, signature.device_index) {
         // torch::nativert::ModelRunner applies an empty Placement (no device map) and
@@ -37,7 +37,7 @@ pub fn load(path: &str, device: Device, declared: &Declared) -> Result<Model, Lo
     signature
         .check_declared(declared.inputs.as_deref(), declared.max_batch_size)
         .map_err(fail)?;
-    exported::Program::load(path, &name, signature)
+    exported::Program::load(path, &name, signature, out_spec.as_deref())
         .map(Model::Exported)
         .map_err(|e| fail(exported_line(&e)))
 }
