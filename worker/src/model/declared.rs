@@ -3,7 +3,7 @@
 //! format that records what it takes (a `torch.export` program, an AOTInductor package) is
 //! checked against those tensors, not against the `BYTES` input the client sends.
 
-use vramfork::documents::Document;
+use vramfork::documents::{Document, Resize};
 use vramfork::metadata::{AppMetadata, Datatype, Dtype, TensorSpec};
 use vramfork::protocol::GpuAssignment;
 
@@ -60,7 +60,10 @@ pub fn as_forward_takes(specs: &[TensorSpec]) -> Vec<TensorSpec> {
                     .map(|f| tensor(f.name(), Dtype::Int64, vec![-1, -1])),
             ),
             Some(Document::Image(i)) => {
-                let [h, w] = i.size.map(i64::from);
+                let [h, w] = match i.resize {
+                    Resize::Keep => [-1, -1],
+                    _ => i.size.map(i64::from),
+                };
                 out.push(tensor(&spec.name, i.dtype, vec![-1, 3, h, w]));
             }
             None => out.push(spec.clone()),
