@@ -37,16 +37,21 @@ pub fn forward(module: &CModule, args: &[IValue]) -> Result<IValue, Failure> {
 /// libtorch's refusal of the arguments named as what the model must take; other failures
 /// (the model's own, out of memory) kept as they are.
 fn not_a_detector(message: &str) -> Failure {
-    let refused_arguments = ["Expected a value of type", "Expected at most", "argument"]
-        .iter()
-        .any(|m| message.contains(m));
-    if !refused_arguments {
-        return Failure::Torch(message.to_string());
-    }
     let first = message.lines().next().unwrap_or(message);
     let first = first
         .trim_start_matches("Internal torch error: ")
         .trim_end_matches('.');
+    // How libtorch refuses a call's arguments before the model runs (its schema check).
+    let refused_arguments = [
+        "Expected a value of type",
+        "expected at most",
+        "Expected at most",
+    ]
+    .iter()
+    .any(|m| first.contains(m));
+    if !refused_arguments {
+        return Failure::Torch(message.to_string());
+    }
     Failure::Torch(format!(
         "object_detector calls the model's forward with a list of [3, H, W] images, as a scripted torchvision detector takes them (`forward(images: List[Tensor])`, returning `(losses, detections)`); this model does not take that: {first}. Archive `torch.jit.script(detector)` of a torchvision detection model"
     ))
@@ -70,6 +75,9 @@ fn per_image(out: &IValue) -> Result<IValue, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let most = rows.iter().map(|(b, _, _)| b.size()[0]).max().unwrap_or(0);
+    let device = rows
+        .first()
+        .map_or(tch::Device::Cpu, |(b, _, _)| b.device());
     let mut boxes = Vec::with_capacity(rows.len());
     let (mut labels, mut scores, mut counts) = (vec![], vec![], vec![]);
     for (b, l, s) in rows {
@@ -95,7 +103,9 @@ fn per_image(out: &IValue) -> Result<IValue, String> {
         stack(&boxes, "boxes")?,
         stack(&labels, "labels")?,
         stack(&scores, "scores")?,
-        Tensor::from_slice(&counts).to_kind(Kind::Int64),
+        Tensor::from_slice(&counts)
+            .to_kind(Kind::Int64)
+            .to_device(device),
     ];
     Ok(IValue::GenericDict(
         DETECTIONS
@@ -141,6 +151,22 @@ mod tests {
                 )),
             ),
         ])
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_arguments_is_named_as_not_a_detector() {
+        let refused = "Internal torch error: forward() Expected a value of type 'Tensor' for argument 'x' but instead found type 'List[Tensor]'.\nPosition: 1";
+        let Failure::Torch(m) = not_a_detector(refused) else {
+            panic!("not a torch failure")
+        };
+        assert!(
+            m.contains("with a list of [3, H, W] images") && m.contains("for argument 'x'"),
+            "{m}"
+        );
+        assert!(!m.contains("Position"), "{m}");
+        // The model's own failure, whatever its traceback says, is kept as it is.
+        let own = "The following operation failed in the TorchScript interpreter.\nTraceback: argument 'input' …";
+        assert_eq!(not_a_detector(own), Failure::Torch(own.into()));
     }
 
     #[test]
