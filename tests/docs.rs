@@ -330,22 +330,27 @@ fn every_app_metadata_example_is_accepted_by_the_parser() {
     for f in ["model.pt", "resnet18.pt", "encoder.pt", "tokenizer.json"] {
         std::fs::write(dir.path().join(f), "").unwrap();
     }
-    // The TorchServe archive migrating.md's examples name.
+    // The TorchServe archives migrating.md's examples name.
     std::fs::create_dir(dir.path().join("model-store")).unwrap();
-    let mar = std::fs::File::create(dir.path().join("model-store/resnet-18.mar")).unwrap();
-    let mut z = zip::ZipWriter::new(mar);
-    for (name, data) in [
-        (
-            "MAR-INF/MANIFEST.json",
-            r#"{"model": {"modelName": "resnet-18", "serializedFile": "model.pt", "handler": "image_classifier"}}"#,
-        ),
-        ("model.pt", ""),
+    for (archive, handler) in [
+        ("resnet-18", "image_classifier"),
+        ("fasterrcnn", "object_detector"),
     ] {
-        z.start_file(name, zip::write::FileOptions::default())
-            .unwrap();
-        std::io::Write::write_all(&mut z, data.as_bytes()).unwrap();
+        let path = dir.path().join(format!("model-store/{archive}.mar"));
+        let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+        let manifest = format!(
+            r#"{{"model": {{"modelName": "{archive}", "serializedFile": "model.pt", "handler": "{handler}"}}}}"#
+        );
+        for (name, data) in [
+            ("MAR-INF/MANIFEST.json", manifest.as_str()),
+            ("model.pt", ""),
+        ] {
+            z.start_file(name, zip::write::FileOptions::default())
+                .unwrap();
+            std::io::Write::write_all(&mut z, data.as_bytes()).unwrap();
+        }
+        z.finish().unwrap();
     }
-    z.finish().unwrap();
     let meta = dir.path().join("app-metadata.json");
     let mut checked = 0;
     for (page, text) in pages() {

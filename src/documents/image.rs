@@ -29,16 +29,21 @@ pub struct ImageSpec {
 }
 
 impl ImageSpec {
-    /// The bytes of one image's tensor: `[3, H, W]` of `dtype`.
+    /// The bytes of one image's tensor: `[3, H, W]` of `dtype` (at its own size the
+    /// largest it may be, `max_pixels`).
     pub fn bytes_per_document(&self) -> u64 {
         let [h, w] = self.size.map(u64::from);
+        let pixels = match self.resize {
+            Resize::Keep => self.max_pixels,
+            _ => h * w,
+        };
         let element = match self.dtype {
             Dtype::Float64 => 8,
             Dtype::Float32 => 4,
             Dtype::Float16 | Dtype::BFloat16 => 2,
             _ => 1,
         };
-        3 * h * w * element
+        3 * pixels * element
     }
 
     /// Likely unit mistakes in `mean` and `std` (the block at `at`), for a warning at start:
@@ -64,7 +69,7 @@ impl ImageSpec {
     /// refused for its resized size). `stretch` resizes to `size`, which is bounded already.
     pub fn max_resized_pixels(&self) -> u64 {
         match self.resize {
-            Resize::Stretch => u64::MAX,
+            Resize::Stretch | Resize::Keep => u64::MAX,
             Resize::ShorterSideThenCrop(n) => self.max_pixels.max(4 * u64::from(n).pow(2)),
         }
     }
@@ -82,6 +87,10 @@ pub enum Resize {
     /// The shorter side to this many pixels (aspect kept, the longer side rounded down, as
     /// torchvision's `Resize(n)`), then the centre cut to `size` (torchvision's `CenterCrop`).
     ShorterSideThenCrop(u32),
+    /// Not resized: each image at its own size (torchvision's detection models resize
+    /// inside); `size` is then only the warm-up's image. One request's images must share
+    /// a size to be stacked.
+    Keep,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +181,7 @@ fn size(at: &str, v: Option<&Value>) -> Result<[u32; 2], String> {
     })
 }
 
-/// `resize` (`stretch` or `center_crop`) and the `shorter_side` that goes with the latter.
+/// `resize` (`stretch`, `center_crop` or `none`) and the `shorter_side` that goes with the latter.
 fn resize(at: &str, o: &Map<String, Value>, size: [u32; 2]) -> Result<Resize, String> {
     let shorter = whole(
         &format!("{at}.shorter_side"),
@@ -198,9 +207,15 @@ fn resize(at: &str, o: &Map<String, Value>, size: [u32; 2]) -> Result<Resize, St
             }
             Resize::ShorterSideThenCrop(n)
         }
+        (Some("none"), _) if shorter.is_none() => Resize::Keep,
+        (Some("none"), _) => {
+            return Err(format!(
+                "field `{at}.shorter_side` goes with `\"resize\": \"center_crop\"`"
+            ))
+        }
         (_, Some(v)) => {
             return Err(format!(
-                "field `{at}.resize` must be \"stretch\" (to `size`) or \"center_crop\" (the shorter side to `shorter_side`, then the centre), found {v}"
+                "field `{at}.resize` must be \"stretch\" (to `size`), \"center_crop\" (the shorter side to `shorter_side`, then the centre) or \"none\" (each image at its own size), found {v}"
             ))
         }
     })

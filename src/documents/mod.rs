@@ -248,8 +248,20 @@ mod tests {
             (i.resize, i.mean, i.std),
             (Resize::Stretch, [0.0; 3], [1.0; 3])
         );
+        let Some(Document::Image(i)) =
+            parse_json(r#"{"image": {"size": [4, 6], "resize": "none"}}"#, true).unwrap()
+        else {
+            panic!("not an image")
+        };
+        assert_eq!(i.resize, Resize::Keep);
+        // At its own size an image is as large as `max_pixels` allows.
+        assert_eq!(i.bytes_per_document(), 3 * DEFAULT_MAX_PIXELS * 4);
         for (block, want) in [
             (r#"{"image": {}}"#, "`inputs[0].image.size` is missing"),
+            (
+                r#"{"image": {"size": [3, 3], "resize": "none", "shorter_side": 4}}"#,
+                "goes with",
+            ),
             (
                 r#"{"image": {"size": [0, 3]}}"#,
                 "`inputs[0].image.size[0]`",

@@ -120,6 +120,9 @@ impl Archive {
         if let (Handler::Custom, false) = (handler, declared) {
             return Err(handler::custom_refusal(&shown, &handler_name));
         }
+        if (handler, format) == (Handler::ObjectDetector, Format::Pt2) {
+            return Err(handler::detector_pt2(&shown, &serialized));
+        }
         let labels = if zip.has(INDEX_TO_NAME) {
             let doc: Value = serde_json::from_slice(&zip.read(INDEX_TO_NAME, SMALL)?)
                 .map_err(|e| format!("{shown}: {INDEX_TO_NAME} is not JSON: {e}"))?;

@@ -20,6 +20,7 @@ use tch::{Kind, Tensor};
 use vramfork::documents::{Channels, ImageSpec, Resize};
 use vramfork::metadata::Dtype;
 
+use super::jpeg::jpeg_complete;
 use super::DocError;
 use crate::args::{kind_of, tensor_from_bytes};
 
@@ -46,6 +47,9 @@ pub fn batch(
             spec.max_request_pixels
         )));
     }
+    if spec.resize == Resize::Keep {
+        one_size(name, &sizes)?;
+    }
     let mut one = Vec::with_capacity(blobs.len());
     for (i, (b, size)) in blobs.iter().zip(sizes).enumerate() {
         super::stop_at(until)?;
@@ -59,6 +63,21 @@ pub fn batch(
         ));
     }
     Tensor::f_stack(&one, 0).map_err(|e| DocError::Bad(format!("input {name}: {e}")))
+}
+
+/// Images kept at their own size are stacked into one tensor only when they share it: a
+/// request's images of several sizes are refused (400), naming them.
+fn one_size(name: &str, sizes: &[Sized]) -> Result<(), DocError> {
+    let Some(first) = sizes.first() else {
+        return Ok(());
+    };
+    match sizes.iter().position(|z| (z.w, z.h) != (first.w, first.h)) {
+        None => Ok(()),
+        Some(i) => Err(DocError::Bad(format!(
+            "input {name}: element 0 is {}×{} and element {i} is {}×{}: this model takes each image at its own size, so one request's images must be of one size (send the others in their own requests)",
+            first.w, first.h, sizes[i].w, sizes[i].h
+        ))),
+    }
 }
 
 /// One image as `[3, H, W]` of the declared dtype.
@@ -128,6 +147,7 @@ fn sized(spec: &ImageSpec, bytes: &[u8]) -> Result<Sized, String> {
     let [th, tw] = spec.size.map(i64::from);
     let (nh, nw) = match spec.resize {
         Resize::Stretch => (th, tw),
+        Resize::Keep => (i64::from(h), i64::from(w)),
         Resize::ShorterSideThenCrop(short) => {
             let (nh, nw) = shorter_side(i64::from(h), i64::from(w), i64::from(short));
             let resized = (nh as u64).saturating_mul(nw as u64);
@@ -173,6 +193,7 @@ fn decode_sized(spec: &ImageSpec, bytes: &[u8], z: Sized) -> Result<Tensor, Stri
     let out = match spec.resize {
         Resize::Stretch => resized(&pixels, th, tw),
         Resize::ShorterSideThenCrop(_) => center_crop(&resized(&pixels, nh, nw), th, tw),
+        Resize::Keep => pixels.shallow_clone(),
     };
     drop(pixels);
     let out = out.squeeze_dim(0);
@@ -194,68 +215,6 @@ fn decode_sized(spec: &ImageSpec, bytes: &[u8], z: Sized) -> Result<Tensor, Stri
         Channels::Bgr => std.flip([0]),
     };
     Ok(((out.to_kind(Kind::Float) / 255.0 - mean) / std).to_kind(kind_of(spec.dtype)))
-}
-
-/// Whether a JPEG's bytes hold its whole image: its segments walked from the start-of-image
-/// marker (each skipped by its length, so a thumbnail inside an EXIF block is never read as
-/// markers), each scan's entropy-coded data read to the marker after it (inside it a `FF`
-/// byte is always followed by `00` or a restart marker `D0`–`D7`), up to the end-of-image
-/// marker (`FF D9`). What follows that marker — a motion photo's video, padding — is not
-/// looked at. Bytes between segments that are not a marker are skipped, as libjpeg does.
-fn jpeg_complete(b: &[u8]) -> bool {
-    if !b.starts_with(&[0xFF, 0xD8]) {
-        return false;
-    }
-    let mut i = 2;
-    loop {
-        // The next marker: `FF`, any fill `FF`s, then its code.
-        let Some(at) = b
-            .get(i..)
-            .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
-        else {
-            return false;
-        };
-        i += at;
-        while b.get(i) == Some(&0xFF) {
-            i += 1;
-        }
-        let Some(&marker) = b.get(i) else {
-            return false;
-        };
-        i += 1;
-        match marker {
-            0xD9 => return true,
-            // No length: restart markers, TEM, and a stray `FF 00`.
-            0xD0..=0xD7 | 0x01 | 0x00 => continue,
-            _ => {}
-        }
-        let Some(&[hi, lo]) = b.get(i..i + 2) else {
-            return false;
-        };
-        let len = usize::from(u16::from_be_bytes([hi, lo]));
-        if len < 2 {
-            return false;
-        }
-        i += len;
-        if marker != 0xDA {
-            continue;
-        }
-        // A scan's entropy-coded data: up to a `FF` that starts a marker.
-        loop {
-            let Some(at) = b
-                .get(i..)
-                .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
-            else {
-                return false;
-            };
-            i += at;
-            match b.get(i + 1) {
-                None => return false,
-                Some(0x00 | 0xD0..=0xD7) => i += 2,
-                Some(_) => break,
-            }
-        }
-    }
 }
 
 /// `[1, 3, h, w]` uint8 resized to `[1, 3, nh, nw]` uint8 with libtorch's antialiased
@@ -381,6 +340,39 @@ mod tests {
     }
 
     /// A PNG header claiming `w`×`h` and the start of its image data, nothing more.
+    #[test]
+    fn images_kept_at_their_own_size_stack_only_when_they_share_it() {
+        let png = |w: u32, h: u32| {
+            let mut out = Vec::new();
+            image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 200]))
+                .write_to(&mut Cursor::new(&mut out), ImageFormat::Png)
+                .unwrap();
+            out
+        };
+        let spec = ImageSpec {
+            size: [8, 8],
+            resize: Resize::Keep,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+            ..imagenet()
+        };
+        let t = batch(&spec, "data", &[png(5, 3), png(5, 3)], None).unwrap();
+        assert_eq!(t.size(), [2, 3, 3, 5]);
+        // ToTensor(): the pixels scaled to 0..1, nothing else.
+        assert_eq!(
+            f32::try_from(t.get(0).get(2).get(1).get(4)).unwrap(),
+            200.0 / 255.0
+        );
+        let Err(DocError::Bad(e)) = batch(&spec, "data", &[png(5, 3), png(3, 5)], None) else {
+            panic!("two sizes stacked")
+        };
+        assert!(
+            e.contains("element 0 is 5×3 and element 1 is 3×5")
+                && e.contains("must be of one size"),
+            "{e}"
+        );
+    }
+
     fn png_header(w: u32, h: u32) -> Vec<u8> {
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
         png.extend(w.to_be_bytes());

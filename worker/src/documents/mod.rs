@@ -15,6 +15,7 @@
 //! costly request holds neither its client nor the worker.
 
 pub mod image;
+mod jpeg;
 pub mod pair;
 pub mod passes;
 pub mod text;

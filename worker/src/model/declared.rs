@@ -3,9 +3,10 @@
 //! format that records what it takes (a `torch.export` program, an AOTInductor package) is
 //! checked against those tensors, not against the `BYTES` input the client sends.
 
-use vramfork::documents::Document;
+use vramfork::documents::{Document, Resize};
 use vramfork::metadata::{AppMetadata, Datatype, Dtype, TensorSpec};
 use vramfork::protocol::GpuAssignment;
+use vramfork::torchserve::Handler;
 
 /// What the metadata says `forward` takes (a document input as the tensors it becomes:
 /// [`as_forward_takes`]), checked at load where the format records what it takes (a
@@ -18,6 +19,9 @@ pub struct Declared {
     /// compiled for CUDA, and for the GPU's compute capability when the master told it.
     pub plan_gpu: bool,
     pub capability: Option<String>,
+    /// The archive's handler is `object_detector`: `forward` takes a list of images and
+    /// returns `(losses, detections)` (`detector.rs`).
+    pub detector: bool,
 }
 
 impl Declared {
@@ -27,6 +31,10 @@ impl Declared {
             max_batch_size,
             plan_gpu: false,
             capability: None,
+            detector: metadata
+                .archive
+                .as_ref()
+                .is_some_and(|a| a.handler == Handler::ObjectDetector),
         }
     }
 
@@ -60,7 +68,10 @@ pub fn as_forward_takes(specs: &[TensorSpec]) -> Vec<TensorSpec> {
                     .map(|f| tensor(f.name(), Dtype::Int64, vec![-1, -1])),
             ),
             Some(Document::Image(i)) => {
-                let [h, w] = i.size.map(i64::from);
+                let [h, w] = match i.resize {
+                    Resize::Keep => [-1, -1],
+                    _ => i.size.map(i64::from),
+                };
                 out.push(tensor(&spec.name, i.dtype, vec![-1, 3, h, w]));
             }
             None => out.push(spec.clone()),

@@ -92,6 +92,9 @@ pub fn load(
     }
     let room = package::device_room(device);
     let module = match Format::of(path) {
+        Format::TorchScript if declared.detector => {
+            Model::Detector(torchscript::load(path, device, cap_bytes)?)
+        }
         Format::TorchScript => Model::TorchScript(torchscript::load(path, device, cap_bytes)?),
         Format::Program => program::load(path, device, declared)?,
         Format::Package => package::load(path, device, declared).map_err(fail)?,

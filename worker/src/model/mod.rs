@@ -15,9 +15,11 @@
 //! | `torchscript.rs` | a TorchScript module, loaded in eval mode under the simple executor |
 //! | `program.rs` | a `torch.export` program, checked against the metadata and loaded with the Native Runtime |
 //! | `package.rs` | an AOTInductor package, checked, unpacked and loaded; its weights outside the allocator's cap |
+//! | `detector.rs` | `object_detector`'s scripted torchvision detector: a list of images in, each image's detections out as padded rows |
 //! | `declared.rs` | what the metadata declares `forward` takes ([`Declared`]: a document input as its tensors) |
 
 mod declared;
+pub mod detector;
 mod load;
 mod load_error;
 mod package;
@@ -37,6 +39,8 @@ pub use torchscript::configure_executor;
 
 pub enum Model {
     TorchScript(CModule),
+    /// A TorchScript detector served for `object_detector` (`detector.rs`).
+    Detector(CModule),
     Exported(Program),
     Aoti(Package),
 }
@@ -119,6 +123,7 @@ impl Model {
             Model::TorchScript(m) => m
                 .forward_is(args)
                 .map_err(|e| Failure::Torch(e.to_string())),
+            Model::Detector(m) => detector::forward(m, args),
             Model::Exported(p) => p.run(&tensors(args)?).map_err(failure),
             Model::Aoti(p) => p.run(&tensors(args)?).map_err(failure),
         }

@@ -4,7 +4,8 @@
 //! one input (numbers, nested), an object of its named inputs, or for an image model
 //! TorchServe's `{"data": "<base64>"}`; an image classifier's predictions are
 //! `{label: probability}` as TorchServe's `image_classifier` writes them, an image
-//! segmenter's its `[H][W][class, probability]`. `GET
+//! segmenter's its `[H][W][class, probability]`, an object detector's its list of
+//! `{label: [x1, y1, x2, y2], "score": score}`. `GET
 //! /v1/models/{name}` is OpenAI's door's, whose answer carries v1's `name` and `ready` too
 //! (`openai/mod.rs`). Refusals are the server's own (`{"error": …}`, v1's shape).
 
@@ -53,9 +54,11 @@ pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiErr
     }
     let specs = app.metadata.inputs.clone();
     let segmenter = archive.is_some_and(|a| a.handler == Handler::ImageSegmenter);
-    let encoding = match segmenter {
-        true => super::torchserve::segmenter_outputs(app),
-        false => Encoding::Json,
+    let detector = archive.is_some_and(|a| a.handler == Handler::ObjectDetector);
+    let encoding = match (segmenter, detector) {
+        (true, _) => super::torchserve::segmenter_outputs(app),
+        (_, true) => super::torchserve::detections::detector_outputs(app),
+        _ => Encoding::Json,
     };
     let Done {
         out,
@@ -81,6 +84,12 @@ pub async fn predict(req: Request<Incoming>, app: &App) -> Result<Answer, ApiErr
         }
         body.extend_from_slice(b"]}");
         let mut answer = Answer::with(StatusCode::OK, body);
+        answer.close = last;
+        return Ok(answer);
+    }
+    if detector {
+        let images = super::torchserve::detections::detections(app, out)?;
+        let mut answer = Answer::with(StatusCode::OK, json_bytes(&json!({"predictions": images})));
         answer.close = last;
         return Ok(answer);
     }

@@ -4,9 +4,11 @@
 //! API's read-only `GET /models[/{name}]`. A prediction runs through `POST /`'s path
 //! (`root.rs`) and is written as the handler writes it: `image_classifier`'s
 //! `{label: probability}` of the top 5, `image_segmenter`'s best class and probability per
-//! pixel (`segments.rs`), else the outputs. Every refusal is in TorchServe's shape
+//! pixel (`segments.rs`), `object_detector`'s boxes scoring at least 0.5
+//! (`detections.rs`), else the outputs. Every refusal is in TorchServe's shape
 //! (`error.rs`).
 
+pub mod detections;
 mod error;
 pub mod segments;
 
@@ -142,8 +144,10 @@ fn describe(rest: &str, app: &App) -> Result<Answer, TsError> {
 /// `POST /predictions/{name}[/{version}]`: `POST /`'s path, answered as the handler would.
 async fn predict(rest: &str, req: Request<Incoming>, app: &App) -> Result<Answer, TsError> {
     checked(rest, app)?;
-    if archive(app).is_some_and(|a| a.handler == Handler::ImageSegmenter) {
-        return segment(req, app).await;
+    match archive(app).map(|a| a.handler) {
+        Some(Handler::ImageSegmenter) => return segment(req, app).await,
+        Some(Handler::ObjectDetector) => return Ok(detections::detect(req, app).await?),
+        _ => {}
     }
     let mut answer = super::root::infer(req, app).await?;
     let done: Value = serde_json::from_slice(&answer.body).map_err(|e| {
