@@ -161,18 +161,20 @@ fn assert_same_segments(got: &Value, want: &Value, tol: f64, what: &str) {
     assert!(classes.len() > 1, "{what}: one class everywhere");
 }
 
-#[test]
-fn an_archive_answers_as_torchserves_image_segmenter() {
-    let art = artefacts();
-    let want = expected(&art);
-    let app = app_for(&art.join("segmenter.mar"), json!({}));
+/// The segmenter archive `mar` answers as TorchServe's ImageSegmenter on /predictions and
+/// KServe v1 (TorchServe's instance form), `POST /` writes the model's dict as it is (an
+/// object of its named outputs), and v2 names the outputs by the dict's keys (REST and
+/// gRPC, with the handler's work declared as a plain tensor input).
+fn serves_as_torchserves_image_segmenter(art: &Path, mar: &str, what: &str) {
+    let want = expected(art);
+    let app = app_for(&art.join(mar), json!({}));
     let s = Server::start(&app, &ARGS);
     s.wait_workers(1);
     let png = std::fs::read(art.join("wide.png")).unwrap();
     let r = post(&s, "POST", "/predictions/seg", &png);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_same_segments(&r.json(), &want["segments"], 1e-5, "predictions");
-    // KServe v1, TorchServe's instance form.
+    let shown = format!("{what} predictions");
+    assert_same_segments(&r.json(), &want["segments"], 1e-5, &shown);
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
     let body = json!({"instances": [{"data": b64}]});
@@ -184,24 +186,27 @@ fn an_archive_answers_as_torchserves_image_segmenter() {
         &serde_json::to_vec(&body).unwrap(),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_same_segments(&r.json()["predictions"][0], &want["segments"], 1e-5, "v1");
-    // `POST /` writes the model's dict as it is: an object of its named outputs.
+    let shown = format!("{what} v1");
+    assert_same_segments(&r.json()["predictions"][0], &want["segments"], 1e-5, &shown);
     let r = post(&s, "POST", "/", &png);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let outputs = r.json()["outputs"].clone();
     let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
-    assert_eq!(names, ["out", "aux"]);
+    assert_eq!(names, ["out", "aux"], "{what}");
     assert_eq!(outputs["out"][0].as_array().map(Vec::len), Some(3));
     drop(s);
-    // v2 names the outputs by the dict's keys (here with the handler's work declared as a
-    // plain tensor input).
     let declared = app_for(
-        &art.join("segmenter.mar"),
+        &art.join(mar),
         json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]}),
     );
     let s = Server::start(&declared, &ARGS);
     s.wait_workers(1);
-    assert_eq!(v2_output_names(&s), json!(["out", "aux"]));
+    assert_eq!(v2_output_names(&s), json!(["out", "aux"]), "{what}");
+}
+
+#[test]
+fn an_archive_answers_as_torchserves_image_segmenter() {
+    serves_as_torchserves_image_segmenter(&artefacts(), "segmenter.mar", "scripted");
 }
 
 /// v2's output names of `s` for one `[1, 3, 16, 16]` image as a plain tensor input `x`, the
@@ -247,46 +252,7 @@ fn v2_output_names(s: &Server) -> Value {
 #[test]
 fn an_exported_segmenter_answers_as_torchserves_image_segmenter() {
     let art = artefacts();
-    let want = expected(&art);
-    let app = app_for(&art.join("segmenter_exported.mar"), json!({}));
-    let s = Server::start(&app, &ARGS);
-    s.wait_workers(1);
-    let png = std::fs::read(art.join("wide.png")).unwrap();
-    let r = post(&s, "POST", "/predictions/seg", &png);
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_same_segments(&r.json(), &want["segments"], 1e-5, "exported predictions");
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
-    let body = json!({"instances": [{"data": b64}]});
-    let r = raw(
-        s.port,
-        "POST",
-        "/v1/models/seg:predict",
-        "Content-Type: application/json\r\n",
-        &serde_json::to_vec(&body).unwrap(),
-    );
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_same_segments(
-        &r.json()["predictions"][0],
-        &want["segments"],
-        1e-5,
-        "exported v1",
-    );
-    let r = post(&s, "POST", "/", &png);
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let outputs = r.json()["outputs"].clone();
-    let names: Vec<&String> = outputs.as_object().unwrap().keys().collect();
-    assert_eq!(names, ["out", "aux"]);
-    assert_eq!(outputs["out"][0].as_array().map(Vec::len), Some(3));
-    drop(s);
-    let declared = app_for(
-        &art.join("segmenter_exported.mar"),
-        json!({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 16, 16]}]}),
-    );
-    let s = Server::start(&declared, &ARGS);
-    s.wait_workers(1);
-    assert_eq!(v2_output_names(&s), json!(["out", "aux"]));
-    drop(s);
+    serves_as_torchserves_image_segmenter(&art, "segmenter_exported.mar", "exported");
     let ordered = app_for(&art.join("segmenter_ordered.mar"), json!({}));
     let mut s = Server::spawn(&ordered, &ARGS, &[]);
     let st = s.wait_exit(PATIENCE);
