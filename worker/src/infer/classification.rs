@@ -7,7 +7,7 @@
 //! the output's `labels` block.
 
 use vramfork::metadata::rerank::Activation;
-use vramfork::metadata::{AppMetadata, Datatype, Dtype};
+use vramfork::metadata::{AppMetadata, Datatype};
 
 use super::OutTensor;
 use crate::error::ApiError;
@@ -39,24 +39,12 @@ fn position(metadata: &AppMetadata, name: &str) -> Option<usize> {
 }
 
 fn classes(metadata: &AppMetadata, t: &OutTensor, count: usize) -> Result<OutTensor, String> {
-    let values: Vec<f64> = match t.datatype {
-        Datatype::Tensor(Dtype::Float32) => t
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).into())
-            .collect(),
-        Datatype::Tensor(Dtype::Float64) => t
-            .data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .collect(),
-        other => {
-            return Err(format!(
-                "output {}: the classification extension reads FP32 or FP64 outputs, and this one is {other}",
-                t.name
-            ))
-        }
-    };
+    let values = t.floats().map_err(|other| {
+        format!(
+            "output {}: the classification extension reads FP32 or FP64 outputs, and this one is {other}",
+            t.name
+        )
+    })?;
     let Some(&width) = t.shape.last().filter(|&&w| w > 0) else {
         return Err(format!(
             "output {}: the classification extension needs classes in the last dimension, and its shape is {:?}",

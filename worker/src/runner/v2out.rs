@@ -36,6 +36,37 @@ pub struct OutTensor {
     pub data: Vec<u8>,
 }
 
+impl OutTensor {
+    /// The elements of an FP32 or FP64 output, widened to `f64`; `Err` the datatype it is.
+    pub fn floats(&self) -> Result<Vec<f64>, Datatype> {
+        self.decode(false)
+    }
+
+    /// As [`OutTensor::floats`], FP16 too.
+    pub fn floats_or_half(&self) -> Result<Vec<f64>, Datatype> {
+        self.decode(true)
+    }
+
+    fn decode(&self, with_half: bool) -> Result<Vec<f64>, Datatype> {
+        let d = &self.data;
+        Ok(match self.datatype {
+            Datatype::Tensor(Dtype::Float32) => d
+                .chunks_exact(4)
+                .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+            Datatype::Tensor(Dtype::Float64) => d
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+            Datatype::Tensor(Dtype::Float16) if with_half => d
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
+                .collect(),
+            other => return Err(other),
+        })
+    }
+}
+
 /// One output of the model.
 enum Out {
     Tensor(Tensor),

@@ -6,7 +6,6 @@
 use base64::Engine;
 
 use vramfork::metadata::embeddings::Pooling;
-use vramfork::metadata::{Datatype, Dtype};
 
 use crate::infer::OutTensor;
 
@@ -20,22 +19,16 @@ impl Output {
     /// The output from the model's typed output.
     pub fn read(t: &OutTensor) -> Result<Output, String> {
         let shape = t.shape.iter().map(|n| *n as usize).collect();
-        let binary = &t.data;
-        let data = match t.datatype {
-            Datatype::Tensor(Dtype::Float32) => binary
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Datatype::Tensor(Dtype::Float64) => binary
-                .chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
-                .collect(),
-            other => {
-                return Err(format!(
+        let data = t
+            .floats()
+            .map_err(|other| {
+                format!(
                     "the embeddings output is {other}; vectors are made from FP32 or FP64 outputs"
-                ))
-            }
-        };
+                )
+            })?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
         Ok(Output { shape, data })
     }
 

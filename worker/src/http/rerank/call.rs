@@ -24,7 +24,6 @@ use crate::http::request::{self, meta_of, refuse};
 use crate::infer::{text_passes, Admitted, OutTensor, Working};
 use crate::observe::access_log::Tokenize;
 use vramfork::lanes::{self, Lane};
-use vramfork::metadata::{Datatype, Dtype};
 
 /// A row to score: one text, or a pair (a query and a document).
 pub enum Row {
@@ -301,23 +300,16 @@ fn failed(e: String) -> Refusal {
 /// One row of logits per input: the output is `[rows]` (one logit each) or `[rows, logits]`,
 /// FP32 or FP64.
 fn rows_of(t: &OutTensor, rows: usize) -> Result<Vec<Vec<f32>>, Refusal> {
-    let data: Vec<f32> = match t.datatype {
-        Datatype::Tensor(Dtype::Float32) => t
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Datatype::Tensor(Dtype::Float64) => t
-            .data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
-            .collect(),
-        other => {
-            return Err(failed(format!(
+    let data: Vec<f32> = t
+        .floats()
+        .map_err(|other| {
+            failed(format!(
                 "the output is {other}; scores are read from FP32 or FP64 logits"
-            )))
-        }
-    };
+            ))
+        })?
+        .into_iter()
+        .map(|x| x as f32)
+        .collect();
     let shape: Vec<usize> = t.shape.iter().map(|&n| n as usize).collect();
     match shape.as_slice() {
         [n] if *n == rows && data.len() == rows => Ok(data.iter().map(|&x| vec![x]).collect()),

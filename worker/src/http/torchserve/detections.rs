@@ -99,29 +99,10 @@ fn number(x: f32) -> Value {
 }
 
 fn floats(t: &OutTensor) -> Result<Vec<f32>, String> {
-    Ok(match t.datatype {
-        Datatype::Tensor(Dtype::Float32) => t
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Datatype::Tensor(Dtype::Float64) => t
-            .data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()) as f32)
-            .collect(),
-        Datatype::Tensor(Dtype::Float16) => t
-            .data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(format!(
-                "the detector's `{}` are {other}, not floats",
-                t.name
-            ))
-        }
-    })
+    let values = t
+        .floats_or_half()
+        .map_err(|other| format!("the detector's `{}` are {other}, not floats", t.name))?;
+    Ok(values.into_iter().map(|x| x as f32).collect())
 }
 
 fn ints(t: &OutTensor) -> Result<Vec<i64>, String> {

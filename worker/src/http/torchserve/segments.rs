@@ -4,8 +4,6 @@
 //! probabilities) and its probability: `[H][W][2]` per image. Computed from the output's
 //! bytes and written as JSON text directly: a 224×224 image is 50,176 pixels.
 
-use vramfork::metadata::{Datatype, Dtype};
-
 use crate::infer::OutTensor;
 
 /// Each image's `[[[class, probability], …], …]` (rows of pixels) as JSON text.
@@ -16,29 +14,12 @@ pub fn segmented(out: &OutTensor) -> Result<Vec<Vec<u8>>, String> {
             out.name, out.shape
         ));
     };
-    let scores: Vec<f64> = match out.datatype {
-        Datatype::Tensor(Dtype::Float32) => out
-            .data
-            .chunks_exact(4)
-            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-        Datatype::Tensor(Dtype::Float64) => out
-            .data
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
-            .collect(),
-        Datatype::Tensor(Dtype::Float16) => out
-            .data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
-            .collect(),
-        other => {
-            return Err(format!(
-                "image_segmenter reads float scores; the model's `{}` output is {other}",
-                out.name
-            ))
-        }
-    };
+    let scores = out.floats_or_half().map_err(|other| {
+        format!(
+            "image_segmenter reads float scores; the model's `{}` output is {other}",
+            out.name
+        )
+    })?;
     let (n, k, h, w) = (
         n.max(0) as usize,
         k.max(0) as usize,
@@ -102,6 +83,7 @@ fn best(image: &[f64], k: usize, plane: usize, at: usize) -> (usize, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramfork::metadata::{Datatype, Dtype};
 
     #[test]
     fn each_pixel_is_its_best_class_and_softmax_probability() {
