@@ -14,13 +14,10 @@ pub fn jpeg_complete(b: &[u8]) -> bool {
     let mut i = 2;
     loop {
         // The next marker: `FF`, any fill `FF`s, then its code.
-        let Some(at) = b
-            .get(i..)
-            .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
-        else {
+        let Some(ff) = next_ff(b, i) else {
             return false;
         };
-        i += at;
+        i = ff;
         while b.get(i) == Some(&0xFF) {
             i += 1;
         }
@@ -47,13 +44,10 @@ pub fn jpeg_complete(b: &[u8]) -> bool {
         }
         // A scan's entropy-coded data: up to a `FF` that starts a marker.
         loop {
-            let Some(at) = b
-                .get(i..)
-                .and_then(|rest| rest.iter().position(|&x| x == 0xFF))
-            else {
+            let Some(ff) = next_ff(b, i) else {
                 return false;
             };
-            i += at;
+            i = ff;
             match b.get(i + 1) {
                 None => return false,
                 Some(0x00 | 0xD0..=0xD7) => i += 2,
@@ -61,4 +55,10 @@ pub fn jpeg_complete(b: &[u8]) -> bool {
             }
         }
     }
+}
+
+/// Where the next `FF` byte is, from `from` on.
+fn next_ff(b: &[u8], from: usize) -> Option<usize> {
+    let at = b.get(from..)?.iter().position(|&x| x == 0xFF)?;
+    Some(from + at)
 }
