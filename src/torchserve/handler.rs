@@ -9,8 +9,9 @@
 //! `image` block with `"resize": "none"`); its TorchScript model (a scripted torchvision
 //! detector) is called with the list of images and returns `(losses, detections)`, each
 //! image's `boxes`, `labels` and `scores`, of which the serving doors keep the rows scoring
-//! at least [`DETECTION_THRESHOLD`], named by `index_to_name.json`. Any other handler is Python code vramfork does not run: the metadata's
-//! `inputs` stand in for it, or the start is refused ([`custom_refusal`]).
+//! at least [`DETECTION_THRESHOLD`], named by `index_to_name.json`. Any other handler is
+//! Python code vramfork does not run: the metadata's `inputs` stand in for it, or the start
+//! is refused ([`custom_refusal`]).
 
 use serde_json::{json, Map, Value};
 

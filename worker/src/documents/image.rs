@@ -339,7 +339,6 @@ mod tests {
         assert!(e.contains("cannot decode the image"), "{e}");
     }
 
-    /// A PNG header claiming `w`×`h` and the start of its image data, nothing more.
     #[test]
     fn images_kept_at_their_own_size_stack_only_when_they_share_it() {
         let png = |w: u32, h: u32| {
@@ -373,6 +372,7 @@ mod tests {
         );
     }
 
+    /// A PNG header claiming `w`×`h` and the start of its image data, nothing more.
     fn png_header(w: u32, h: u32) -> Vec<u8> {
         let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
         png.extend(w.to_be_bytes());
